@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Installs the Debian packages kiln needs to build and test, only those that are missing.
+# Idempotent; the only network it uses is apt's.
+set -euo pipefail
+packages=(build-essential cmake pkg-config git clang-format libgtest-dev libbenchmark-dev
+          libsentencepiece-dev nlohmann-json3-dev libfmt-dev libcli11-dev)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  exit 0
+fi
+echo "kiln: installing missing packages: ${missing[*]}"
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get install -y --no-install-recommends "${missing[@]}" \
+  || { $SUDO apt-get update && $SUDO apt-get install -y --no-install-recommends "${missing[@]}"; }

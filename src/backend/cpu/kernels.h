@@ -1,0 +1,43 @@
+// CPU kernels, fp32, one function per op. Each reads its inputs in the order the op registry
+// documents and writes preallocated outputs of the inferred shapes. Every kernel computes each
+// output row from its own input row(s) in a fixed order, so a sequence's results do not depend
+// on what else is in the batch.
+#pragma once
+
+#include <span>
+
+#include "backend/attention_batch.h"
+#include "core/thread_pool.h"
+#include "graph/ir.h"
+
+namespace kiln::cpu {
+
+struct KernelEnv {
+  ThreadPool& pool;
+  const AttentionBatch* batch;
+};
+
+using Kernel = void (*)(const Node& node, std::span<const Tensor> in, std::span<Tensor> out,
+                        const KernelEnv& env);
+
+void embedding(const Node&, std::span<const Tensor>, std::span<Tensor>, const KernelEnv&);
+void linear(const Node&, std::span<const Tensor>, std::span<Tensor>, const KernelEnv&);
+void gather_rows(const Node&, std::span<const Tensor>, std::span<Tensor>, const KernelEnv&);
+void add(const Node&, std::span<const Tensor>, std::span<Tensor>, const KernelEnv&);
+void mul(const Node&, std::span<const Tensor>, std::span<Tensor>, const KernelEnv&);
+void scale(const Node&, std::span<const Tensor>, std::span<Tensor>, const KernelEnv&);
+void activation(const Node&, std::span<const Tensor>, std::span<Tensor>, const KernelEnv&);
+void gated_activation(const Node&, std::span<const Tensor>, std::span<Tensor>, const KernelEnv&);
+void softmax(const Node&, std::span<const Tensor>, std::span<Tensor>, const KernelEnv&);
+void cast(const Node&, std::span<const Tensor>, std::span<Tensor>, const KernelEnv&);
+void rms_norm(const Node&, std::span<const Tensor>, std::span<Tensor>, const KernelEnv&);
+void layer_norm(const Node&, std::span<const Tensor>, std::span<Tensor>, const KernelEnv&);
+void add_rms_norm(const Node&, std::span<const Tensor>, std::span<Tensor>, const KernelEnv&);
+void attention(const Node&, std::span<const Tensor>, std::span<Tensor>, const KernelEnv&);
+
+// Scalar activation functions with HuggingFace's formulas (gelu_new: tanh approximation).
+float apply_activation(Activation act, float x);
+// Dot product with a fixed summation order (independent of the caller's batch).
+float dot(const float* a, const float* b, int64_t n);
+
+}  // namespace kiln::cpu

@@ -1,0 +1,71 @@
+// RMSNorm (T5), LayerNorm (BLOOM) and the fused residual-add + RMSNorm.
+#include <cmath>
+
+#include "backend/cpu/kernels.h"
+
+namespace kiln::cpu {
+namespace {
+
+// T5LayerNorm: variance = mean(x^2) in fp32; x * rsqrt(variance + eps) * w. No mean, no bias.
+void rms_row(const float* x, const float* w, float* y, int64_t d, float eps) {
+  float ss = 0.0f;
+  for (int64_t i = 0; i < d; ++i) ss += x[i] * x[i];
+  const float inv = 1.0f / std::sqrt(ss / static_cast<float>(d) + eps);
+  for (int64_t i = 0; i < d; ++i) y[i] = w[i] * (x[i] * inv);
+}
+
+}  // namespace
+
+// x [n, d], w [d] -> [n, d]
+void rms_norm(const Node& node, std::span<const Tensor> in, std::span<Tensor> out,
+              const KernelEnv& env) {
+  const int64_t d = in[0].dim(-1), n = in[0].numel() / d;
+  const float eps = static_cast<float>(node.attrs.eps);
+  env.pool.parallel_for(n, 8, [&](int64_t b, int64_t e) {
+    for (int64_t r = b; r < e; ++r)
+      rms_row(in[0].data<float>() + r * d, in[1].data<float>(), out[0].data<float>() + r * d, d,
+              eps);
+  });
+}
+
+// x [n, d], w [d], b [d] -> [n, d]; mean and biased variance in fp32 as torch.layer_norm
+void layer_norm(const Node& node, std::span<const Tensor> in, std::span<Tensor> out,
+                const KernelEnv& env) {
+  const int64_t d = in[0].dim(-1), n = in[0].numel() / d;
+  const float eps = static_cast<float>(node.attrs.eps);
+  const float* w = in[1].data<float>();
+  const float* bias = in[2].data<float>();
+  env.pool.parallel_for(n, 8, [&](int64_t b, int64_t e) {
+    for (int64_t r = b; r < e; ++r) {
+      const float* x = in[0].data<float>() + r * d;
+      float* y = out[0].data<float>() + r * d;
+      double mean = 0.0;
+      for (int64_t i = 0; i < d; ++i) mean += x[i];
+      mean /= static_cast<double>(d);
+      double var = 0.0;
+      for (int64_t i = 0; i < d; ++i) var += (x[i] - mean) * (x[i] - mean);
+      var /= static_cast<double>(d);
+      const float inv = static_cast<float>(1.0 / std::sqrt(var + eps));
+      const float m = static_cast<float>(mean);
+      for (int64_t i = 0; i < d; ++i) y[i] = (x[i] - m) * inv * w[i] + bias[i];
+    }
+  });
+}
+
+// a [n, d], b [n, d], w [d] -> (a + b, rmsnorm(a + b) * w)
+void add_rms_norm(const Node& node, std::span<const Tensor> in, std::span<Tensor> out,
+                  const KernelEnv& env) {
+  const int64_t d = in[0].dim(-1), n = in[0].numel() / d;
+  const float eps = static_cast<float>(node.attrs.eps);
+  env.pool.parallel_for(n, 8, [&](int64_t b, int64_t e) {
+    for (int64_t r = b; r < e; ++r) {
+      const float* x = in[0].data<float>() + r * d;
+      const float* y = in[1].data<float>() + r * d;
+      float* sum = out[0].data<float>() + r * d;
+      for (int64_t i = 0; i < d; ++i) sum[i] = x[i] + y[i];
+      rms_row(sum, in[2].data<float>(), out[1].data<float>() + r * d, d, eps);
+    }
+  });
+}
+
+}  // namespace kiln::cpu

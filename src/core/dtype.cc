@@ -1,0 +1,93 @@
+#include "core/dtype.h"
+
+#include <array>
+#include <cstring>
+
+#include "core/half.h"
+#include "core/status.h"
+
+namespace kiln {
+namespace {
+
+template <typename T>
+void int_to_float(const void* src, float* dst, size_t n) {
+  const T* s = static_cast<const T*>(src);
+  for (size_t i = 0; i < n; ++i) dst[i] = static_cast<float>(s[i]);
+}
+template <typename T>
+void int_from_float(const float* src, void* dst, size_t n) {
+  T* d = static_cast<T*>(dst);
+  for (size_t i = 0; i < n; ++i) d[i] = static_cast<T>(src[i]);
+}
+void f32_to_float(const void* src, float* dst, size_t n) { std::memcpy(dst, src, n * 4); }
+void f32_from_float(const float* src, void* dst, size_t n) { std::memcpy(dst, src, n * 4); }
+void f16_to_float(const void* src, float* dst, size_t n) {
+  const uint16_t* s = static_cast<const uint16_t*>(src);
+  for (size_t i = 0; i < n; ++i) dst[i] = fp16_to_float(s[i]);
+}
+void f16_from_float(const float* src, void* dst, size_t n) {
+  uint16_t* d = static_cast<uint16_t*>(dst);
+  for (size_t i = 0; i < n; ++i) d[i] = float_to_fp16(src[i]);
+}
+void bf16_to_float_n(const void* src, float* dst, size_t n) {
+  const uint16_t* s = static_cast<const uint16_t*>(src);
+  for (size_t i = 0; i < n; ++i) dst[i] = bf16_to_float(s[i]);
+}
+void bf16_from_float_n(const float* src, void* dst, size_t n) {
+  uint16_t* d = static_cast<uint16_t*>(dst);
+  for (size_t i = 0; i < n; ++i) d[i] = float_to_bf16(src[i]);
+}
+
+// Indexed by DType; the static_asserts below keep the order honest.
+constexpr std::array<DTypeTraits, kNumDTypes> kTraits = {{
+    {DType::kF32, "f32", "F32", 1, 4, true, f32_to_float, f32_from_float},
+    {DType::kF16, "f16", "F16", 1, 2, true, f16_to_float, f16_from_float},
+    {DType::kBF16, "bf16", "BF16", 1, 2, true, bf16_to_float_n, bf16_from_float_n},
+    {DType::kI8, "i8", "I8", 1, 1, false, int_to_float<int8_t>, int_from_float<int8_t>},
+    {DType::kI32, "i32", "I32", 1, 4, false, int_to_float<int32_t>, int_from_float<int32_t>},
+    {DType::kI64, "i64", "I64", 1, 8, false, int_to_float<int64_t>, int_from_float<int64_t>},
+}};
+
+constexpr bool traits_in_order() {
+  for (int i = 0; i < kNumDTypes; ++i)
+    if (static_cast<int>(kTraits[i].dtype) != i) return false;
+  return true;
+}
+static_assert(traits_in_order(), "kTraits must be indexed by DType");
+
+}  // namespace
+
+const DTypeTraits& dtype_traits(DType dtype) {
+  const auto index = static_cast<size_t>(dtype);
+  KILN_CHECK(index < kTraits.size(), "invalid dtype value {}", index);
+  return kTraits[index];
+}
+
+std::string_view dtype_name(DType dtype) { return dtype_traits(dtype).name; }
+
+size_t dtype_bytes(DType dtype, size_t elems) {
+  const DTypeTraits& t = dtype_traits(dtype);
+  KILN_CHECK(elems % static_cast<size_t>(t.block_elems) == 0,
+             "{} elements is not a whole number of {}-element {} blocks", elems, t.block_elems,
+             t.name);
+  return elems / static_cast<size_t>(t.block_elems) * static_cast<size_t>(t.block_bytes);
+}
+
+bool try_parse_safetensors_dtype(std::string_view name, DType* out) {
+  for (const DTypeTraits& t : kTraits) {
+    if (t.safetensors == name) {
+      *out = t.dtype;
+      return true;
+    }
+  }
+  return false;
+}
+
+DType parse_dtype(std::string_view name) {
+  for (const DTypeTraits& t : kTraits) {
+    if (t.name == name || t.safetensors == name) return t.dtype;
+  }
+  KILN_FAIL("unknown dtype '{}' (expected one of f32, f16, bf16, i8, i32, i64)", name);
+}
+
+}  // namespace kiln

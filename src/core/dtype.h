@@ -1,0 +1,55 @@
+// Element types and their traits table. Quantized block formats are added as new rows: a dtype
+// has a block size (elements per block) and bytes per block, so sizes are computed the same way
+// for plain and blocked types.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+
+namespace kiln {
+
+enum class DType : uint8_t { kF32, kF16, kBF16, kI8, kI32, kI64 };
+inline constexpr int kNumDTypes = 6;
+
+struct DTypeTraits {
+  DType dtype;
+  std::string_view name;         // kiln's name: "f32"
+  std::string_view safetensors;  // name in safetensors headers: "F32"
+  int block_elems;               // elements per block (1 for plain types)
+  int block_bytes;               // bytes per block
+  bool is_float;
+  // Converts `n` elements (n a multiple of block_elems) to float; null for types without a
+  // float view.
+  void (*to_float)(const void* src, float* dst, size_t n);
+  void (*from_float)(const float* src, void* dst, size_t n);
+};
+
+const DTypeTraits& dtype_traits(DType dtype);
+std::string_view dtype_name(DType dtype);
+// Bytes for `elems` elements; checks that elems is a whole number of blocks.
+size_t dtype_bytes(DType dtype, size_t elems);
+// Parses kiln names ("f32") and safetensors names ("F32"); throws naming the unknown type.
+DType parse_dtype(std::string_view name);
+bool try_parse_safetensors_dtype(std::string_view name, DType* out);
+
+template <typename T>
+constexpr DType dtype_of();
+template <>
+constexpr DType dtype_of<float>() {
+  return DType::kF32;
+}
+template <>
+constexpr DType dtype_of<int8_t>() {
+  return DType::kI8;
+}
+template <>
+constexpr DType dtype_of<int32_t>() {
+  return DType::kI32;
+}
+template <>
+constexpr DType dtype_of<int64_t>() {
+  return DType::kI64;
+}
+
+}  // namespace kiln

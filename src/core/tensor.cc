@@ -1,0 +1,117 @@
+#include "core/tensor.h"
+
+#include <cstdlib>
+#include <cstring>
+
+namespace kiln {
+
+std::string_view device_name(Device device) {
+  switch (device) {
+    case Device::kCpu:
+      return "cpu";
+    case Device::kCuda:
+      return "cuda";
+  }
+  return "?";
+}
+
+int64_t shape_numel(const Shape& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) {
+    KILN_CHECK(d >= 0, "negative dimension in shape {}", shape_str(shape));
+    n *= d;
+  }
+  return n;
+}
+
+std::string shape_str(const Shape& shape) { return fmt::format("[{}]", fmt::join(shape, ", ")); }
+
+namespace {
+Shape contiguous_strides(const Shape& shape) {
+  Shape strides(shape.size());
+  int64_t s = 1;
+  for (size_t i = shape.size(); i-- > 0;) {
+    strides[i] = s;
+    s *= shape[i];
+  }
+  return strides;
+}
+}  // namespace
+
+Tensor Tensor::empty(DType dtype, Shape shape) {
+  Tensor t;
+  t.dtype_ = dtype;
+  t.strides_ = contiguous_strides(shape);
+  t.shape_ = std::move(shape);
+  const size_t bytes = t.nbytes();
+  const size_t rounded = (bytes + 63) / 64 * 64;
+  void* p = std::aligned_alloc(64, rounded == 0 ? 64 : rounded);
+  KILN_CHECK(p != nullptr, "out of memory allocating {} bytes for a {} tensor {}", bytes,
+             dtype_name(dtype), shape_str(t.shape_));
+  std::memset(p, 0, rounded == 0 ? 64 : rounded);
+  t.storage_ = std::make_shared<Storage>();
+  t.storage_->data = p;
+  t.storage_->bytes = bytes;
+  t.storage_->keep_alive = std::shared_ptr<void>(p, [](void* q) { std::free(q); });
+  t.owns_ = true;
+  return t;
+}
+
+Tensor Tensor::view(DType dtype, Shape shape, const void* data, std::shared_ptr<void> owner) {
+  Tensor t;
+  t.dtype_ = dtype;
+  t.strides_ = contiguous_strides(shape);
+  t.shape_ = std::move(shape);
+  t.storage_ = std::make_shared<Storage>();
+  t.storage_->data = const_cast<void*>(data);
+  t.storage_->bytes = t.nbytes();
+  t.storage_->keep_alive = std::move(owner);
+  t.owns_ = false;
+  return t;
+}
+
+bool Tensor::is_contiguous() const { return strides_ == contiguous_strides(shape_); }
+
+Tensor Tensor::reshape(Shape shape) const {
+  KILN_CHECK(is_contiguous(), "reshape of a non-contiguous tensor");
+  KILN_CHECK(shape_numel(shape) == numel(), "cannot reshape {} to {}", shape_str(shape_),
+             shape_str(shape));
+  Tensor t = *this;
+  t.strides_ = contiguous_strides(shape);
+  t.shape_ = std::move(shape);
+  return t;
+}
+
+Tensor Tensor::slice_rows(int64_t begin, int64_t end) const {
+  KILN_CHECK(rank() >= 1 && begin >= 0 && begin <= end && end <= shape_[0],
+             "slice_rows [{}, {}) out of range for {}", begin, end, shape_str(shape_));
+  Tensor t = *this;
+  t.shape_[0] = end - begin;
+  t.offset_ += dtype_bytes(dtype_, static_cast<size_t>(begin * strides_[0]));
+  return t;
+}
+
+Tensor Tensor::to_f32() const {
+  KILN_CHECK(is_contiguous(), "to_f32 of a non-contiguous tensor");
+  Tensor out = empty(DType::kF32, shape_);
+  dtype_traits(dtype_).to_float(raw(), out.data<float>(), static_cast<size_t>(numel()));
+  return out;
+}
+
+Tensor Tensor::to(DType dtype) const {
+  if (dtype == dtype_) return clone();
+  if (dtype == DType::kF32) return to_f32();
+  Tensor src = dtype_ == DType::kF32 ? *this : to_f32();
+  Tensor out = empty(dtype, shape_);
+  dtype_traits(dtype).from_float(src.data<float>(), out.raw(), static_cast<size_t>(numel()));
+  return out;
+}
+
+Tensor Tensor::clone() const {
+  KILN_CHECK(is_contiguous(), "clone of a non-contiguous tensor");
+  Tensor out = empty(dtype_, shape_);
+  std::memcpy(out.raw(), raw(), nbytes());
+  return out;
+}
+
+}  // namespace kiln

@@ -1,0 +1,95 @@
+// Tensor: shape, strides, dtype and device over a storage that is either owned (aligned heap
+// allocation) or a view of memory that something else keeps alive (an mmapped file).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "core/dtype.h"
+#include "core/status.h"
+
+namespace kiln {
+
+enum class Device : uint8_t { kCpu, kCuda };
+std::string_view device_name(Device device);
+
+using Shape = std::vector<int64_t>;
+int64_t shape_numel(const Shape& shape);
+std::string shape_str(const Shape& shape);
+
+// Memory a tensor points into. `keep_alive` holds whatever owns the bytes (a mapping, a vector).
+struct Storage {
+  void* data = nullptr;
+  size_t bytes = 0;
+  Device device = Device::kCpu;
+  std::shared_ptr<void> keep_alive;
+};
+
+class Tensor {
+ public:
+  Tensor() = default;
+  // A new zero-filled, 64-byte-aligned CPU tensor.
+  static Tensor empty(DType dtype, Shape shape);
+  static Tensor zeros(DType dtype, Shape shape) { return empty(dtype, std::move(shape)); }
+  // A view over `data`, kept alive by `owner`; no copy.
+  static Tensor view(DType dtype, Shape shape, const void* data, std::shared_ptr<void> owner);
+  template <typename T>
+  static Tensor from_vector(const std::vector<T>& values, Shape shape) {
+    Tensor t = empty(dtype_of<T>(), std::move(shape));
+    KILN_CHECK(static_cast<size_t>(t.numel()) == values.size(), "from_vector: {} values for {}",
+               values.size(), shape_str(t.shape()));
+    std::copy(values.begin(), values.end(), t.data<T>());
+    return t;
+  }
+
+  bool defined() const { return storage_ != nullptr; }
+  DType dtype() const { return dtype_; }
+  Device device() const { return storage_ ? storage_->device : Device::kCpu; }
+  const Shape& shape() const { return shape_; }
+  const Shape& strides() const { return strides_; }
+  int rank() const { return static_cast<int>(shape_.size()); }
+  int64_t dim(int i) const { return shape_.at(i < 0 ? shape_.size() + i : i); }
+  int64_t numel() const { return shape_numel(shape_); }
+  size_t nbytes() const { return dtype_bytes(dtype_, static_cast<size_t>(numel())); }
+  bool is_contiguous() const;
+  // True when the bytes belong to this tensor's storage (false for views of a mapping).
+  bool owns_memory() const { return owns_; }
+
+  void* raw() { return static_cast<char*>(storage_->data) + offset_; }
+  const void* raw() const { return static_cast<const char*>(storage_->data) + offset_; }
+  template <typename T>
+  T* data() {
+    KILN_CHECK(dtype_of<T>() == dtype_, "tensor is {}, accessed as {}", dtype_name(dtype_),
+               dtype_name(dtype_of<T>()));
+    return static_cast<T*>(raw());
+  }
+  template <typename T>
+  const T* data() const {
+    KILN_CHECK(dtype_of<T>() == dtype_, "tensor is {}, accessed as {}", dtype_name(dtype_),
+               dtype_name(dtype_of<T>()));
+    return static_cast<const T*>(raw());
+  }
+
+  // Same storage, new shape (must have the same number of elements; tensor contiguous).
+  Tensor reshape(Shape shape) const;
+  // Rows [begin, end) of the first dimension, sharing storage.
+  Tensor slice_rows(int64_t begin, int64_t end) const;
+  // A contiguous f32 copy (converting from f16/bf16/ints through the traits table).
+  Tensor to_f32() const;
+  // Converts to `dtype` (f32 source only, or identity copy).
+  Tensor to(DType dtype) const;
+  Tensor clone() const;
+
+ private:
+  std::shared_ptr<Storage> storage_;
+  size_t offset_ = 0;
+  DType dtype_ = DType::kF32;
+  Shape shape_;
+  Shape strides_;
+  bool owns_ = false;
+};
+
+}  // namespace kiln

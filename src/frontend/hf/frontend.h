@@ -1,0 +1,22 @@
+// HuggingFace checkpoints → ModelIR. Each architecture has its own file (t5.cc, bloom.cc) that
+// turns a typed config and the checkpoint's tensors into graphs with the GraphBuilder.
+#pragma once
+
+#include <string>
+
+#include "core/logging.h"
+#include "graph/model_ir.h"
+#include "io/safetensors.h"
+
+namespace kiln {
+
+std::vector<Graph> build_t5_graphs(const T5Config& config, const Checkpoint& ckpt,
+                                   const Logger& log);
+std::vector<Graph> build_bloom_graphs(const BloomConfig& config, const Checkpoint& ckpt,
+                                      const Logger& log);
+
+// Reads config, generation config, tokenizer and weights of an HF model directory and builds
+// its graphs (before any pass). Errors name the directory and the file at fault.
+ModelIR import_hf_model(const std::string& dir, const Logger& log);
+
+}  // namespace kiln

@@ -1,0 +1,133 @@
+#include "graph/builder.h"
+
+#include "graph/op_registry.h"
+#include "graph/verifier.h"
+
+namespace kiln {
+
+int GraphBuilder::input(const std::string& name, DType dtype, SymShape shape) {
+  KILN_CHECK(graph_.find_value(name) < 0, "graph '{}': duplicate value name '{}'", graph_.name,
+             name);
+  Value v;
+  v.name = name;
+  v.dtype = dtype;
+  v.shape = std::move(shape);
+  v.kind = ValueKind::kInput;
+  graph_.values.push_back(std::move(v));
+  const int id = static_cast<int>(graph_.values.size()) - 1;
+  graph_.inputs.push_back(id);
+  return id;
+}
+
+int GraphBuilder::weight(const std::string& name, Tensor data) {
+  KILN_CHECK(graph_.find_value(name) < 0, "graph '{}': duplicate value name '{}'", graph_.name,
+             name);
+  Value v;
+  v.name = name;
+  v.dtype = data.dtype();
+  for (int64_t d : data.shape()) v.shape.push_back(Dim::of(d));
+  v.kind = ValueKind::kWeight;
+  v.data = std::move(data);
+  graph_.values.push_back(std::move(v));
+  return static_cast<int>(graph_.values.size()) - 1;
+}
+
+void GraphBuilder::output(int value, const std::string& name) {
+  KILN_CHECK(value >= 0 && value < static_cast<int>(graph_.values.size()),
+             "graph '{}': output '{}' refers to no value", graph_.name, name);
+  KILN_CHECK(graph_.find_value(name) < 0 || graph_.find_value(name) == value,
+             "graph '{}': output name '{}' is taken", graph_.name, name);
+  graph_.values[value].name = name;
+  graph_.outputs.push_back(value);
+}
+
+int GraphBuilder::add_node(OpKind op, std::vector<int> inputs, NodeAttrs attrs,
+                           const std::string& name) {
+  Node node;
+  node.op = op;
+  node.name = name;
+  node.inputs = std::move(inputs);
+  node.attrs = attrs;
+  // Trailing absent optional inputs are dropped so that arity reflects what is present.
+  while (!node.inputs.empty() && node.inputs.back() < 0) node.inputs.pop_back();
+  const std::vector<ValueType> types = infer_node(graph_, node);
+  const int node_id = static_cast<int>(graph_.nodes.size());
+  for (size_t i = 0; i < types.size(); ++i) {
+    Value v;
+    v.name = types.size() == 1 ? name : name + "." + std::to_string(i);
+    v.dtype = types[i].dtype;
+    v.shape = types[i].shape;
+    v.kind = ValueKind::kActivation;
+    v.producer = node_id;
+    graph_.values.push_back(std::move(v));
+    node.outputs.push_back(static_cast<int>(graph_.values.size()) - 1);
+  }
+  graph_.nodes.push_back(std::move(node));
+  return graph_.nodes.back().outputs[0];
+}
+
+int GraphBuilder::embedding(int table, int ids, const std::string& name) {
+  return add_node(OpKind::kEmbedding, {table, ids}, {}, name);
+}
+int GraphBuilder::linear(int x, int w, int bias, const std::string& name) {
+  return add_node(OpKind::kLinear, {x, w, bias}, {}, name);
+}
+int GraphBuilder::add(int a, int b, const std::string& name) {
+  return add_node(OpKind::kAdd, {a, b}, {}, name);
+}
+int GraphBuilder::mul(int a, int b, const std::string& name) {
+  return add_node(OpKind::kMul, {a, b}, {}, name);
+}
+int GraphBuilder::scale(int x, float factor, const std::string& name) {
+  NodeAttrs a;
+  a.scale = factor;
+  return add_node(OpKind::kScale, {x}, a, name);
+}
+int GraphBuilder::rms_norm(int x, int w, double eps, const std::string& name) {
+  NodeAttrs a;
+  a.eps = eps;
+  return add_node(OpKind::kRmsNorm, {x, w}, a, name);
+}
+int GraphBuilder::layer_norm(int x, int w, int b, double eps, const std::string& name) {
+  NodeAttrs a;
+  a.eps = eps;
+  return add_node(OpKind::kLayerNorm, {x, w, b}, a, name);
+}
+int GraphBuilder::activation(int x, Activation act, const std::string& name) {
+  NodeAttrs a;
+  a.activation = act;
+  return add_node(OpKind::kActivation, {x}, a, name);
+}
+int GraphBuilder::gated_activation(int gate, int up, Activation act, const std::string& name) {
+  NodeAttrs a;
+  a.activation = act;
+  return add_node(OpKind::kGatedActivation, {gate, up}, a, name);
+}
+int GraphBuilder::softmax(int x, const std::string& name) {
+  return add_node(OpKind::kSoftmax, {x}, {}, name);
+}
+int GraphBuilder::cast(int x, DType dtype, const std::string& name) {
+  NodeAttrs a;
+  a.dtype = dtype;
+  return add_node(OpKind::kCast, {x}, a, name);
+}
+int GraphBuilder::attention(int q, int k, int v, int rel_table, const AttentionAttrs& attrs,
+                            const std::string& name) {
+  NodeAttrs a;
+  a.attention = attrs;
+  std::vector<int> inputs = {q};
+  if (k >= 0) inputs.push_back(k);
+  if (v >= 0) inputs.push_back(v);
+  if (rel_table >= 0) inputs.push_back(rel_table);
+  return add_node(OpKind::kAttention, std::move(inputs), a, name);
+}
+int GraphBuilder::gather_rows(int x, int rows, const std::string& name) {
+  return add_node(OpKind::kGatherRows, {x, rows}, {}, name);
+}
+
+Graph GraphBuilder::finish() {
+  verify_graph(graph_);
+  return std::move(graph_);
+}
+
+}  // namespace kiln

@@ -1,0 +1,434 @@
+#include "io/hf_config.h"
+
+#include <filesystem>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <system_error>
+
+#include "core/status.h"
+#include "io/mmap_file.h"
+
+namespace kiln {
+namespace {
+
+using nlohmann::json;
+namespace fs = std::filesystem;
+
+constexpr const char* kSupportedModelTypes = "t5, bloom";
+constexpr const char* kGenerationKey = "generation_config";
+
+// A short rendering of a JSON value for error messages, bounded in depth and length: dump()
+// recurses, and a hostile header may nest millions of levels or hold megabyte strings.
+std::string brief(const json& v, int depth = 0) {
+  constexpr size_t kMaxChars = 80;
+  std::string s;
+  if (v.is_array() || v.is_object()) {
+    const bool array = v.is_array();
+    s = array ? "[" : "{";
+    if (!v.empty() && depth >= 2) s += "...";
+    size_t shown = 0;
+    for (auto it = v.begin(); depth < 2 && it != v.end(); ++it) {
+      if (shown > 0) s += ", ";
+      if (shown++ == 4 || s.size() > kMaxChars) {
+        s += "...";
+        break;
+      }
+      if (!array) s += json(it.key()).dump(-1, ' ', false, json::error_handler_t::replace) + ": ";
+      s += brief(*it, depth + 1);
+    }
+    s += array ? "]" : "}";
+  } else {
+    s = v.dump(-1, ' ', false, json::error_handler_t::replace);
+  }
+  if (s.size() > kMaxChars) s = s.substr(0, kMaxChars - 3) + "...";
+  return s;
+}
+
+json parse_json_object(const std::string& text, const std::string& source) {
+  json doc;
+  try {
+    doc = json::parse(text);
+  } catch (const json::exception& e) {
+    KILN_FAIL("{}: invalid JSON: {}", source, e.what());
+  }
+  KILN_CHECK(doc.is_object(), "{}: expected a JSON object, got {}", source, doc.type_name());
+  return doc;
+}
+
+// Typed access to one JSON object's fields. A null value counts as absent, as it does for
+// transformers' config classes (e.g. "num_decoder_layers": null).
+class Fields {
+ public:
+  Fields(const json& obj, const std::string& source) : obj_(obj), source_(source) {}
+
+  const json* find(const char* key) const {
+    const auto it = obj_.find(key);
+    return it == obj_.end() || it->is_null() ? nullptr : &*it;
+  }
+  bool has(const char* key) const { return find(key) != nullptr; }
+
+  std::optional<int64_t> opt_integer(const char* key) const {
+    const json* v = find(key);
+    if (v == nullptr) return std::nullopt;
+    return to_integer(key, *v);
+  }
+  int64_t integer(const char* key, int64_t fallback) const {
+    return opt_integer(key).value_or(fallback);
+  }
+  // Sizes and counts: present values must be > 0.
+  int64_t positive(const char* key, int64_t fallback) const {
+    const std::optional<int64_t> v = opt_integer(key);
+    if (!v) return fallback;
+    KILN_CHECK(*v > 0, "{}: field '{}' must be positive, got {}", source_, key, *v);
+    return *v;
+  }
+  // A size that HuggingFace accepts under two names; both present and different is an error.
+  int64_t positive_alias(const char* key, const char* alias, int64_t fallback) const {
+    if (has(key) && has(alias)) {
+      const int64_t a = positive(key, fallback);
+      const int64_t b = positive(alias, fallback);
+      KILN_CHECK(a == b, "{}: fields '{}' ({}) and '{}' ({}) name the same size but disagree",
+                 source_, key, a, alias, b);
+      return a;
+    }
+    return has(alias) ? positive(alias, fallback) : positive(key, fallback);
+  }
+  int64_t token_id(const char* key, int64_t fallback) const {
+    const int64_t v = integer(key, fallback);
+    KILN_CHECK(v >= 0, "{}: field '{}' must be a non-negative token id, got {}", source_, key, v);
+    return v;
+  }
+  std::optional<double> opt_number(const char* key) const {
+    const json* v = find(key);
+    if (v == nullptr) return std::nullopt;
+    if (!v->is_number()) fail_type(key, "a number", *v);
+    return v->get<double>();
+  }
+  double positive_number(const char* key, double fallback) const {
+    const double v = opt_number(key).value_or(fallback);
+    KILN_CHECK(v > 0, "{}: field '{}' must be positive, got {}", source_, key, v);
+    return v;
+  }
+  std::optional<bool> opt_boolean(const char* key) const {
+    const json* v = find(key);
+    if (v == nullptr) return std::nullopt;
+    if (!v->is_boolean()) fail_type(key, "true or false", *v);
+    return v->get<bool>();
+  }
+  bool boolean(const char* key, bool fallback) const { return opt_boolean(key).value_or(fallback); }
+  std::optional<std::string> opt_string(const char* key) const {
+    const json* v = find(key);
+    if (v == nullptr) return std::nullopt;
+    if (!v->is_string()) fail_type(key, "a string", *v);
+    return v->get<std::string>();
+  }
+
+  int64_t to_integer(const char* key, const json& v) const {
+    if (v.is_number_unsigned()) {
+      const auto u = v.get<uint64_t>();
+      KILN_CHECK(u <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max()),
+                 "{}: field '{}' is out of range: {}", source_, key, u);
+      return static_cast<int64_t>(u);
+    }
+    if (!v.is_number_integer()) fail_type(key, "an integer", v);
+    return v.get<int64_t>();
+  }
+  [[noreturn]] void fail_type(const char* key, const char* expected, const json& v) const {
+    KILN_FAIL("{}: field '{}' must be {}, got {} {}", source_, key, expected, v.type_name(),
+              brief(v));
+  }
+  const std::string& source() const { return source_; }
+
+ private:
+  const json& obj_;
+  const std::string& source_;
+};
+
+// transformers' ACT2FN names that kiln implements.
+bool activation_from_hf(const std::string& name, Activation* out) {
+  if (name == "relu") {
+    *out = Activation::kRelu;
+  } else if (name == "gelu_new" || name == "gelu_pytorch_tanh" || name == "gelu_fast") {
+    *out = Activation::kGeluTanh;
+  } else if (name == "gelu" || name == "gelu_python") {
+    *out = Activation::kGeluExact;
+  } else if (name == "silu" || name == "swish") {
+    *out = Activation::kSilu;
+  } else {
+    return false;
+  }
+  return true;
+}
+
+std::string_view activation_to_hf(Activation a) {
+  switch (a) {
+    case Activation::kRelu:
+      return "relu";
+    case Activation::kGeluTanh:
+      return "gelu_new";
+    case Activation::kGeluExact:
+      return "gelu";
+    case Activation::kSilu:
+      return "silu";
+  }
+  return "?";
+}
+
+// The family name used in feed_forward_proj ("gated-gelu", "relu").
+std::string_view activation_family(Activation a) {
+  switch (a) {
+    case Activation::kRelu:
+      return "relu";
+    case Activation::kGeluTanh:
+    case Activation::kGeluExact:
+      return "gelu";
+    case Activation::kSilu:
+      return "silu";
+  }
+  return "?";
+}
+
+constexpr const char* kSupportedActivations =
+    "relu, gelu, gelu_new, gelu_pytorch_tanh, gelu_fast, silu, swish";
+
+// Mirrors transformers' T5Config.__init__: feed_forward_proj is "ACT" or "gated-ACT", and
+// "gated-gelu" means gelu_new (tanh) for backwards compatibility while a plain "gelu" stays the
+// exact erf GELU. dense_act_fn / is_gated_act in the file override what it implies, since
+// transformers sets the extra keys after deriving them.
+void parse_t5_ffn(const Fields& f, T5Config* c) {
+  const std::string proj = f.opt_string("feed_forward_proj").value_or("relu");
+  std::string act_name = proj;
+  bool gated = false;
+  if (const auto dash = proj.find('-'); dash != std::string::npos) {
+    KILN_CHECK(proj.substr(0, dash) == "gated" && proj.find('-', dash + 1) == std::string::npos,
+               "{}: field 'feed_forward_proj' is '{}', expected 'ACT' or 'gated-ACT' (e.g. "
+               "'relu', 'gated-gelu')",
+               f.source(), proj);
+    gated = true;
+    act_name = proj.substr(dash + 1);
+  }
+  if (proj == "gated-gelu") act_name = "gelu_new";
+  Activation act;
+  KILN_CHECK(activation_from_hf(act_name, &act),
+             "{}: field 'feed_forward_proj' is '{}': unsupported activation '{}' (supported: {})",
+             f.source(), proj, act_name, kSupportedActivations);
+  if (const auto dense = f.opt_string("dense_act_fn")) {
+    KILN_CHECK(activation_from_hf(*dense, &act),
+               "{}: field 'dense_act_fn' is '{}', an unsupported activation (supported: {})",
+               f.source(), *dense, kSupportedActivations);
+  }
+  c->gated_ffn = f.boolean("is_gated_act", gated);
+  c->ffn_activation = act;
+}
+
+T5Config parse_t5(const Fields& f) {
+  T5Config c;
+  c.vocab_size = f.positive("vocab_size", c.vocab_size);
+  c.d_model = f.positive("d_model", c.d_model);
+  c.d_kv = f.positive("d_kv", c.d_kv);
+  c.d_ff = f.positive("d_ff", c.d_ff);
+  c.num_layers = f.positive("num_layers", c.num_layers);
+  c.num_decoder_layers = f.positive("num_decoder_layers", c.num_layers);
+  c.num_heads = f.positive("num_heads", c.num_heads);
+  c.relative_attention_num_buckets =
+      f.positive("relative_attention_num_buckets", c.relative_attention_num_buckets);
+  c.relative_attention_max_distance =
+      f.positive("relative_attention_max_distance", c.relative_attention_max_distance);
+  c.layer_norm_epsilon = f.positive_number("layer_norm_epsilon", c.layer_norm_epsilon);
+  parse_t5_ffn(f, &c);
+  c.tie_word_embeddings = f.boolean("tie_word_embeddings", true);
+  c.scale_decoder_outputs = f.boolean("scale_decoder_outputs", c.tie_word_embeddings);
+  c.pad_token_id = f.token_id("pad_token_id", c.pad_token_id);
+  c.eos_token_id = f.token_id("eos_token_id", c.eos_token_id);
+  // T5 starts decoding from the pad token; configs that omit the key mean exactly that.
+  c.decoder_start_token_id = f.token_id("decoder_start_token_id", c.pad_token_id);
+  return c;
+}
+
+BloomConfig parse_bloom(const Fields& f) {
+  BloomConfig c;
+  c.vocab_size = f.positive("vocab_size", c.vocab_size);
+  c.hidden_size = f.positive_alias("hidden_size", "n_embed", c.hidden_size);
+  c.n_layer = f.positive_alias("n_layer", "num_hidden_layers", c.n_layer);
+  c.n_head = f.positive_alias("n_head", "num_attention_heads", c.n_head);
+  KILN_CHECK(c.hidden_size % c.n_head == 0,
+             "{}: field 'hidden_size' ({}) must be divisible by 'n_head' ({})", f.source(),
+             c.hidden_size, c.n_head);
+  c.layer_norm_epsilon = f.positive_number("layer_norm_epsilon", c.layer_norm_epsilon);
+  c.apply_residual_connection_post_layernorm = f.boolean(
+      "apply_residual_connection_post_layernorm", c.apply_residual_connection_post_layernorm);
+  c.tie_word_embeddings = f.boolean("tie_word_embeddings", true);
+  c.bos_token_id = f.token_id("bos_token_id", c.bos_token_id);
+  c.eos_token_id = f.token_id("eos_token_id", c.eos_token_id);
+  c.pad_token_id = f.token_id("pad_token_id", c.pad_token_id);
+  return c;
+}
+
+void parse_generation_object(const json& obj, const std::string& source, GenerationDefaults* out) {
+  const Fields f(obj, source);
+  if (const auto v = f.opt_integer("max_new_tokens")) {
+    KILN_CHECK(*v > 0, "{}: field 'max_new_tokens' must be positive, got {}", source, *v);
+    out->max_new_tokens = *v;
+  }
+  if (const auto v = f.opt_integer("num_beams")) {
+    KILN_CHECK(*v > 0, "{}: field 'num_beams' must be positive, got {}", source, *v);
+    out->num_beams = *v;
+  }
+  if (const auto v = f.opt_number("length_penalty")) out->length_penalty = *v;
+  if (const json* v = f.find("early_stopping")) {
+    // transformers also accepts "never" (beam search runs until no better beam is possible);
+    // kiln's beam search treats that like false.
+    if (v->is_string() && v->get<std::string>() == "never") {
+      out->early_stopping = false;
+    } else {
+      if (!v->is_boolean()) f.fail_type("early_stopping", "true, false or \"never\"", *v);
+      out->early_stopping = v->get<bool>();
+    }
+  }
+  if (const json* v = f.find("eos_token_id")) {
+    std::vector<int64_t> ids;
+    if (v->is_array()) {
+      for (const json& id : *v) ids.push_back(f.to_integer("eos_token_id", id));
+    } else {
+      ids.push_back(f.to_integer("eos_token_id", *v));
+    }
+    for (int64_t id : ids) {
+      KILN_CHECK(id >= 0, "{}: field 'eos_token_id' holds a negative token id {}", source, id);
+    }
+    out->eos_token_ids = std::move(ids);
+  }
+}
+
+}  // namespace
+
+std::string_view activation_name(Activation a) {
+  switch (a) {
+    case Activation::kRelu:
+      return "relu";
+    case Activation::kGeluTanh:
+      return "gelu_tanh";
+    case Activation::kGeluExact:
+      return "gelu_exact";
+    case Activation::kSilu:
+      return "silu";
+  }
+  return "?";
+}
+
+std::string_view architecture_name(Architecture a) {
+  switch (a) {
+    case Architecture::kT5:
+      return "t5";
+    case Architecture::kBloom:
+      return "bloom";
+  }
+  return "?";
+}
+
+ModelConfig parse_model_config(const std::string& json_text, const std::string& source) {
+  const json doc = parse_json_object(json_text, source);
+  const Fields f(doc, source);
+  const json* type = f.find("model_type");
+  KILN_CHECK(type != nullptr, "{}: missing 'model_type' (supported: {})", source,
+             kSupportedModelTypes);
+  KILN_CHECK(type->is_string(), "{}: field 'model_type' must be a string, got {} (supported: {})",
+             source, brief(*type), kSupportedModelTypes);
+  const std::string model_type = type->get<std::string>();
+
+  ModelConfig config;
+  if (model_type == "t5") {
+    config.arch = Architecture::kT5;
+    config.config = parse_t5(f);
+  } else if (model_type == "bloom") {
+    config.arch = Architecture::kBloom;
+    config.config = parse_bloom(f);
+  } else {
+    KILN_FAIL("{}: unsupported model_type '{}' (supported: {})", source, model_type,
+              kSupportedModelTypes);
+  }
+  if (const json* gen = f.find(kGenerationKey)) {
+    if (!gen->is_object()) f.fail_type(kGenerationKey, "an object", *gen);
+    parse_generation_object(*gen, fmt::format("{} ({})", source, kGenerationKey),
+                            &config.generation);
+  }
+  return config;
+}
+
+void parse_generation_config(const std::string& json_text, const std::string& source,
+                             GenerationDefaults* out) {
+  parse_generation_object(parse_json_object(json_text, source), source, out);
+}
+
+ModelConfig load_model_config(const std::string& dir) {
+  const std::string config_path = (fs::path(dir) / "config.json").string();
+  std::error_code ec;
+  if (!fs::exists(config_path, ec)) {
+    KILN_FAIL_KIND(ErrorKind::kNotFound, "model directory {} has no config.json ({} not found)",
+                   dir, config_path);
+  }
+  ModelConfig config = parse_model_config(read_text_file(config_path), config_path);
+  const std::string gen_path = (fs::path(dir) / "generation_config.json").string();
+  if (fs::exists(gen_path, ec)) {
+    // As in transformers, generation_config.json replaces generation settings from elsewhere.
+    config.generation = {};
+    parse_generation_config(read_text_file(gen_path), gen_path, &config.generation);
+  }
+  return config;
+}
+
+std::string model_config_to_json(const ModelConfig& config) {
+  nlohmann::ordered_json j;
+  j["model_type"] = std::string(architecture_name(config.arch));
+  switch (config.arch) {
+    case Architecture::kT5: {
+      const T5Config& c = config.t5();
+      j["vocab_size"] = c.vocab_size;
+      j["d_model"] = c.d_model;
+      j["d_kv"] = c.d_kv;
+      j["d_ff"] = c.d_ff;
+      j["num_layers"] = c.num_layers;
+      j["num_decoder_layers"] = c.num_decoder_layers;
+      j["num_heads"] = c.num_heads;
+      j["relative_attention_num_buckets"] = c.relative_attention_num_buckets;
+      j["relative_attention_max_distance"] = c.relative_attention_max_distance;
+      j["layer_norm_epsilon"] = c.layer_norm_epsilon;
+      // feed_forward_proj alone cannot say "gelu_new, not gated", so the explicit
+      // dense_act_fn / is_gated_act (which transformers also writes) carry the exact choice.
+      j["feed_forward_proj"] =
+          fmt::format("{}{}", c.gated_ffn ? "gated-" : "", activation_family(c.ffn_activation));
+      j["dense_act_fn"] = std::string(activation_to_hf(c.ffn_activation));
+      j["is_gated_act"] = c.gated_ffn;
+      j["tie_word_embeddings"] = c.tie_word_embeddings;
+      j["scale_decoder_outputs"] = c.scale_decoder_outputs;
+      j["pad_token_id"] = c.pad_token_id;
+      j["eos_token_id"] = c.eos_token_id;
+      j["decoder_start_token_id"] = c.decoder_start_token_id;
+      break;
+    }
+    case Architecture::kBloom: {
+      const BloomConfig& c = config.bloom();
+      j["vocab_size"] = c.vocab_size;
+      j["hidden_size"] = c.hidden_size;
+      j["n_layer"] = c.n_layer;
+      j["n_head"] = c.n_head;
+      j["layer_norm_epsilon"] = c.layer_norm_epsilon;
+      j["apply_residual_connection_post_layernorm"] = c.apply_residual_connection_post_layernorm;
+      j["tie_word_embeddings"] = c.tie_word_embeddings;
+      j["bos_token_id"] = c.bos_token_id;
+      j["eos_token_id"] = c.eos_token_id;
+      j["pad_token_id"] = c.pad_token_id;
+      break;
+    }
+  }
+  const GenerationDefaults& g = config.generation;
+  nlohmann::ordered_json gen = nlohmann::ordered_json::object();
+  if (g.max_new_tokens) gen["max_new_tokens"] = *g.max_new_tokens;
+  if (g.num_beams) gen["num_beams"] = *g.num_beams;
+  if (g.length_penalty) gen["length_penalty"] = *g.length_penalty;
+  if (g.early_stopping) gen["early_stopping"] = *g.early_stopping;
+  if (!g.eos_token_ids.empty()) gen["eos_token_id"] = g.eos_token_ids;
+  if (!gen.empty()) j[kGenerationKey] = std::move(gen);
+  return j.dump(2);
+}
+
+}  // namespace kiln

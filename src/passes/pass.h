@@ -1,0 +1,43 @@
+// Graph passes. Each runs over one graph, logs at INFO what it changed, and leaves a graph that
+// verify_graph accepts.
+#pragma once
+
+#include <map>
+#include <string>
+
+#include "core/logging.h"
+#include "graph/model_ir.h"
+
+namespace kiln {
+
+// Evaluates nodes whose inputs are all constants (Cast of weights, Scale/Add/Mul of weights).
+int fold_constants(Graph& graph, const Logger& log);
+// Removes nodes whose outputs nobody reads and weights no node reads; renumbers values.
+int eliminate_dead(Graph& graph, const Logger& log);
+// Linear (+ bias) followed by an activation → one Linear with the activation fused.
+int fuse_linear_activation(Graph& graph, const Logger& log);
+// Residual Add followed by RMSNorm of the sum → one AddRMSNorm producing both.
+int fuse_add_rms_norm(Graph& graph, const Logger& log);
+// Assigns activation buffer slots by lifetime; logs peak activation bytes for `report_bindings`.
+void plan_memory(Graph& graph, const Logger& log,
+                 const std::map<std::string, int64_t>& report_bindings);
+// Activation bytes the plan needs for given symbol bindings (sum over slots of their largest
+// value), and what one buffer per value would need.
+struct MemoryReport {
+  int64_t planned_bytes = 0;
+  int64_t unplanned_bytes = 0;
+};
+MemoryReport memory_report(const Graph& graph, const std::map<std::string, int64_t>& bindings);
+
+// Removes values no node, input or output references and renumbers ids (keeps order).
+void compact_values(Graph& graph);
+
+struct PassOptions {
+  bool fold_constants = true;
+  bool fuse = true;
+};
+
+// The standard pipeline over every graph of a model, then verification.
+void optimize_model(ModelIR& model, const PassOptions& options, const Logger& log);
+
+}  // namespace kiln

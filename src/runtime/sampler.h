@@ -1,0 +1,21 @@
+// Token choice from one row of logits: greedy argmax, and sampling with temperature, top-k and
+// top-p (HF's warper order: temperature, top-k, top-p), reproducible for a given RNG state.
+#pragma once
+
+#include <cstdint>
+#include <random>
+#include <span>
+#include <vector>
+
+#include "kiln/generate.h"
+
+namespace kiln {
+
+// First index of the maximum, like torch.argmax.
+int64_t argmax(std::span<const float> logits);
+int64_t sample_token(std::span<const float> logits, const GenerationParams& params,
+                     std::mt19937_64& rng);
+// log_softmax in fp32.
+void log_softmax(std::span<const float> logits, std::vector<float>* out);
+
+}  // namespace kiln

@@ -1,0 +1,72 @@
+#include <chrono>
+#include <filesystem>
+
+#include "commands.h"
+#include "io/plan.h"
+
+namespace kiln::cli {
+
+Runner add_build(CLI::App& app) {
+  struct Opts {
+    std::string model, onnx, output, device = "cpu", precision = "fp32", prompt_template;
+    std::vector<std::string> profiles;
+    std::string calib;
+    int64_t max_input_tokens = 0;
+  };
+  auto o = std::make_shared<Opts>();
+  CLI::App* cmd = app.add_subcommand(
+      "build",
+      "Compile a HuggingFace checkpoint into a plan: import → passes (constant folding, dead-code\n"
+      "elimination, fusions, memory planning) → one versioned, mmap-able file.\n"
+      "Example:\n"
+      "  kiln build --model models/t5-tiny -o t5.plan\n"
+      "  kiln build --model models/bloom-tiny --prompt-template \"{prompt} =\" -o bloom.plan -v");
+  cmd->add_option("--model", o->model, "HuggingFace checkpoint directory (config.json, "
+                                       "model.safetensors or sharded index, tokenizer)");
+  cmd->add_option("--onnx", o->onnx, "ONNX export (not built yet)");
+  cmd->add_option("-o,--output", o->output, "plan file to write")->required();
+  cmd->add_option("--device", o->device, "cpu (cuda plans: not built yet)")->capture_default_str();
+  cmd->add_option("--precision", o->precision, "fp32 (fp16/bf16/int8: not built yet)")
+      ->capture_default_str();
+  cmd->add_option("--prompt-template", o->prompt_template,
+                  "default template stored in the plan, e.g. \"{prompt} =\"");
+  cmd->add_option("--max-input-tokens", o->max_input_tokens,
+                  "longest prompt the plan accepts (default: T5 512, BLOOM 2048)");
+  cmd->add_option("--profile", o->profiles, "shape profiles (not built yet)");
+  cmd->add_option("--calib", o->calib, "INT8 calibration prompts (not built yet)");
+  return [o](const GlobalOptions& g) {
+    KILN_CHECK_USAGE(o->onnx.empty(), "--onnx: the ONNX frontend is not built yet; use --model");
+    KILN_CHECK_USAGE(!o->model.empty(), "--model HF_DIR is required");
+    KILN_CHECK_USAGE(o->profiles.empty(), "--profile: shape profiles are not built yet");
+    KILN_CHECK_USAGE(o->calib.empty(), "--calib: INT8 calibration is not built yet");
+    KILN_CHECK_USAGE(o->device == "cpu", "--device {}: only cpu plans can be built so far",
+                     o->device);
+    KILN_CHECK_USAGE(o->precision == "fp32", "--precision {}: only fp32 is built so far",
+                     o->precision);
+    KILN_CHECK_USAGE(o->max_input_tokens >= 0, "--max-input-tokens must be positive");
+    GlobalOptions gl = g;
+    auto ctx = make_context(gl);
+    // Building is the step users watch: say what happened even without -v.
+    if (!g.quiet && ctx->log().level() > LogLevel::kInfo) ctx->log().set_level(LogLevel::kInfo);
+    const auto t0 = std::chrono::steady_clock::now();
+    BuildOptions bo;
+    if (!o->prompt_template.empty()) bo.prompt_template = o->prompt_template;
+    bo.max_input_tokens = o->max_input_tokens;
+    const ModelIR model = build_model(o->model, bo, ctx->log());
+    PlanBuildInfo info;
+    info.source = o->model;
+    for (const auto& e : std::filesystem::directory_iterator(o->model)) {
+      const std::string name = e.path().filename().string();
+      if (name.ends_with(".safetensors") || name.ends_with(".json") || name == "spiece.model")
+        info.source_files.push_back(e.path().string());
+    }
+    std::sort(info.source_files.begin(), info.source_files.end());
+    write_plan(o->output, model, info, ctx->log());
+    const double secs =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    ctx->log().info("build finished in {:.2f} s", secs);
+    return 0;
+  };
+}
+
+}  // namespace kiln::cli

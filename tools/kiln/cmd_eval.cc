@@ -1,0 +1,99 @@
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "commands.h"
+
+namespace kiln::cli {
+namespace {
+
+struct Row {
+  std::string task, prompt, answer;
+};
+
+std::vector<Row> read_dataset(const std::string& path) {
+  std::ifstream in(path);
+  KILN_CHECK_USAGE(in.good(), "cannot open dataset '{}'", path);
+  std::vector<Row> rows;
+  std::string line;
+  int lineno = 0;
+  while (std::getline(in, line)) {
+    ++lineno;
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    try {
+      const nlohmann::json j = nlohmann::json::parse(line);
+      rows.push_back({j.at("task").get<std::string>(), j.at("prompt").get<std::string>(),
+                      j.at("answer").get<std::string>()});
+    } catch (const nlohmann::json::exception& e) {
+      KILN_FAIL_KIND(ErrorKind::kUsage,
+                     "{}:{}: expected {{\"task\", \"prompt\", \"answer\"}} strings: {}", path,
+                     lineno, e.what());
+    }
+  }
+  KILN_CHECK_USAGE(!rows.empty(), "dataset '{}' has no rows", path);
+  return rows;
+}
+
+std::string trim(const std::string& s) {
+  const size_t b = s.find_first_not_of(" \t\r\n");
+  if (b == std::string::npos) return "";
+  const size_t e = s.find_last_not_of(" \t\r\n");
+  return s.substr(b, e - b + 1);
+}
+
+}  // namespace
+
+Runner add_eval(CLI::App& app) {
+  struct Opts {
+    std::string plan, model, dataset;
+    GenerationFlags gen;
+    bool json = false;
+  };
+  auto o = std::make_shared<Opts>();
+  CLI::App* cmd = app.add_subcommand(
+      "eval",
+      "Exact-match accuracy of generated answers (trimmed) per task and overall.\n"
+      "Example:\n"
+      "  kiln eval --plan t5.plan --dataset ../shared/fixtures/data/dev.jsonl");
+  cmd->add_option("--plan", o->plan, "plan file");
+  cmd->add_option("--model", o->model, "HF directory, built in memory");
+  cmd->add_option("--dataset", o->dataset, "JSON lines {\"task\", \"prompt\", \"answer\"}")
+      ->required();
+  cmd->add_flag("--json", o->json, "print {\"overall\", \"per_task\", \"n\"}");
+  add_generation_flags(*cmd, o->gen);
+  o->gen.batch_size = 32;
+  return [o](const GlobalOptions& g) {
+    const std::vector<Row> rows = read_dataset(o->dataset);
+    auto ctx = make_context(g);
+    auto engine = open_engine(*ctx, o->plan, o->model);
+    std::vector<std::string> prompts;
+    for (const Row& r : rows) prompts.push_back(r.prompt);
+    const std::vector<Generated> out = generate_all(*engine, prompts, o->gen, true);
+    std::map<std::string, std::pair<int, int>> per_task;  // correct, total
+    int correct = 0;
+    for (size_t i = 0; i < rows.size(); ++i) {
+      const bool ok = trim(out[i].text) == trim(rows[i].answer);
+      correct += ok;
+      auto& t = per_task[rows[i].task];
+      t.first += ok;
+      t.second += 1;
+    }
+    const double overall = static_cast<double>(correct) / static_cast<double>(rows.size());
+    if (o->json) {
+      nlohmann::json pt = nlohmann::json::object();
+      for (const auto& [task, c] : per_task)
+        pt[task] = static_cast<double>(c.first) / static_cast<double>(c.second);
+      fmt::print("{}\n", nlohmann::json{{"overall", overall}, {"per_task", pt}, {"n", rows.size()}}
+                             .dump());
+    } else {
+      fmt::print("{:<12} {:>8} {:>6}\n", "task", "accuracy", "n");
+      for (const auto& [task, c] : per_task)
+        fmt::print("{:<12} {:>8.3f} {:>6}\n", task,
+                   static_cast<double>(c.first) / static_cast<double>(c.second), c.second);
+      fmt::print("{:<12} {:>8.3f} {:>6}\n", "overall", overall, rows.size());
+    }
+    return 0;
+  };
+}
+
+}  // namespace kiln::cli

@@ -1,0 +1,73 @@
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "commands.h"
+#include "io/plan.h"
+#include "passes/pass.h"
+
+namespace kiln::cli {
+
+Runner add_inspect(CLI::App& app) {
+  struct Opts {
+    std::string plan, model, onnx;
+    bool graph = false;
+  };
+  auto o = std::make_shared<Opts>();
+  CLI::App* cmd = app.add_subcommand(
+      "inspect",
+      "Show what a plan (or an HF directory, built in memory) contains: build metadata, layers,\n"
+      "fusions, dtypes, weight and activation memory.\n"
+      "Examples:\n"
+      "  kiln inspect t5.plan\n"
+      "  kiln inspect --model models/bloom-tiny --graph");
+  cmd->add_option("plan", o->plan, "plan file");
+  cmd->add_option("--model", o->model, "HF directory");
+  cmd->add_option("--onnx", o->onnx, "ONNX file (not built yet)");
+  cmd->add_flag("--graph", o->graph, "print every node (the IR dump)");
+  return [o](const GlobalOptions& g) {
+    KILN_CHECK_USAGE(o->onnx.empty(), "--onnx: the ONNX frontend is not built yet");
+    KILN_CHECK_USAGE(o->plan.empty() != o->model.empty(), "give a plan file or --model");
+    auto ctx = make_context(g);
+    ModelIR model;
+    if (!o->plan.empty()) {
+      fmt::print("plan {}\n{}\n", o->plan, read_plan_metadata_json(o->plan));
+      model = read_plan(o->plan, ctx->log());
+    } else {
+      model = build_model(o->model, BuildOptions{}, ctx->log());
+    }
+    fmt::print("architecture: {}  prompt template: \"{}\"  max input tokens: {}\n",
+               architecture_name(model.config.arch), model.prompt_template,
+               model.max_input_tokens);
+    for (const Graph& gr : model.graphs) {
+      std::map<std::string, int> ops;
+      std::map<std::string, int64_t> dtypes;
+      int fused_linear = 0;
+      for (const Node& n : gr.nodes) {
+        ++ops[std::string(op_name(n.op))];
+        if (n.op == OpKind::kLinear && n.attrs.has_activation) ++fused_linear;
+      }
+      for (const Value& v : gr.values)
+        if (v.kind == ValueKind::kWeight) dtypes[std::string(dtype_name(v.dtype))] += v.data.nbytes();
+      fmt::print("\ngraph '{}': {} nodes, {} values\n", gr.name, gr.nodes.size(), gr.values.size());
+      fmt::print("  layers:");
+      for (const auto& [op, count] : ops) fmt::print(" {}×{}", op, count);
+      fmt::print("\n  fusions: {} Linear+activation, {} AddRMSNorm\n", fused_linear,
+                 ops.count("AddRMSNorm") ? ops["AddRMSNorm"] : 0);
+      fmt::print("  weights:");
+      for (const auto& [dt, bytes] : dtypes)
+        fmt::print(" {} {:.2f} MiB", dt, static_cast<double>(bytes) / (1 << 20));
+      fmt::print("\n  activations (planned, {} slots):", gr.num_slots);
+      for (int64_t tokens : {1, 128, 512}) {
+        const MemoryReport r = memory_report(gr, {{"tokens", tokens}, {"rows", tokens}});
+        fmt::print(" tokens={}: {:.1f} KiB (unplanned {:.1f} KiB);", tokens,
+                   static_cast<double>(r.planned_bytes) / 1024,
+                   static_cast<double>(r.unplanned_bytes) / 1024);
+      }
+      fmt::print("\n");
+      if (o->graph) fmt::print("{}", dump_graph(gr));
+    }
+    return 0;
+  };
+}
+
+}  // namespace kiln::cli

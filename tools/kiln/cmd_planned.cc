@@ -1,0 +1,17 @@
+#include "commands.h"
+
+namespace kiln::cli {
+
+Runner add_planned(CLI::App& app, const std::string& name, const std::string& description,
+                   const std::string& usage) {
+  CLI::App* cmd = app.add_subcommand(
+      name, description + "\nNot built yet in this version of kiln.\nUsage when done:\n  " + usage);
+  cmd->allow_extras();
+  return [name](const GlobalOptions&) {
+    fmt::print(stderr, "kiln {}: not built yet in this version of kiln (see `kiln {} --help`)\n",
+               name, name);
+    return 2;
+  };
+}
+
+}  // namespace kiln::cli

@@ -1,0 +1,104 @@
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "commands.h"
+#include "io/plan.h"
+
+namespace kiln::cli {
+
+Runner add_tokenize(CLI::App& app) {
+  struct Opts {
+    std::string model, plan, input;
+    std::vector<std::string> texts;
+    bool decode = false, json = false;
+  };
+  auto o = std::make_shared<Opts>();
+  CLI::App* cmd = app.add_subcommand(
+      "tokenize",
+      "Tokenize text with a model's tokenizer (ids identical to HuggingFace), or decode ids.\n"
+      "Examples:\n"
+      "  kiln tokenize --model models/t5-tiny --text \"reverse: suvogi\"\n"
+      "  kiln tokenize --model models/bloom-tiny --input prompts.jsonl --json\n"
+      "  kiln tokenize --model models/t5-tiny --decode --text \"[302, 7, 1]\"");
+  cmd->add_option("--model", o->model, "HuggingFace model directory");
+  cmd->add_option("--plan", o->plan, "plan file (uses the tokenizer stored in it)");
+  cmd->add_option("--text", o->texts, "text to tokenize (repeatable); with --decode, a JSON id list");
+  cmd->add_option("--input", o->input,
+                  "JSON lines: a string or an object with \"text\" (with --decode: \"ids\")");
+  cmd->add_flag("--decode", o->decode, "decode ids to text instead");
+  cmd->add_flag("--json", o->json, "print {\"text\", \"ids\"} per line");
+  return [o](const GlobalOptions& g) {
+    KILN_CHECK_USAGE(o->model.empty() != o->plan.empty(), "give exactly one of --model or --plan");
+    KILN_CHECK_USAGE(o->texts.empty() != o->input.empty(), "give --text or --input (one of them)");
+    auto ctx = make_context(g);
+    std::unique_ptr<Tokenizer> tok;
+    if (!o->model.empty()) {
+      tok = load_tokenizer_dir(o->model);
+    } else {
+      const ModelIR m = read_plan(o->plan, ctx->log());
+      tok = make_tokenizer(m.tokenizer_kind, m.tokenizer_bytes, o->plan);
+    }
+    std::vector<nlohmann::json> items;
+    if (!o->input.empty()) {
+      if (o->decode) {
+        std::ifstream in(o->input);
+        KILN_CHECK_USAGE(in.good(), "cannot open input file '{}'", o->input);
+        std::string line;
+        int lineno = 0;
+        while (std::getline(in, line)) {
+          ++lineno;
+          if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+          try {
+            nlohmann::json j = nlohmann::json::parse(line);
+            items.push_back(j.is_object() ? j.at("ids") : j);
+          } catch (const nlohmann::json::exception& e) {
+            KILN_FAIL_KIND(ErrorKind::kUsage, "{}:{}: expected an id list or {{\"ids\": [...]}}: {}",
+                           o->input, lineno, e.what());
+          }
+        }
+      } else {
+        for (const std::string& t : read_prompt_lines(o->input)) items.push_back(t);
+      }
+    } else {
+      for (const std::string& t : o->texts) {
+        if (!o->decode) {
+          items.push_back(t);
+          continue;
+        }
+        try {
+          items.push_back(nlohmann::json::parse(t));
+        } catch (const nlohmann::json::exception&) {
+          KILN_FAIL_KIND(ErrorKind::kUsage, "--decode --text expects a JSON id list like [1, 2], got '{}'", t);
+        }
+      }
+    }
+    for (const nlohmann::json& item : items) {
+      std::string text;
+      std::vector<int64_t> ids;
+      if (o->decode) {
+        KILN_CHECK_USAGE(item.is_array(), "expected a list of token ids, got {}", item.dump());
+        for (const auto& v : item) {
+          KILN_CHECK_USAGE(v.is_number_integer(), "token ids must be integers, got {}", v.dump());
+          ids.push_back(v.get<int64_t>());
+        }
+        for (int64_t id : ids)
+          KILN_CHECK_USAGE(id >= 0 && id < tok->vocab_size(), "token id {} is outside [0, {})", id,
+                           tok->vocab_size());
+        text = tok->decode(ids);
+      } else {
+        text = item.get<std::string>();
+        ids = tok->encode(text);
+      }
+      if (o->json) {
+        fmt::print("{}\n", nlohmann::json{{"text", text}, {"ids", ids}}.dump());
+      } else if (o->decode) {
+        fmt::print("{}\n", text);
+      } else {
+        fmt::print("{}\n", fmt::join(ids, " "));
+      }
+    }
+    return 0;
+  };
+}
+
+}  // namespace kiln::cli
