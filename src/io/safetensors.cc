@@ -89,8 +89,9 @@ struct ByteRange {
   const std::string* name;
 };
 
-// Parses one tensor entry and returns the byte range it claims (relative to the data section).
-// Everything is checked before a Tensor is made, since shape_numel does not guard overflow.
+// Validates one tensor entry and makes its tensor; `range` receives the bytes it claims
+// (relative to the data section) for the overlap check. Everything is checked before a Tensor
+// is made, since Tensor's shape arithmetic does not guard overflow.
 Tensor parse_entry(const std::string& path, const std::string& name, const json& entry,
                    const char* data, uint64_t data_bytes, const std::shared_ptr<MappedFile>& owner,
                    ByteRange* range) {
@@ -271,9 +272,10 @@ Checkpoint Checkpoint::open_dir(const std::string& dir) {
   Checkpoint ckpt;
   ckpt.dir_ = dir;
   std::error_code ec;
-  if (!fs::is_directory(dir, ec)) {
+  if (!fs::exists(dir, ec)) {
     KILN_FAIL_KIND(ErrorKind::kNotFound, "checkpoint directory {} does not exist", dir);
   }
+  KILN_CHECK(fs::is_directory(dir, ec), "checkpoint {} is not a directory", dir);
   const std::string single = (fs::path(dir) / kSingleFile).string();
   const std::string index = (fs::path(dir) / kIndexFile).string();
 
@@ -386,8 +388,11 @@ void write_safetensors(const std::string& path, const std::map<std::string, Tens
     const size_t n = t.nbytes();
     if (n > 0) ok = std::fwrite(t.raw(), 1, n, f) == n;
   }
-  const int write_errno = errno;
-  ok = (std::fclose(f) == 0) && ok;
+  int write_errno = errno;
+  if (std::fclose(f) != 0 && ok) {  // buffered data is flushed (and can fail) only here
+    ok = false;
+    write_errno = errno;
+  }
   if (!ok) {
     std::remove(tmp.c_str());
     KILN_FAIL("cannot write {}: {}", path, std::generic_category().message(write_errno));

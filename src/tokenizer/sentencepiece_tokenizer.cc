@@ -210,10 +210,10 @@ SentencePieceTokenizer::SentencePieceTokenizer(std::string model_bytes, const st
              "{}: the SentencePiece model has no </s> (eos) piece, which T5 appends to every input",
              source);
 
-  // T5Tokenizer's special tokens: pad, eos, unk and the sentinels. HF numbers sentinels from the
-  // top down (`<extra_id_0>` is the last id). The fixture's tokenizer.json disagrees (it puts
-  // them at 4..103, on top of real pieces), but the model and the slow tokenizer it was
-  // trained with use these ids.
+  // T5Tokenizer's special tokens: pad, eos, unk and the sentinels, numbered from the top down
+  // (`<extra_id_0>` is the last id) after the model's pieces. Some converted tokenizer.json
+  // files put the sentinels at 4..103 instead, on top of real pieces; the models' embeddings
+  // follow T5Tokenizer.
   for (int id : {processor_.pad_id(), eos_id_, processor_.unk_id()}) {
     if (id >= 0 && id < piece_count_) specials_.push_back({processor_.IdToPiece(id), id});
   }

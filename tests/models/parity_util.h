@@ -1,0 +1,50 @@
+// Helpers for HF-parity tests: reference tensors from ../shared/fixtures and comparisons.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+#include "io/safetensors.h"
+
+namespace kiln::test {
+
+inline std::string fixture(const std::string& rel) { return std::string(KILN_FIXTURES_DIR) + "/" + rel; }
+
+inline std::vector<int64_t> ids_of(const Tensor& t) {
+  const Tensor c = t.dtype() == DType::kI64 ? t : t.to(DType::kI64);
+  return std::vector<int64_t>(c.data<int64_t>(), c.data<int64_t>() + c.numel());
+}
+
+// max |a - b| / max |ref|, the design's parity metric.
+inline double relative_error(const Tensor& got, const Tensor& ref) {
+  EXPECT_EQ(got.shape(), ref.shape());
+  if (got.shape() != ref.shape()) return INFINITY;
+  const Tensor a = got.to_f32(), b = ref.to_f32();
+  double max_ref = 0.0, max_diff = 0.0;
+  for (int64_t i = 0; i < b.numel(); ++i) {
+    max_ref = std::max(max_ref, std::fabs(static_cast<double>(b.data<float>()[i])));
+    max_diff = std::max(max_diff, std::fabs(static_cast<double>(a.data<float>()[i]) -
+                                            static_cast<double>(b.data<float>()[i])));
+  }
+  return max_ref == 0.0 ? max_diff : max_diff / max_ref;
+}
+
+inline int reference_cases(const Checkpoint& ref) {
+  int n = 0;
+  while (ref.has("case" + std::to_string(n) + ".input_ids")) ++n;
+  return n;
+}
+
+// Removes trailing occurrences of `token` (pad) and then one trailing EOS.
+inline std::vector<int64_t> strip_generated(std::vector<int64_t> ids, int64_t eos, int64_t pad) {
+  while (!ids.empty() && ids.back() == pad && pad != eos) ids.pop_back();
+  if (!ids.empty() && ids.back() == eos) ids.pop_back();
+  return ids;
+}
+
+}  // namespace kiln::test
