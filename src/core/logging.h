@@ -2,6 +2,7 @@
 // fusions fired, memory); DEBUG is for --verbose detail.
 #pragma once
 
+#include <cstdint>
 #include <cstdio>
 #include <string>
 #include <string_view>

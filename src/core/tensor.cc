@@ -1,5 +1,7 @@
 #include "core/tensor.h"
 
+#include <algorithm>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 
@@ -19,7 +21,8 @@ int64_t shape_numel(const Shape& shape) {
   int64_t n = 1;
   for (int64_t d : shape) {
     KILN_CHECK(d >= 0, "negative dimension in shape {}", shape_str(shape));
-    n *= d;
+    KILN_CHECK(!__builtin_mul_overflow(n, d, &n), "shape {} has too many elements",
+               shape_str(shape));
   }
   return n;
 }
@@ -28,11 +31,14 @@ std::string shape_str(const Shape& shape) { return fmt::format("[{}]", fmt::join
 
 namespace {
 Shape contiguous_strides(const Shape& shape) {
+  shape_numel(shape);  // rejects negative and overflowing shapes before strides are formed
   Shape strides(shape.size());
   int64_t s = 1;
   for (size_t i = shape.size(); i-- > 0;) {
     strides[i] = s;
-    s *= shape[i];
+    // A zero dimension further out can leave the running product meaningless but it must not
+    // overflow: saturate instead.
+    if (__builtin_mul_overflow(s, std::max<int64_t>(shape[i], 1), &s)) s = INT64_MAX;
   }
   return strides;
 }

@@ -2,6 +2,7 @@
 // allocation) or a view of memory that something else keeps alive (an mmapped file).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <span>

@@ -24,7 +24,7 @@ std::string brief(const json& v, int depth = 0) {
   std::string s;
   if (v.is_array() || v.is_object()) {
     const bool array = v.is_array();
-    s = array ? "[" : "{";
+    s.push_back(array ? '[' : '{');
     if (!v.empty() && depth >= 2) s += "...";
     size_t shown = 0;
     for (auto it = v.begin(); depth < 2 && it != v.end(); ++it) {
@@ -36,7 +36,7 @@ std::string brief(const json& v, int depth = 0) {
       if (!array) s += json(it.key()).dump(-1, ' ', false, json::error_handler_t::replace) + ": ";
       s += brief(*it, depth + 1);
     }
-    s += array ? "]" : "}";
+    s.push_back(array ? ']' : '}');
   } else {
     s = v.dump(-1, ' ', false, json::error_handler_t::replace);
   }

@@ -200,6 +200,67 @@ TEST(Tokenizer, BloomSpecialTokensAreSplitOutFirst) {
   EXPECT_EQ(tokenizer->decode({9999, -5, 68}), "a");
 }
 
+const std::string& bloom_json_text() {
+  static const std::string text = read_file(fixture_path("bloom-tiny/tokenizer.json"));
+  return text;
+}
+
+std::string bloom_json_with(const std::function<void(Json&)>& edit) {
+  Json json = Json::parse(bloom_json_text());
+  edit(json);
+  return json.dump();
+}
+
+std::vector<int64_t> concat(std::initializer_list<std::vector<int64_t>> parts) {
+  std::vector<int64_t> out;
+  for (const auto& part : parts) out.insert(out.end(), part.begin(), part.end());
+  return out;
+}
+
+// Pipeline options BLOOM does not use, checked by what they mean rather than by stored ids
+// (a differential run against `tokenizers` 0.23 covered them too).
+TEST(Tokenizer, BpeOptionalPipelineSteps) {
+  const auto base = make_bpe_tokenizer(bloom_json_text(), "base");
+
+  const auto add_bos_eos = [](Json& j) {
+    j["post_processor"]["single"] = Json::parse(R"([{"SpecialToken": {"id": "<s>"}},
+        {"Sequence": {"id": "A"}}, {"SpecialToken": {"id": "</s>"}}])");
+    j["post_processor"]["special_tokens"] =
+        Json::parse(R"({"<s>": {"id": "<s>", "ids": [1]}, "</s>": {"id": "</s>", "ids": [2]}})");
+  };
+  const auto templated = make_bpe_tokenizer(bloom_json_with(add_bos_eos), "templated");
+  EXPECT_EQ(templated->encode("hi there"), concat({{1}, base->encode("hi there"), {2}}));
+
+  const auto add_prefix_space = [](Json& j) {
+    j["pre_tokenizer"]["pretokenizers"][1]["add_prefix_space"] = true;
+  };
+  const auto prefixed = make_bpe_tokenizer(bloom_json_with(add_prefix_space), "prefixed");
+  EXPECT_EQ(prefixed->encode("hi"), base->encode(" hi"));
+  EXPECT_EQ(prefixed->encode(" hi"), base->encode(" hi"));
+
+  // lstrip/rstrip absorb the whitespace around the token; a new token is numbered after the
+  // vocabulary whatever id the file wrote, as `tokenizers` does.
+  const auto add_separator = [](Json& j) {
+    j["added_tokens"].push_back(Json::parse(
+        R"({"id": 9, "content": "<sep>", "special": true, "lstrip": true, "rstrip": true})"));
+  };
+  const auto stripping = make_bpe_tokenizer(bloom_json_with(add_separator), "stripping");
+  EXPECT_EQ(stripping->encode("a \t<sep>  b"),
+            concat({base->encode("a"), {420}, base->encode("b")}));
+  EXPECT_EQ(stripping->decode(stripping->encode("a <sep> b"), false), "a<sep>b");
+
+  // Older files write merges as "left right".
+  const auto merges_as_strings = [](Json& j) {
+    for (Json& merge : j["model"]["merges"]) {
+      merge = merge[0].get<std::string>() + " " + merge[1].get<std::string>();
+    }
+  };
+  const auto legacy = make_bpe_tokenizer(bloom_json_with(merges_as_strings), "legacy");
+  for (const ReferenceRow& row : load_reference("bloom-tiny")) {
+    ASSERT_EQ(legacy->encode(row.text), row.ids) << row.text;
+  }
+}
+
 // Random valid UTF-8 mixing 1- to 4-byte characters, biased towards the characters the BLOOM
 // split treats specially.
 std::string random_utf8(std::mt19937& rng) {
@@ -290,17 +351,6 @@ TEST(Tokenizer, InvalidUtf8InputDoesNotCrash) {
 }
 
 // ---- bad input ------------------------------------------------------------------------------
-
-const std::string& bloom_json_text() {
-  static const std::string text = read_file(fixture_path("bloom-tiny/tokenizer.json"));
-  return text;
-}
-
-std::string bloom_json_with(const std::function<void(Json&)>& edit) {
-  Json json = Json::parse(bloom_json_text());
-  edit(json);
-  return json.dump();
-}
 
 void expect_bpe_error(const std::string& text, const std::string& needle) {
   EXPECT_THROW(make_bpe_tokenizer(text, "bad/tokenizer.json"), Error);
