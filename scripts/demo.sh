@@ -25,7 +25,7 @@ mkdir -p "$out"
 
 if [[ -t 1 ]]; then bold=$'\e[1m'; plain=$'\e[0m'; else bold=""; plain=""; fi
 heading() { printf '\n%s== %s ==%s\n' "$bold" "$1" "$plain"; }
-indent() { sed 's/^/    /'; }
+indent() { sed '/./s/^/    /'; }
 trim() {
   local s="$1"
   s="${s#"${s%%[![:space:]]*}"}"

@@ -42,5 +42,4 @@ class Backend {
 
 std::unique_ptr<Backend> make_cpu_backend(Context& ctx);
 
-
 }  // namespace kiln

@@ -31,8 +31,9 @@ std::string describe_cpu_features() {
   if (f.avx512f) isa += " AVX-512";
   if (f.avx512_vnni) isa += " VNNI";
   if (f.avx512_bf16) isa += " AVX512-BF16";
-  if (f.amx_tile) isa += fmt::format(" AMX({}{})", f.amx_bf16 ? "bf16" : "",
-                                     f.amx_int8 ? (f.amx_bf16 ? ",int8" : "int8") : "");
+  if (f.amx_tile)
+    isa += fmt::format(" AMX({}{})", f.amx_bf16 ? "bf16" : "",
+                       f.amx_int8 ? (f.amx_bf16 ? ",int8" : "int8") : "");
   return fmt::format("{} ({} hardware threads)", isa, std::thread::hardware_concurrency());
 }
 

@@ -24,11 +24,13 @@ class Logger {
   void write(LogLevel level, std::string_view message) const;
   template <typename... Args>
   void debug(fmt::format_string<Args...> f, Args&&... args) const {
-    if (enabled(LogLevel::kDebug)) write(LogLevel::kDebug, fmt::format(f, std::forward<Args>(args)...));
+    if (enabled(LogLevel::kDebug))
+      write(LogLevel::kDebug, fmt::format(f, std::forward<Args>(args)...));
   }
   template <typename... Args>
   void info(fmt::format_string<Args...> f, Args&&... args) const {
-    if (enabled(LogLevel::kInfo)) write(LogLevel::kInfo, fmt::format(f, std::forward<Args>(args)...));
+    if (enabled(LogLevel::kInfo))
+      write(LogLevel::kInfo, fmt::format(f, std::forward<Args>(args)...));
   }
   template <typename... Args>
   void warn(fmt::format_string<Args...> f, Args&&... args) const {

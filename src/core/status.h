@@ -37,13 +37,13 @@ class Error : public std::runtime_error {
 #define KILN_FAIL_KIND(kind, ...) \
   ::kiln::throw_error(kind, __FILE__, __LINE__, fmt::format(__VA_ARGS__))
 #define KILN_FAIL(...) KILN_FAIL_KIND(::kiln::ErrorKind::kRuntime, __VA_ARGS__)
-#define KILN_CHECK(cond, ...)  \
-  do {                         \
-    if (!(cond)) [[unlikely]]  \
-      KILN_FAIL(__VA_ARGS__);  \
+#define KILN_CHECK(cond, ...) \
+  do {                        \
+    if (!(cond)) [[unlikely]] \
+      KILN_FAIL(__VA_ARGS__); \
   } while (0)
-#define KILN_CHECK_USAGE(cond, ...)                                 \
-  do {                                                              \
-    if (!(cond)) [[unlikely]]                                       \
-      KILN_FAIL_KIND(::kiln::ErrorKind::kUsage, __VA_ARGS__);       \
+#define KILN_CHECK_USAGE(cond, ...)                           \
+  do {                                                        \
+    if (!(cond)) [[unlikely]]                                 \
+      KILN_FAIL_KIND(::kiln::ErrorKind::kUsage, __VA_ARGS__); \
   } while (0)

@@ -78,8 +78,8 @@ std::string dump_graph(const Graph& graph) {
     const Value& v = graph.values[id];
     return fmt::format("%{}:{}{}", v.name, dtype_name(v.dtype), sym_shape_str(v.shape));
   };
-  out << "graph " << graph.name << " (" << graph.nodes.size() << " nodes, "
-      << graph.weight_bytes() << " weight bytes)\n";
+  out << "graph " << graph.name << " (" << graph.nodes.size() << " nodes, " << graph.weight_bytes()
+      << " weight bytes)\n";
   for (int id : graph.inputs) out << "  input  " << describe(id) << "\n";
   for (const Node& n : graph.nodes) {
     std::vector<std::string> ins, outs;

@@ -47,20 +47,20 @@ struct Value {
 };
 
 enum class OpKind : uint8_t {
-  kEmbedding,         // (table [vocab, d], ids [n] i64) -> [n, d]
-  kLinear,            // (x [n, in], w [out, in], bias? [out]) -> [n, out]; attrs.activation
-  kAdd,               // (a [n, d], b [n, d]) -> [n, d]
-  kMul,               // (a [n, d], b [n, d]) -> [n, d]
-  kScale,             // (x) -> x * attrs.scale
-  kRmsNorm,           // (x [n, d], w [d]) -> [n, d]; T5: no mean, no bias, fp32 variance
-  kLayerNorm,         // (x [n, d], w [d], b [d]) -> [n, d]
-  kActivation,        // (x) -> act(x); attrs.activation
-  kGatedActivation,   // (gate [n, f], up [n, f]) -> act(gate) * up
-  kSoftmax,           // (x [n, d]) -> softmax over the last dim, fp32 accumulation
-  kCast,              // (x) -> x as attrs.dtype
-  kAttention,         // see AttentionAttrs
-  kGatherRows,        // (x [n, d], rows [r] i64) -> [r, d]
-  kAddRmsNorm,        // fused (a, b, w) -> (a + b, rmsnorm(a + b)): residual add + norm
+  kEmbedding,        // (table [vocab, d], ids [n] i64) -> [n, d]
+  kLinear,           // (x [n, in], w [out, in], bias? [out]) -> [n, out]; attrs.activation
+  kAdd,              // (a [n, d], b [n, d]) -> [n, d]
+  kMul,              // (a [n, d], b [n, d]) -> [n, d]
+  kScale,            // (x) -> x * attrs.scale
+  kRmsNorm,          // (x [n, d], w [d]) -> [n, d]; T5: no mean, no bias, fp32 variance
+  kLayerNorm,        // (x [n, d], w [d], b [d]) -> [n, d]
+  kActivation,       // (x) -> act(x); attrs.activation
+  kGatedActivation,  // (gate [n, f], up [n, f]) -> act(gate) * up
+  kSoftmax,          // (x [n, d]) -> softmax over the last dim, fp32 accumulation
+  kCast,             // (x) -> x as attrs.dtype
+  kAttention,        // see AttentionAttrs
+  kGatherRows,       // (x [n, d], rows [r] i64) -> [r, d]
+  kAddRmsNorm,       // fused (a, b, w) -> (a + b, rmsnorm(a + b)): residual add + norm
 };
 inline constexpr int kNumOpKinds = 14;
 

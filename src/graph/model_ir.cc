@@ -125,8 +125,8 @@ void check_model_contract(const ModelIR& model, const std::string& source) {
       expect_io(enc, false, "cross_k." + std::to_string(l), DType::kF32, 2, source);
       expect_io(enc, false, "cross_v." + std::to_string(l), DType::kF32, 2, source);
       const Value& k = enc.values[enc.output("cross_k." + std::to_string(l))];
-      KILN_CHECK(k.shape[1] == Dim::of(width), "{}: cross_k.{} is {}, expected rows of {}",
-                 source, l, sym_shape_str(k.shape), width);
+      KILN_CHECK(k.shape[1] == Dim::of(width), "{}: cross_k.{} is {}, expected rows of {}", source,
+                 l, sym_shape_str(k.shape), width);
     }
   }
 }

@@ -6,9 +6,9 @@ namespace kiln {
 namespace {
 
 const Value& in(const Graph& g, const Node& n, size_t i) {
-  KILN_CHECK(i < n.inputs.size() && n.inputs[i] >= 0 &&
-                 n.inputs[i] < static_cast<int>(g.values.size()),
-             "node '{}' ({}): input {} is missing", n.name, op_name(n.op), i);
+  KILN_CHECK(
+      i < n.inputs.size() && n.inputs[i] >= 0 && n.inputs[i] < static_cast<int>(g.values.size()),
+      "node '{}' ({}): input {} is missing", n.name, op_name(n.op), i);
   return g.values[n.inputs[i]];
 }
 bool has_in(const Node& n, size_t i) { return i < n.inputs.size() && n.inputs[i] >= 0; }
@@ -24,7 +24,8 @@ void expect_float(const Node& n, const Value& v) {
 void expect_dim(const Node& n, const Value& v, size_t axis, const Dim& d) {
   KILN_CHECK(v.shape.size() > axis && v.shape[axis] == d,
              "node '{}' ({}): input '{}' has shape {}, expected dim {} = {}", n.name, op_name(n.op),
-             v.name, sym_shape_str(v.shape), axis, d.is_symbolic() ? d.symbol : std::to_string(d.value));
+             v.name, sym_shape_str(v.shape), axis,
+             d.is_symbolic() ? d.symbol : std::to_string(d.value));
 }
 void expect_same(const Node& n, const Value& a, const Value& b) {
   KILN_CHECK(a.shape == b.shape && a.dtype == b.dtype,

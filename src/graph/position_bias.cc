@@ -22,8 +22,7 @@ int t5_relative_bucket(int64_t relative_position, bool bidirectional, int num_bu
   // PyTorch: log(float(n) / max_exact) / math.log(max_distance / max_exact) * (nb - max_exact),
   // each step in float32, then .to(long) truncates.
   const float ratio = static_cast<float>(n) / static_cast<float>(max_exact);
-  const float denom =
-      static_cast<float>(std::log(static_cast<double>(max_distance) / max_exact));
+  const float denom = static_cast<float>(std::log(static_cast<double>(max_distance) / max_exact));
   const float scaled = std::log(ratio) / denom * static_cast<float>(num_buckets - max_exact);
   int64_t large = max_exact + static_cast<int64_t>(scaled);
   large = std::min<int64_t>(large, num_buckets - 1);

@@ -88,8 +88,8 @@ json graph_to_json(const Graph& g, const std::function<int(const Tensor&)>& blob
                      {"inputs", n.inputs},
                      {"outputs", n.outputs},
                      {"attrs", attrs_to_json(n.attrs)}});
-  return json{{"name", g.name},       {"values", values},         {"nodes", nodes},
-              {"inputs", g.inputs},   {"outputs", g.outputs},     {"value_slot", g.value_slot},
+  return json{{"name", g.name},          {"values", values},     {"nodes", nodes},
+              {"inputs", g.inputs},      {"outputs", g.outputs}, {"value_slot", g.value_slot},
               {"num_slots", g.num_slots}};
 }
 

@@ -38,14 +38,15 @@ void verify_graph(const Graph& g) {
     const Node& node = g.nodes[n];
     for (int id : node.inputs) {
       if (id < 0) continue;
-      KILN_CHECK(id < nv, "graph '{}': node '{}' reads value id {} out of range", g.name,
-                 node.name, id);
+      KILN_CHECK(id < nv, "graph '{}': node '{}' reads value id {} out of range", g.name, node.name,
+                 id);
       KILN_CHECK(defined[id], "graph '{}': node '{}' reads '{}' before it is produced", g.name,
                  node.name, g.values[id].name);
     }
     const std::vector<ValueType> types = infer_node(g, node);
-    KILN_CHECK(types.size() == node.outputs.size(), "graph '{}': node '{}' has {} outputs, op {} makes {}",
-               g.name, node.name, node.outputs.size(), op_name(node.op), types.size());
+    KILN_CHECK(types.size() == node.outputs.size(),
+               "graph '{}': node '{}' has {} outputs, op {} makes {}", g.name, node.name,
+               node.outputs.size(), op_name(node.op), types.size());
     for (size_t i = 0; i < types.size(); ++i) {
       const int id = node.outputs[i];
       KILN_CHECK(id >= 0 && id < nv, "graph '{}': node '{}' output id out of range", g.name,

@@ -51,11 +51,12 @@ void plan_memory(Graph& graph, const Logger& log,
   const MemoryReport r = memory_report(graph, report_bindings);
   std::string where;
   for (const auto& [k, v] : report_bindings) where += fmt::format(" {}={}", k, v);
-  log.info("plan_memory[{}]: {} activations in {} slots; at{}: {:.1f} KiB (vs {:.1f} KiB unplanned)",
-           graph.name, std::count_if(graph.value_slot.begin(), graph.value_slot.end(),
-                                     [](int s) { return s >= 0; }),
-           num_slots, where, static_cast<double>(r.planned_bytes) / 1024,
-           static_cast<double>(r.unplanned_bytes) / 1024);
+  log.info(
+      "plan_memory[{}]: {} activations in {} slots; at{}: {:.1f} KiB (vs {:.1f} KiB unplanned)",
+      graph.name,
+      std::count_if(graph.value_slot.begin(), graph.value_slot.end(), [](int s) { return s >= 0; }),
+      num_slots, where, static_cast<double>(r.planned_bytes) / 1024,
+      static_cast<double>(r.unplanned_bytes) / 1024);
 }
 
 MemoryReport memory_report(const Graph& graph, const std::map<std::string, int64_t>& bindings) {

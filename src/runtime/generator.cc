@@ -10,8 +10,7 @@
 namespace kiln {
 
 Generator::Generator(Engine& engine)
-    : engine_(engine),
-      cache_(engine.model().cache_layers(), engine.model().cache_row_width()) {
+    : engine_(engine), cache_(engine.model().cache_layers(), engine.model().cache_row_width()) {
   eos_ids_ = engine.model().config.generation.eos_token_ids;
   if (eos_ids_.empty()) eos_ids_.push_back(engine.model().eos_token_id());
 }
@@ -73,10 +72,10 @@ void Generator::admit_waiting() {
       auto cross = std::make_shared<CrossKv>();
       const SequenceSlot& s = batch.seqs[i];
       for (int l = 0; l < layers; ++l) {
-        cross->keys.push_back(
-            out.at("cross_k." + std::to_string(l)).slice_rows(s.token_begin, s.token_begin + s.num_tokens));
-        cross->values.push_back(
-            out.at("cross_v." + std::to_string(l)).slice_rows(s.token_begin, s.token_begin + s.num_tokens));
+        cross->keys.push_back(out.at("cross_k." + std::to_string(l))
+                                  .slice_rows(s.token_begin, s.token_begin + s.num_tokens));
+        cross->values.push_back(out.at("cross_v." + std::to_string(l))
+                                    .slice_rows(s.token_begin, s.token_begin + s.num_tokens));
       }
       joining[i]->cross = std::move(cross);
     }
@@ -200,8 +199,8 @@ void Generator::advance_beams(Request& r, const float* logits, int64_t vocab, in
   const int64_t new_len = static_cast<int64_t>(r.beams[0].tokens.size()) + 1;
   const bool at_max = new_len >= r.params.max_new_tokens;
   const bool full = static_cast<int>(r.finished.size()) >= nb && r.params.early_stopping;
-  const float norm = static_cast<float>(
-      std::pow(static_cast<double>(new_len), r.params.length_penalty));
+  const float norm =
+      static_cast<float>(std::pow(static_cast<double>(new_len), r.params.length_penalty));
   std::vector<Beam> next;
   for (size_t rank = 0; rank < cands.size(); ++rank) {
     const Candidate& c = cands[rank];

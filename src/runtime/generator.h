@@ -43,7 +43,7 @@ class Generator {
     std::vector<int64_t> tokens;  // generated so far
     std::vector<int64_t> feed;    // fed at the next step
     SequenceKv kv;
-    float score = 0.0f;           // beam search: sum of log-probabilities
+    float score = 0.0f;  // beam search: sum of log-probabilities
   };
   struct Hypothesis {
     std::vector<int64_t> tokens;

@@ -13,8 +13,8 @@ PagedKvCache::PagedKvCache(int layers, int64_t row_width, int block_size, int bl
       blocks_per_chunk_(blocks_per_chunk),
       block_floats_(static_cast<int64_t>(layers) * 2 * block_size * row_width) {
   KILN_CHECK(layers > 0 && row_width > 0 && block_size > 0 && blocks_per_chunk > 0,
-             "invalid KV cache geometry: {} layers, row width {}, block size {}", layers,
-             row_width, block_size);
+             "invalid KV cache geometry: {} layers, row width {}, block size {}", layers, row_width,
+             block_size);
 }
 
 float* PagedKvCache::block_base(int32_t block) {
@@ -35,7 +35,8 @@ int32_t PagedKvCache::allocate() {
   if (free_.empty()) {
     // Grow by one chunk; existing blocks never move.
     const int32_t first = static_cast<int32_t>(refcount_.size());
-    chunks_.push_back(std::make_unique<float[]>(static_cast<size_t>(blocks_per_chunk_ * block_floats_)));
+    chunks_.push_back(
+        std::make_unique<float[]>(static_cast<size_t>(blocks_per_chunk_ * block_floats_)));
     refcount_.resize(refcount_.size() + blocks_per_chunk_, 0);
     for (int32_t b = first + blocks_per_chunk_ - 1; b >= first; --b) free_.push_back(b);
   }

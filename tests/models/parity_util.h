@@ -13,7 +13,9 @@
 
 namespace kiln::test {
 
-inline std::string fixture(const std::string& rel) { return std::string(KILN_FIXTURES_DIR) + "/" + rel; }
+inline std::string fixture(const std::string& rel) {
+  return std::string(KILN_FIXTURES_DIR) + "/" + rel;
+}
 
 inline std::vector<int64_t> ids_of(const Tensor& t) {
   const Tensor c = t.dtype() == DType::kI64 ? t : t.to(DType::kI64);

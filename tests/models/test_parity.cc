@@ -132,7 +132,8 @@ TEST_P(Parity, PaddedBatchMatchesPerCase) {
 // Requests that join a running batch mid-generation get exactly their unbatched output.
 TEST_P(Parity, RequestsJoiningMidGenerationMatchUnbatched) {
   std::vector<std::vector<int64_t>> prompts;
-  for (int c = 0; c < cases(); ++c) prompts.push_back(ids_of(ref("case" + std::to_string(c) + ".input_ids")));
+  for (int c = 0; c < cases(); ++c)
+    prompts.push_back(ids_of(ref("case" + std::to_string(c) + ".input_ids")));
   GenerationParams greedy;
   greedy.max_new_tokens = 16;
   GenerationParams beam = greedy;
@@ -167,7 +168,8 @@ TEST_P(Parity, RequestsJoiningMidGenerationMatchUnbatched) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, Parity,
-                         testing::Values(ModelCase{"t5-tiny", true}, ModelCase{"bloom-tiny", false}),
+                         testing::Values(ModelCase{"t5-tiny", true},
+                                         ModelCase{"bloom-tiny", false}),
                          [](const auto& info) { return info.param.t5 ? "T5" : "Bloom"; });
 
 }  // namespace

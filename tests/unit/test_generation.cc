@@ -80,8 +80,9 @@ TEST_F(GenerationTest, BadInputRequestsAreRefused) {
   GenerationParams ok;
   GenerationParams p = ok;
   expect_usage_error(g, {}, ok, "empty prompt");
-  expect_usage_error(g, std::vector<int64_t>(static_cast<size_t>(engine_->model().max_input_tokens) + 1, 5), ok,
-                     "at most");
+  expect_usage_error(
+      g, std::vector<int64_t>(static_cast<size_t>(engine_->model().max_input_tokens) + 1, 5), ok,
+      "at most");
   p.max_new_tokens = 0;
   expect_usage_error(g, {5, 6}, p, "max-new-tokens");
   p = ok;

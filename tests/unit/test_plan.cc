@@ -62,7 +62,8 @@ class PlanTest : public testing::Test {
     for (const char* m : {"t5-tiny", "bloom-tiny"}) {
       BuildOptions o;
       const ModelIR model = build_model(fixture(m), o, quiet);
-      write_plan(tmp(std::string(m) + ".plan"), model, PlanBuildInfo{fixture(m), {}, Device::kCpu, DType::kF32}, quiet);
+      write_plan(tmp(std::string(m) + ".plan"), model,
+                 PlanBuildInfo{fixture(m), {}, Device::kCpu, DType::kF32}, quiet);
     }
   }
   Context ctx_{ContextOptions{LogLevel::kError, 2}};
@@ -87,7 +88,8 @@ TEST_F(PlanTest, RunFromPlanEqualsRunFromCheckpoint) {
   for (const char* m : {"t5-tiny", "bloom-tiny"}) {
     auto from_dir = Engine::from_model_dir(ctx_, fixture(m));
     auto from_plan = Engine::from_plan(ctx_, tmp(std::string(m) + ".plan"));
-    const SafetensorsFile ref = SafetensorsFile::open(fixture(std::string(m) + "/reference.safetensors"));
+    const SafetensorsFile ref =
+        SafetensorsFile::open(fixture(std::string(m) + "/reference.safetensors"));
     for (int c = 0; c < 9; ++c) {
       const std::string k = "case" + std::to_string(c);
       const std::vector<int64_t> prompt = ids_of(ref.tensors().at(k + ".input_ids"));
@@ -153,8 +155,8 @@ TEST_F(PlanTest, BadInputNotAPlan) {
 TEST_F(PlanTest, BadInputTruncatedAnywhere) {
   const std::string bytes = slurp(tmp("bloom-tiny.plan"));
   // Cut inside the fixed header, the JSON header, the tokenizer and the weights.
-  for (size_t cut : {size_t{5}, size_t{20}, size_t{200}, size_t{5000}, bytes.size() / 2,
-                     bytes.size() - 1}) {
+  for (size_t cut :
+       {size_t{5}, size_t{20}, size_t{200}, size_t{5000}, bytes.size() / 2, bytes.size() - 1}) {
     spit(tmp("cut.plan"), bytes.substr(0, cut));
     EXPECT_THROW(read_plan(tmp("cut.plan"), Logger(LogLevel::kSilent)), Error) << "cut at " << cut;
   }

@@ -21,8 +21,9 @@ Runner add_build(CLI::App& app) {
       "Example:\n"
       "  kiln build --model models/t5-tiny -o t5.plan\n"
       "  kiln build --model models/bloom-tiny --prompt-template \"{prompt} =\" -o bloom.plan -v");
-  cmd->add_option("--model", o->model, "HuggingFace checkpoint directory (config.json, "
-                                       "model.safetensors or sharded index, tokenizer)");
+  cmd->add_option("--model", o->model,
+                  "HuggingFace checkpoint directory (config.json, "
+                  "model.safetensors or sharded index, tokenizer)");
   cmd->add_option("--onnx", o->onnx, "ONNX export (not built yet)");
   cmd->add_option("-o,--output", o->output, "plan file to write")->required();
   cmd->add_option("--device", o->device, "cpu (cuda plans: not built yet)")->capture_default_str();

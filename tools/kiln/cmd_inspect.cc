@@ -36,8 +36,7 @@ Runner add_inspect(CLI::App& app) {
       model = build_model(o->model, BuildOptions{}, ctx->log());
     }
     fmt::print("architecture: {}  prompt template: \"{}\"  max input tokens: {}\n",
-               architecture_name(model.config.arch), model.prompt_template,
-               model.max_input_tokens);
+               architecture_name(model.config.arch), model.prompt_template, model.max_input_tokens);
     for (const Graph& gr : model.graphs) {
       std::map<std::string, int> ops;
       std::map<std::string, int64_t> dtypes;
@@ -47,7 +46,8 @@ Runner add_inspect(CLI::App& app) {
         if (n.op == OpKind::kLinear && n.attrs.has_activation) ++fused_linear;
       }
       for (const Value& v : gr.values)
-        if (v.kind == ValueKind::kWeight) dtypes[std::string(dtype_name(v.dtype))] += v.data.nbytes();
+        if (v.kind == ValueKind::kWeight)
+          dtypes[std::string(dtype_name(v.dtype))] += v.data.nbytes();
       fmt::print("\ngraph '{}': {} nodes, {} values\n", gr.name, gr.nodes.size(), gr.values.size());
       fmt::print("  layers:");
       for (const auto& [op, count] : ops) fmt::print(" {}×{}", op, count);

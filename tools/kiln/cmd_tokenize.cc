@@ -1,5 +1,7 @@
+#include <cstdlib>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "commands.h"
 #include "io/plan.h"
@@ -22,7 +24,8 @@ Runner add_tokenize(CLI::App& app) {
       "  kiln tokenize --model models/t5-tiny --decode --text \"[302, 7, 1]\"");
   cmd->add_option("--model", o->model, "HuggingFace model directory");
   cmd->add_option("--plan", o->plan, "plan file (uses the tokenizer stored in it)");
-  cmd->add_option("--text", o->texts, "text to tokenize (repeatable); with --decode, a JSON id list");
+  cmd->add_option("--text", o->texts,
+                  "text to tokenize (repeatable); with --decode, a JSON id list");
   cmd->add_option("--input", o->input,
                   "JSON lines: a string or an object with \"text\" (with --decode: \"ids\")");
   cmd->add_flag("--decode", o->decode, "decode ids to text instead");
@@ -52,25 +55,35 @@ Runner add_tokenize(CLI::App& app) {
             nlohmann::json j = nlohmann::json::parse(line);
             items.push_back(j.is_object() ? j.at("ids") : j);
           } catch (const nlohmann::json::exception& e) {
-            KILN_FAIL_KIND(ErrorKind::kUsage, "{}:{}: expected an id list or {{\"ids\": [...]}}: {}",
-                           o->input, lineno, e.what());
+            KILN_FAIL_KIND(ErrorKind::kUsage,
+                           "{}:{}: expected an id list or {{\"ids\": [...]}}: {}", o->input, lineno,
+                           e.what());
           }
         }
       } else {
         for (const std::string& t : read_prompt_lines(o->input)) items.push_back(t);
       }
-    } else {
+    } else if (o->decode) {
+      // One id sequence from --text: "[1, 2, 3]" or "1 2 3" (CLI11 may already have split a
+      // bracketed list into several values, so every value contributes its numbers).
+      nlohmann::json ids = nlohmann::json::array();
       for (const std::string& t : o->texts) {
-        if (!o->decode) {
-          items.push_back(t);
-          continue;
-        }
-        try {
-          items.push_back(nlohmann::json::parse(t));
-        } catch (const nlohmann::json::exception&) {
-          KILN_FAIL_KIND(ErrorKind::kUsage, "--decode --text expects a JSON id list like [1, 2], got '{}'", t);
+        std::string cleaned = t;
+        for (char& ch : cleaned)
+          if (ch == '[' || ch == ']' || ch == ',') ch = ' ';
+        std::istringstream in(cleaned);
+        std::string word;
+        while (in >> word) {
+          char* end = nullptr;
+          const long long v = std::strtoll(word.c_str(), &end, 10);
+          KILN_CHECK_USAGE(end != nullptr && *end == '\0',
+                           "--decode --text expects token ids like \"[1, 2, 3]\", got '{}'", t);
+          ids.push_back(static_cast<int64_t>(v));
         }
       }
+      items.push_back(ids);
+    } else {
+      for (const std::string& t : o->texts) items.push_back(t);
     }
     for (const nlohmann::json& item : items) {
       std::string text;

@@ -34,7 +34,8 @@ Runner add_planned(CLI::App& app, const std::string& name, const std::string& de
 // --- shared helpers (common.cc) ---
 std::unique_ptr<Context> make_context(const GlobalOptions& g);
 // From --plan or --model (exactly one must be set).
-std::unique_ptr<Engine> open_engine(Context& ctx, const std::string& plan, const std::string& model);
+std::unique_ptr<Engine> open_engine(Context& ctx, const std::string& plan,
+                                    const std::string& model);
 // JSON lines: each line a string, or an object with "text" or "prompt". Errors name file:line.
 std::vector<std::string> read_prompt_lines(const std::string& path);
 // Generation flags shared by run/eval.

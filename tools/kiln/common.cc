@@ -70,8 +70,7 @@ void add_generation_flags(CLI::App& cmd, GenerationFlags& f) {
   cmd.add_option("--top-p", f.top_p, "sample from the smallest set with this mass (1: off)")
       ->capture_default_str();
   cmd.add_option("--seed", f.seed, "sampling seed (same seed, same output)")->capture_default_str();
-  cmd.add_option("--batch-size", f.batch_size, "prompts generated together")
-      ->capture_default_str();
+  cmd.add_option("--batch-size", f.batch_size, "prompts generated together")->capture_default_str();
   cmd.add_option("--prompt-template", f.prompt_template,
                  "wrap each prompt, e.g. \"{prompt} =\" (default: the plan's)");
 }
@@ -95,8 +94,8 @@ GenerationParams to_params(const GenerationFlags& f) {
 std::vector<Generated> generate_all(Engine& engine, const std::vector<std::string>& prompts,
                                     const GenerationFlags& flags, bool show_progress) {
   const GenerationParams params = to_params(flags);
-  std::string templ = flags.prompt_template.empty() ? engine.model().prompt_template
-                                                    : flags.prompt_template;
+  std::string templ =
+      flags.prompt_template.empty() ? engine.model().prompt_template : flags.prompt_template;
   check_prompt_template(templ);
   std::vector<Generated> out(prompts.size());
   std::vector<std::vector<int64_t>> ids(prompts.size());

@@ -16,8 +16,8 @@ void print_version() {
   else if (cuda.device_count == 0)
     cuda_line = "compiled in; no GPU visible (" + cuda.error + ")";
   else
-    cuda_line = fmt::format("compiled in; {} GPU(s), device 0: {}", cuda.device_count,
-                            cuda.first_device);
+    cuda_line =
+        fmt::format("compiled in; {} GPU(s), device 0: {}", cuda.device_count, cuda.first_device);
   fmt::print("kiln {} (git {})\n", KILN_VERSION, KILN_GIT_REV);
   fmt::print("backends:\n  cpu: {}\n  cuda: {}\n", kiln::describe_cpu_features(), cuda_line);
 }

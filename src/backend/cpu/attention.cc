@@ -58,8 +58,7 @@ void append_to_cache(const SequenceSlot& s, KvBlockStore* cache, int layer, cons
 void attention(const Node& node, std::span<const Tensor> in, std::span<Tensor> out,
                const KernelEnv& env) {
   const AttentionAttrs& a = node.attrs.attention;
-  KILN_CHECK(env.batch != nullptr, "node '{}': attention needs the step's batch layout",
-             node.name);
+  KILN_CHECK(env.batch != nullptr, "node '{}': attention needs the step's batch layout", node.name);
   const AttentionBatch& batch = *env.batch;
   const int64_t H = a.num_heads, dh = a.head_dim, width = H * dh;
   const int64_t n = in[0].dim(0);
@@ -84,20 +83,18 @@ void attention(const Node& node, std::span<const Tensor> in, std::span<Tensor> o
       next = 3;
     }
   }
-  const float* rel_table =
-      a.bias == PositionBias::kT5Relative ? in[next].data<float>() : nullptr;
+  const float* rel_table = a.bias == PositionBias::kT5Relative ? in[next].data<float>() : nullptr;
   const std::vector<float> slopes =
       a.bias == PositionBias::kAlibi ? alibi_slopes(a.num_heads) : std::vector<float>{};
   float* y = out[0].data<float>();
 
   if (a.kind == AttentionKind::kCachedSelf) {
-    KILN_CHECK(batch.cache != nullptr, "node '{}': cached attention without a KV cache",
-               node.name);
+    KILN_CHECK(batch.cache != nullptr, "node '{}': cached attention without a KV cache", node.name);
     KILN_CHECK(batch.cache->row_width() == width, "node '{}': KV cache rows are {} wide, need {}",
                node.name, batch.cache->row_width(), width);
     for (const SequenceSlot& s : batch.seqs) {
-      const int64_t need = (s.past_len + s.num_tokens + batch.cache->block_size() - 1) /
-                           batch.cache->block_size();
+      const int64_t need =
+          (s.past_len + s.num_tokens + batch.cache->block_size() - 1) / batch.cache->block_size();
       KILN_CHECK(static_cast<int64_t>(s.blocks.size()) >= need,
                  "node '{}': block table has {} blocks, {} positions need {}", node.name,
                  s.blocks.size(), s.past_len + s.num_tokens, need);
@@ -165,8 +162,8 @@ void attention(const Node& node, std::span<const Tensor> in, std::span<Tensor> o
             case PositionBias::kNone:
               break;
             case PositionBias::kT5Relative:
-              sc += rel_table[t5_relative_bucket(j - qpos, a.bidirectional_buckets,
-                                                 a.num_buckets, a.max_distance) *
+              sc += rel_table[t5_relative_bucket(j - qpos, a.bidirectional_buckets, a.num_buckets,
+                                                 a.max_distance) *
                                   H +
                               h];
               break;

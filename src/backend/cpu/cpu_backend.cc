@@ -174,6 +174,8 @@ class CpuBackend final : public Backend {
 
 }  // namespace
 
-std::unique_ptr<Backend> make_cpu_backend(Context& ctx) { return std::make_unique<CpuBackend>(ctx); }
+std::unique_ptr<Backend> make_cpu_backend(Context& ctx) {
+  return std::make_unique<CpuBackend>(ctx);
+}
 
 }  // namespace kiln

@@ -23,8 +23,7 @@ void embedding(const Node& node, std::span<const Tensor> in, std::span<Tensor> o
   KILN_CHECK(table.dtype() == DType::kF32, "node '{}': embedding table must be f32 on cpu",
              node.name);
   for (int64_t t = 0; t < n; ++t) {
-    const int64_t id =
-        ids.dtype() == DType::kI64 ? ids.data<int64_t>()[t] : ids.data<int32_t>()[t];
+    const int64_t id = ids.dtype() == DType::kI64 ? ids.data<int64_t>()[t] : ids.data<int32_t>()[t];
     KILN_CHECK(id >= 0 && id < vocab, "node '{}': token id {} is outside the vocabulary [0, {})",
                node.name, id, vocab);
     std::memcpy(y.data<float>() + t * d, table.data<float>() + id * d, d * sizeof(float));
@@ -37,8 +36,8 @@ void linear(const Node& node, std::span<const Tensor> in, std::span<Tensor> out,
   const Tensor& x = in[0];
   const Tensor& w = in[1];
   const float* bias = in.size() > 2 && in[2].defined() ? in[2].data<float>() : nullptr;
-  KILN_CHECK(w.dtype() == DType::kF32, "node '{}': cpu Linear needs f32 weights, got {}",
-             node.name, dtype_name(w.dtype()));
+  KILN_CHECK(w.dtype() == DType::kF32, "node '{}': cpu Linear needs f32 weights, got {}", node.name,
+             dtype_name(w.dtype()));
   const int64_t k = w.dim(1), m = w.dim(0);
   const int64_t n = x.numel() / k;
   const float* xp = x.data<float>();

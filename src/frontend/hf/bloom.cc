@@ -57,9 +57,9 @@ std::vector<Graph> build_bloom_graphs(const BloomConfig& cfg, const Checkpoint& 
                    "word_embeddings_layernorm");
   for (int64_t i = 0; i < cfg.n_layer; ++i) {
     const std::string p = prefix + "h." + std::to_string(i);
-    const int ln1 = b.layer_norm(x, w(p + ".input_layernorm.weight", {d}),
-                                 w(p + ".input_layernorm.bias", {d}), cfg.layer_norm_epsilon,
-                                 p + ".input_layernorm");
+    const int ln1 =
+        b.layer_norm(x, w(p + ".input_layernorm.weight", {d}), w(p + ".input_layernorm.bias", {d}),
+                     cfg.layer_norm_epsilon, p + ".input_layernorm");
     const int residual1 = cfg.apply_residual_connection_post_layernorm ? ln1 : x;
     const std::string sa = p + ".self_attention";
     const int fused = b.linear(ln1, qkv(sa + ".query_key_value.weight", {3 * d, d}),
@@ -74,8 +74,8 @@ std::vector<Graph> build_bloom_graphs(const BloomConfig& cfg, const Checkpoint& 
     a.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(dh)));
     a.bias = PositionBias::kAlibi;
     const int ctx = b.attention(fused, -1, -1, -1, a, sa + ".attn");
-    const int dense = b.linear(ctx, w(sa + ".dense.weight", {d, d}), w(sa + ".dense.bias", {d}),
-                               sa + ".dense");
+    const int dense =
+        b.linear(ctx, w(sa + ".dense.weight", {d, d}), w(sa + ".dense.bias", {d}), sa + ".dense");
     x = b.add(dense, residual1, p + ".attn_residual");
     const int ln2 = b.layer_norm(x, w(p + ".post_attention_layernorm.weight", {d}),
                                  w(p + ".post_attention_layernorm.bias", {d}),

@@ -57,8 +57,8 @@ struct T5Builder {
     const int q = b.linear(x, w(p + ".q.weight", {inner, d}), -1, p + ".q");
     const int k = b.linear(x, w(p + ".k.weight", {inner, d}), -1, p + ".k");
     const int v = b.linear(x, w(p + ".v.weight", {inner, d}), -1, p + ".v");
-    const int a = b.attention(q, k, v, rel_table, attention_attrs(kind, layer, true, causal),
-                              p + ".attn");
+    const int a =
+        b.attention(q, k, v, rel_table, attention_attrs(kind, layer, true, causal), p + ".attn");
     return b.linear(a, w(p + ".o.weight", {d, inner}), -1, p + ".o");
   }
 
@@ -77,13 +77,13 @@ Graph build_encoder(const T5Config& cfg, const Checkpoint& ckpt) {
   const int table = t.rel_table("encoder");
   for (int64_t i = 0; i < cfg.num_layers; ++i) {
     const std::string p = "encoder.block." + std::to_string(i);
-    const int h0 = b.rms_norm(x, t.w(p + ".layer.0.layer_norm.weight", {d}),
-                              cfg.layer_norm_epsilon, p + ".layer.0.layer_norm");
+    const int h0 = b.rms_norm(x, t.w(p + ".layer.0.layer_norm.weight", {d}), cfg.layer_norm_epsilon,
+                              p + ".layer.0.layer_norm");
     const int a = t.self_attention(h0, p + ".layer.0.SelfAttention", AttentionKind::kEncoderSelf,
                                    static_cast<int>(i), table, false);
     x = b.add(x, a, p + ".layer.0.residual");
-    const int h1 = b.rms_norm(x, t.w(p + ".layer.1.layer_norm.weight", {d}),
-                              cfg.layer_norm_epsilon, p + ".layer.1.layer_norm");
+    const int h1 = b.rms_norm(x, t.w(p + ".layer.1.layer_norm.weight", {d}), cfg.layer_norm_epsilon,
+                              p + ".layer.1.layer_norm");
     x = b.add(x, t.ffn(h1, p + ".layer.1.DenseReluDense"), p + ".layer.1.residual");
   }
   const int hidden = b.rms_norm(x, t.w("encoder.final_layer_norm.weight", {d}),
@@ -112,22 +112,21 @@ Graph build_decoder(const T5Config& cfg, const Checkpoint& ckpt, const Logger& l
   for (int64_t i = 0; i < cfg.num_decoder_layers; ++i) {
     const std::string p = "decoder.block." + std::to_string(i);
     const int layer = static_cast<int>(i);
-    const int h0 = b.rms_norm(x, t.w(p + ".layer.0.layer_norm.weight", {d}),
-                              cfg.layer_norm_epsilon, p + ".layer.0.layer_norm");
+    const int h0 = b.rms_norm(x, t.w(p + ".layer.0.layer_norm.weight", {d}), cfg.layer_norm_epsilon,
+                              p + ".layer.0.layer_norm");
     const int a = t.self_attention(h0, p + ".layer.0.SelfAttention", AttentionKind::kCachedSelf,
                                    layer, table, true);
     x = b.add(x, a, p + ".layer.0.residual");
-    const int h1 = b.rms_norm(x, t.w(p + ".layer.1.layer_norm.weight", {d}),
-                              cfg.layer_norm_epsilon, p + ".layer.1.layer_norm");
+    const int h1 = b.rms_norm(x, t.w(p + ".layer.1.layer_norm.weight", {d}), cfg.layer_norm_epsilon,
+                              p + ".layer.1.layer_norm");
     const std::string c = p + ".layer.1.EncDecAttention";
     const int q = b.linear(h1, t.w(c + ".q.weight", {inner, d}), -1, c + ".q");
-    const int ca = b.attention(q, -1, -1, -1,
-                               t.attention_attrs(AttentionKind::kCross, layer, false, false),
-                               c + ".attn");
+    const int ca = b.attention(
+        q, -1, -1, -1, t.attention_attrs(AttentionKind::kCross, layer, false, false), c + ".attn");
     x = b.add(x, b.linear(ca, t.w(c + ".o.weight", {d, inner}), -1, c + ".o"),
               p + ".layer.1.residual");
-    const int h2 = b.rms_norm(x, t.w(p + ".layer.2.layer_norm.weight", {d}),
-                              cfg.layer_norm_epsilon, p + ".layer.2.layer_norm");
+    const int h2 = b.rms_norm(x, t.w(p + ".layer.2.layer_norm.weight", {d}), cfg.layer_norm_epsilon,
+                              p + ".layer.2.layer_norm");
     x = b.add(x, t.ffn(h2, p + ".layer.2.DenseReluDense"), p + ".layer.2.residual");
   }
   // Only the rows that need logits go through the final norm and lm_head.

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# The pipeline through plan files: build → inspect → run (--json contract) → eval accuracy.
+source "$(dirname "$0")/lib.sh"
+
+expect_exit 0 "build t5" -- "$KILN" build --model "$FIXTURES/t5-tiny" -o "$TMP/t5.plan"
+expect_in "$TMP/err" "fuse_add_rms_norm" "build log says which fusions fired"
+expect_in "$TMP/err" "plan_memory" "build log reports memory"
+expect_exit 0 "build bloom" -- "$KILN" build --model "$FIXTURES/bloom-tiny" --prompt-template "{prompt} =" -o "$TMP/bloom.plan"
+expect_in "$TMP/err" "fold_constants" "fp16 weights folded to f32"
+
+expect_exit 0 "inspect" -- "$KILN" inspect "$TMP/bloom.plan"
+expect_in "$TMP/out" "\"device\": \"cpu\"" "inspect shows metadata"
+expect_in "$TMP/out" "Linear+activation" "inspect shows fusions"
+expect_in "$TMP/out" "activations" "inspect shows activation memory"
+
+printf '"reverse: suvogi"\n{"prompt": "add: 456 + 95"}\n{"text": "upper: tu"}\n' > "$TMP/prompts.jsonl"
+expect_exit 0 "run t5 --json" -- "$KILN" run --plan "$TMP/t5.plan" --input "$TMP/prompts.jsonl" --json
+python3 - "$TMP/out" <<'PY' || fail "t5 run --json output"
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+assert [r["text"] for r in rows] == ["igovus", "551", "TU"], rows
+assert set(rows[0]) == {"prompt", "input_ids", "output_ids", "text"}, rows[0]
+assert rows[0]["prompt"] == "reverse: suvogi" and rows[0]["input_ids"][-1] == 1
+assert 1 not in rows[0]["output_ids"] and 0 not in rows[0]["output_ids"], "no start token, no EOS"
+PY
+expect_exit 0 "run bloom (template from the plan)" -- "$KILN" run --plan "$TMP/bloom.plan" --prompt "reverse: suvogi" --prompt "sort: f r t d e"
+[ "$(cat "$TMP/out")" = "$(printf ' igovus\n d e f r t')" ] || fail "bloom run text: $(cat "$TMP/out")"
+expect_exit 0 "run --model quick path with beams" -- "$KILN" run --model "$FIXTURES/t5-tiny" --prompt "reverse: rumu" --beams 4
+[ "$(cat "$TMP/out")" = "umur" ] || fail "beam output: $(cat "$TMP/out")"
+
+for model in t5 bloom; do
+  expect_exit 0 "eval $model" -- "$KILN" eval --plan "$TMP/$model.plan" --dataset "$FIXTURES/data/dev.jsonl" --json
+  python3 - "$TMP/out" "$FIXTURES/data/fp32_accuracy.json" "$model" <<'PY' || fail "$model eval accuracy differs from HF fp32 by more than 1 point"
+import json, sys
+got = json.loads(open(sys.argv[1]).read())
+ref = json.load(open(sys.argv[2]))[sys.argv[3] + "_dev_accuracy"]
+assert got["n"] == 600
+for task, acc in ref.items():
+    assert abs(got["per_task"][task] - acc) <= 0.01 + 1e-9, (task, got["per_task"][task], acc)
+print(sys.argv[3], got)
+PY
+done
+finish

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# --version, --help of every subcommand, planned subcommands, usage errors.
+source "$(dirname "$0")/lib.sh"
+
+expect_exit 0 "--version" -- "$KILN" --version
+expect_in "$TMP/out" "kiln 0." "--version"
+expect_in "$TMP/out" "cpu:" "--version lists the cpu backend"
+expect_in "$TMP/out" "cuda:" "--version says whether CUDA is compiled in"
+
+for sub in build run eval bench inspect serve tokenize; do
+  expect_exit 0 "$sub --help" -- "$KILN" "$sub" --help
+  expect_in "$TMP/out" "$sub" "$sub --help"
+done
+for sub in bench serve; do
+  expect_exit 2 "$sub (not built yet)" -- "$KILN" "$sub" --plan x.plan
+  expect_in "$TMP/err" "not built yet" "$sub says it is not built"
+done
+
+expect_exit 2 "no subcommand" -- "$KILN"
+expect_exit 2 "unknown flag" -- "$KILN" run --no-such-flag
+expect_exit 2 "unknown subcommand" -- "$KILN" frobnicate
+expect_exit 2 "--onnx not built" -- "$KILN" build --onnx m.onnx -o x.plan
+expect_in "$TMP/err" "ONNX" "--onnx explains"
+expect_exit 2 "--precision fp16 not built" -- "$KILN" build --model "$FIXTURES/t5-tiny" --precision fp16 -o "$TMP/x.plan"
+expect_in "$TMP/err" "fp16" "--precision explains"
+finish
