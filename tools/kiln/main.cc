@@ -29,6 +29,7 @@ int main(int argc, char** argv) {
       "kiln: an inference compiler, runtime and server for transformer LLMs (T5/Flan-T5, BLOOM).\n"
       "Build a plan from a HuggingFace checkpoint, then run, evaluate, benchmark or serve it."};
   app.require_subcommand(0, 1);
+  app.fallthrough();  // global flags (-v, -q, --threads) also work after the subcommand
   kiln::cli::GlobalOptions global;
   bool version = false;
   app.add_flag("--version", version, "print version, git revision and compiled-in backends");
