@@ -146,14 +146,17 @@ json read_header(const MappedFile& file, size_t* data_start) {
              file.size());
   KILN_CHECK(std::memcmp(file.data(), kPlanMagic, 8) == 0,
              "{}: not a kiln plan (bad magic; expected a file written by `kiln build`)", path);
-  uint32_t version;
+  uint32_t version, reserved;
   uint64_t header_len;
   std::memcpy(&version, file.data() + 8, 4);
+  std::memcpy(&reserved, file.data() + 12, 4);
   std::memcpy(&header_len, file.data() + 16, 8);
   KILN_CHECK(version == kPlanFormatVersion,
              "{}: plan format version {}, but this kiln ({}) reads version {}; rebuild the plan "
              "with this kiln's `kiln build`",
              path, version, KILN_VERSION, kPlanFormatVersion);
+  KILN_CHECK(reserved == 0, "{}: corrupt plan (reserved header bytes are {:#x}, expected 0)", path,
+             reserved);
   KILN_CHECK(header_len <= file.size() - kFixedHeader,
              "{}: truncated plan (header of {} bytes, file has {})", path, header_len, file.size());
   *data_start = align_up(kFixedHeader + header_len);

@@ -17,8 +17,8 @@ Runner add_run(CLI::App& app) {
       "Generate text with a plan (or, the quick path, an HF directory built in memory).\n"
       "Examples:\n"
       "  kiln run --plan t5.plan --prompt \"reverse: suvogi\"\n"
-      "  kiln run --model models/bloom-tiny --prompt-template \"{prompt} =\" --prompt \"add: 2 + "
-      "2\"\n"
+      "  kiln run --model models/bloom-tiny --prompt-template \"{prompt} =\" --prompt \"add: 456 + "
+      "95\"\n"
       "  kiln run --plan t5.plan --input prompts.jsonl --beams 4 --json");
   cmd->add_option("--plan", o->plan, "plan file from `kiln build`");
   cmd->add_option("--model", o->model, "HF directory, built in memory (fp32, cpu)");

@@ -4,6 +4,7 @@
 // gated-GELU (gelu_new) or ReLU FFN, lm_head.weight or the shared embedding, and the
 // d_model^-0.5 output scale when scale_decoder_outputs holds.
 #include <cmath>
+#include <map>
 
 #include "frontend/hf/frontend.h"
 #include "graph/builder.h"
@@ -16,10 +17,16 @@ struct T5Builder {
   const Checkpoint& ckpt;
   GraphBuilder& b;
 
+  std::map<std::string, int> loaded;  // weight name -> value the graph reads (after widening)
+
+  // Weights are read in f32: f16/bf16 checkpoints get a Cast that constant folding resolves.
   int w(const std::string& name, const Shape& shape) {
-    const int existing = b.graph().find_value(name);
-    if (existing >= 0) return existing;
-    return b.weight(name, ckpt.get(name, shape));
+    if (auto it = loaded.find(name); it != loaded.end()) return it->second;
+    const Tensor& t = ckpt.get(name, shape);
+    int id = b.weight(name, t);
+    if (t.dtype() != DType::kF32) id = b.cast(id, DType::kF32, name + ".f32");
+    loaded[name] = id;
+    return id;
   }
 
   // x [tokens, d] -> normed self/cross attention output [tokens, d] (before the residual add)
@@ -70,7 +77,7 @@ struct T5Builder {
 
 Graph build_encoder(const T5Config& cfg, const Checkpoint& ckpt) {
   GraphBuilder b(kEncoderGraph);
-  T5Builder t{cfg, ckpt, b};
+  T5Builder t{cfg, ckpt, b, {}};
   const int64_t d = cfg.d_model, inner = cfg.num_heads * cfg.d_kv;
   const int ids = b.input("input_ids", DType::kI64, {Dim::sym("tokens")});
   int x = b.embedding(t.w("shared.weight", {cfg.vocab_size, d}), ids, "encoder.embed");
@@ -103,7 +110,7 @@ Graph build_encoder(const T5Config& cfg, const Checkpoint& ckpt) {
 
 Graph build_decoder(const T5Config& cfg, const Checkpoint& ckpt, const Logger& log) {
   GraphBuilder b(kDecoderGraph);
-  T5Builder t{cfg, ckpt, b};
+  T5Builder t{cfg, ckpt, b, {}};
   const int64_t d = cfg.d_model, inner = cfg.num_heads * cfg.d_kv;
   const int ids = b.input("input_ids", DType::kI64, {Dim::sym("tokens")});
   const int rows = b.input("logit_rows", DType::kI64, {Dim::sym("rows")});
