@@ -19,11 +19,13 @@ test: build
 	@cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
 	@$(MAKE) --no-print-directory asan
 
-# The bad-input tests again, under AddressSanitizer + UBSan.
+# The bad-input tests again (every gtest suite named BadInput*, and the CLI's bad-input and
+# tokenize scripts), under AddressSanitizer + UBSan.
 asan: deps
-	@cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DKILN_ASAN=ON -DKILN_CUDA=OFF >/dev/null
+	@cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKILN_ASAN=ON -DKILN_CUDA=OFF >/dev/null
 	@cmake --build build-asan -j $(JOBS) --target kiln_tests kiln
-	@cd build-asan && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -j $(JOBS) -R 'BadInput|cli_'
+	@cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1 \
+	  ctest --output-on-failure -j $(JOBS) -R 'BadInput|cli_bad_input|cli_tokenize'
 
 format:
 	@git ls-files --cached --others --exclude-standard -- '*.h' '*.cc' '*.cu' '*.cuh' | xargs clang-format -i

@@ -1,5 +1,7 @@
 #include "io/hf_config.h"
 
+#include "io/json_util.h"
+
 #include <filesystem>
 #include <limits>
 #include <nlohmann/json.hpp>
@@ -16,33 +18,6 @@ namespace fs = std::filesystem;
 
 constexpr const char* kSupportedModelTypes = "t5, bloom";
 constexpr const char* kGenerationKey = "generation_config";
-
-// A short rendering of a JSON value for error messages, bounded in depth and length: dump()
-// recurses, and a hostile header may nest millions of levels or hold megabyte strings.
-std::string brief(const json& v, int depth = 0) {
-  constexpr size_t kMaxChars = 80;
-  std::string s;
-  if (v.is_array() || v.is_object()) {
-    const bool array = v.is_array();
-    s.push_back(array ? '[' : '{');
-    if (!v.empty() && depth >= 2) s += "...";
-    size_t shown = 0;
-    for (auto it = v.begin(); depth < 2 && it != v.end(); ++it) {
-      if (shown > 0) s += ", ";
-      if (shown++ == 4 || s.size() > kMaxChars) {
-        s += "...";
-        break;
-      }
-      if (!array) s += json(it.key()).dump(-1, ' ', false, json::error_handler_t::replace) + ": ";
-      s += brief(*it, depth + 1);
-    }
-    s.push_back(array ? ']' : '}');
-  } else {
-    s = v.dump(-1, ' ', false, json::error_handler_t::replace);
-  }
-  if (s.size() > kMaxChars) s = s.substr(0, kMaxChars - 3) + "...";
-  return s;
-}
 
 json parse_json_object(const std::string& text, const std::string& source) {
   json doc;
@@ -135,7 +110,7 @@ class Fields {
   }
   [[noreturn]] void fail_type(const char* key, const char* expected, const json& v) const {
     KILN_FAIL("{}: field '{}' must be {}, got {} {}", source_, key, expected, v.type_name(),
-              brief(v));
+              brief_json(v));
   }
   const std::string& source() const { return source_; }
 
@@ -332,7 +307,7 @@ ModelConfig parse_model_config(const std::string& json_text, const std::string& 
   KILN_CHECK(type != nullptr, "{}: missing 'model_type' (supported: {})", source,
              kSupportedModelTypes);
   KILN_CHECK(type->is_string(), "{}: field 'model_type' must be a string, got {} (supported: {})",
-             source, brief(*type), kSupportedModelTypes);
+             source, brief_json(*type), kSupportedModelTypes);
   const std::string model_type = type->get<std::string>();
 
   ModelConfig config;

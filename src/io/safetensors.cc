@@ -1,5 +1,7 @@
 #include "io/safetensors.h"
 
+#include "io/json_util.h"
+
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
@@ -31,33 +33,6 @@ uint64_t read_le_u64(const char* p) {
 
 void write_le_u64(uint64_t v, char* p) {
   for (int i = 0; i < 8; ++i) p[i] = static_cast<char>((v >> (8 * i)) & 0xff);
-}
-
-// A short rendering of a JSON value for error messages, bounded in depth and length: dump()
-// recurses, and a hostile header may nest millions of levels or hold megabyte strings.
-std::string brief(const json& v, int depth = 0) {
-  constexpr size_t kMaxChars = 80;
-  std::string s;
-  if (v.is_array() || v.is_object()) {
-    const bool array = v.is_array();
-    s.push_back(array ? '[' : '{');
-    if (!v.empty() && depth >= 2) s += "...";
-    size_t shown = 0;
-    for (auto it = v.begin(); depth < 2 && it != v.end(); ++it) {
-      if (shown > 0) s += ", ";
-      if (shown++ == 4 || s.size() > kMaxChars) {
-        s += "...";
-        break;
-      }
-      if (!array) s += json(it.key()).dump(-1, ' ', false, json::error_handler_t::replace) + ": ";
-      s += brief(*it, depth + 1);
-    }
-    s.push_back(array ? ']' : '}');
-  } else {
-    s = v.dump(-1, ' ', false, json::error_handler_t::replace);
-  }
-  if (s.size() > kMaxChars) s = s.substr(0, kMaxChars - 3) + "...";
-  return s;
 }
 
 std::string supported_dtypes() {
@@ -101,7 +76,7 @@ Tensor parse_entry(const std::string& path, const std::string& name, const json&
   const auto dtype_it = entry.find("dtype");
   KILN_CHECK(dtype_it != entry.end(), "{}: tensor '{}': missing 'dtype'", path, name);
   KILN_CHECK(dtype_it->is_string(), "{}: tensor '{}': 'dtype' must be a string, got {}", path, name,
-             brief(*dtype_it));
+             brief_json(*dtype_it));
   const std::string dtype_str = dtype_it->get<std::string>();
   DType dtype;
   KILN_CHECK(try_parse_safetensors_dtype(dtype_str, &dtype),
@@ -111,7 +86,7 @@ Tensor parse_entry(const std::string& path, const std::string& name, const json&
   const auto shape_it = entry.find("shape");
   KILN_CHECK(shape_it != entry.end(), "{}: tensor '{}': missing 'shape'", path, name);
   KILN_CHECK(shape_it->is_array(), "{}: tensor '{}': 'shape' must be an array, got {}", path, name,
-             brief(*shape_it));
+             brief_json(*shape_it));
   // Tensor's shape_numel and stride computation multiply dimensions in int64_t from either end
   // without overflow checks, so the product of the non-zero dimensions (which bounds every
   // partial product) must fit in int64_t even when a zero makes the tensor empty.
@@ -124,7 +99,7 @@ Tensor parse_entry(const std::string& path, const std::string& name, const json&
     uint64_t dim = 0;
     KILN_CHECK(as_u64(d, &dim) && dim <= kMaxI64,
                "{}: tensor '{}': shape {} has a dimension {} that is not a non-negative integer",
-               path, name, brief(*shape_it), brief(d));
+               path, name, brief_json(*shape_it), brief_json(d));
     shape.push_back(static_cast<int64_t>(dim));
     empty = empty || dim == 0;
     if (dim != 0) {
@@ -140,7 +115,7 @@ Tensor parse_entry(const std::string& path, const std::string& name, const json&
   uint64_t expected_bytes = 0;
   overflow = overflow || __builtin_mul_overflow(numel / block_elems, block_bytes, &expected_bytes);
   KILN_CHECK(!overflow, "{}: tensor '{}': shape {} is too large (element count overflows)", path,
-             name, brief(*shape_it));
+             name, brief_json(*shape_it));
   KILN_CHECK(numel % block_elems == 0,
              "{}: tensor '{}': {} elements is not a whole number of {}-element {} blocks", path,
              name, numel, block_elems, dtype_str);
@@ -153,7 +128,7 @@ Tensor parse_entry(const std::string& path, const std::string& name, const json&
                  as_u64((*offsets_it)[0], &begin) && as_u64((*offsets_it)[1], &end),
              "{}: tensor '{}': 'data_offsets' must be [begin, end] with non-negative integers, got "
              "{}",
-             path, name, brief(*offsets_it));
+             path, name, brief_json(*offsets_it));
   KILN_CHECK(begin <= end, "{}: tensor '{}': data_offsets [{}, {}] has begin after end", path, name,
              begin, end);
   KILN_CHECK(end <= data_bytes,
@@ -236,7 +211,7 @@ SafetensorsFile SafetensorsFile::open(const std::string& path) {
                  kMetadataKey, entry.type_name());
       for (const auto& [key, value] : entry.items()) {
         KILN_CHECK(value.is_string(), "{}: {} entry '{}' must be a string, got {}", path,
-                   kMetadataKey, key, brief(value));
+                   kMetadataKey, key, brief_json(value));
         out.metadata_[key] = value.get<std::string>();
       }
       continue;
@@ -303,7 +278,7 @@ Checkpoint Checkpoint::open_dir(const std::string& dir) {
   for (const auto& [name, shard] : map_it->items()) {
     KILN_CHECK(shard.is_string(),
                "{}: weight_map entry for tensor '{}' must be a file name, got {}", index, name,
-               brief(shard));
+               brief_json(shard));
     const std::string shard_name = shard.get<std::string>();
     const fs::path rel(shard_name);
     KILN_CHECK(!shard_name.empty() && rel.is_relative() &&

@@ -35,6 +35,19 @@ void compact_values(Graph& graph) {
   graph.num_slots = 0;
 }
 
+void remove_nodes(Graph& graph, const std::vector<bool>& erase) {
+  std::vector<Node> nodes;
+  std::vector<int> new_index(graph.nodes.size(), -1);
+  for (size_t i = 0; i < graph.nodes.size(); ++i) {
+    if (erase[i]) continue;
+    new_index[i] = static_cast<int>(nodes.size());
+    nodes.push_back(std::move(graph.nodes[i]));
+  }
+  graph.nodes = std::move(nodes);
+  for (Value& v : graph.values)
+    if (v.kind == ValueKind::kActivation && v.producer >= 0) v.producer = new_index[v.producer];
+}
+
 int eliminate_dead(Graph& graph, const Logger& log) {
   std::vector<bool> live(graph.values.size(), false);
   for (int id : graph.outputs) live[id] = true;
@@ -48,17 +61,11 @@ int eliminate_dead(Graph& graph, const Logger& log) {
     for (int id : n.inputs)
       if (id >= 0) live[id] = true;
   }
-  std::vector<Node> nodes;
-  std::vector<int> new_index(graph.nodes.size(), -1);
-  for (size_t i = 0; i < graph.nodes.size(); ++i) {
-    if (!keep[i]) continue;
-    new_index[i] = static_cast<int>(nodes.size());
-    nodes.push_back(std::move(graph.nodes[i]));
-  }
-  const int removed_nodes = static_cast<int>(graph.nodes.size() - nodes.size());
-  graph.nodes = std::move(nodes);
-  for (Value& v : graph.values)
-    if (v.kind == ValueKind::kActivation && v.producer >= 0) v.producer = new_index[v.producer];
+  std::vector<bool> erase(keep.size());
+  for (size_t i = 0; i < keep.size(); ++i) erase[i] = !keep[i];
+  const size_t nodes_before = graph.nodes.size();
+  remove_nodes(graph, erase);
+  const int removed_nodes = static_cast<int>(nodes_before - graph.nodes.size());
   const size_t before = graph.values.size();
   int64_t weight_bytes_before = graph.weight_bytes();
   compact_values(graph);

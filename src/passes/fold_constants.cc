@@ -54,8 +54,7 @@ Tensor evaluate(const Graph& g, const Node& n) {
 int fold_constants(Graph& graph, const Logger& log) {
   int folded = 0;
   int64_t bytes = 0;
-  std::vector<Node> kept;
-  std::vector<int> new_index(graph.nodes.size(), -1);
+  std::vector<bool> erase(graph.nodes.size(), false);
   for (size_t i = 0; i < graph.nodes.size(); ++i) {
     Node& n = graph.nodes[i];
     if (n.outputs.size() == 1 && all_inputs_constant(graph, n)) {
@@ -68,15 +67,11 @@ int fold_constants(Graph& graph, const Logger& log) {
         bytes += static_cast<int64_t>(out.data.nbytes());
         ++folded;
         log.debug("fold_constants: {} '{}' → constant {}", op_name(n.op), n.name, out.name);
-        continue;
+        erase[i] = true;
       }
     }
-    new_index[i] = static_cast<int>(kept.size());
-    kept.push_back(std::move(n));
   }
-  graph.nodes = std::move(kept);
-  for (Value& v : graph.values)
-    if (v.kind == ValueKind::kActivation) v.producer = new_index[v.producer];
+  remove_nodes(graph, erase);
   if (folded > 0)
     log.info("fold_constants[{}]: folded {} nodes into constants ({:.1f} MiB)", graph.name, folded,
              static_cast<double>(bytes) / (1 << 20));

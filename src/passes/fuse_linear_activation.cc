@@ -38,16 +38,7 @@ int fuse_linear_activation(Graph& graph, const Logger& log) {
               activation_name(act.attrs.activation));
   }
   if (fused == 0) return 0;
-  std::vector<Node> nodes;
-  std::vector<int> new_index(graph.nodes.size(), -1);
-  for (size_t i = 0; i < graph.nodes.size(); ++i) {
-    if (erase[i]) continue;
-    new_index[i] = static_cast<int>(nodes.size());
-    nodes.push_back(std::move(graph.nodes[i]));
-  }
-  graph.nodes = std::move(nodes);
-  for (Value& v : graph.values)
-    if (v.kind == ValueKind::kActivation && v.producer >= 0) v.producer = new_index[v.producer];
+  remove_nodes(graph, erase);
   compact_values(graph);
   log.info("fuse_linear_activation[{}]: fused {} Linear+activation pairs", graph.name, fused);
   return fused;
@@ -75,16 +66,7 @@ int fuse_add_rms_norm(Graph& graph, const Logger& log) {
     ++fused;
   }
   if (fused == 0) return 0;
-  std::vector<Node> nodes;
-  std::vector<int> new_index(graph.nodes.size(), -1);
-  for (size_t i = 0; i < graph.nodes.size(); ++i) {
-    if (erase[i]) continue;
-    new_index[i] = static_cast<int>(nodes.size());
-    nodes.push_back(std::move(graph.nodes[i]));
-  }
-  graph.nodes = std::move(nodes);
-  for (Value& v : graph.values)
-    if (v.kind == ValueKind::kActivation && v.producer >= 0) v.producer = new_index[v.producer];
+  remove_nodes(graph, erase);
   compact_values(graph);
   log.info("fuse_add_rms_norm[{}]: fused {} residual Add+RMSNorm pairs", graph.name, fused);
   return fused;

@@ -31,6 +31,9 @@ MemoryReport memory_report(const Graph& graph, const std::map<std::string, int64
 
 // Removes values no node, input or output references and renumbers ids (keeps order).
 void compact_values(Graph& graph);
+// Removes the nodes marked in `erase` (keeping order) and renumbers producers; values produced by
+// removed nodes get producer -1 (callers re-point or drop them).
+void remove_nodes(Graph& graph, const std::vector<bool>& erase);
 
 struct PassOptions {
   bool fold_constants = true;
