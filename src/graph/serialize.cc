@@ -142,10 +142,14 @@ Graph graph_from_json(const json& j, const std::function<Tensor(int)>& tensor_of
     for (const Value& v : g.values)
       KILN_CHECK(v.producer >= -1 && v.producer < static_cast<int>(g.nodes.size()),
                  "{}: value '{}' has producer {} out of range", where, v.name, v.producer);
+    verify_graph(g);
   } catch (const json::exception& e) {
     KILN_FAIL("{}: malformed graph description: {}", source, e.what());
+  } catch (const Error& e) {
+    // Errors from dtype parsing or the verifier do not know which file they came from.
+    if (std::string(e.what()).find(source) != std::string::npos) throw;
+    KILN_FAIL("{}: {}", source, e.what());
   }
-  verify_graph(g);
   return g;
 }
 

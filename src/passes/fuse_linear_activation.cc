@@ -53,6 +53,10 @@ int fuse_add_rms_norm(Graph& graph, const Logger& log) {
     const int sum = norm.inputs[0];
     const int producer = graph.values[sum].producer;
     if (producer < 0 || graph.nodes[producer].op != OpKind::kAdd) continue;
+    // The fused node takes the Add's place, so the norm's weight must exist by then (it can be
+    // computed, e.g. a Cast that constant folding did not resolve).
+    const Value& weight = graph.values[norm.inputs[1]];
+    if (weight.kind == ValueKind::kActivation && weight.producer > producer) continue;
     Node& add = graph.nodes[producer];
     // AddRMSNorm(a, b, w) -> (a + b, rmsnorm(a + b)); it sits where the Add was, and every
     // reader of the norm comes after the norm, hence after the Add.
