@@ -6,6 +6,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
+#include "core/version.h"
 #include "graph/serialize.h"
 #include "io/mmap_file.h"
 
@@ -86,8 +87,8 @@ void write_plan(const std::string& path, const ModelIR& model, const PlanBuildIn
   }
   const auto now = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
   json header{
-      {"kiln_version", KILN_VERSION},
-      {"git_revision", KILN_GIT_REV},
+      {"kiln_version", version_string()},
+      {"git_revision", git_revision()},
       {"created_unix", static_cast<int64_t>(now)},
       {"device", std::string(device_name(info.device))},
       {"precision", std::string(dtype_name(info.precision))},
@@ -154,7 +155,7 @@ json read_header(const MappedFile& file, size_t* data_start) {
   KILN_CHECK(version == kPlanFormatVersion,
              "{}: plan format version {}, but this kiln ({}) reads version {}; rebuild the plan "
              "with this kiln's `kiln build`",
-             path, version, KILN_VERSION, kPlanFormatVersion);
+             path, version, version_string(), kPlanFormatVersion);
   KILN_CHECK(reserved == 0, "{}: corrupt plan (reserved header bytes are {:#x}, expected 0)", path,
              reserved);
   KILN_CHECK(header_len <= file.size() - kFixedHeader,

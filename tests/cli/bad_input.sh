@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Bad input through the CLI: a clear message and the right exit code, never a crash.
-source "$(dirname "$0")/lib.sh"
+source "$(dirname "$0")/lib.bash"
 
 expect_exit 1 "missing model" -- "$KILN" run --model "$TMP/missing" --prompt hi
 expect_in "$TMP/err" "$TMP/missing" "names the directory"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The pipeline through plan files: build → inspect → run (--json contract) → eval accuracy.
-source "$(dirname "$0")/lib.sh"
+source "$(dirname "$0")/lib.bash"
 
 expect_exit 0 "build t5" -- "$KILN" build --model "$FIXTURES/t5-tiny" -o "$TMP/t5.plan"
 expect_in "$TMP/err" "fuse_add_rms_norm" "build log says which fusions fired"

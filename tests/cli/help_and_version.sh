@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # --version, --help of every subcommand, planned subcommands, usage errors.
-source "$(dirname "$0")/lib.sh"
+source "$(dirname "$0")/lib.bash"
 
 expect_exit 0 "--version" -- "$KILN" --version
 expect_in "$TMP/out" "kiln 0." "--version"

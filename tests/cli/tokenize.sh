@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # kiln tokenize: ids identical to the HF reference rows; --input, --json and --decode.
-source "$(dirname "$0")/lib.sh"
+source "$(dirname "$0")/lib.bash"
 
 for model in t5-tiny bloom-tiny; do
   ref="$FIXTURES/$model/tokenizer_reference.jsonl"

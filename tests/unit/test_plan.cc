@@ -10,6 +10,7 @@
 
 #include "../models/model_runner.h"
 #include "../models/parity_util.h"
+#include "core/version.h"
 #include "io/plan.h"
 #include "runtime/generator.h"
 
@@ -115,7 +116,7 @@ TEST_F(PlanTest, MetadataRecordsBuild) {
   const nlohmann::json h = nlohmann::json::parse(read_plan_metadata_json(tmp("t5-tiny.plan")));
   EXPECT_EQ(h.at("device"), "cpu");
   EXPECT_EQ(h.at("precision"), "f32");
-  EXPECT_EQ(h.at("kiln_version"), KILN_VERSION);
+  EXPECT_EQ(h.at("kiln_version"), version_string());
   EXPECT_EQ(h.at("architecture"), "t5");
   EXPECT_TRUE(h.contains("profiles"));
 }

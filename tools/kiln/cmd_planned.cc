@@ -7,6 +7,7 @@ Runner add_planned(CLI::App& app, const std::string& name, const std::string& de
   CLI::App* cmd = app.add_subcommand(
       name, description + "\nNot built yet in this version of kiln.\nUsage when done:\n  " + usage);
   cmd->allow_extras();
+  cmd->fallthrough(false);  // keep its arguments: they belong to the future subcommand
   return [name](const GlobalOptions&) {
     fmt::print(stderr, "kiln {}: not built yet in this version of kiln (see `kiln {} --help`)\n",
                name, name);

@@ -5,6 +5,7 @@
 #include "backend/backend.h"
 #include "commands.h"
 #include "core/cpu_features.h"
+#include "core/version.h"
 
 namespace {
 
@@ -18,7 +19,7 @@ void print_version() {
   else
     cuda_line =
         fmt::format("compiled in; {} GPU(s), device 0: {}", cuda.device_count, cuda.first_device);
-  fmt::print("kiln {} (git {})\n", KILN_VERSION, KILN_GIT_REV);
+  fmt::print("kiln {} (git {})\n", kiln::version_string(), kiln::git_revision());
   fmt::print("backends:\n  cpu: {}\n  cuda: {}\n", kiln::describe_cpu_features(), cuda_line);
 }
 
