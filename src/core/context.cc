@@ -13,6 +13,19 @@ ContextOptions options_from_environment(ContextOptions base) {
       base.threads = n;
     }
   }
+  if (!base.cpu_isa) {
+    if (const char* v = std::getenv("KILN_CPU_ISA")) {
+      const std::string s = v;
+      if (s == "avx2")
+        base.cpu_isa = CpuIsa::kAvx2;
+      else if (s == "avx512")
+        base.cpu_isa = CpuIsa::kAvx512;
+      else if (s == "auto")
+        base.cpu_isa = best_cpu_isa(detect_cpu_features());
+      else
+        KILN_FAIL_KIND(ErrorKind::kUsage, "KILN_CPU_ISA must be auto|avx2|avx512, got '{}'", s);
+    }
+  }
   if (const char* v = std::getenv("KILN_LOG_LEVEL")) {
     const std::string s = v;
     if (s == "debug")
@@ -33,6 +46,13 @@ ContextOptions options_from_environment(ContextOptions base) {
 Context::Context(ContextOptions options)
     : options_(options),
       log_(options.log_level),
-      pool_(std::make_unique<ThreadPool>(options.threads)) {}
+      pool_(std::make_unique<ThreadPool>(options.threads)) {
+  const CpuIsa best = best_cpu_isa(detect_cpu_features());
+  // The baseline family is the default: at the fixture models' sizes the 16-lane Linear path
+  // measured no faster (d_model 192), so AVX-512 is opt-in until it is benchmarked at real sizes.
+  cpu_isa_ = options.cpu_isa.value_or(CpuIsa::kAvx2);
+  KILN_CHECK_USAGE(cpu_isa_ != CpuIsa::kAvx512 || best == CpuIsa::kAvx512,
+                   "avx512 kernels requested, but this CPU has no AVX-512");
+}
 
 }  // namespace kiln

@@ -3,6 +3,9 @@
 #pragma once
 
 #include <memory>
+#include <optional>
+
+#include "core/cpu_features.h"
 
 #include "core/logging.h"
 #include "core/thread_pool.h"
@@ -12,9 +15,12 @@ namespace kiln {
 struct ContextOptions {
   LogLevel log_level = LogLevel::kWarning;
   int threads = 0;  // 0: KILN_NUM_THREADS if set, else one per hardware thread
+  // CPU kernel family; unset: KILN_CPU_ISA (avx2|avx512|auto = the widest the CPU runs) if set,
+  // else avx2.
+  std::optional<CpuIsa> cpu_isa;
 };
 
-// Reads KILN_NUM_THREADS and KILN_LOG_LEVEL once; explicit options win.
+// Reads KILN_NUM_THREADS, KILN_LOG_LEVEL and KILN_CPU_ISA once; explicit options win.
 ContextOptions options_from_environment(ContextOptions base = {});
 
 class Context {
@@ -23,12 +29,14 @@ class Context {
   Logger& log() { return log_; }
   const Logger& log() const { return log_; }
   ThreadPool& pool() { return *pool_; }
+  CpuIsa cpu_isa() const { return cpu_isa_; }
   const ContextOptions& options() const { return options_; }
 
  private:
   ContextOptions options_;
   Logger log_;
   std::unique_ptr<ThreadPool> pool_;
+  CpuIsa cpu_isa_ = CpuIsa::kAvx2;
 };
 
 }  // namespace kiln

@@ -24,6 +24,20 @@ CpuFeatures detect_cpu_features() {
   return f;
 }
 
+std::string_view cpu_isa_name(CpuIsa isa) {
+  switch (isa) {
+    case CpuIsa::kAvx2:
+      return "avx2";
+    case CpuIsa::kAvx512:
+      return "avx512";
+  }
+  return "?";
+}
+
+CpuIsa best_cpu_isa(const CpuFeatures& f) {
+  return f.avx512f && f.avx512bw ? CpuIsa::kAvx512 : CpuIsa::kAvx2;
+}
+
 std::string describe_cpu_features() {
   const CpuFeatures f = detect_cpu_features();
   std::string isa = "x86-64";

@@ -1,7 +1,9 @@
 // The CPU's instruction sets, detected at run time (the binary's baseline is x86-64-v3).
 #pragma once
 
+#include <cstdint>
 #include <string>
+#include <string_view>
 
 namespace kiln {
 
@@ -18,6 +20,12 @@ struct CpuFeatures {
 };
 
 CpuFeatures detect_cpu_features();
+
+// Kernel families the CPU backend can run. kAvx2 is the build's baseline (x86-64-v3).
+enum class CpuIsa : uint8_t { kAvx2, kAvx512 };
+std::string_view cpu_isa_name(CpuIsa isa);
+// The widest family this CPU runs.
+CpuIsa best_cpu_isa(const CpuFeatures& features);
 std::string describe_cpu_features();
 
 }  // namespace kiln

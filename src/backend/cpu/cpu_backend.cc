@@ -83,7 +83,7 @@ class CpuExecutable final : public Executable {
     for (size_t i = 0; i < graph_.values.size(); ++i)
       if (graph_.values[i].kind == ValueKind::kWeight) values[i] = graph_.values[i].data;
 
-    cpu::KernelEnv env{ctx_.pool(), batch};
+    cpu::KernelEnv env{ctx_.pool(), batch, ctx_.cpu_isa()};
     std::vector<Tensor> ins, outs;
     for (size_t n = 0; n < graph_.nodes.size(); ++n) {
       const Node& node = graph_.nodes[n];
@@ -144,7 +144,8 @@ class CpuBackend final : public Backend {
   explicit CpuBackend(Context& ctx) : ctx_(ctx) {}
   Device device() const override { return Device::kCpu; }
   std::string describe() const override {
-    return fmt::format("cpu ({} threads, fp32 reference kernels)", ctx_.pool().size());
+    return fmt::format("cpu ({} threads, fp32 {} kernels)", ctx_.pool().size(),
+                       cpu_isa_name(ctx_.cpu_isa()));
   }
   std::string unsupported_reason(const Graph& graph, const Node& node) const override {
     for (int id : node.inputs) {

@@ -7,6 +7,7 @@
 #include <span>
 
 #include "backend/attention_batch.h"
+#include "core/cpu_features.h"
 #include "core/thread_pool.h"
 #include "graph/ir.h"
 
@@ -15,6 +16,7 @@ namespace kiln::cpu {
 struct KernelEnv {
   ThreadPool& pool;
   const AttentionBatch* batch;
+  CpuIsa isa;  // which kernel family to run (chosen once per context)
 };
 
 using Kernel = void (*)(const Node& node, std::span<const Tensor> in, std::span<Tensor> out,

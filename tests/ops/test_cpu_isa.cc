@@ -1,0 +1,46 @@
+// Both CPU kernel families (the x86-64-v3 baseline and AVX-512, chosen at run time) compute the
+// fixture models' logits within the parity tolerance of HuggingFace.
+#include <gtest/gtest.h>
+
+#include "../models/model_runner.h"
+#include "../models/parity_util.h"
+
+namespace kiln::test {
+namespace {
+
+TEST(CpuIsa, EveryKernelFamilyMatchesHuggingFace) {
+  const bool has_avx512 = best_cpu_isa(detect_cpu_features()) == CpuIsa::kAvx512;
+  for (CpuIsa isa : {CpuIsa::kAvx2, CpuIsa::kAvx512}) {
+    if (isa == CpuIsa::kAvx512 && !has_avx512) {
+      GTEST_SKIP() << "this CPU has no AVX-512; the avx2 family was checked";
+    }
+    ContextOptions o{LogLevel::kError, 2};
+    o.cpu_isa = isa;
+    Context ctx(o);
+    const std::string described = make_cpu_backend(ctx)->describe();
+    EXPECT_NE(described.find(cpu_isa_name(isa)), std::string::npos) << described;
+    for (const char* model : {"t5-tiny", "bloom-tiny"}) {
+      auto engine = Engine::from_model_dir(ctx, fixture(model));
+      const SafetensorsFile ref =
+          SafetensorsFile::open(fixture(std::string(model) + "/reference.safetensors"));
+      for (int c : {0, 8}) {
+        const std::string k = "case" + std::to_string(c);
+        std::vector<int64_t> seq = ids_of(ref.tensors().at(k + ".greedy_ids"));
+        seq.pop_back();
+        const Forward f =
+            run_forward(*engine, ids_of(ref.tensors().at(k + ".input_ids")), seq, false);
+        EXPECT_LE(relative_error(f.logits, ref.tensors().at(k + ".logits")), 1e-4)
+            << model << " " << k << " " << cpu_isa_name(isa);
+      }
+    }
+  }
+}
+
+TEST(CpuIsa, BadInputUnknownFamilyInEnvironment) {
+  setenv("KILN_CPU_ISA", "sse9", 1);
+  EXPECT_THROW(options_from_environment({}), Error);
+  unsetenv("KILN_CPU_ISA");
+}
+
+}  // namespace
+}  // namespace kiln::test
