@@ -1,5 +1,7 @@
 #include "io/plan.h"
 
+#include <unistd.h>
+
 #include <chrono>
 #include <cstring>
 #include <fstream>
@@ -107,7 +109,8 @@ void write_plan(const std::string& path, const ModelIR& model, const PlanBuildIn
   const std::string header_text = header.dump();
   const size_t data_start = align_up(kFixedHeader + header_text.size());
 
-  const std::string tmp = path + ".partial";
+  // Written beside the target and renamed into place, so readers never see a partial plan.
+  const std::string tmp = path + ".partial." + std::to_string(getpid());
   std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
   KILN_CHECK(out.good(), "cannot write plan '{}': {}", path, std::strerror(errno));
   out.write(kPlanMagic, 8);

@@ -1,6 +1,7 @@
 // Plan files: round trip equality, no weight copy on load, refusal of other versions/devices,
 // and corrupt or truncated files giving errors instead of crashes.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cstring>
 #include <filesystem>
@@ -17,7 +18,10 @@
 namespace kiln::test {
 namespace {
 
-std::string tmp(const std::string& name) { return std::string(KILN_TEST_TMP) + "/" + name; }
+// ctest runs each test in its own process, in parallel: every process keeps its plans apart.
+std::string tmp(const std::string& name) {
+  return std::string(KILN_TEST_TMP) + "/plan_test_" + std::to_string(getpid()) + "/" + name;
+}
 
 std::string slurp(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -58,7 +62,7 @@ std::string join_plan(const PlanParts& p) {
 class PlanTest : public testing::Test {
  protected:
   static void SetUpTestSuite() {
-    std::filesystem::create_directories(KILN_TEST_TMP);
+    std::filesystem::create_directories(tmp(""));
     Logger quiet(LogLevel::kError);
     for (const char* m : {"t5-tiny", "bloom-tiny"}) {
       BuildOptions o;
