@@ -8,6 +8,8 @@ missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
+# The CLI tests check JSON output with Python's standard library; any python3 on PATH will do.
+command -v python3 >/dev/null || missing+=(python3)
 if [ ${#missing[@]} -eq 0 ]; then
   exit 0
 fi
