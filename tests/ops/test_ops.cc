@@ -13,6 +13,7 @@
 #include <random>
 
 #include "backend/backend.h"
+#include "f16_reference.h"
 #include "graph/builder.h"
 #include "graph/position_bias.h"
 #include "graph/verifier.h"
@@ -21,6 +22,8 @@
 
 namespace kiln {
 namespace {
+
+using test::f16_value;
 
 constexpr double kRtol = 1e-5;
 const Dim kTokens = Dim::sym("tokens");
@@ -359,14 +362,6 @@ uint16_t ref_f16_bits(float f) {
   const int rexp = e - 1;
   const auto mant = static_cast<uint16_t>(std::ldexp(r, 10 - rexp) - 1024.0);
   return sign | static_cast<uint16_t>((rexp + 15) << 10) | mant;
-}
-
-double f16_value(uint16_t h) {
-  const double sign = (h & 0x8000) ? -1.0 : 1.0;
-  const int exp = (h >> 10) & 0x1f, mant = h & 0x3ff;
-  if (exp == 0x1f) return mant ? NAN : sign * INFINITY;
-  if (exp == 0) return sign * std::ldexp(mant, -24);
-  return sign * std::ldexp(1024 + mant, exp - 25);
 }
 
 bool is_f16_nan(uint16_t h) { return (h & 0x7c00) == 0x7c00 && (h & 0x3ff) != 0; }

@@ -11,6 +11,7 @@
 
 #include "../models/model_runner.h"
 #include "../models/parity_util.h"
+#include "../ops/f16_reference.h"
 #include "frontend/hf/frontend.h"
 #include "graph/builder.h"
 #include "graph/verifier.h"
@@ -189,15 +190,6 @@ TEST(Passes, FuseAddRmsNormKeepsTopologicalOrderWhenTheNormWeightIsComputed) {
   Graph g = b.finish();
   fuse_add_rms_norm(g, kQuiet);
   EXPECT_NO_THROW(verify_graph(g)) << dump_graph(g);
-}
-
-// IEEE binary16 value of `bits`, decoded from the format's definition.
-double f16_value(uint16_t h) {
-  const double sign = (h & 0x8000) ? -1.0 : 1.0;
-  const int exp = (h >> 10) & 0x1f, mant = h & 0x3ff;
-  if (exp == 0x1f) return mant ? NAN : sign * INFINITY;
-  if (exp == 0) return sign * std::ldexp(mant, -24);
-  return sign * std::ldexp(1024 + mant, exp - 25);
 }
 
 TEST(Passes, FoldConstantsWidensBloomFp16Weights) {

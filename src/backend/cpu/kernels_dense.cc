@@ -20,6 +20,23 @@ inline float hsum(V8 v) {
   return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7]));
 }
 
+// Adds the elements past the last full vector to the four lane sums and stores them. Shared by
+// both kernel families (a function without a target attribute inlines into either).
+inline void finish_dot4(const float* x, const float* w0, const float* w1, const float* w2,
+                        const float* w3, int64_t i, int64_t n, float s0, float s1, float s2,
+                        float s3, float out[4]) {
+  for (; i < n; ++i) {
+    s0 += x[i] * w0[i];
+    s1 += x[i] * w1[i];
+    s2 += x[i] * w2[i];
+    s3 += x[i] * w3[i];
+  }
+  out[0] = s0;
+  out[1] = s1;
+  out[2] = s2;
+  out[3] = s3;
+}
+
 // Four dot products of x against w0..w3 sharing the loads of x.
 void dot4_avx2(const float* x, const float* w0, const float* w1, const float* w2, const float* w3,
                int64_t n, float out[4]) {
@@ -32,17 +49,7 @@ void dot4_avx2(const float* x, const float* w0, const float* w1, const float* w2
     a2 += xv * load8(w2 + i);
     a3 += xv * load8(w3 + i);
   }
-  float s0 = hsum(a0), s1 = hsum(a1), s2 = hsum(a2), s3 = hsum(a3);
-  for (; i < n; ++i) {
-    s0 += x[i] * w0[i];
-    s1 += x[i] * w1[i];
-    s2 += x[i] * w2[i];
-    s3 += x[i] * w3[i];
-  }
-  out[0] = s0;
-  out[1] = s1;
-  out[2] = s2;
-  out[3] = s3;
+  finish_dot4(x, w0, w1, w2, w3, i, n, hsum(a0), hsum(a1), hsum(a2), hsum(a3), out);
 }
 
 // The same four dot products with sixteen lanes, for CPUs with AVX-512 (chosen at run time;
@@ -68,17 +75,7 @@ KILN_TARGET_AVX512 void dot4_avx512(const float* x, const float* w0, const float
     a2 += xv * *reinterpret_cast<const V16Unaligned*>(w2 + i);
     a3 += xv * *reinterpret_cast<const V16Unaligned*>(w3 + i);
   }
-  float s0 = hsum16(a0), s1 = hsum16(a1), s2 = hsum16(a2), s3 = hsum16(a3);
-  for (; i < n; ++i) {
-    s0 += x[i] * w0[i];
-    s1 += x[i] * w1[i];
-    s2 += x[i] * w2[i];
-    s3 += x[i] * w3[i];
-  }
-  out[0] = s0;
-  out[1] = s1;
-  out[2] = s2;
-  out[3] = s3;
+  finish_dot4(x, w0, w1, w2, w3, i, n, hsum16(a0), hsum16(a1), hsum16(a2), hsum16(a3), out);
 }
 
 using Dot4 = void (*)(const float*, const float*, const float*, const float*, const float*, int64_t,
