@@ -106,6 +106,11 @@ int GraphBuilder::gated_activation(int gate, int up, Activation act, const std::
 int GraphBuilder::softmax(int x, const std::string& name) {
   return add_node(OpKind::kSoftmax, {x}, {}, name);
 }
+int GraphBuilder::weight_f32(const std::string& name, Tensor data) {
+  const bool narrow = data.dtype() != DType::kF32;
+  const int id = weight(name, std::move(data));
+  return narrow ? cast(id, DType::kF32, name + ".f32") : id;
+}
 int GraphBuilder::cast(int x, DType dtype, const std::string& name) {
   NodeAttrs a;
   a.dtype = dtype;

@@ -15,6 +15,9 @@ class GraphBuilder {
   int input(const std::string& name, DType dtype, SymShape shape);
   // A constant; names must be unique within the graph.
   int weight(const std::string& name, Tensor data);
+  // A constant read in f32: narrower data (f16/bf16 checkpoints) gets a Cast node named
+  // "<name>.f32", which constant folding resolves. Returns the value to read.
+  int weight_f32(const std::string& name, Tensor data);
   void output(int value, const std::string& name);
 
   int embedding(int table, int ids, const std::string& name);

@@ -37,14 +37,10 @@ std::vector<Graph> build_bloom_graphs(const BloomConfig& cfg, const Checkpoint& 
   // bloom-560m ships names without the "transformer." prefix; fine-tuned exports keep it.
   const std::string prefix = ckpt.has("transformer.word_embeddings.weight") ? "transformer." : "";
   auto w = [&](const std::string& name, const Shape& shape) {
-    const Tensor& t = ckpt.get(name, shape);
-    const int id = b.weight(name, t);
-    return t.dtype() == DType::kF32 ? id : b.cast(id, DType::kF32, name + ".f32");
+    return b.weight_f32(name, ckpt.get(name, shape));
   };
   auto qkv = [&](const std::string& name, const Shape& shape) {
-    const Tensor t = regroup_qkv(ckpt.get(name, shape), H, dh);
-    const int id = b.weight(name, t);
-    return t.dtype() == DType::kF32 ? id : b.cast(id, DType::kF32, name + ".f32");
+    return b.weight_f32(name, regroup_qkv(ckpt.get(name, shape), H, dh));
   };
 
   const int ids = b.input("input_ids", DType::kI64, {Dim::sym("tokens")});

@@ -19,12 +19,11 @@ struct T5Builder {
 
   std::map<std::string, int> loaded;  // weight name -> value the graph reads (after widening)
 
-  // Weights are read in f32: f16/bf16 checkpoints get a Cast that constant folding resolves.
+  // Each weight is added once, in f32 (the shared embedding and block 0's relative-bias table
+  // are read more than once).
   int w(const std::string& name, const Shape& shape) {
     if (auto it = loaded.find(name); it != loaded.end()) return it->second;
-    const Tensor& t = ckpt.get(name, shape);
-    int id = b.weight(name, t);
-    if (t.dtype() != DType::kF32) id = b.cast(id, DType::kF32, name + ".f32");
+    const int id = b.weight_f32(name, ckpt.get(name, shape));
     loaded[name] = id;
     return id;
   }
