@@ -1,51 +1,57 @@
-// kiln's public runtime API: an Engine is a compiled model ready to run — loaded from a plan file
-// (weights mmapped, not copied) or built in memory from a HuggingFace directory.
+// kiln's public runtime API: load a plan and generate text. This header and generate.h are all
+// an application needs; they include nothing internal. Errors are thrown as std::runtime_error
+// (kiln::Error) with a message naming the file, field or request at fault.
+//
+//   auto engine = kiln::Engine::load("t5.plan");
+//   auto results = engine->generate({"reverse: suvogi"}, engine->default_params());
+//   std::cout << results[0].text << "\n";
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
-#include "backend/backend.h"
-#include "core/context.h"
-#include "graph/model_ir.h"
-#include "tokenizer/tokenizer.h"
+#include "kiln/generate.h"
 
 namespace kiln {
 
-struct BuildOptions {
-  Device device = Device::kCpu;
-  DType precision = DType::kF32;
-  std::string prompt_template = "{prompt}";
-  int64_t max_input_tokens = 0;  // 0: the architecture's default (T5 512, BLOOM 2048)
-  bool optimize = true;          // run the pass pipeline
+struct EngineOptions {
+  int threads = 0;       // 0: one per hardware thread
+  int max_batch = 8;     // sequences generated together
+  bool verbose = false;  // log what loading and generation do (stderr)
 };
 
-// Imports an HF checkpoint directory and runs the pass pipeline (what `kiln build` does before
-// writing the plan).
-ModelIR build_model(const std::string& hf_dir, const BuildOptions& options, const Logger& log);
+struct TextResult {
+  std::vector<int64_t> input_ids;  // the prompt after the template, tokenized
+  GenerationResult generation;
+  std::string text;  // the generated ids decoded (special tokens skipped)
+};
 
 class Engine {
  public:
-  // Takes an optimized model (from build_model or a plan) and compiles its graphs for the CPU.
-  Engine(Context& ctx, ModelIR model);
-  static std::unique_ptr<Engine> from_plan(Context& ctx, const std::string& path);
-  static std::unique_ptr<Engine> from_model_dir(Context& ctx, const std::string& dir,
-                                                const BuildOptions& options = {});
+  // Maps the plan (weights are not copied) and compiles it for this machine.
+  static std::unique_ptr<Engine> load(const std::string& plan_path,
+                                      const EngineOptions& options = {});
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
 
-  Context& context() { return ctx_; }
-  const ModelIR& model() const { return model_; }
-  const Tokenizer& tokenizer() const { return *tokenizer_; }
-  Executable& encoder();  // encoder-decoder models only
-  Executable& decoder();
-  const Backend& backend() const { return *backend_; }
+  std::string architecture() const;  // "t5", "bloom"
+  // The model's defaults: HuggingFace's, with the checkpoint's generation_config applied.
+  GenerationParams default_params() const;
+  std::vector<int64_t> encode(const std::string& text) const;
+  std::string decode(const std::vector<int64_t>& ids) const;
+  // Wraps a prompt in the plan's prompt template.
+  std::string apply_template(const std::string& prompt) const;
+  // Generates for every prompt (the template applied), batched; results in prompt order.
+  std::vector<TextResult> generate(const std::vector<std::string>& prompts,
+                                   const GenerationParams& params);
 
  private:
-  Context& ctx_;
-  ModelIR model_;
-  std::unique_ptr<Tokenizer> tokenizer_;
-  std::unique_ptr<Backend> backend_;
-  std::unique_ptr<Executable> encoder_;
-  std::unique_ptr<Executable> decoder_;
+  struct Impl;
+  explicit Engine(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
 };
 
 }  // namespace kiln

@@ -10,14 +10,26 @@ namespace kiln {
 inline constexpr int kMaxBeams = 32;
 inline constexpr int64_t kMaxNewTokensLimit = 8192;
 
+// HuggingFace's three beam-search stopping rules (generation_config "early_stopping").
+enum class EarlyStopping : uint8_t {
+  kHeuristic,  // false (HF's default): stop when no running beam can beat the kept hypotheses
+  kAlways,     // true: stop as soon as num_beams hypotheses are finished
+  kNever,      // "never": stop only when no better hypothesis is possible at all
+};
+
+// Member initialisers are HuggingFace's GenerationConfig defaults, except max_new_tokens (HF
+// has max_length = 20 counting the prompt; kiln defaults to 16 new tokens). A model's
+// generation_config.json replaces them (default_generation_params), and callers override those.
 struct GenerationParams {
-  int64_t max_new_tokens = 16;
+  int64_t max_new_tokens = 16;  // 0: derive from max_length
+  int64_t max_length = 0;       // HF: prompt + new tokens (decoder-only) or decoder length
+  int64_t min_new_tokens = 0;   // EOS is not generated before this many tokens
   int num_beams = 1;            // > 1: beam search (HF semantics)
   double length_penalty = 1.0;  // beam score = sum log p / generated_len ^ length_penalty
-  bool early_stopping = true;   // beam search stops once num_beams hypotheses finished
-  bool do_sample = false;       // sampling instead of greedy (num_beams must be 1)
+  EarlyStopping early_stopping = EarlyStopping::kHeuristic;
+  bool do_sample = false;  // sampling instead of greedy (num_beams must be 1)
   float temperature = 1.0f;
-  int top_k = 0;       // 0: off
+  int top_k = 50;      // 0: off (HF's default is 50 when sampling)
   float top_p = 1.0f;  // 1: off
   uint64_t seed = 0;
 };
@@ -25,7 +37,7 @@ struct GenerationParams {
 // Throws a usage error naming the bad field.
 void validate(const GenerationParams& params);
 
-enum class FinishReason { kEos, kLength };
+enum class FinishReason { kEos, kLength, kCancelled };
 
 struct GenerationResult {
   std::vector<int64_t> output_ids;  // generated ids: no prompt, no start token, no EOS

@@ -1,29 +1,48 @@
-// The backend interface: a backend says which nodes it supports, compiles a graph into an
-// executable, and executes it on a step's inputs. CPU and CUDA implement it; the same graph
-// runs on either.
+// The backend interface: a backend says which nodes and precisions it supports, compiles a graph
+// into an executable (one kernel instance per node from its kernel registry), owns the KV
+// storage and allocates memory where its kernels can read it. CPU, the reference oracle and CUDA
+// implement it; the same graph runs on any of them.
 #pragma once
 
-#include <map>
 #include <memory>
+#include <span>
 #include <string>
 
-#include "backend/attention_batch.h"
 #include "backend/cuda_info.h"
+#include "backend/kernel.h"
+#include "backend/kv_storage.h"
+#include "backend/step.h"
 #include "core/context.h"
-#include "graph/ir.h"
+#include "core/target.h"
+#include "graph/model_ir.h"
 
 namespace kiln {
 
-using TensorMap = std::map<std::string, Tensor>;
+// Memory a backend's kernels can read: host memory for the CPU, device memory for CUDA.
+class Allocator {
+ public:
+  virtual ~Allocator() = default;
+  virtual Device device() const = 0;
+  // Zero-filled, 64-byte aligned; throws when out of memory.
+  virtual std::shared_ptr<void> allocate(size_t bytes) = 0;
+  Tensor tensor(DType dtype, const Shape& shape);
+  // A copy of a host tensor in this allocator's memory (a plain copy for host allocators).
+  virtual Tensor upload(const Tensor& host) = 0;
+};
+Allocator& host_allocator();
 
 class Executable {
  public:
   virtual ~Executable() = default;
-  // Feeds every graph input by name; returns every graph output by name. `batch` is required
-  // when the graph has Attention nodes. Outputs are freshly allocated (the caller keeps them).
-  virtual TensorMap execute(const TensorMap& inputs, const AttentionBatch* batch) = 0;
-  // Bytes of activation buffers currently held (grows to the largest step seen).
-  virtual int64_t activation_bytes() const = 0;
+  // Inputs in the order of graph.inputs, outputs in the order of graph.outputs. Outputs live in
+  // the executable's workspace and stay valid until the next execute(); callers copy what they
+  // keep. `step` is required when the graph has Attention nodes.
+  virtual std::span<const Tensor> execute(std::span<const Tensor> inputs,
+                                          const StepContext* step) = 0;
+  // Workspace bytes allocated so far (one arena per shape bucket used).
+  virtual int64_t workspace_bytes() const = 0;
+  // Which kernel runs each node ("avx512 dot4 linear"), in node order.
+  virtual std::vector<std::string> kernel_names() const = 0;
 };
 
 class Backend {
@@ -31,15 +50,25 @@ class Backend {
   virtual ~Backend() = default;
   virtual Device device() const = 0;
   virtual std::string describe() const = 0;
-  // Empty when supported; otherwise why not (dtype, attribute...).
+  virtual bool supports_precision(Precision precision) const = 0;
+  // Empty when a kernel exists for the node; otherwise why not.
   virtual std::string unsupported_reason(const Graph& graph, const Node& node) const = 0;
   bool supports_op(const Graph& graph, const Node& node) const {
     return unsupported_reason(graph, node).empty();
   }
-  // Throws naming the first unsupported node.
-  virtual std::unique_ptr<Executable> compile(const Graph& graph) = 0;
+  // Throws naming the first unsupported node. The graph must outlive the executable.
+  virtual std::unique_ptr<Executable> compile(const Graph& graph, const ShapeProfile& profile) = 0;
+  virtual Allocator& allocator() = 0;
+  virtual std::unique_ptr<KvStorage> create_kv_storage(const KvGeometry& geometry) = 0;
 };
 
+// Empty when this build can run plans for the device at the precision; otherwise why not. The
+// one place that decides which targets exist: the builder, the plan loader and the CLI ask it.
+std::string target_unsupported_reason(Device device, Precision precision);
+
+// The CPU backend: the widest kernel family the context chose (AVX-512 or the AVX2 baseline).
 std::unique_ptr<Backend> make_cpu_backend(Context& ctx);
+// The backend for a device; throws naming the device when this build or machine lacks it.
+std::unique_ptr<Backend> make_backend(Context& ctx, Device device);
 
 }  // namespace kiln

@@ -7,16 +7,6 @@
 
 namespace kiln {
 
-std::string_view device_name(Device device) {
-  switch (device) {
-    case Device::kCpu:
-      return "cpu";
-    case Device::kCuda:
-      return "cuda";
-  }
-  return "?";
-}
-
 int64_t shape_numel(const Shape& shape) {
   int64_t n = 1;
   for (int64_t d : shape) {
@@ -63,7 +53,8 @@ Tensor Tensor::empty(DType dtype, Shape shape) {
   return t;
 }
 
-Tensor Tensor::view(DType dtype, Shape shape, const void* data, std::shared_ptr<void> owner) {
+Tensor Tensor::view(DType dtype, Shape shape, const void* data, std::shared_ptr<void> owner,
+                    Device device) {
   Tensor t;
   t.dtype_ = dtype;
   t.strides_ = contiguous_strides(shape);
@@ -72,6 +63,7 @@ Tensor Tensor::view(DType dtype, Shape shape, const void* data, std::shared_ptr<
   t.storage_->data = const_cast<void*>(data);
   t.storage_->bytes = t.nbytes();
   t.storage_->keep_alive = std::move(owner);
+  t.storage_->device = device;
   t.owns_ = false;
   return t;
 }

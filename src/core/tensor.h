@@ -11,11 +11,9 @@
 
 #include "core/dtype.h"
 #include "core/status.h"
+#include "core/target.h"
 
 namespace kiln {
-
-enum class Device : uint8_t { kCpu, kCuda };
-std::string_view device_name(Device device);
 
 using Shape = std::vector<int64_t>;
 int64_t shape_numel(const Shape& shape);
@@ -35,8 +33,9 @@ class Tensor {
   // A new zero-filled, 64-byte-aligned CPU tensor.
   static Tensor empty(DType dtype, Shape shape);
   static Tensor zeros(DType dtype, Shape shape) { return empty(dtype, std::move(shape)); }
-  // A view over `data`, kept alive by `owner`; no copy.
-  static Tensor view(DType dtype, Shape shape, const void* data, std::shared_ptr<void> owner);
+  // A view over `data` (in `device` memory), kept alive by `owner`; no copy.
+  static Tensor view(DType dtype, Shape shape, const void* data, std::shared_ptr<void> owner,
+                     Device device = Device::kCpu);
   template <typename T>
   static Tensor from_vector(const std::vector<T>& values, Shape shape) {
     Tensor t = empty(dtype_of<T>(), std::move(shape));

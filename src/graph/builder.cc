@@ -41,13 +41,13 @@ void GraphBuilder::output(int value, const std::string& name) {
   graph_.outputs.push_back(value);
 }
 
-int GraphBuilder::add_node(OpKind op, std::vector<int> inputs, NodeAttrs attrs,
+int GraphBuilder::add_node(OpKind op, std::vector<int> inputs, OpAttrs attrs,
                            const std::string& name) {
   Node node;
   node.op = op;
   node.name = name;
   node.inputs = std::move(inputs);
-  node.attrs = attrs;
+  node.attrs = std::move(attrs);
   // Trailing absent optional inputs are dropped so that arity reflects what is present.
   while (!node.inputs.empty() && node.inputs.back() < 0) node.inputs.pop_back();
   const std::vector<ValueType> types = infer_node(graph_, node);
@@ -67,44 +67,34 @@ int GraphBuilder::add_node(OpKind op, std::vector<int> inputs, NodeAttrs attrs,
 }
 
 int GraphBuilder::embedding(int table, int ids, const std::string& name) {
-  return add_node(OpKind::kEmbedding, {table, ids}, {}, name);
+  return add_node(OpKind::kEmbedding, {table, ids}, NoAttrs{}, name);
 }
 int GraphBuilder::linear(int x, int w, int bias, const std::string& name) {
-  return add_node(OpKind::kLinear, {x, w, bias}, {}, name);
+  return add_node(OpKind::kLinear, {x, w, bias}, LinearAttrs{}, name);
 }
 int GraphBuilder::add(int a, int b, const std::string& name) {
-  return add_node(OpKind::kAdd, {a, b}, {}, name);
+  return add_node(OpKind::kAdd, {a, b}, NoAttrs{}, name);
 }
 int GraphBuilder::mul(int a, int b, const std::string& name) {
-  return add_node(OpKind::kMul, {a, b}, {}, name);
+  return add_node(OpKind::kMul, {a, b}, NoAttrs{}, name);
 }
 int GraphBuilder::scale(int x, float factor, const std::string& name) {
-  NodeAttrs a;
-  a.scale = factor;
-  return add_node(OpKind::kScale, {x}, a, name);
+  return add_node(OpKind::kScale, {x}, ScaleAttrs{factor}, name);
 }
 int GraphBuilder::rms_norm(int x, int w, double eps, const std::string& name) {
-  NodeAttrs a;
-  a.eps = eps;
-  return add_node(OpKind::kRmsNorm, {x, w}, a, name);
+  return add_node(OpKind::kRmsNorm, {x, w}, NormAttrs{eps}, name);
 }
 int GraphBuilder::layer_norm(int x, int w, int b, double eps, const std::string& name) {
-  NodeAttrs a;
-  a.eps = eps;
-  return add_node(OpKind::kLayerNorm, {x, w, b}, a, name);
+  return add_node(OpKind::kLayerNorm, {x, w, b}, NormAttrs{eps}, name);
 }
 int GraphBuilder::activation(int x, Activation act, const std::string& name) {
-  NodeAttrs a;
-  a.activation = act;
-  return add_node(OpKind::kActivation, {x}, a, name);
+  return add_node(OpKind::kActivation, {x}, ActivationAttrs{act}, name);
 }
 int GraphBuilder::gated_activation(int gate, int up, Activation act, const std::string& name) {
-  NodeAttrs a;
-  a.activation = act;
-  return add_node(OpKind::kGatedActivation, {gate, up}, a, name);
+  return add_node(OpKind::kGatedActivation, {gate, up}, ActivationAttrs{act}, name);
 }
 int GraphBuilder::softmax(int x, const std::string& name) {
-  return add_node(OpKind::kSoftmax, {x}, {}, name);
+  return add_node(OpKind::kSoftmax, {x}, NoAttrs{}, name);
 }
 int GraphBuilder::weight_f32(const std::string& name, Tensor data) {
   const bool narrow = data.dtype() != DType::kF32;
@@ -112,22 +102,18 @@ int GraphBuilder::weight_f32(const std::string& name, Tensor data) {
   return narrow ? cast(id, DType::kF32, name + ".f32") : id;
 }
 int GraphBuilder::cast(int x, DType dtype, const std::string& name) {
-  NodeAttrs a;
-  a.dtype = dtype;
-  return add_node(OpKind::kCast, {x}, a, name);
+  return add_node(OpKind::kCast, {x}, CastAttrs{dtype}, name);
 }
 int GraphBuilder::attention(int q, int k, int v, int rel_table, const AttentionAttrs& attrs,
                             const std::string& name) {
-  NodeAttrs a;
-  a.attention = attrs;
   std::vector<int> inputs = {q};
   if (k >= 0) inputs.push_back(k);
   if (v >= 0) inputs.push_back(v);
   if (rel_table >= 0) inputs.push_back(rel_table);
-  return add_node(OpKind::kAttention, std::move(inputs), a, name);
+  return add_node(OpKind::kAttention, std::move(inputs), attrs, name);
 }
 int GraphBuilder::gather_rows(int x, int rows, const std::string& name) {
-  return add_node(OpKind::kGatherRows, {x, rows}, {}, name);
+  return add_node(OpKind::kGatherRows, {x, rows}, NoAttrs{}, name);
 }
 
 Graph GraphBuilder::finish() {

@@ -40,7 +40,7 @@ class GraphBuilder {
   Graph finish();
 
  private:
-  int add_node(OpKind op, std::vector<int> inputs, NodeAttrs attrs, const std::string& name);
+  int add_node(OpKind op, std::vector<int> inputs, OpAttrs attrs, const std::string& name);
   Graph graph_;
 };
 

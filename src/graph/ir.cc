@@ -40,35 +40,23 @@ int Graph::output(std::string_view value_name) const {
   KILN_FAIL("graph '{}' has no output named '{}'", name, value_name);
 }
 
+int Graph::input_index(std::string_view value_name) const {
+  for (size_t i = 0; i < inputs.size(); ++i)
+    if (values[inputs[i]].name == value_name) return static_cast<int>(i);
+  KILN_FAIL("graph '{}' has no input named '{}'", name, value_name);
+}
+
+int Graph::output_index(std::string_view value_name) const {
+  for (size_t i = 0; i < outputs.size(); ++i)
+    if (values[outputs[i]].name == value_name) return static_cast<int>(i);
+  KILN_FAIL("graph '{}' has no output named '{}'", name, value_name);
+}
+
 int64_t Graph::weight_bytes() const {
   int64_t total = 0;
   for (const Value& v : values)
     if (v.kind == ValueKind::kWeight) total += static_cast<int64_t>(v.data.nbytes());
   return total;
-}
-
-std::string_view attention_kind_name(AttentionKind k) {
-  switch (k) {
-    case AttentionKind::kEncoderSelf:
-      return "encoder_self";
-    case AttentionKind::kCachedSelf:
-      return "cached_self";
-    case AttentionKind::kCross:
-      return "cross";
-  }
-  return "?";
-}
-
-std::string_view position_bias_name(PositionBias b) {
-  switch (b) {
-    case PositionBias::kNone:
-      return "none";
-    case PositionBias::kT5Relative:
-      return "t5_relative";
-    case PositionBias::kAlibi:
-      return "alibi";
-  }
-  return "?";
 }
 
 std::string dump_graph(const Graph& graph) {
@@ -90,21 +78,7 @@ std::string dump_graph(const Graph& graph) {
         ins.push_back(describe(id));
     }
     for (int id : n.outputs) outs.push_back(describe(id));
-    std::string attrs;
-    if (n.op == OpKind::kLinear && n.attrs.has_activation)
-      attrs = fmt::format(" act={}", activation_name(n.attrs.activation));
-    if (n.op == OpKind::kActivation || n.op == OpKind::kGatedActivation)
-      attrs = fmt::format(" act={}", activation_name(n.attrs.activation));
-    if (n.op == OpKind::kScale) attrs = fmt::format(" scale={}", n.attrs.scale);
-    if (n.op == OpKind::kRmsNorm || n.op == OpKind::kLayerNorm || n.op == OpKind::kAddRmsNorm)
-      attrs = fmt::format(" eps={}", n.attrs.eps);
-    if (n.op == OpKind::kCast) attrs = fmt::format(" to={}", dtype_name(n.attrs.dtype));
-    if (n.op == OpKind::kAttention) {
-      const AttentionAttrs& a = n.attrs.attention;
-      attrs = fmt::format(" kind={} layer={} heads={} head_dim={} causal={} scale={} bias={}{}",
-                          attention_kind_name(a.kind), a.layer, a.num_heads, a.head_dim, a.causal,
-                          a.scale, position_bias_name(a.bias), a.packed_qkv ? " packed" : "");
-    }
+    const std::string attrs = attrs_summary(n.attrs);
     out << "  " << fmt::format("{:<16}", op_name(n.op)) << fmt::format("{}", fmt::join(outs, ", "))
         << " = " << n.name << "(" << fmt::format("{}", fmt::join(ins, ", ")) << ")" << attrs
         << "\n";

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "core/tensor.h"
-#include "io/hf_config.h"
+#include "graph/attrs.h"
 
 namespace kiln {
 
@@ -37,74 +37,63 @@ enum class ValueKind : uint8_t {
   kActivation,  // produced by a node
 };
 
+// How a weight's bytes are laid out: plain row-major, or packed for a kernel (a packing id and
+// the ISA / GPU architecture it was packed for), recorded per blob in plans.
+struct WeightLayout {
+  std::string packing;  // empty: plain row-major
+  std::string target;   // e.g. "avx512", "sm_90"; empty for plain
+  bool plain() const { return packing.empty(); }
+  bool operator==(const WeightLayout&) const = default;
+};
+
 struct Value {
   std::string name;
   DType dtype = DType::kF32;
   SymShape shape;
   ValueKind kind = ValueKind::kActivation;
-  int producer = -1;  // node index for activations
-  Tensor data;        // weights only
+  int producer = -1;    // node index for activations
+  Tensor data;          // weights only
+  WeightLayout layout;  // weights only
 };
 
 enum class OpKind : uint8_t {
   kEmbedding,        // (table [vocab, d], ids [n] i64) -> [n, d]
-  kLinear,           // (x [n, in], w [out, in], bias? [out]) -> [n, out]; attrs.activation
+  kLinear,           // (x [n, in], w [out, in], bias? [out]) -> [n, out]; LinearAttrs
   kAdd,              // (a [n, d], b [n, d]) -> [n, d]
   kMul,              // (a [n, d], b [n, d]) -> [n, d]
-  kScale,            // (x) -> x * attrs.scale
+  kScale,            // (x) -> x * ScaleAttrs::scale
   kRmsNorm,          // (x [n, d], w [d]) -> [n, d]; T5: no mean, no bias, fp32 variance
   kLayerNorm,        // (x [n, d], w [d], b [d]) -> [n, d]
-  kActivation,       // (x) -> act(x); attrs.activation
+  kActivation,       // (x) -> act(x); ActivationAttrs
   kGatedActivation,  // (gate [n, f], up [n, f]) -> act(gate) * up
   kSoftmax,          // (x [n, d]) -> softmax over the last dim, fp32 accumulation
-  kCast,             // (x) -> x as attrs.dtype
+  kCast,             // (x) -> x as CastAttrs::to
   kAttention,        // see AttentionAttrs
   kGatherRows,       // (x [n, d], rows [r] i64) -> [r, d]
   kAddRmsNorm,       // fused (a, b, w) -> (a + b, rmsnorm(a + b)): residual add + norm
 };
 inline constexpr int kNumOpKinds = 14;
 
-enum class AttentionKind : uint8_t {
-  kEncoderSelf,  // keys = this step's tokens of the same sequence, no cache
-  kCachedSelf,   // appends this step's K/V to the sequence's paged cache, attends to all of it
-  kCross,        // keys = the sequence's cross K/V (computed once per request)
-};
-enum class PositionBias : uint8_t { kNone, kT5Relative, kAlibi };
-
-// Inputs: (q [n, H*dh], k [n, H*dh], v [n, H*dh]) for self kinds, (q) for kCross, or a packed
-// (qkv [n, 3*H*dh]) laid out [3, H, dh] when packed_qkv; then the relative-bias table
-// [num_buckets, H] when bias == kT5Relative. Output [n, H*dh].
-struct AttentionAttrs {
-  AttentionKind kind = AttentionKind::kEncoderSelf;
-  PositionBias bias = PositionBias::kNone;
-  int layer = 0;  // which cache / cross K/V slot this op binds to
-  int num_heads = 1;
-  int head_dim = 1;
-  bool causal = false;
-  bool packed_qkv = false;
-  float scale = 1.0f;  // T5: 1 (scores are not scaled); BLOOM: 1/sqrt(head_dim)
-  bool bidirectional_buckets = true;
-  int num_buckets = 32;
-  int max_distance = 128;
-  bool operator==(const AttentionAttrs&) const = default;
-};
-
-struct NodeAttrs {
-  Activation activation = Activation::kRelu;
-  bool has_activation = false;  // kLinear: fused activation present
-  float scale = 1.0f;
-  double eps = 1e-6;
-  DType dtype = DType::kF32;
-  AttentionAttrs attention;
-  bool operator==(const NodeAttrs&) const = default;
-};
-
 struct Node {
   OpKind op;
   std::string name;
   std::vector<int> inputs;  // value ids; -1 for an absent optional input
   std::vector<int> outputs;
-  NodeAttrs attrs;
+  OpAttrs attrs;  // the alternative op_schema(op).attrs names (checked by verify_graph)
+
+  // The node's attributes as `T`; throws naming the node when it holds another kind.
+  template <typename T>
+  const T& attr() const {
+    const T* a = std::get_if<T>(&attrs);
+    KILN_CHECK(a != nullptr, "node '{}': expected {} attributes, holds {}", name,
+               attr_kind_name(static_cast<AttrKind>(OpAttrs(T{}).index())),
+               attr_kind_name(attr_kind_of(attrs)));
+    return *a;
+  }
+  template <typename T>
+  T& attr() {
+    return const_cast<T&>(static_cast<const Node*>(this)->attr<T>());
+  }
 };
 
 struct Graph {
@@ -119,14 +108,16 @@ struct Graph {
   int num_slots = 0;
 
   int find_value(std::string_view value_name) const;  // -1 when absent
-  int output(std::string_view value_name) const;      // throws when absent
+  int output(std::string_view value_name) const;      // value id; throws when absent
+  // Position in `inputs` / `outputs` of the named graph input / output; throws when absent. The
+  // runtime resolves these once and addresses inputs and outputs by position in the step loop.
+  int input_index(std::string_view value_name) const;
+  int output_index(std::string_view value_name) const;
   int64_t weight_bytes() const;
 };
 
 std::string_view op_name(OpKind op);
 bool parse_op_name(std::string_view name, OpKind* out);
-std::string_view attention_kind_name(AttentionKind k);
-std::string_view position_bias_name(PositionBias b);
 
 // A readable text dump: one line per node with dtypes and shapes.
 std::string dump_graph(const Graph& graph);

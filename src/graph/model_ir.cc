@@ -1,11 +1,58 @@
 #include "graph/model_ir.h"
 
+#include <algorithm>
+
 namespace kiln {
 
+void check_model_desc(const ModelDesc& d, const std::string& source) {
+  KILN_CHECK(d.vocab_size > 0 && d.cache_layers > 0 && d.num_heads > 0 && d.head_dim > 0 &&
+                 d.max_positions > 0,
+             "{}: invalid model description (vocabulary {}, {} cache layers, {} heads of {}, "
+             "{} positions): each must be positive",
+             source, d.vocab_size, d.cache_layers, d.num_heads, d.head_dim, d.max_positions);
+  KILN_CHECK(!d.eos_token_ids.empty(), "{}: the model has no end-of-sequence id", source);
+  auto in_vocab = [&](int64_t id) { return id >= 0 && id < d.vocab_size; };
+  for (int64_t id : d.eos_token_ids)
+    KILN_CHECK(in_vocab(id), "{}: eos id {} is outside the vocabulary of {}", source, id,
+               d.vocab_size);
+  KILN_CHECK(in_vocab(d.pad_token_id), "{}: pad id {} is outside the vocabulary of {}", source,
+             d.pad_token_id, d.vocab_size);
+  KILN_CHECK(!d.encoder_decoder || in_vocab(d.decoder_start_token_id),
+             "{}: decoder start id {} is outside the vocabulary of {}", source,
+             d.decoder_start_token_id, d.vocab_size);
+  for (int64_t id : d.generation.eos_token_ids)
+    KILN_CHECK(in_vocab(id), "{}: generation eos id {} is outside the vocabulary of {}", source, id,
+               d.vocab_size);
+}
+
+int64_t ShapeProfile::bucket_for(int64_t tokens) const {
+  for (int64_t b : token_buckets)
+    if (tokens <= b) return b;
+  KILN_FAIL("a step of {} tokens exceeds the plan's limit of {} tokens per step", tokens,
+            max_step_tokens);
+}
+
+std::vector<int64_t> ShapeProfile::default_buckets(int64_t max_step_tokens) {
+  std::vector<int64_t> out;
+  for (int64_t b = 16; b < max_step_tokens; b *= 4) out.push_back(b);
+  out.push_back(max_step_tokens);
+  return out;
+}
+
+void check_shape_profile(const ShapeProfile& p, const std::string& source) {
+  KILN_CHECK(p.max_input_tokens > 0 && p.max_step_tokens > 0 && p.max_batch > 0,
+             "{}: invalid shape profile (max input tokens {}, max step tokens {}, max batch {}): "
+             "each must be positive",
+             source, p.max_input_tokens, p.max_step_tokens, p.max_batch);
+  KILN_CHECK(!p.token_buckets.empty() && p.token_buckets.back() == p.max_step_tokens,
+             "{}: token buckets must end at max_step_tokens {}", source, p.max_step_tokens);
+  for (size_t i = 0; i < p.token_buckets.size(); ++i)
+    KILN_CHECK(p.token_buckets[i] > 0 && (i == 0 || p.token_buckets[i] > p.token_buckets[i - 1]),
+               "{}: token buckets must be positive and ascending", source);
+}
+
 bool ModelIR::has_graph(const std::string& name) const {
-  for (const Graph& g : graphs)
-    if (g.name == name) return true;
-  return false;
+  return std::any_of(graphs.begin(), graphs.end(), [&](const Graph& g) { return g.name == name; });
 }
 
 const Graph& ModelIR::graph(const std::string& name) const {
@@ -15,60 +62,7 @@ const Graph& ModelIR::graph(const std::string& name) const {
 }
 
 Graph& ModelIR::graph(const std::string& name) {
-  for (Graph& g : graphs)
-    if (g.name == name) return g;
-  KILN_FAIL("model has no graph named '{}'", name);
-}
-
-int ModelIR::cache_layers() const {
-  switch (config.arch) {
-    case Architecture::kT5:
-      return static_cast<int>(config.t5().num_decoder_layers);
-    case Architecture::kBloom:
-      return static_cast<int>(config.bloom().n_layer);
-  }
-  return 0;
-}
-
-int64_t ModelIR::cache_row_width() const {
-  switch (config.arch) {
-    case Architecture::kT5:
-      return config.t5().num_heads * config.t5().d_kv;
-    case Architecture::kBloom:
-      return config.bloom().hidden_size;
-  }
-  return 0;
-}
-
-int64_t ModelIR::vocab_size() const {
-  switch (config.arch) {
-    case Architecture::kT5:
-      return config.t5().vocab_size;
-    case Architecture::kBloom:
-      return config.bloom().vocab_size;
-  }
-  return 0;
-}
-
-int64_t ModelIR::eos_token_id() const {
-  if (!config.generation.eos_token_ids.empty()) return config.generation.eos_token_ids[0];
-  switch (config.arch) {
-    case Architecture::kT5:
-      return config.t5().eos_token_id;
-    case Architecture::kBloom:
-      return config.bloom().eos_token_id;
-  }
-  return 0;
-}
-
-int64_t ModelIR::pad_token_id() const {
-  switch (config.arch) {
-    case Architecture::kT5:
-      return config.t5().pad_token_id;
-    case Architecture::kBloom:
-      return config.bloom().pad_token_id;
-  }
-  return 0;
+  return const_cast<Graph&>(static_cast<const ModelIR*>(this)->graph(name));
 }
 
 namespace {
@@ -92,21 +86,23 @@ void expect_io(const Graph& g, bool input, const std::string& name, DType dtype,
 }  // namespace
 
 void check_model_contract(const ModelIR& model, const std::string& source) {
+  check_model_desc(model.desc, source);
+  check_shape_profile(model.profile, source);
   KILN_CHECK(model.has_graph(kDecoderGraph), "{}: no decoder graph", source);
   const Graph& dec = model.graph(kDecoderGraph);
   expect_io(dec, true, "input_ids", DType::kI64, 1, source);
   expect_io(dec, true, "logit_rows", DType::kI64, 1, source);
   expect_io(dec, false, "logits", DType::kF32, 2, source);
   const Value& logits = dec.values[dec.output("logits")];
-  KILN_CHECK(logits.shape[1] == Dim::of(model.vocab_size()),
-             "{}: logits are {} wide, the config's vocabulary is {}", source,
-             sym_shape_str(logits.shape), model.vocab_size());
-  const int layers = model.cache_layers();
-  const int64_t width = model.cache_row_width();
+  KILN_CHECK(logits.shape[1] == Dim::of(model.desc.vocab_size),
+             "{}: logits are {} wide, the model's vocabulary is {}", source,
+             sym_shape_str(logits.shape), model.desc.vocab_size);
+  const int layers = model.desc.cache_layers;
+  const int64_t width = model.desc.cache_row_width();
   for (const Graph& g : model.graphs) {
     for (const Node& n : g.nodes) {
       if (n.op != OpKind::kAttention) continue;
-      const AttentionAttrs& a = n.attrs.attention;
+      const AttentionAttrs& a = n.attr<AttentionAttrs>();
       if (a.kind == AttentionKind::kEncoderSelf) continue;
       KILN_CHECK(a.layer >= 0 && a.layer < layers,
                  "{}: attention '{}' binds cache layer {}, the model has {}", source, n.name,
@@ -116,7 +112,7 @@ void check_model_contract(const ModelIR& model, const std::string& source) {
                  a.num_heads, a.head_dim, width);
     }
   }
-  if (model.is_encoder_decoder()) {
+  if (model.desc.encoder_decoder) {
     KILN_CHECK(model.has_graph(kEncoderGraph), "{}: encoder-decoder model without encoder graph",
                source);
     const Graph& enc = model.graph(kEncoderGraph);
@@ -133,13 +129,18 @@ void check_model_contract(const ModelIR& model, const std::string& source) {
 
 void check_prompt_template(const std::string& templ) {
   KILN_CHECK_USAGE(templ.find("{prompt}") != std::string::npos,
-                   "prompt template '{}' must contain {{prompt}}", templ);
+                   "prompt template '{}' must contain {{prompt}} (where the prompt goes)", templ);
 }
 
 std::string apply_prompt_template(const std::string& templ, const std::string& prompt) {
-  const size_t pos = templ.find("{prompt}");
-  if (pos == std::string::npos) return prompt;
-  return templ.substr(0, pos) + prompt + templ.substr(pos + 8);
+  static constexpr std::string_view kMarker = "{prompt}";
+  std::string out;
+  size_t from = 0;
+  for (size_t pos; (pos = templ.find(kMarker, from)) != std::string::npos;
+       from = pos + kMarker.size())
+    out.append(templ, from, pos - from).append(prompt);
+  out.append(templ, from, std::string::npos);
+  return out;
 }
 
 }  // namespace kiln

@@ -1,6 +1,6 @@
-// A whole model as kiln compiles it: the typed config, the tokenizer (as its source bytes), the
-// default prompt template and the graphs the runtime drives. Both frontends produce this; passes
-// transform its graphs; plans serialise it.
+// A whole model as kiln compiles it: the neutral model description, the tokenizer (as its source
+// bytes), the default prompt template, the shape profile and the graphs the runtime drives. Both
+// frontends produce this; passes transform its graphs; plans serialise it.
 //
 // Graph contract (what the runtime feeds and reads):
 //   "encoder" (encoder-decoder models only)
@@ -15,42 +15,56 @@
 #include <string>
 #include <vector>
 
+#include "core/target.h"
 #include "graph/ir.h"
-#include "io/hf_config.h"
-#include "tokenizer/tokenizer.h"
+#include "graph/model_desc.h"
 
 namespace kiln {
 
 inline constexpr const char* kEncoderGraph = "encoder";
 inline constexpr const char* kDecoderGraph = "decoder";
 
+// The shapes a plan is compiled for. Activation workspaces are sized per token bucket (the
+// smallest bucket holding a step's tokens) and allocated once per bucket, never per step.
+struct ShapeProfile {
+  int64_t max_input_tokens = 512;      // longest prompt a request may carry
+  int64_t max_step_tokens = 512;       // most tokens one step runs (longer prefills are chunked)
+  int64_t max_batch = 64;              // most sequences (beams included) in one step
+  std::vector<int64_t> token_buckets;  // ascending; the last one is max_step_tokens
+
+  // The smallest bucket >= tokens; throws when tokens exceed max_step_tokens.
+  int64_t bucket_for(int64_t tokens) const;
+  // Buckets 16, 64, 256, ... up to max_step_tokens (which closes the list).
+  static std::vector<int64_t> default_buckets(int64_t max_step_tokens);
+  bool operator==(const ShapeProfile&) const = default;
+};
+// Positive limits, ascending buckets ending at max_step_tokens; throws naming `source`.
+void check_shape_profile(const ShapeProfile& profile, const std::string& source);
+
 struct ModelIR {
-  ModelConfig config;
-  TokenizerKind tokenizer_kind = TokenizerKind::kSentencePiece;
+  ModelDesc desc;
+  // The checkpoint's config as imported (shown by `kiln inspect`; never read at run time).
+  std::string source_config_json;
+  std::string tokenizer_format;  // "sentencepiece" or "byte_level_bpe" (Tokenizer::format())
   std::string tokenizer_bytes;
   std::string prompt_template = "{prompt}";
-  // Longest prompt (in tokens) requests may carry; longer ones are refused with a usage error.
-  int64_t max_input_tokens = 512;
+  ShapeProfile profile;
+  Device device = Device::kCpu;
+  Precision precision = Precision::kFp32;
   std::vector<Graph> graphs;
 
   bool has_graph(const std::string& name) const;
   const Graph& graph(const std::string& name) const;
   Graph& graph(const std::string& name);
-  // Layers that own a self-attention KV cache, and its row width (heads * head_dim).
-  int cache_layers() const;
-  int64_t cache_row_width() const;
-  int64_t vocab_size() const;
-  int64_t eos_token_id() const;
-  int64_t pad_token_id() const;
-  bool is_encoder_decoder() const { return config.arch == Architecture::kT5; }
 };
 
-// Checks that the graphs honour the contract above and agree with the config (vocabulary,
+// Checks that the graphs honour the contract above and agree with the description (vocabulary,
 // cache geometry, attention layer indices), so a crafted plan cannot make kernels index out of
 // bounds. Throws naming `source` and what is wrong.
 void check_model_contract(const ModelIR& model, const std::string& source);
 
-// Applies a template containing "{prompt}" (checked when the template is set).
+// Replaces every "{prompt}" of the template (which must contain at least one; see
+// check_prompt_template) with the prompt.
 std::string apply_prompt_template(const std::string& templ, const std::string& prompt);
 void check_prompt_template(const std::string& templ);
 

@@ -99,11 +99,11 @@ std::vector<ValueType> infer_layer_norm(const Graph& g, const Node& n) {
 
 std::vector<ValueType> infer_cast(const Graph& g, const Node& n) {
   const Value& x = in(g, n, 0);
-  return {{n.attrs.dtype, x.shape}};
+  return {{n.attr<CastAttrs>().to, x.shape}};
 }
 
 std::vector<ValueType> infer_attention(const Graph& g, const Node& n) {
-  const AttentionAttrs& a = n.attrs.attention;
+  const AttentionAttrs& a = n.attr<AttentionAttrs>();
   KILN_CHECK(a.num_heads > 0 && a.head_dim > 0, "node '{}': attention needs heads and head_dim",
              n.name);
   const Value& q = in(g, n, 0);
@@ -155,20 +155,20 @@ std::vector<ValueType> infer_add_rms_norm(const Graph& g, const Node& n) {
 
 // Indexed by OpKind (checked below).
 constexpr std::array<OpSchema, kNumOpKinds> kSchemas = {{
-    {OpKind::kEmbedding, "Embedding", 2, 2, 1, infer_embedding},
-    {OpKind::kLinear, "Linear", 2, 3, 1, infer_linear},
-    {OpKind::kAdd, "Add", 2, 2, 1, infer_binary},
-    {OpKind::kMul, "Mul", 2, 2, 1, infer_binary},
-    {OpKind::kScale, "Scale", 1, 1, 1, infer_unary},
-    {OpKind::kRmsNorm, "RMSNorm", 2, 2, 1, infer_rms_norm},
-    {OpKind::kLayerNorm, "LayerNorm", 3, 3, 1, infer_layer_norm},
-    {OpKind::kActivation, "Activation", 1, 1, 1, infer_unary},
-    {OpKind::kGatedActivation, "GatedActivation", 2, 2, 1, infer_binary},
-    {OpKind::kSoftmax, "Softmax", 1, 1, 1, infer_unary},
-    {OpKind::kCast, "Cast", 1, 1, 1, infer_cast},
-    {OpKind::kAttention, "Attention", 1, 4, 1, infer_attention},
-    {OpKind::kGatherRows, "GatherRows", 2, 2, 1, infer_gather_rows},
-    {OpKind::kAddRmsNorm, "AddRMSNorm", 3, 3, 2, infer_add_rms_norm},
+    {OpKind::kEmbedding, "Embedding", 2, 2, 1, AttrKind::kNone, infer_embedding},
+    {OpKind::kLinear, "Linear", 2, 3, 1, AttrKind::kLinear, infer_linear},
+    {OpKind::kAdd, "Add", 2, 2, 1, AttrKind::kNone, infer_binary},
+    {OpKind::kMul, "Mul", 2, 2, 1, AttrKind::kNone, infer_binary},
+    {OpKind::kScale, "Scale", 1, 1, 1, AttrKind::kScale, infer_unary},
+    {OpKind::kRmsNorm, "RMSNorm", 2, 2, 1, AttrKind::kNorm, infer_rms_norm},
+    {OpKind::kLayerNorm, "LayerNorm", 3, 3, 1, AttrKind::kNorm, infer_layer_norm},
+    {OpKind::kActivation, "Activation", 1, 1, 1, AttrKind::kActivation, infer_unary},
+    {OpKind::kGatedActivation, "GatedActivation", 2, 2, 1, AttrKind::kActivation, infer_binary},
+    {OpKind::kSoftmax, "Softmax", 1, 1, 1, AttrKind::kNone, infer_unary},
+    {OpKind::kCast, "Cast", 1, 1, 1, AttrKind::kCast, infer_cast},
+    {OpKind::kAttention, "Attention", 1, 4, 1, AttrKind::kAttention, infer_attention},
+    {OpKind::kGatherRows, "GatherRows", 2, 2, 1, AttrKind::kNone, infer_gather_rows},
+    {OpKind::kAddRmsNorm, "AddRMSNorm", 3, 3, 2, AttrKind::kNorm, infer_add_rms_norm},
 }};
 
 constexpr bool schemas_in_order() {
@@ -203,6 +203,9 @@ std::vector<ValueType> infer_node(const Graph& graph, const Node& node) {
   const int n = static_cast<int>(node.inputs.size());
   KILN_CHECK(n >= s.min_inputs && n <= s.max_inputs, "node '{}' ({}): {} inputs, expected {}..{}",
              node.name, s.name, n, s.min_inputs, s.max_inputs);
+  KILN_CHECK(attr_kind_of(node.attrs) == s.attrs,
+             "node '{}' ({}): holds {} attributes, expected {}", node.name, s.name,
+             attr_kind_name(attr_kind_of(node.attrs)), attr_kind_name(s.attrs));
   return s.infer(graph, node);
 }
 

@@ -19,6 +19,7 @@ struct OpSchema {
   int min_inputs;
   int max_inputs;
   int num_outputs;
+  AttrKind attrs;  // which OpAttrs alternative the op's nodes hold
   // Checks the inputs' dtypes and shapes against the op's contract and returns the outputs'.
   // Throws kiln::Error naming the node and the offending input.
   std::vector<ValueType> (*infer)(const Graph& graph, const Node& node);

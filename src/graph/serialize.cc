@@ -1,5 +1,6 @@
 #include "graph/serialize.h"
 
+#include "graph/op_registry.h"
 #include "graph/verifier.h"
 
 namespace kiln {
@@ -8,62 +9,27 @@ using nlohmann::json;
 
 namespace {
 
-json attrs_to_json(const NodeAttrs& a) {
-  const AttentionAttrs& t = a.attention;
-  return json{{"activation", static_cast<int>(a.activation)},
-              {"has_activation", a.has_activation},
-              {"scale", a.scale},
-              {"eps", a.eps},
-              {"dtype", std::string(dtype_name(a.dtype))},
-              {"attention",
-               {{"kind", static_cast<int>(t.kind)},
-                {"bias", static_cast<int>(t.bias)},
-                {"layer", t.layer},
-                {"num_heads", t.num_heads},
-                {"head_dim", t.head_dim},
-                {"causal", t.causal},
-                {"packed_qkv", t.packed_qkv},
-                {"scale", t.scale},
-                {"bidirectional_buckets", t.bidirectional_buckets},
-                {"num_buckets", t.num_buckets},
-                {"max_distance", t.max_distance}}}};
+std::string_view value_kind_name(ValueKind k) {
+  switch (k) {
+    case ValueKind::kInput:
+      return "input";
+    case ValueKind::kWeight:
+      return "weight";
+    case ValueKind::kActivation:
+      return "activation";
+  }
+  return "?";
 }
 
-template <typename E>
-E enum_in_range(int v, int count, const char* what, const std::string& source) {
-  KILN_CHECK(v >= 0 && v < count, "{}: invalid {} value {}", source, what, v);
-  return static_cast<E>(v);
-}
-
-NodeAttrs attrs_from_json(const json& j, const std::string& source) {
-  NodeAttrs a;
-  a.activation = enum_in_range<Activation>(j.at("activation").get<int>(), 4, "activation", source);
-  a.has_activation = j.at("has_activation").get<bool>();
-  a.scale = j.at("scale").get<float>();
-  a.eps = j.at("eps").get<double>();
-  a.dtype = parse_dtype(j.at("dtype").get<std::string>());
-  const json& t = j.at("attention");
-  AttentionAttrs& at = a.attention;
-  at.kind = enum_in_range<AttentionKind>(t.at("kind").get<int>(), 3, "attention kind", source);
-  at.bias = enum_in_range<PositionBias>(t.at("bias").get<int>(), 3, "position bias", source);
-  at.layer = t.at("layer").get<int>();
-  at.num_heads = t.at("num_heads").get<int>();
-  at.head_dim = t.at("head_dim").get<int>();
-  at.causal = t.at("causal").get<bool>();
-  at.packed_qkv = t.at("packed_qkv").get<bool>();
-  at.scale = t.at("scale").get<float>();
-  at.bidirectional_buckets = t.at("bidirectional_buckets").get<bool>();
-  at.num_buckets = t.at("num_buckets").get<int>();
-  at.max_distance = t.at("max_distance").get<int>();
-  KILN_CHECK(at.layer >= 0 && at.num_heads > 0 && at.head_dim > 0 && at.num_buckets > 0 &&
-                 at.max_distance > 0,
-             "{}: invalid attention attributes", source);
-  return a;
+ValueKind parse_value_kind(const std::string& s, const std::string& where) {
+  for (ValueKind k : {ValueKind::kInput, ValueKind::kWeight, ValueKind::kActivation})
+    if (value_kind_name(k) == s) return k;
+  KILN_FAIL("{}: unknown value kind '{}'", where, s);
 }
 
 }  // namespace
 
-json graph_to_json(const Graph& g, const std::function<int(const Tensor&)>& blob_of) {
+json graph_to_json(const Graph& g, const std::function<int(const Value&)>& blob_of) {
   json values = json::array();
   for (const Value& v : g.values) {
     json shape = json::array();
@@ -76,9 +42,9 @@ json graph_to_json(const Graph& g, const std::function<int(const Tensor&)>& blob
     json jv{{"name", v.name},
             {"dtype", std::string(dtype_name(v.dtype))},
             {"shape", shape},
-            {"kind", static_cast<int>(v.kind)},
+            {"kind", value_kind_name(v.kind)},
             {"producer", v.producer}};
-    if (v.kind == ValueKind::kWeight) jv["blob"] = blob_of(v.data);
+    if (v.kind == ValueKind::kWeight) jv["blob"] = blob_of(v);
     values.push_back(std::move(jv));
   }
   json nodes = json::array();
@@ -93,7 +59,7 @@ json graph_to_json(const Graph& g, const std::function<int(const Tensor&)>& blob
               {"num_slots", g.num_slots}};
 }
 
-Graph graph_from_json(const json& j, const std::function<Tensor(int)>& tensor_of,
+Graph graph_from_json(const json& j, const std::function<void(int, Value&)>& bind_blob,
                       const std::string& source) {
   Graph g;
   try {
@@ -108,10 +74,25 @@ Graph graph_from_json(const json& j, const std::function<Tensor(int)>& tensor_of
           v.shape.push_back(Dim::sym(d.get<std::string>()));
         else
           v.shape.push_back(Dim::of(d.get<int64_t>()));
+        // A zero or negative size would pass shape inference and fail much later inside a
+        // kernel (a division by zero, a negative allocation); refuse it here.
+        KILN_CHECK(v.shape.back().is_symbolic() || v.shape.back().value > 0,
+                   "{}: value '{}' has dimension {} (every dimension must be positive)", where,
+                   v.name, v.shape.back().value);
       }
-      v.kind = enum_in_range<ValueKind>(jv.at("kind").get<int>(), 3, "value kind", where);
+      v.kind = parse_value_kind(jv.at("kind").get<std::string>(), where);
       v.producer = jv.at("producer").get<int>();
-      if (v.kind == ValueKind::kWeight) v.data = tensor_of(jv.at("blob").get<int>());
+      if (v.kind == ValueKind::kWeight) {
+        bind_blob(jv.at("blob").get<int>(), v);
+        KILN_CHECK(v.data.dtype() == v.dtype && v.data.rank() == static_cast<int>(v.shape.size()),
+                   "{}: weight '{}' is {} {} but its blob holds {} {}", where, v.name,
+                   dtype_name(v.dtype), sym_shape_str(v.shape), dtype_name(v.data.dtype()),
+                   shape_str(v.data.shape()));
+        for (size_t d = 0; d < v.shape.size(); ++d)
+          KILN_CHECK(!v.shape[d].is_symbolic() && v.shape[d].value == v.data.shape()[d],
+                     "{}: weight '{}' is {} but its blob holds {}", where, v.name,
+                     sym_shape_str(v.shape), shape_str(v.data.shape()));
+      }
       g.values.push_back(std::move(v));
     }
     const int nv = static_cast<int>(g.values.size());
@@ -128,7 +109,8 @@ Graph graph_from_json(const json& j, const std::function<Tensor(int)>& tensor_of
       n.name = jn.at("name").get<std::string>();
       n.inputs = ids(jn.at("inputs"), "node input");
       n.outputs = ids(jn.at("outputs"), "node output");
-      n.attrs = attrs_from_json(jn.at("attrs"), where);
+      n.attrs =
+          attrs_from_json(jn.at("attrs"), op_schema(n.op).attrs, where + " node  + n.name + ");
       g.nodes.push_back(std::move(n));
     }
     g.inputs = ids(j.at("inputs"), "graph input");

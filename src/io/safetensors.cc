@@ -1,5 +1,7 @@
 #include "io/safetensors.h"
 
+#include "io/atomic_file.h"
+
 #include "io/json_util.h"
 
 #include <algorithm>
@@ -351,33 +353,11 @@ void write_safetensors(const std::string& path, const std::map<std::string, Tens
   char len_bytes[8];
   write_le_u64(text.size(), len_bytes);
 
-  // Write beside the target and rename, so a failure never leaves a truncated checkpoint and
-  // existing mappings of the old file stay valid.
-  const std::string tmp = path + ".tmp";
-  std::FILE* f = std::fopen(tmp.c_str(), "wb");
-  KILN_CHECK(f != nullptr, "cannot create {}: {}", tmp, std::generic_category().message(errno));
-  bool ok = std::fwrite(len_bytes, 1, 8, f) == 8 &&
-            std::fwrite(text.data(), 1, text.size(), f) == text.size();
-  for (const auto& [name, t] : tensors) {
-    if (!ok) break;
-    const size_t n = t.nbytes();
-    if (n > 0) ok = std::fwrite(t.raw(), 1, n, f) == n;
-  }
-  int write_errno = errno;
-  if (std::fclose(f) != 0 && ok) {  // buffered data is flushed (and can fail) only here
-    ok = false;
-    write_errno = errno;
-  }
-  if (!ok) {
-    std::remove(tmp.c_str());
-    KILN_FAIL("cannot write {}: {}", path, std::generic_category().message(write_errno));
-  }
-  std::error_code ec;
-  fs::rename(tmp, path, ec);
-  if (ec) {
-    std::remove(tmp.c_str());
-    KILN_FAIL("cannot rename {} to {}: {}", tmp, path, ec.message());
-  }
+  AtomicFileWriter out(path);
+  out.write(len_bytes, 8);
+  out.write(text.data(), text.size());
+  for (const auto& [name, t] : tensors) out.write(t.raw(), t.nbytes());
+  out.commit();
 }
 
 }  // namespace kiln

@@ -17,11 +17,12 @@ Tensor evaluate(const Graph& g, const Node& n) {
   auto as_f32 = [&](int i) { return g.values[n.inputs[i]].data.to_f32(); };
   switch (n.op) {
     case OpKind::kCast:
-      return g.values[n.inputs[0]].data.to(n.attrs.dtype);
+      return g.values[n.inputs[0]].data.to(n.attr<CastAttrs>().to);
     case OpKind::kScale: {
       Tensor x = as_f32(0);
       float* p = x.data<float>();
-      for (int64_t i = 0; i < x.numel(); ++i) p[i] *= n.attrs.scale;
+      const float factor = n.attr<ScaleAttrs>().scale;
+      for (int64_t i = 0; i < x.numel(); ++i) p[i] *= factor;
       return x.to(g.values[n.inputs[0]].dtype);
     }
     case OpKind::kAdd:

@@ -18,17 +18,9 @@ int eliminate_dead(Graph& graph, const Logger& log);
 int fuse_linear_activation(Graph& graph, const Logger& log);
 // Residual Add followed by RMSNorm of the sum → one AddRMSNorm producing both.
 int fuse_add_rms_norm(Graph& graph, const Logger& log);
-// Assigns activation buffer slots by lifetime; logs peak activation bytes for `report_bindings`.
+// Assigns activation buffer slots by lifetime; logs the workspace size for `report_bindings`.
 void plan_memory(Graph& graph, const Logger& log,
                  const std::map<std::string, int64_t>& report_bindings);
-// Activation bytes the plan needs for given symbol bindings (sum over slots of their largest
-// value), and what one buffer per value would need.
-struct MemoryReport {
-  int64_t planned_bytes = 0;
-  int64_t unplanned_bytes = 0;
-};
-MemoryReport memory_report(const Graph& graph, const std::map<std::string, int64_t>& bindings);
-
 // Removes values no node, input or output references and renumbers ids (keeps order).
 void compact_values(Graph& graph);
 // Removes the nodes marked in `erase` (keeping order) and renumbers producers; values produced by

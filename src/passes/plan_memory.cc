@@ -1,8 +1,9 @@
 // Activation memory planning: values whose lifetimes do not overlap share a buffer slot. Sizes
-// depend on the step's symbol bindings, so the plan fixes slot membership at build time and the
-// executor sizes each slot to its largest member when a step runs.
+// depend on the step's symbol bindings, so the plan fixes slot membership at build time and
+// workspace_layout() turns slots into offsets for each shape bucket.
 #include <algorithm>
 
+#include "graph/workspace.h"
 #include "passes/pass.h"
 
 namespace kiln {
@@ -48,34 +49,15 @@ void plan_memory(Graph& graph, const Logger& log,
     for (int id : dying_at[n]) free_slots.push_back(graph.value_slot[id]);
   }
   graph.num_slots = num_slots;
-  const MemoryReport r = memory_report(graph, report_bindings);
+  const WorkspaceLayout r = workspace_layout(graph, report_bindings);
   std::string where;
   for (const auto& [k, v] : report_bindings) where += fmt::format(" {}={}", k, v);
   log.info(
       "plan_memory[{}]: {} activations in {} slots; at{}: {:.1f} KiB (vs {:.1f} KiB unplanned)",
       graph.name,
       std::count_if(graph.value_slot.begin(), graph.value_slot.end(), [](int s) { return s >= 0; }),
-      num_slots, where, static_cast<double>(r.planned_bytes) / 1024,
+      num_slots, where, static_cast<double>(r.bytes) / 1024,
       static_cast<double>(r.unplanned_bytes) / 1024);
-}
-
-MemoryReport memory_report(const Graph& graph, const std::map<std::string, int64_t>& bindings) {
-  MemoryReport r;
-  std::vector<int64_t> slot_bytes(static_cast<size_t>(graph.num_slots), 0);
-  for (size_t id = 0; id < graph.values.size(); ++id) {
-    const Value& v = graph.values[id];
-    if (v.kind != ValueKind::kActivation) continue;
-    const int64_t bytes = static_cast<int64_t>(
-        dtype_bytes(v.dtype, static_cast<size_t>(shape_numel(resolve_shape(v.shape, bindings)))));
-    r.unplanned_bytes += bytes;
-    const int slot = id < graph.value_slot.size() ? graph.value_slot[id] : -1;
-    if (slot >= 0)
-      slot_bytes[slot] = std::max(slot_bytes[slot], bytes);
-    else
-      r.planned_bytes += bytes;
-  }
-  for (int64_t b : slot_bytes) r.planned_bytes += b;
-  return r;
 }
 
 }  // namespace kiln

@@ -1,52 +1,49 @@
-// Paged KV cache. Memory is a pool of fixed-size blocks allocated in chunks as sequences grow
-// (nothing is reserved for the maximum length). A block holds `block_size` positions of every
-// layer's keys and values. Sequences own block tables; blocks are reference counted so beams can
-// share a prefix, and a shared block is copied before it is written (copy on write).
+// The paged KV cache as the runtime sees it: integers only. The backend owns the storage (its
+// dtype, its device); the BlockManager decides which blocks exist and who holds them. Blocks are
+// reference counted so beams share a prefix; a shared block is copied before it is written (the
+// copy is recorded in the step layout and made by the backend before the step runs). The
+// storage grows in chunks up to a budget and shrinks back when blocks are freed.
 #pragma once
 
 #include <cstdint>
-#include <memory>
+#include <set>
 #include <vector>
 
-#include "backend/attention_batch.h"
+#include "backend/kv_storage.h"
 
 namespace kiln {
 
-class PagedKvCache final : public KvBlockStore {
+class BlockManager {
  public:
-  PagedKvCache(int layers, int64_t row_width, int block_size = 16, int blocks_per_chunk = 64);
+  // budget_blocks: the most blocks that may exist at once (0: no limit).
+  BlockManager(KvStorage& storage, int64_t budget_blocks = 0);
 
-  int block_size() const override { return block_size_; }
-  int64_t row_width() const override { return row_width_; }
-  float* key_block(int layer, int32_t block) override;
-  float* value_block(int layer, int32_t block) override;
-
+  int block_size() const { return storage_.geometry().block_size; }
+  int64_t budget() const { return budget_; }  // 0: unlimited
+  int64_t in_use() const { return in_use_; }
+  int64_t capacity() const { return storage_.capacity(); }
+  // Blocks that can still be allocated without exceeding the budget.
+  int64_t available() const;
+  // Takes the lowest free block (so that the top of the storage empties and can shrink),
+  // growing the storage when none is free. Throws when the budget is exhausted; callers check
+  // available() first.
   int32_t allocate();
   void retain(int32_t block);
   void release(int32_t block);
-  int refcount(int32_t block) const { return refcount_.at(block); }
-  // A fresh block holding a copy of `block` (every layer).
-  int32_t copy(int32_t block);
-
-  int64_t blocks_in_use() const { return in_use_; }
-  int64_t blocks_allocated() const { return static_cast<int64_t>(refcount_.size()); }
-  int64_t bytes_allocated() const;
+  int refcount(int32_t block) const;
+  // Returns trailing storage chunks that hold no block in use; returns the new capacity.
+  int64_t shrink();
+  KvStorage& storage() { return storage_; }
 
  private:
-  float* block_base(int32_t block);
-
-  int layers_;
-  int64_t row_width_;
-  int block_size_;
-  int blocks_per_chunk_;
-  int64_t block_floats_;
-  std::vector<std::unique_ptr<float[]>> chunks_;
-  std::vector<int> refcount_;
-  std::vector<int32_t> free_;
+  KvStorage& storage_;
+  int64_t budget_;
+  std::vector<int> refcount_;  // per block of the storage's capacity
+  std::set<int32_t> free_;     // ordered: allocation takes the lowest
   int64_t in_use_ = 0;
 };
 
-// One sequence's view of the cache: its block table and how many positions are filled.
+// One sequence's block table and how many positions are filled.
 class SequenceKv {
  public:
   SequenceKv() = default;
@@ -57,13 +54,17 @@ class SequenceKv {
 
   int64_t length() const { return length_; }
   const std::vector<int32_t>& blocks() const { return blocks_; }
-  // Makes positions [length, length + n) writable: allocates blocks and copies shared ones.
-  void prepare_append(PagedKvCache& cache, int64_t n);
+  // Blocks prepare_append(n) would allocate (new blocks plus a copy of a shared last block).
+  int64_t blocks_needed(const BlockManager& m, int64_t n) const;
+  // Makes positions [length, length + n) writable: allocates blocks, and replaces a shared,
+  // partly filled last block by a fresh one whose copy is appended to `copies`.
+  void prepare_append(BlockManager& m, int64_t n, std::vector<BlockCopy>* copies);
   // Records that the prepared positions were written.
   void commit(int64_t n) { length_ += n; }
   // A sequence sharing every block of this one (beam fork).
-  SequenceKv fork(PagedKvCache& cache) const;
-  void release(PagedKvCache& cache);
+  SequenceKv fork(BlockManager& m) const;
+  // Frees every block (preemption, finish, cancel); the length becomes 0.
+  void release(BlockManager& m);
 
  private:
   std::vector<int32_t> blocks_;

@@ -64,8 +64,12 @@ int64_t sample_token(std::span<const float> logits, const GenerationParams& p,
 }
 
 void validate(const GenerationParams& p) {
-  KILN_CHECK_USAGE(p.max_new_tokens > 0 && p.max_new_tokens <= kMaxNewTokensLimit,
+  KILN_CHECK_USAGE(p.max_new_tokens >= 0 && p.max_new_tokens <= kMaxNewTokensLimit,
                    "max-new-tokens must be in 1..{}, got {}", kMaxNewTokensLimit, p.max_new_tokens);
+  KILN_CHECK_USAGE(p.max_new_tokens > 0 || p.max_length > 0,
+                   "max-new-tokens must be in 1..{}, got {}", kMaxNewTokensLimit, p.max_new_tokens);
+  KILN_CHECK_USAGE(p.max_length >= 0, "max-length must be >= 0, got {}", p.max_length);
+  KILN_CHECK_USAGE(p.min_new_tokens >= 0, "min-new-tokens must be >= 0, got {}", p.min_new_tokens);
   KILN_CHECK_USAGE(p.num_beams >= 1 && p.num_beams <= kMaxBeams, "beams must be in 1..{}, got {}",
                    kMaxBeams, p.num_beams);
   KILN_CHECK_USAGE(!(p.do_sample && p.num_beams > 1),

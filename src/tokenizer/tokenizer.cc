@@ -8,6 +8,25 @@
 
 namespace kiln {
 
+std::string_view tokenizer_kind_name(TokenizerKind kind) {
+  switch (kind) {
+    case TokenizerKind::kSentencePiece:
+      return "sentencepiece";
+    case TokenizerKind::kByteLevelBpe:
+      return "byte_level_bpe";
+  }
+  return "?";
+}
+
+bool parse_tokenizer_kind(std::string_view name, TokenizerKind* out) {
+  for (TokenizerKind k : {TokenizerKind::kSentencePiece, TokenizerKind::kByteLevelBpe})
+    if (tokenizer_kind_name(k) == name) {
+      *out = k;
+      return true;
+    }
+  return false;
+}
+
 std::unique_ptr<Tokenizer> make_tokenizer(TokenizerKind kind, const std::string& bytes,
                                           const std::string& source) {
   switch (kind) {

@@ -6,11 +6,15 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace kiln {
 
 enum class TokenizerKind : uint8_t { kSentencePiece, kByteLevelBpe };
+// The names plans store: "sentencepiece", "byte_level_bpe".
+std::string_view tokenizer_kind_name(TokenizerKind kind);
+bool parse_tokenizer_kind(std::string_view name, TokenizerKind* out);
 
 class Tokenizer {
  public:

@@ -27,6 +27,8 @@ expect_exit 2 "max-new-tokens 0" -- "$KILN" run --plan "$TMP/short.plan" --promp
 expect_exit 2 "negative max-new-tokens" -- "$KILN" run --plan "$TMP/short.plan" --prompt "copy: de" --max-new-tokens -1
 expect_exit 2 "too many beams" -- "$KILN" run --plan "$TMP/short.plan" --prompt "copy: de" --beams 1000
 expect_in "$TMP/err" "beams" "names the flag"
+expect_exit 2 "unknown early-stopping" -- "$KILN" run --plan "$TMP/short.plan" --prompt "copy: de" --beams 2 --early-stopping sometimes
+expect_in "$TMP/err" "early-stopping" "names the flag"
 expect_exit 2 "empty prompt" -- "$KILN" run --plan "$TMP/short.plan" --prompt ""
 expect_exit 2 "bad template" -- "$KILN" run --plan "$TMP/short.plan" --prompt "x" --prompt-template "no placeholder"
 printf 'not json\n' > "$TMP/bad.jsonl"

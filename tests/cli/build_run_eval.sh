@@ -27,6 +27,10 @@ expect_exit 0 "run bloom (template from the plan)" -- "$KILN" run --plan "$TMP/b
 [ "$(cat "$TMP/out")" = "$(printf ' igovus\n d e f r t')" ] || fail "bloom run text: $(cat "$TMP/out")"
 expect_exit 0 "run --model quick path with beams" -- "$KILN" run --model "$FIXTURES/t5-tiny" --prompt "reverse: rumu" --beams 4
 [ "$(cat "$TMP/out")" = "umur" ] || fail "beam output: $(cat "$TMP/out")"
+for stop in false true never; do
+  expect_exit 0 "beams with --early-stopping $stop" -- "$KILN" run --model "$FIXTURES/t5-tiny" --prompt "reverse: rumu" --beams 4 --early-stopping "$stop"
+  [ "$(cat "$TMP/out")" = "umur" ] || fail "beam output with --early-stopping $stop: $(cat "$TMP/out")"
+done
 
 for model in t5 bloom; do
   expect_exit 0 "eval $model" -- "$KILN" eval --plan "$TMP/$model.plan" --dataset "$FIXTURES/data/dev.jsonl" --json

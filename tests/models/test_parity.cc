@@ -3,9 +3,10 @@
 
 #include <memory>
 
+#include "builder/builder.h"
 #include "model_runner.h"
 #include "parity_util.h"
-#include "runtime/generator.h"
+#include "runtime/scheduler.h"
 
 namespace kiln::test {
 namespace {
@@ -19,7 +20,7 @@ class Parity : public testing::TestWithParam<ModelCase> {
  protected:
   void SetUp() override {
     ctx_ = std::make_unique<Context>(ContextOptions{LogLevel::kWarning, 2});
-    engine_ = Engine::from_model_dir(*ctx_, fixture(GetParam().dir));
+    engine_ = compile_model_dir(*ctx_, fixture(GetParam().dir));
     ref_ = std::make_unique<SafetensorsFile>(
         SafetensorsFile::open(fixture(GetParam().dir + "/reference.safetensors")));
   }
@@ -30,8 +31,8 @@ class Parity : public testing::TestWithParam<ModelCase> {
     while (has("case" + std::to_string(n) + ".input_ids")) ++n;
     return n;
   }
-  int64_t eos() const { return engine_->model().eos_token_id(); }
-  int64_t pad() const { return engine_->model().pad_token_id(); }
+  int64_t eos() const { return engine_->desc().eos_token_ids.at(0); }
+  int64_t pad() const { return engine_->desc().pad_token_id; }
   // The ids HF generated after the prompt (T5: after the start token), EOS removed.
   std::vector<int64_t> hf_generated(const std::string& name, size_t prompt_len) const {
     std::vector<int64_t> ids = ids_of(ref(name));
@@ -41,7 +42,7 @@ class Parity : public testing::TestWithParam<ModelCase> {
   }
 
   std::unique_ptr<Context> ctx_;
-  std::unique_ptr<Engine> engine_;
+  std::unique_ptr<CompiledModel> engine_;
   std::unique_ptr<SafetensorsFile> ref_;
 };
 
@@ -64,7 +65,7 @@ TEST_P(Parity, LogitsMatchHuggingFace) {
 }
 
 TEST_P(Parity, GreedyIdsMatchHuggingFace) {
-  Generator gen(*engine_);
+  Scheduler gen(*engine_);
   GenerationParams p;
   p.max_new_tokens = 16;
   for (int c = 0; c < cases(); ++c) {
@@ -73,22 +74,22 @@ TEST_P(Parity, GreedyIdsMatchHuggingFace) {
     const auto out = gen.generate({prompt}, p);
     EXPECT_EQ(out[0].output_ids, hf_generated(k + ".greedy_ids", prompt.size())) << k;
   }
-  EXPECT_EQ(gen.cache().blocks_in_use(), 0) << "finished requests must return their KV blocks";
+  EXPECT_EQ(gen.kv_blocks_in_use(), 0) << "finished requests must return their KV blocks";
 }
 
 TEST_P(Parity, BeamSearchIdsMatchHuggingFace) {
-  Generator gen(*engine_);
+  Scheduler gen(*engine_);
   GenerationParams p;
   p.max_new_tokens = 16;
   p.num_beams = 4;
-  p.early_stopping = true;
+  p.early_stopping = EarlyStopping::kAlways;  // as the fixtures were made
   for (int c = 0; c < cases(); ++c) {
     const std::string k = "case" + std::to_string(c);
     const std::vector<int64_t> prompt = ids_of(ref(k + ".input_ids"));
     const auto out = gen.generate({prompt}, p);
     EXPECT_EQ(out[0].output_ids, hf_generated(k + ".beam4_ids", prompt.size())) << k;
   }
-  EXPECT_EQ(gen.cache().blocks_in_use(), 0);
+  EXPECT_EQ(gen.kv_blocks_in_use(), 0);
 }
 
 // The padded HF batch, run as one kiln batch: every row equals HF's batched row and the
@@ -114,7 +115,7 @@ TEST_P(Parity, PaddedBatchMatchesPerCase) {
     EXPECT_EQ(row, ids_of(ref("case" + std::to_string(r) + ".input_ids"))) << "row " << r;
     prompts.push_back(row);
   }
-  Generator gen(*engine_);
+  Scheduler gen(*engine_);
   GenerationParams p;
   p.max_new_tokens = 16;
   const auto batched = gen.generate(prompts, p);
@@ -140,12 +141,12 @@ TEST_P(Parity, RequestsJoiningMidGenerationMatchUnbatched) {
   beam.num_beams = 3;
   std::vector<GenerationResult> alone;
   {
-    Generator g(*engine_);
+    Scheduler g(*engine_);
     for (size_t i = 0; i < prompts.size(); ++i)
       alone.push_back(g.generate({prompts[i]}, i % 3 == 2 ? beam : greedy)[0]);
   }
-  Generator gen(*engine_);
-  std::map<Generator::RequestId, size_t> which;
+  Scheduler gen(*engine_);
+  std::map<RequestId, size_t> which;
   std::vector<GenerationResult> got(prompts.size());
   size_t next = 0, done = 0;
   int steps = 0;
@@ -155,16 +156,17 @@ TEST_P(Parity, RequestsJoiningMidGenerationMatchUnbatched) {
       which[gen.submit(prompts[next], next % 3 == 2 ? beam : greedy)] = next;
       ++next;
     }
-    gen.step();
     ++steps;
-    for (auto& [id, res] : gen.take_finished()) {
-      got[which.at(id)] = res;
+    for (GenerationEvent& e : gen.step()) {
+      if (!e.finished) continue;
+      ASSERT_TRUE(e.error.empty()) << e.error;
+      got[which.at(e.id)] = e.result;
       ++done;
     }
   }
   for (size_t i = 0; i < prompts.size(); ++i)
     EXPECT_EQ(got[i].output_ids, alone[i].output_ids) << "request " << i;
-  EXPECT_EQ(gen.cache().blocks_in_use(), 0);
+  EXPECT_EQ(gen.kv_blocks_in_use(), 0);
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, Parity,

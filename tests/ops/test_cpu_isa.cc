@@ -4,6 +4,7 @@
 
 #include "../models/model_runner.h"
 #include "../models/parity_util.h"
+#include "builder/builder.h"
 
 namespace kiln::test {
 namespace {
@@ -20,7 +21,7 @@ TEST(CpuIsa, EveryKernelFamilyMatchesHuggingFace) {
     const std::string described = make_cpu_backend(ctx)->describe();
     EXPECT_NE(described.find(cpu_isa_name(isa)), std::string::npos) << described;
     for (const char* model : {"t5-tiny", "bloom-tiny"}) {
-      auto engine = Engine::from_model_dir(ctx, fixture(model));
+      auto engine = compile_model_dir(ctx, fixture(model));
       const SafetensorsFile ref =
           SafetensorsFile::open(fixture(std::string(model) + "/reference.safetensors"));
       for (int c : {0, 8}) {

@@ -7,7 +7,8 @@
 
 #include "../models/model_runner.h"
 #include "../models/parity_util.h"
-#include "runtime/generator.h"
+#include "builder/builder.h"
+#include "runtime/scheduler.h"
 
 namespace kiln::test {
 namespace {
@@ -35,8 +36,8 @@ TEST(Frontend, HalfPrecisionT5CheckpointsAreWidenedExactly) {
   Context ctx(ContextOptions{LogLevel::kError, 2});
   for (DType dt : {DType::kF16, DType::kBF16}) {
     const std::string name(dtype_name(dt));
-    auto half = Engine::from_model_dir(ctx, make_t5_copy("t5-" + name, dt, false));
-    auto rounded = Engine::from_model_dir(ctx, make_t5_copy("t5-" + name + "-f32", dt, true));
+    auto half = compile_model_dir(ctx, make_t5_copy("t5-" + name, dt, false));
+    auto rounded = compile_model_dir(ctx, make_t5_copy("t5-" + name + "-f32", dt, true));
     const std::vector<int64_t> prompt = half->tokenizer().encode("reverse: suvogi");
     const Forward a = run_forward(*half, prompt, {0, 159, 154, 55}, false);
     const Forward b = run_forward(*rounded, prompt, {0, 159, 154, 55}, false);

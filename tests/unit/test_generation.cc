@@ -2,7 +2,8 @@
 #include <gtest/gtest.h>
 
 #include "../models/parity_util.h"
-#include "runtime/generator.h"
+#include "builder/builder.h"
+#include "runtime/scheduler.h"
 
 namespace kiln::test {
 namespace {
@@ -11,7 +12,7 @@ class GenerationTest : public testing::Test {
  protected:
   static void SetUpTestSuite() {
     ctx_ = new Context(ContextOptions{LogLevel::kError, 2});
-    engine_ = Engine::from_model_dir(*ctx_, fixture("bloom-tiny")).release();
+    engine_ = compile_model_dir(*ctx_, fixture("bloom-tiny")).release();
   }
   static void TearDownTestSuite() {
     delete engine_;
@@ -21,10 +22,10 @@ class GenerationTest : public testing::Test {
     return engine_->tokenizer().encode(text + " =");
   }
   static Context* ctx_;
-  static Engine* engine_;
+  static CompiledModel* engine_;
 };
 Context* GenerationTest::ctx_ = nullptr;
-Engine* GenerationTest::engine_ = nullptr;
+CompiledModel* GenerationTest::engine_ = nullptr;
 
 TEST_F(GenerationTest, SamplingIsReproducibleForASeed) {
   GenerationParams p;
@@ -34,7 +35,7 @@ TEST_F(GenerationTest, SamplingIsReproducibleForASeed) {
   std::vector<std::vector<int64_t>> outs;
   for (uint64_t seed : {7u, 7u, 8u, 9u, 10u}) {
     p.seed = seed;
-    Generator g(*engine_);
+    Scheduler g(*engine_);
     outs.push_back(g.generate({prompt("sort: f r t d e")}, p)[0].output_ids);
   }
   EXPECT_EQ(outs[0], outs[1]);
@@ -48,7 +49,7 @@ TEST_F(GenerationTest, TopKOneIsGreedy) {
   k1.do_sample = true;
   k1.top_k = 1;
   k1.temperature = 0.7f;
-  Generator g(*engine_);
+  Scheduler g(*engine_);
   for (const char* text : {"reverse: suvogi", "add: 456 + 95", "upper: lubu"})
     EXPECT_EQ(g.generate({prompt(text)}, greedy)[0].output_ids,
               g.generate({prompt(text)}, k1)[0].output_ids)
@@ -58,13 +59,13 @@ TEST_F(GenerationTest, TopKOneIsGreedy) {
 TEST_F(GenerationTest, MaxNewTokensIsRespected) {
   GenerationParams p;
   p.max_new_tokens = 2;
-  Generator g(*engine_);
+  Scheduler g(*engine_);
   const GenerationResult r = g.generate({prompt("copy: vica vica vica vica")}, p)[0];
   EXPECT_EQ(r.output_ids.size(), 2u);
   EXPECT_EQ(r.finish_reason, FinishReason::kLength);
 }
 
-void expect_usage_error(Generator& g, std::vector<int64_t> ids, const GenerationParams& p,
+void expect_usage_error(Scheduler& g, std::vector<int64_t> ids, const GenerationParams& p,
                         const std::string& needle) {
   try {
     g.submit(std::move(ids), p);
@@ -76,14 +77,15 @@ void expect_usage_error(Generator& g, std::vector<int64_t> ids, const Generation
 }
 
 TEST_F(GenerationTest, BadInputRequestsAreRefused) {
-  Generator g(*engine_);
+  Scheduler g(*engine_);
   GenerationParams ok;
   GenerationParams p = ok;
   expect_usage_error(g, {}, ok, "empty prompt");
   expect_usage_error(
-      g, std::vector<int64_t>(static_cast<size_t>(engine_->model().max_input_tokens) + 1, 5), ok,
-      "at most");
-  p.max_new_tokens = 0;
+      g,
+      std::vector<int64_t>(static_cast<size_t>(engine_->model().profile.max_input_tokens) + 1, 5),
+      ok, "at most");
+  p.max_new_tokens = 0;  // and no max_length to derive it from
   expect_usage_error(g, {5, 6}, p, "max-new-tokens");
   p = ok;
   p.max_new_tokens = -3;

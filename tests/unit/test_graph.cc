@@ -346,14 +346,14 @@ struct JsonGraph {
   nlohmann::json json;
   Graph parse(const std::string& source = "test.plan") const {
     return graph_from_json(
-        json, [this](int i) { return blobs.at(static_cast<size_t>(i)); }, source);
+        json, [this](int i, Value& v) { v.data = blobs.at(static_cast<size_t>(i)); }, source);
   }
 };
 
 JsonGraph to_json(const Graph& g) {
   JsonGraph j;
-  j.json = graph_to_json(g, [&j](const Tensor& t) {
-    j.blobs.push_back(t);
+  j.json = graph_to_json(g, [&j](const Value& v) {
+    j.blobs.push_back(v.data);
     return static_cast<int>(j.blobs.size()) - 1;
   });
   return j;

@@ -6,9 +6,11 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <string>
+#include <utility>
 
 #include "core/status.h"
-#include "io/hf_config.h"
+#include "frontend/hf/hf_config.h"
 
 namespace kiln {
 namespace {
@@ -226,21 +228,21 @@ TEST(HfConfig, GenerationConfigFields) {
   EXPECT_EQ(g.max_new_tokens, 32);
   EXPECT_EQ(g.num_beams, 4);
   EXPECT_EQ(g.length_penalty, 0.6);
-  EXPECT_EQ(g.early_stopping, true);
+  EXPECT_EQ(g.early_stopping, EarlyStopping::kAlways);
   EXPECT_EQ(g.eos_token_ids, (std::vector<int64_t>{1, 7}));
 
   GenerationDefaults h;
   parse_generation_config(R"({"early_stopping": "never", "eos_token_id": 2, "length_penalty": 1,
                               "max_new_tokens": null})",
                           "gen.json", &h);
-  EXPECT_EQ(h.early_stopping, false);
+  EXPECT_EQ(h.early_stopping, EarlyStopping::kNever);
   EXPECT_EQ(h.eos_token_ids, std::vector<int64_t>{2});
   EXPECT_EQ(h.length_penalty, 1.0);
   EXPECT_FALSE(h.max_new_tokens);
 
   GenerationDefaults e;
   parse_generation_config(R"({"early_stopping": false})", "gen.json", &e);
-  EXPECT_EQ(e.early_stopping, false);
+  EXPECT_EQ(e.early_stopping, EarlyStopping::kHeuristic);
   EXPECT_TRUE(e.eos_token_ids.empty());
 }
 
@@ -275,15 +277,48 @@ TEST(HfConfig, RoundTripsThroughJson) {
   b.apply_residual_connection_post_layernorm = true;
   b.tie_word_embeddings = false;
   b.layer_norm_epsilon = 0.1;
-  GenerationDefaults g{64, 4, 0.7, false, {2, 9}};
-  configs.push_back({Architecture::kBloom, b, g});
-  configs.push_back({Architecture::kBloom, b, GenerationDefaults{std::nullopt, 1, {}, true, {}}});
+  auto gen = [](std::optional<int64_t> max_new, std::optional<int> beams,
+                std::optional<double> penalty, EarlyStopping stop, std::vector<int64_t> eos) {
+    GenerationDefaults g;
+    g.max_new_tokens = max_new;
+    g.num_beams = beams;
+    g.length_penalty = penalty;
+    g.early_stopping = stop;
+    g.eos_token_ids = std::move(eos);
+    return g;
+  };
+  configs.push_back({Architecture::kBloom, b, gen(64, 4, 0.7, EarlyStopping::kHeuristic, {2, 9})});
+  configs.push_back(
+      {Architecture::kBloom, b, gen(std::nullopt, 1, {}, EarlyStopping::kAlways, {})});
+  configs.push_back({Architecture::kBloom, b, gen(8, 2, -0.5, EarlyStopping::kNever, {})});
+  GenerationDefaults sampling;
+  sampling.do_sample = true;
+  sampling.temperature = 0.5f;
+  sampling.top_k = 7;
+  sampling.top_p = 0.75f;
+  sampling.max_length = 30;
+  sampling.min_new_tokens = 2;
+  configs.push_back({Architecture::kBloom, b, sampling});
 
   for (const ModelConfig& c : configs) {
     const std::string json = model_config_to_json(c);
     const ModelConfig back = parse_model_config(json, "roundtrip.json");
     EXPECT_EQ(back, c) << json;
     EXPECT_EQ(model_config_to_json(back), json);
+  }
+}
+
+// Plans store the config in HF's spelling, so that HF tooling reads the same three values.
+TEST(HfConfig, EarlyStoppingWrittenInHfSpelling) {
+  const std::pair<EarlyStopping, std::string> cases[] = {
+      {EarlyStopping::kHeuristic, R"("early_stopping": false)"},
+      {EarlyStopping::kAlways, R"("early_stopping": true)"},
+      {EarlyStopping::kNever, R"("early_stopping": "never")"}};
+  for (const auto& [value, spelling] : cases) {
+    GenerationDefaults g;
+    g.early_stopping = value;
+    const std::string json = model_config_to_json({Architecture::kBloom, BloomConfig{}, g});
+    EXPECT_NE(json.find(spelling), std::string::npos) << json;
   }
 }
 

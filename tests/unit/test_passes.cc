@@ -9,12 +9,15 @@
 #include <memory>
 #include <optional>
 
+#include "../models/graph_runner.h"
 #include "../models/model_runner.h"
 #include "../models/parity_util.h"
 #include "../ops/f16_reference.h"
+#include "builder/builder.h"
 #include "frontend/hf/frontend.h"
 #include "graph/builder.h"
 #include "graph/verifier.h"
+#include "graph/workspace.h"
 #include "passes/pass.h"
 
 namespace kiln::test {
@@ -64,7 +67,7 @@ TEST_P(PassesOnModels, OptimizedMatchesUnoptimizedLogits) {
   for (size_t i = 0; i < plain_ir.graphs.size(); ++i)
     EXPECT_LT(opt_ir.graphs[i].nodes.size(), plain_ir.graphs[i].nodes.size())
         << plain_ir.graphs[i].name << ": the pipeline should fuse something";
-  Engine plain(ctx_, std::move(plain_ir)), optimized(ctx_, std::move(opt_ir));
+  CompiledModel plain(ctx_, std::move(plain_ir)), optimized(ctx_, std::move(opt_ir));
   for (const ForwardCase& c : cases()) {
     for (bool step : {false, true}) {
       const Forward a = run_forward(plain, c.prompt, c.decoder, step);
@@ -114,9 +117,9 @@ void check_memory_plan(const Graph& g) {
             << "slot " << s << ": '" << g.values[a].name << "' lives [" << def[a] << ", " << last[a]
             << "] and '" << g.values[b].name << "' [" << def[b] << ", " << last[b] << "]";
       }
-  const MemoryReport r = memory_report(g, {{"tokens", 128}, {"rows", 1}});
-  EXPECT_LT(r.planned_bytes, r.unplanned_bytes);
-  EXPECT_GT(r.planned_bytes, 0);
+  const WorkspaceLayout r = workspace_layout(g, {{"tokens", 128}, {"rows", 1}});
+  EXPECT_LT(r.bytes, r.unplanned_bytes);
+  EXPECT_GT(r.bytes, 0);
 }
 
 TEST_P(PassesOnModels, MemoryPlanNeverSharesASlotBetweenLiveValues) {
@@ -136,7 +139,7 @@ INSTANTIATE_TEST_SUITE_P(Passes, PassesOnModels, testing::Values("t5-tiny", "blo
 TEST(Passes, FuseLinearActivationFiresOnBloom) {
   ModelIR plain = build("bloom-tiny", false);
   Graph& g = plain.graph(kDecoderGraph);
-  const int layers = static_cast<int>(plain.config.bloom().n_layer);
+  const int layers = plain.desc.cache_layers;
   ASSERT_EQ(count_ops(g, OpKind::kActivation), layers);
   EXPECT_EQ(fuse_linear_activation(g, kQuiet), layers);
   verify_graph(g);
@@ -146,9 +149,9 @@ TEST(Passes, FuseLinearActivationFiresOnBloom) {
   EXPECT_EQ(count_ops(o, OpKind::kActivation), 0);
   int fused = 0;
   for (const Node& n : o.nodes) {
-    if (n.op != OpKind::kLinear || !n.attrs.has_activation) continue;
+    if (n.op != OpKind::kLinear || !n.attr<LinearAttrs>().activation) continue;
     ++fused;
-    EXPECT_EQ(n.attrs.activation, Activation::kGeluTanh) << n.name;
+    EXPECT_EQ(n.attr<LinearAttrs>().activation, Activation::kGeluTanh) << n.name;
     EXPECT_NE(n.name.find("dense_h_to_4h"), std::string::npos) << n.name;
   }
   EXPECT_EQ(fused, layers);
@@ -166,7 +169,7 @@ TEST(Passes, FuseAddRmsNormFiresOnT5) {
     verify_graph(g);
   }
   const ModelIR optimized = build("t5-tiny", true);
-  const int layers = static_cast<int>(optimized.config.t5().num_layers);
+  const int layers = optimized.desc.cache_layers;  // t5-tiny: as many decoder as encoder layers
   for (const Graph& g : optimized.graphs) {
     EXPECT_GE(count_ops(g, OpKind::kAddRmsNorm), layers) << g.name;
     for (const Node& n : g.nodes) {
@@ -269,9 +272,10 @@ TEST(Passes, EliminateDeadRemovesDanglingNodesAndUnusedWeights) {
   Graph g = b.finish();
   const std::vector<float> xv = {0.5f, -1, 2, 0.25f, 1, 1, 1, 1};
   Context ctx(ContextOptions{LogLevel::kWarning, 1});
-  const TensorMap feed = {{"x", Tensor::from_vector(xv, {2, 4})},
-                          {"spare", Tensor::from_vector(std::vector<int64_t>{0}, {1})}};
-  const Tensor before = make_cpu_backend(ctx)->compile(g)->execute(feed, nullptr).at("y");
+  const std::map<std::string, Tensor> feed = {
+      {"x", Tensor::from_vector(xv, {2, 4})},
+      {"spare", Tensor::from_vector(std::vector<int64_t>{0}, {1})}};
+  const Tensor before = run_graph(*make_cpu_backend(ctx), g, feed).at("y");
 
   EXPECT_GT(eliminate_dead(g, kQuiet), 0);
   verify_graph(g);
@@ -282,7 +286,7 @@ TEST(Passes, EliminateDeadRemovesDanglingNodesAndUnusedWeights) {
   EXPECT_GE(g.find_value("w"), 0);
   EXPECT_EQ(g.inputs.size(), 2u) << "graph inputs stay";
   EXPECT_EQ(g.values[g.output("y")].producer, 0);
-  const Tensor after = make_cpu_backend(ctx)->compile(g)->execute(feed, nullptr).at("y");
+  const Tensor after = run_graph(*make_cpu_backend(ctx), g, feed).at("y");
   ASSERT_EQ(after.shape(), before.shape());
   EXPECT_EQ(std::memcmp(after.raw(), before.raw(), before.nbytes()), 0);
   EXPECT_EQ(eliminate_dead(g, kQuiet), 0) << "a second run finds nothing";

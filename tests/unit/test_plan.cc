@@ -11,9 +11,10 @@
 
 #include "../models/model_runner.h"
 #include "../models/parity_util.h"
+#include "builder/builder.h"
 #include "core/version.h"
-#include "io/plan.h"
-#include "runtime/generator.h"
+#include "plan/plan.h"
+#include "runtime/scheduler.h"
 
 namespace kiln::test {
 namespace {
@@ -67,8 +68,7 @@ class PlanTest : public testing::Test {
     for (const char* m : {"t5-tiny", "bloom-tiny"}) {
       BuildOptions o;
       const ModelIR model = build_model(fixture(m), o, quiet);
-      write_plan(tmp(std::string(m) + ".plan"), model,
-                 PlanBuildInfo{fixture(m), {}, Device::kCpu, DType::kF32}, quiet);
+      write_plan(tmp(std::string(m) + ".plan"), model, PlanBuildInfo{fixture(m), {}}, quiet);
     }
   }
   Context ctx_{ContextOptions{LogLevel::kError, 2}};
@@ -91,8 +91,8 @@ TEST_F(PlanTest, WeightsAreMappedNotCopiedAndAligned) {
 
 TEST_F(PlanTest, RunFromPlanEqualsRunFromCheckpoint) {
   for (const char* m : {"t5-tiny", "bloom-tiny"}) {
-    auto from_dir = Engine::from_model_dir(ctx_, fixture(m));
-    auto from_plan = Engine::from_plan(ctx_, tmp(std::string(m) + ".plan"));
+    auto from_dir = compile_model_dir(ctx_, fixture(m));
+    auto from_plan = CompiledModel::load_plan(ctx_, tmp(std::string(m) + ".plan"));
     const SafetensorsFile ref =
         SafetensorsFile::open(fixture(std::string(m) + "/reference.safetensors"));
     for (int c = 0; c < 9; ++c) {
@@ -106,7 +106,7 @@ TEST_F(PlanTest, RunFromPlanEqualsRunFromCheckpoint) {
       EXPECT_EQ(std::memcmp(a.logits.raw(), b.logits.raw(), a.logits.nbytes()), 0) << m << " " << k;
       GenerationParams p;
       p.num_beams = c % 2 ? 4 : 1;
-      Generator ga(*from_dir), gb(*from_plan);
+      Scheduler ga(*from_dir), gb(*from_plan);
       EXPECT_EQ(ga.generate({prompt}, p)[0].output_ids, gb.generate({prompt}, p)[0].output_ids)
           << m << " " << k;
     }
@@ -184,7 +184,7 @@ TEST_F(PlanTest, BadInputGraphTampering) {
   for (auto& node : p.header["graphs"][0]["nodes"])
     if (node["op"] == "Attention") node["attrs"]["attention"]["layer"] = 99;
   spit(tmp("layer.plan"), join_plan(p));
-  EXPECT_THROW(Engine::from_plan(ctx_, tmp("layer.plan")), Error);
+  EXPECT_THROW(CompiledModel::load_plan(ctx_, tmp("layer.plan")), Error);
   p = split_plan(slurp(tmp("bloom-tiny.plan")));
   p.header["graphs"][0]["nodes"][4]["inputs"][0] = 100000;
   spit(tmp("ids.plan"), join_plan(p));
@@ -209,8 +209,8 @@ TEST_F(PlanTest, BadInputRandomHeaderCorruption) {
     b[pos] = static_cast<char>("0123456789:,\"{}[]ax-"[rng() % 20]);
     spit(tmp("fuzz.plan"), b);
     try {
-      auto engine = Engine::from_plan(ctx_, tmp("fuzz.plan"));
-      Generator gen(*engine);
+      auto engine = CompiledModel::load_plan(ctx_, tmp("fuzz.plan"));
+      Scheduler gen(*engine);
       GenerationParams p;
       p.max_new_tokens = 3;
       gen.generate({{291, 403, 89}}, p);

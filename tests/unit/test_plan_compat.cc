@@ -8,8 +8,9 @@
 #include <nlohmann/json.hpp>
 
 #include "../models/model_runner.h"
-#include "io/plan.h"
-#include "runtime/generator.h"
+#include "builder/builder.h"
+#include "plan/plan.h"
+#include "runtime/scheduler.h"
 
 namespace kiln::test {
 namespace {
@@ -20,7 +21,7 @@ TEST(PlanCompat, EveryKeptVersionLoadsAndMatchesAFreshBuild) {
   Context ctx(ContextOptions{LogLevel::kError, 2});
   BuildOptions options;
   options.prompt_template = "{prompt} =";
-  auto fresh = Engine::from_model_dir(ctx, kData + "/micro-bloom", options);
+  auto fresh = compile_model_dir(ctx, kData + "/micro-bloom", options);
   int versions = 0;
   for (const auto& dir : std::filesystem::directory_iterator(kData + "/plans")) {
     const std::string plan = dir.path().string() + "/micro-bloom.plan";
@@ -29,7 +30,7 @@ TEST(PlanCompat, EveryKeptVersionLoadsAndMatchesAFreshBuild) {
     const uint32_t version =
         static_cast<uint32_t>(std::stoul(dir.path().filename().string().substr(1)));
     ASSERT_EQ(version, kPlanFormatVersion) << "a retired version: test its refusal message here";
-    auto kept = Engine::from_plan(ctx, plan);
+    auto kept = CompiledModel::load_plan(ctx, plan);
     EXPECT_EQ(kept->model().prompt_template, "{prompt} =");
     for (const char* text : {"reverse: suvogi", "add: 456 + 95", "copy: de"}) {
       const std::vector<int64_t> ids = fresh->tokenizer().encode(std::string(text) + " =");
@@ -37,7 +38,7 @@ TEST(PlanCompat, EveryKeptVersionLoadsAndMatchesAFreshBuild) {
       const Forward a = run_forward(*fresh, {}, ids, false);
       const Forward b = run_forward(*kept, {}, ids, false);
       EXPECT_EQ(std::memcmp(a.logits.raw(), b.logits.raw(), a.logits.nbytes()), 0) << text;
-      Generator ga(*fresh), gb(*kept);
+      Scheduler ga(*fresh), gb(*kept);
       GenerationParams p;
       p.num_beams = 2;
       EXPECT_EQ(ga.generate({ids}, p)[0].output_ids, gb.generate({ids}, p)[0].output_ids) << text;

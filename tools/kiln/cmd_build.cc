@@ -1,8 +1,10 @@
 #include <chrono>
 #include <filesystem>
 
+#include "backend/backend.h"
 #include "commands.h"
-#include "io/plan.h"
+#include "io/atomic_file.h"
+#include "plan/plan.h"
 
 namespace kiln::cli {
 
@@ -40,17 +42,21 @@ Runner add_build(CLI::App& app) {
     KILN_CHECK_USAGE(!o->model.empty(), "--model HF_DIR is required");
     KILN_CHECK_USAGE(o->profiles.empty(), "--profile: shape profiles are not built yet");
     KILN_CHECK_USAGE(o->calib.empty(), "--calib: INT8 calibration is not built yet");
-    KILN_CHECK_USAGE(o->device == "cpu", "--device {}: only cpu plans can be built so far",
-                     o->device);
-    KILN_CHECK_USAGE(o->precision == "fp32", "--precision {}: only fp32 is built so far",
-                     o->precision);
+    BuildOptions bo;
+    KILN_CHECK_USAGE(parse_device(o->device, &bo.device), "--device {}: unknown device (known: {})",
+                     o->device, device_names());
+    KILN_CHECK_USAGE(parse_precision(o->precision, &bo.precision),
+                     "--precision {}: unknown precision (known: {})", o->precision,
+                     precision_names());
+    const std::string why = target_unsupported_reason(bo.device, bo.precision);
+    KILN_CHECK_USAGE(why.empty(), "--device {} --precision {}: {}", o->device, o->precision, why);
     KILN_CHECK_USAGE(o->max_input_tokens >= 0, "--max-input-tokens must be positive");
+    AtomicFileWriter::check_target(o->output, "-o");
     GlobalOptions gl = g;
     auto ctx = make_context(gl);
     // Building is the step users watch: say what happened even without -v.
     if (!g.quiet && ctx->log().level() > LogLevel::kInfo) ctx->log().set_level(LogLevel::kInfo);
     const auto t0 = std::chrono::steady_clock::now();
-    BuildOptions bo;
     if (!o->prompt_template.empty()) bo.prompt_template = o->prompt_template;
     bo.max_input_tokens = o->max_input_tokens;
     const ModelIR model = build_model(o->model, bo, ctx->log());

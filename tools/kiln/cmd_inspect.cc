@@ -1,9 +1,10 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
+#include "backend/executor.h"
 #include "commands.h"
-#include "io/plan.h"
-#include "passes/pass.h"
+#include "graph/workspace.h"
+#include "plan/plan.h"
 
 namespace kiln::cli {
 
@@ -36,14 +37,14 @@ Runner add_inspect(CLI::App& app) {
       model = build_model(o->model, BuildOptions{}, ctx->log());
     }
     fmt::print("architecture: {}  prompt template: \"{}\"  max input tokens: {}\n",
-               architecture_name(model.config.arch), model.prompt_template, model.max_input_tokens);
+               model.desc.architecture, model.prompt_template, model.profile.max_input_tokens);
     for (const Graph& gr : model.graphs) {
       std::map<std::string, int> ops;
       std::map<std::string, int64_t> dtypes;
       int fused_linear = 0;
       for (const Node& n : gr.nodes) {
         ++ops[std::string(op_name(n.op))];
-        if (n.op == OpKind::kLinear && n.attrs.has_activation) ++fused_linear;
+        if (n.op == OpKind::kLinear && n.attr<LinearAttrs>().activation) ++fused_linear;
       }
       for (const Value& v : gr.values)
         if (v.kind == ValueKind::kWeight)
@@ -56,11 +57,12 @@ Runner add_inspect(CLI::App& app) {
       fmt::print("  weights:");
       for (const auto& [dt, bytes] : dtypes)
         fmt::print(" {} {:.2f} MiB", dt, static_cast<double>(bytes) / (1 << 20));
-      fmt::print("\n  activations (planned, {} slots):", gr.num_slots);
-      for (int64_t tokens : {1, 128, 512}) {
-        const MemoryReport r = memory_report(gr, {{"tokens", tokens}, {"rows", tokens}});
-        fmt::print(" tokens={}: {:.1f} KiB (unplanned {:.1f} KiB);", tokens,
-                   static_cast<double>(r.planned_bytes) / 1024,
+      fmt::print("\n  workspace per token bucket ({} slots):", gr.num_slots);
+      for (int64_t bucket : model.profile.token_buckets) {
+        const WorkspaceLayout r =
+            workspace_layout(gr, GraphExecutor::bucket_bindings(model.profile, bucket));
+        fmt::print(" {}: {:.1f} KiB (unplanned {:.1f} KiB);", bucket,
+                   static_cast<double>(r.bytes) / 1024,
                    static_cast<double>(r.unplanned_bytes) / 1024);
       }
       fmt::print("\n");

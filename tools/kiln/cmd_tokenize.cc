@@ -4,7 +4,7 @@
 #include <sstream>
 
 #include "commands.h"
-#include "io/plan.h"
+#include "plan/plan.h"
 
 namespace kiln::cli {
 
@@ -39,7 +39,7 @@ Runner add_tokenize(CLI::App& app) {
       tok = load_tokenizer_dir(o->model);
     } else {
       const ModelIR m = read_plan(o->plan, ctx->log());
-      tok = make_tokenizer(m.tokenizer_kind, m.tokenizer_bytes, o->plan);
+      tok = make_model_tokenizer(m, o->plan);
     }
     std::vector<nlohmann::json> items;
     if (!o->input.empty()) {

@@ -4,7 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
-#include "runtime/generator.h"
+#include "runtime/scheduler.h"
 
 namespace kiln::cli {
 
@@ -17,11 +17,17 @@ std::unique_ptr<Context> make_context(const GlobalOptions& g) {
   return std::make_unique<Context>(o);
 }
 
-std::unique_ptr<Engine> open_engine(Context& ctx, const std::string& plan,
-                                    const std::string& model) {
+std::unique_ptr<CompiledModel> open_engine(Context& ctx, const std::string& plan,
+                                           const std::string& model) {
   KILN_CHECK_USAGE(plan.empty() != model.empty(), "give exactly one of --plan or --model");
-  if (!plan.empty()) return Engine::from_plan(ctx, plan);
-  return Engine::from_model_dir(ctx, model);
+  if (!plan.empty()) return CompiledModel::load_plan(ctx, plan);
+  return compile_model_dir(ctx, model);
+}
+
+bool GenerationFlags::was_given(const std::string& flag) const {
+  for (const auto& [name, opt] : given)
+    if (name == flag) return opt->count() > 0;
+  return false;
 }
 
 std::vector<std::string> read_prompt_lines(const std::string& path) {
@@ -56,44 +62,74 @@ std::vector<std::string> read_prompt_lines(const std::string& path) {
 }
 
 void add_generation_flags(CLI::App& cmd, GenerationFlags& f) {
-  cmd.add_option("--max-new-tokens", f.max_new_tokens, "most tokens to generate per prompt")
-      ->capture_default_str();
-  cmd.add_option("--beams", f.beams, "beam search width (1: greedy or sampling)")
-      ->capture_default_str();
-  cmd.add_option("--length-penalty", f.length_penalty,
-                 "beam score = log p / length^penalty (HF semantics)")
-      ->capture_default_str();
-  cmd.add_option("--temperature", f.temperature, "sample with this temperature (0: greedy)")
-      ->capture_default_str();
-  cmd.add_option("--top-k", f.top_k, "sample only from the k most likely tokens (0: off)")
-      ->capture_default_str();
-  cmd.add_option("--top-p", f.top_p, "sample from the smallest set with this mass (1: off)")
-      ->capture_default_str();
-  cmd.add_option("--seed", f.seed, "sampling seed (same seed, same output)")->capture_default_str();
+  auto track = [&](const char* name, CLI::Option* opt) { f.given.emplace_back(name, opt); };
+  track("--max-new-tokens",
+        cmd.add_option("--max-new-tokens", f.max_new_tokens,
+                       "most tokens to generate per prompt (default: the model's "
+                       "generation_config, else this)")
+            ->capture_default_str());
+  track("--beams", cmd.add_option("--beams", f.beams,
+                                  "beam search width (1: greedy or sampling; default: the model's)")
+                       ->capture_default_str());
+  track("--length-penalty", cmd.add_option("--length-penalty", f.length_penalty,
+                                           "beam score = log p / length^penalty (HF semantics)")
+                                ->capture_default_str());
+  track("--early-stopping",
+        cmd.add_option("--early-stopping", f.early_stopping,
+                       "when beam search stops, in HF's spelling: false (once no running beam can "
+                       "beat the finished ones at its current length), true (once --beams "
+                       "hypotheses finished), never (once no running beam can beat them at any "
+                       "length); default: the model's, else false")
+            ->check(CLI::IsMember({"false", "true", "never"})));
+  track("--temperature",
+        cmd.add_option("--temperature", f.temperature, "sample with this temperature (0: greedy)")
+            ->capture_default_str());
+  track("--top-k", cmd.add_option("--top-k", f.top_k,
+                                  "sample only from the k most likely tokens (0: off; HF default "
+                                  "50)"));
+  track("--top-p",
+        cmd.add_option("--top-p", f.top_p, "sample from the smallest set with this mass (1: off)")
+            ->capture_default_str());
+  track("--seed", cmd.add_option("--seed", f.seed, "sampling seed (same seed, same output)")
+                      ->capture_default_str());
   cmd.add_option("--batch-size", f.batch_size, "prompts generated together")->capture_default_str();
   cmd.add_option("--prompt-template", f.prompt_template,
                  "wrap each prompt, e.g. \"{prompt} =\" (default: the plan's)");
 }
 
-GenerationParams to_params(const GenerationFlags& f) {
-  GenerationParams p;
-  p.max_new_tokens = f.max_new_tokens;
-  p.num_beams = f.beams;
-  p.length_penalty = f.length_penalty;
-  KILN_CHECK_USAGE(f.temperature >= 0.0f, "--temperature must be >= 0, got {}", f.temperature);
-  p.do_sample = f.temperature > 0.0f;
-  p.temperature = f.temperature > 0.0f ? f.temperature : 1.0f;
-  p.top_k = f.top_k;
-  p.top_p = f.top_p;
-  p.seed = f.seed;
+GenerationParams to_params(const GenerationFlags& f, const ModelDesc& desc) {
+  GenerationParams p = default_generation_params(desc);
+  const bool model_sets_length = desc.generation.max_new_tokens || desc.generation.max_length;
+  if (f.was_given("--max-new-tokens") || !model_sets_length) {
+    p.max_new_tokens = f.max_new_tokens;
+    p.max_length = 0;
+  }
+  if (f.was_given("--beams")) p.num_beams = f.beams;
+  if (f.was_given("--length-penalty")) p.length_penalty = f.length_penalty;
+  if (f.was_given("--early-stopping")) {
+    KILN_CHECK_USAGE(
+        f.early_stopping == "false" || f.early_stopping == "true" || f.early_stopping == "never",
+        "--early-stopping must be false, true or never, got '{}'", f.early_stopping);
+    p.early_stopping = f.early_stopping == "true"    ? EarlyStopping::kAlways
+                       : f.early_stopping == "never" ? EarlyStopping::kNever
+                                                     : EarlyStopping::kHeuristic;
+  }
+  if (f.was_given("--temperature")) {
+    KILN_CHECK_USAGE(f.temperature >= 0.0f, "--temperature must be >= 0, got {}", f.temperature);
+    p.do_sample = f.temperature > 0.0f;
+    if (p.do_sample) p.temperature = f.temperature;
+  }
+  if (f.was_given("--top-k")) p.top_k = f.top_k;
+  if (f.was_given("--top-p")) p.top_p = f.top_p;
+  if (f.was_given("--seed")) p.seed = f.seed;
   KILN_CHECK_USAGE(f.batch_size >= 1 && f.batch_size <= 1024, "--batch-size must be in 1..1024");
   validate(p);
   return p;
 }
 
-std::vector<Generated> generate_all(Engine& engine, const std::vector<std::string>& prompts,
+std::vector<Generated> generate_all(CompiledModel& engine, const std::vector<std::string>& prompts,
                                     const GenerationFlags& flags, bool show_progress) {
-  const GenerationParams params = to_params(flags);
+  const GenerationParams params = to_params(flags, engine.desc());
   std::string templ =
       flags.prompt_template.empty() ? engine.model().prompt_template : flags.prompt_template;
   check_prompt_template(templ);
@@ -105,20 +141,25 @@ std::vector<Generated> generate_all(Engine& engine, const std::vector<std::strin
     ids[i] = engine.tokenizer().encode(apply_prompt_template(templ, prompts[i]));
     out[i].input_ids = ids[i];
   }
-  Generator gen(engine);
+  SchedulerOptions so;
+  so.max_batch =
+      static_cast<int>(std::min<int64_t>(flags.batch_size, engine.model().profile.max_batch));
+  Scheduler scheduler(engine, so);
   Progress progress(engine.context().log(), "generating", static_cast<int64_t>(prompts.size()));
-  // Keep up to batch_size requests in flight; a new one joins as soon as one finishes.
-  std::map<Generator::RequestId, size_t> index;
+  // Keep up to batch_size requests queued or running; a new one joins as soon as one finishes.
+  std::map<RequestId, size_t> index;
   size_t next = 0, done = 0;
   while (done < prompts.size()) {
     while (next < prompts.size() && next - done < static_cast<size_t>(flags.batch_size)) {
-      index[gen.submit(ids[next], params)] = next;
+      index[scheduler.submit(ids[next], params)] = next;
       ++next;
     }
-    gen.step();
-    for (auto& [id, res] : gen.take_finished()) {
-      Generated& g = out[index.at(id)];
-      g.result = std::move(res);
+    for (GenerationEvent& e : scheduler.step()) {
+      if (!e.finished) continue;
+      const size_t i = index.at(e.id);
+      KILN_CHECK(e.error.empty(), "prompt {}: {}", i + 1, e.error);
+      Generated& g = out[i];
+      g.result = std::move(e.result);
       g.text = engine.tokenizer().decode(g.result.output_ids);
       ++done;
       if (show_progress) progress.advance();

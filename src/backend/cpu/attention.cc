@@ -23,7 +23,7 @@ struct DenseRows final : Rows {
 };
 
 struct PagedRows final : Rows {
-  KvBlockStore* cache;
+  KvStorage* cache;
   int layer;
   bool keys;
   std::span<const int32_t> blocks;
@@ -31,22 +31,25 @@ struct PagedRows final : Rows {
   int64_t width;
   const float* row(int64_t pos) const override {
     const int32_t b = blocks[pos / block_size];
-    const float* blk = keys ? cache->key_block(layer, b) : cache->value_block(layer, b);
+    const float* blk =
+        static_cast<const float*>(keys ? cache->key_block(layer, b) : cache->value_block(layer, b));
     return blk + (pos % block_size) * width;
   }
 };
 
-// Copies this step's K/V rows into the sequence's cache blocks for `layer`.
-void append_to_cache(const SequenceSlot& s, KvBlockStore* cache, int layer, const float* k,
+// Copies sequence s's K/V rows of this step into its cache blocks for `layer`.
+void append_to_cache(const StepLayout& L, int s, KvStorage* cache, int layer, const float* k,
                      const float* v, int64_t k_stride, int64_t width) {
-  const int bs = cache->block_size();
-  for (int64_t i = 0; i < s.num_tokens; ++i) {
-    const int64_t pos = s.past_len + i;
-    const int32_t b = s.blocks[pos / bs];
+  const int bs = cache->geometry().block_size;
+  const std::span<const int32_t> blocks = L.blocks(s);
+  for (int64_t i = 0; i < L.num_tokens(s); ++i) {
+    const int64_t pos = L.past_len[s] + i;
+    const int32_t b = blocks[pos / bs];
     const int64_t off = (pos % bs) * width;
-    std::memcpy(cache->key_block(layer, b) + off, k + (s.token_begin + i) * k_stride,
+    const int64_t row = L.token_begin[s] + i;
+    std::memcpy(static_cast<float*>(cache->key_block(layer, b)) + off, k + row * k_stride,
                 width * sizeof(float));
-    std::memcpy(cache->value_block(layer, b) + off, v + (s.token_begin + i) * k_stride,
+    std::memcpy(static_cast<float*>(cache->value_block(layer, b)) + off, v + row * k_stride,
                 width * sizeof(float));
   }
 }
@@ -57,13 +60,15 @@ void append_to_cache(const SequenceSlot& s, KvBlockStore* cache, int layer, cons
 // -> [n, H*dh]
 void attention(const Node& node, std::span<const Tensor> in, std::span<Tensor> out,
                const KernelEnv& env) {
-  const AttentionAttrs& a = node.attrs.attention;
-  KILN_CHECK(env.batch != nullptr, "node '{}': attention needs the step's batch layout", node.name);
-  const AttentionBatch& batch = *env.batch;
+  const AttentionAttrs& a = node.attr<AttentionAttrs>();
+  KILN_CHECK(env.step != nullptr && env.step->layout != nullptr,
+             "node '{}': attention needs the step's layout", node.name);
+  const StepLayout& L = *env.step->layout;
+  KvStorage* cache = env.step->kv;
   const int64_t H = a.num_heads, dh = a.head_dim, width = H * dh;
   const int64_t n = in[0].dim(0);
-  KILN_CHECK(batch.total_tokens() == n, "node '{}': batch layout covers {} tokens, input has {}",
-             node.name, batch.total_tokens(), n);
+  KILN_CHECK(L.total_tokens() == n, "node '{}': step layout covers {} tokens, input has {}",
+             node.name, L.total_tokens(), n);
 
   const float* q;
   const float* k = nullptr;
@@ -89,26 +94,26 @@ void attention(const Node& node, std::span<const Tensor> in, std::span<Tensor> o
   float* y = out[0].data<float>();
 
   if (a.kind == AttentionKind::kCachedSelf) {
-    KILN_CHECK(batch.cache != nullptr, "node '{}': cached attention without a KV cache", node.name);
-    KILN_CHECK(batch.cache->row_width() == width, "node '{}': KV cache rows are {} wide, need {}",
-               node.name, batch.cache->row_width(), width);
-    for (const SequenceSlot& s : batch.seqs) {
-      const int64_t need =
-          (s.past_len + s.num_tokens + batch.cache->block_size() - 1) / batch.cache->block_size();
-      KILN_CHECK(static_cast<int64_t>(s.blocks.size()) >= need,
-                 "node '{}': block table has {} blocks, {} positions need {}", node.name,
-                 s.blocks.size(), s.past_len + s.num_tokens, need);
-      append_to_cache(s, batch.cache, a.layer, k, v, kv_stride, width);
-    }
+    KILN_CHECK(cache != nullptr, "node '{}': cached attention without a KV cache", node.name);
+    const KvGeometry& geo = cache->geometry();
+    KILN_CHECK(geo.row_width == width && geo.dtype == DType::kF32 && a.layer < geo.layers,
+               "node '{}': KV cache holds {} layers of {} rows {} wide, need layer {} of f32 rows "
+               "{} wide",
+               node.name, geo.layers, dtype_name(geo.dtype), geo.row_width, a.layer, width);
+    for (int s = 0; s < L.num_seqs(); ++s)
+      append_to_cache(L, s, cache, a.layer, k, v, kv_stride, width);
   }
 
-  const int64_t nseq = static_cast<int64_t>(batch.seqs.size());
+  const int64_t nseq = L.num_seqs();
   env.pool.parallel_for(nseq * H, 1, [&](int64_t w0, int64_t w1) {
     std::vector<float> scores;
     std::vector<float> acc(static_cast<size_t>(dh));
     for (int64_t work = w0; work < w1; ++work) {
-      const SequenceSlot& s = batch.seqs[work / H];
+      const int si = static_cast<int>(work / H);
       const int64_t h = work % H;
+      const int64_t token_begin = L.token_begin[si], num_tokens = L.num_tokens(si);
+      const int64_t past_len = L.past_len[si];
+      const CrossKv* cross = L.cross[si];
       DenseRows dense_k, dense_v;
       PagedRows paged_k, paged_v;
       const Rows* keys = nullptr;
@@ -116,44 +121,44 @@ void attention(const Node& node, std::span<const Tensor> in, std::span<Tensor> o
       int64_t key_len = 0;
       switch (a.kind) {
         case AttentionKind::kEncoderSelf:
-          dense_k.base = k + s.token_begin * kv_stride + h * dh;
-          dense_v.base = v + s.token_begin * kv_stride + h * dh;
+          dense_k.base = k + token_begin * kv_stride + h * dh;
+          dense_v.base = v + token_begin * kv_stride + h * dh;
           dense_k.stride = dense_v.stride = kv_stride;
           keys = &dense_k;
           vals = &dense_v;
-          key_len = s.num_tokens;
+          key_len = num_tokens;
           break;
         case AttentionKind::kCachedSelf:
           paged_k = PagedRows{};
-          paged_k.cache = batch.cache;
+          paged_k.cache = cache;
           paged_k.layer = a.layer;
-          paged_k.blocks = s.blocks;
-          paged_k.block_size = batch.cache->block_size();
+          paged_k.blocks = L.blocks(si);
+          paged_k.block_size = cache->geometry().block_size;
           paged_k.width = width;
           paged_v = paged_k;
           paged_k.keys = true;
           paged_v.keys = false;
           keys = &paged_k;
           vals = &paged_v;
-          key_len = s.past_len + s.num_tokens;
+          key_len = past_len + num_tokens;
           break;
         case AttentionKind::kCross:
-          KILN_CHECK(s.cross != nullptr && a.layer < static_cast<int>(s.cross->keys.size()),
+          KILN_CHECK(cross != nullptr && a.layer < static_cast<int>(cross->keys.size()),
                      "node '{}': sequence has no cross K/V for layer {}", node.name, a.layer);
-          dense_k.base = s.cross->keys[a.layer].data<float>() + h * dh;
-          dense_v.base = s.cross->values[a.layer].data<float>() + h * dh;
+          dense_k.base = cross->keys[a.layer].data<float>() + h * dh;
+          dense_v.base = cross->values[a.layer].data<float>() + h * dh;
           dense_k.stride = dense_v.stride = width;
           keys = &dense_k;
           vals = &dense_v;
-          key_len = s.cross->length();
+          key_len = cross->length();
           break;
       }
       // Key rows are offset by the head inside the row for paged storage too.
       const int64_t head_off = a.kind == AttentionKind::kCachedSelf ? h * dh : 0;
       scores.resize(static_cast<size_t>(key_len));
-      for (int64_t i = 0; i < s.num_tokens; ++i) {
-        const int64_t qpos = (a.kind == AttentionKind::kCachedSelf ? s.past_len : 0) + i;
-        const float* qr = q + (s.token_begin + i) * q_stride + h * dh;
+      for (int64_t i = 0; i < num_tokens; ++i) {
+        const int64_t qpos = (a.kind == AttentionKind::kCachedSelf ? past_len : 0) + i;
+        const float* qr = q + (token_begin + i) * q_stride + h * dh;
         const int64_t visible = a.causal ? std::min(key_len, qpos + 1) : key_len;
         float mx = -INFINITY;
         for (int64_t j = 0; j < visible; ++j) {
@@ -183,7 +188,7 @@ void attention(const Node& node, std::span<const Tensor> in, std::span<Tensor> o
           const float* vr = vals->row(j) + head_off;
           for (int64_t d = 0; d < dh; ++d) acc[d] += p * vr[d];
         }
-        std::memcpy(y + (s.token_begin + i) * width + h * dh, acc.data(), dh * sizeof(float));
+        std::memcpy(y + (token_begin + i) * width + h * dh, acc.data(), dh * sizeof(float));
       }
     }
   });

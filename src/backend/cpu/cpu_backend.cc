@@ -1,176 +1,124 @@
-// The CPU backend: picks a kernel per node (the one dispatch point for the CPU), binds shapes per
-// step, places activations in the buffer slots the memory plan assigned, and runs the kernels.
+// The CPU backend: kernels from the CPU registry (the widest family the context's ISA allows),
+// host memory, and a paged KV cache in host memory that grows and shrinks in chunks.
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
 
 #include "backend/backend.h"
 #include "backend/cpu/kernels.h"
+#include "backend/executor.h"
 
 namespace kiln {
 namespace {
 
-cpu::Kernel cpu_kernel(OpKind op) {
-  switch (op) {
-    case OpKind::kEmbedding:
-      return cpu::embedding;
-    case OpKind::kLinear:
-      return cpu::linear;
-    case OpKind::kAdd:
-      return cpu::add;
-    case OpKind::kMul:
-      return cpu::mul;
-    case OpKind::kScale:
-      return cpu::scale;
-    case OpKind::kRmsNorm:
-      return cpu::rms_norm;
-    case OpKind::kLayerNorm:
-      return cpu::layer_norm;
-    case OpKind::kActivation:
-      return cpu::activation;
-    case OpKind::kGatedActivation:
-      return cpu::gated_activation;
-    case OpKind::kSoftmax:
-      return cpu::softmax;
-    case OpKind::kCast:
-      return cpu::cast;
-    case OpKind::kAttention:
-      return cpu::attention;
-    case OpKind::kGatherRows:
-      return cpu::gather_rows;
-    case OpKind::kAddRmsNorm:
-      return cpu::add_rms_norm;
-  }
-  return nullptr;
-}
-
-class CpuExecutable final : public Executable {
+// KV blocks in chunks of kBlocksPerChunk; a chunk is one allocation, so existing blocks never
+// move when the cache grows, and trailing chunks are freed when it shrinks.
+class CpuKvStorage final : public KvStorage {
  public:
-  CpuExecutable(Context& ctx, const Graph& graph) : ctx_(ctx), graph_(graph) {
-    for (const Node& n : graph_.nodes) kernels_.push_back(cpu_kernel(n.op));
-    slot_storage_.resize(static_cast<size_t>(std::max(graph_.num_slots, 0)));
-    is_output_.assign(graph_.values.size(), false);
-    for (int id : graph_.outputs) is_output_[id] = true;
+  static constexpr int64_t kBlocksPerChunk = 64;
+
+  explicit CpuKvStorage(const KvGeometry& g) : geometry_(g) {
+    KILN_CHECK(g.layers > 0 && g.row_width > 0 && g.block_size > 0,
+               "invalid KV cache geometry: {} layers, row width {}, block size {}", g.layers,
+               g.row_width, g.block_size);
+    KILN_CHECK(g.dtype == DType::kF32, "the cpu KV cache holds f32, not {}", dtype_name(g.dtype));
+    layer_stride_ = static_cast<int64_t>(g.block_size) * g.row_width;  // floats
   }
-
-  TensorMap execute(const TensorMap& inputs, const AttentionBatch* batch) override {
-    std::vector<Tensor> values(graph_.values.size());
-    std::map<std::string, int64_t> bindings;
-    for (int id : graph_.inputs) {
-      const Value& v = graph_.values[id];
-      auto it = inputs.find(v.name);
-      KILN_CHECK(it != inputs.end(), "graph '{}': input '{}' was not fed", graph_.name, v.name);
-      const Tensor& t = it->second;
-      KILN_CHECK(t.dtype() == v.dtype, "graph '{}': input '{}' is {}, expected {}", graph_.name,
-                 v.name, dtype_name(t.dtype()), dtype_name(v.dtype));
-      KILN_CHECK(t.rank() == static_cast<int>(v.shape.size()),
-                 "graph '{}': input '{}' has shape {}, expected {}", graph_.name, v.name,
-                 shape_str(t.shape()), sym_shape_str(v.shape));
-      for (size_t d = 0; d < v.shape.size(); ++d) {
-        if (v.shape[d].is_symbolic()) {
-          auto [pos, fresh] = bindings.emplace(v.shape[d].symbol, t.shape()[d]);
-          KILN_CHECK(fresh || pos->second == t.shape()[d],
-                     "graph '{}': input '{}' binds '{}' = {}, but another input bound it to {}",
-                     graph_.name, v.name, v.shape[d].symbol, t.shape()[d], pos->second);
-        } else {
-          KILN_CHECK(t.shape()[d] == v.shape[d].value,
-                     "graph '{}': input '{}' has shape {}, expected {}", graph_.name, v.name,
-                     shape_str(t.shape()), sym_shape_str(v.shape));
-        }
-      }
-      values[id] = t;
-    }
-    for (size_t i = 0; i < graph_.values.size(); ++i)
-      if (graph_.values[i].kind == ValueKind::kWeight) values[i] = graph_.values[i].data;
-
-    cpu::KernelEnv env{ctx_.pool(), batch, ctx_.cpu_isa()};
-    std::vector<Tensor> ins, outs;
-    for (size_t n = 0; n < graph_.nodes.size(); ++n) {
-      const Node& node = graph_.nodes[n];
-      ins.clear();
-      outs.clear();
-      for (int id : node.inputs) ins.push_back(id >= 0 ? values[id] : Tensor());
-      for (int id : node.outputs) {
-        values[id] = allocate(id, resolve_shape(graph_.values[id].shape, bindings));
-        outs.push_back(values[id]);
-      }
-      kernels_[n](node, ins, outs, env);
-    }
-    TensorMap result;
-    for (int id : graph_.outputs) result[graph_.values[id].name] = values[id];
-    return result;
+  const KvGeometry& geometry() const override { return geometry_; }
+  Device device() const override { return Device::kCpu; }
+  int64_t capacity() const override {
+    return static_cast<int64_t>(chunks_.size()) * kBlocksPerChunk;
   }
-
-  int64_t activation_bytes() const override {
-    int64_t total = 0;
-    for (const SlotBuffer& b : slot_storage_) total += static_cast<int64_t>(b.bytes);
-    return total;
+  void resize(int64_t blocks) override {
+    KILN_CHECK(blocks >= 0, "negative KV cache size {}", blocks);
+    const size_t chunks = static_cast<size_t>((blocks + kBlocksPerChunk - 1) / kBlocksPerChunk);
+    while (chunks_.size() > chunks) chunks_.pop_back();
+    while (chunks_.size() < chunks)
+      chunks_.push_back(std::make_unique<float[]>(
+          static_cast<size_t>(kBlocksPerChunk * geometry_.block_bytes() / 4)));
+  }
+  int64_t bytes_allocated() const override { return capacity() * geometry_.block_bytes(); }
+  void copy_blocks(std::span<const BlockCopy> copies) override {
+    for (const BlockCopy& c : copies)
+      std::memcpy(base(c.dst), base(c.src), static_cast<size_t>(geometry_.block_bytes()));
+  }
+  void* key_block(int layer, int32_t block) override {
+    return base(block) + static_cast<int64_t>(layer) * 2 * layer_stride_;
+  }
+  void* value_block(int layer, int32_t block) override {
+    return base(block) + (static_cast<int64_t>(layer) * 2 + 1) * layer_stride_;
   }
 
  private:
-  // Activations live in their slot's buffer (grown as steps get larger); graph outputs and
-  // unplanned values get their own memory.
-  Tensor allocate(int id, const Shape& shape) {
-    const Value& v = graph_.values[id];
-    const int slot = id < static_cast<int>(graph_.value_slot.size()) ? graph_.value_slot[id] : -1;
-    if (slot < 0 || is_output_[id]) return Tensor::empty(v.dtype, shape);
-    const size_t bytes = dtype_bytes(v.dtype, static_cast<size_t>(shape_numel(shape)));
-    SlotBuffer& buffer = slot_storage_[slot];
-    if (!buffer.memory || buffer.bytes < bytes) {
-      const size_t rounded = std::max<size_t>((bytes + 63) / 64 * 64, 64);
-      void* p = std::aligned_alloc(64, rounded);
-      KILN_CHECK(p != nullptr, "out of memory: activation slot of {} bytes", rounded);
-      buffer.memory = std::shared_ptr<void>(p, [](void* q) { std::free(q); });
-      buffer.bytes = rounded;
-    }
-    // The view keeps the buffer alive even if a later, larger value of the slot replaces it.
-    return Tensor::view(v.dtype, shape, buffer.memory.get(), buffer.memory);
+  float* base(int32_t block) {
+    KILN_CHECK(block >= 0 && block < capacity(), "KV block {} does not exist (capacity {})", block,
+               capacity());
+    return chunks_[block / kBlocksPerChunk].get() +
+           (block % kBlocksPerChunk) * (geometry_.block_bytes() / 4);
   }
 
-  struct SlotBuffer {
-    std::shared_ptr<void> memory;
-    size_t bytes = 0;
-  };
-
-  Context& ctx_;
-  const Graph& graph_;
-  std::vector<cpu::Kernel> kernels_;
-  std::vector<SlotBuffer> slot_storage_;
-  std::vector<bool> is_output_;
+  KvGeometry geometry_;
+  int64_t layer_stride_ = 0;
+  std::vector<std::unique_ptr<float[]>> chunks_;
 };
+
+const KernelRegistry& cpu_registry() {
+  static const KernelRegistry registry = [] {
+    KernelRegistry r;
+    cpu::register_kernels(r);
+    return r;
+  }();
+  return registry;
+}
+
+Isa isa_of(CpuIsa isa) {
+  switch (isa) {
+    case CpuIsa::kAvx2:
+      return Isa::kAvx2;
+    case CpuIsa::kAvx512:
+      return Isa::kAvx512;
+  }
+  return Isa::kAvx2;
+}
 
 class CpuBackend final : public Backend {
  public:
-  explicit CpuBackend(Context& ctx) : ctx_(ctx) {}
+  explicit CpuBackend(Context& ctx) : ctx_(ctx), isa_(isa_of(ctx.cpu_isa())) {}
   Device device() const override { return Device::kCpu; }
   std::string describe() const override {
-    return fmt::format("cpu ({} threads, fp32 {} kernels)", ctx_.pool().size(),
-                       cpu_isa_name(ctx_.cpu_isa()));
+    return fmt::format("cpu ({} threads, fp32 {} kernels)", ctx_.pool().size(), isa_name(isa_));
+  }
+  bool supports_precision(Precision precision) const override {
+    return precision == Precision::kFp32;
   }
   std::string unsupported_reason(const Graph& graph, const Node& node) const override {
-    for (int id : node.inputs) {
-      if (id < 0) continue;
-      const Value& v = graph.values[id];
-      const bool index_input = (node.op == OpKind::kEmbedding && id == node.inputs[1]) ||
-                               (node.op == OpKind::kGatherRows && id == node.inputs[1]);
-      if (node.op == OpKind::kCast || index_input) continue;
-      if (v.dtype != DType::kF32)
-        return fmt::format("input '{}' is {}; the cpu backend runs {} in f32 only", v.name,
-                           dtype_name(v.dtype), op_name(node.op));
-    }
-    return {};
+    const KernelKey key = kernel_key(graph, node, Device::kCpu, isa_);
+    if (cpu_registry().find(key) != nullptr) return {};
+    return fmt::format("no cpu kernel for {}", describe_key(key));
   }
-  std::unique_ptr<Executable> compile(const Graph& graph) override {
+  std::unique_ptr<Executable> compile(const Graph& graph, const ShapeProfile& profile) override {
+    std::vector<std::unique_ptr<Kernel>> kernels;
+    std::vector<std::string> names;
     for (const Node& n : graph.nodes) {
-      const std::string why = unsupported_reason(graph, n);
-      KILN_CHECK(why.empty(), "graph '{}': node '{}' ({}) is not supported on cpu: {}", graph.name,
-                 n.name, op_name(n.op), why);
+      const KernelKey key = kernel_key(graph, n, Device::kCpu, isa_);
+      const KernelRegistry::Entry* e = cpu_registry().find(key);
+      KILN_CHECK(e != nullptr, "graph '{}': node '{}' is not supported on cpu: no kernel for {}",
+                 graph.name, n.name, describe_key(key));
+      kernels.push_back(e->factory(n));
+      kernels.back()->prepare(graph);
+      names.push_back(e->name);
     }
-    return std::make_unique<CpuExecutable>(ctx_, graph);
+    return std::make_unique<GraphExecutor>(graph, profile, host_allocator(), &ctx_.pool(),
+                                           std::move(kernels), std::move(names));
+  }
+  Allocator& allocator() override { return host_allocator(); }
+  std::unique_ptr<KvStorage> create_kv_storage(const KvGeometry& geometry) override {
+    return std::make_unique<CpuKvStorage>(geometry);
   }
 
  private:
   Context& ctx_;
+  Isa isa_;
 };
 
 }  // namespace

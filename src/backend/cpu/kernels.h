@@ -6,8 +6,7 @@
 
 #include <span>
 
-#include "backend/attention_batch.h"
-#include "core/cpu_features.h"
+#include "backend/kernel.h"
 #include "core/thread_pool.h"
 #include "graph/ir.h"
 
@@ -15,15 +14,12 @@ namespace kiln::cpu {
 
 struct KernelEnv {
   ThreadPool& pool;
-  const AttentionBatch* batch;
-  CpuIsa isa;  // which kernel family to run (chosen once per context)
+  const StepContext* step;  // attention only
 };
 
-using Kernel = void (*)(const Node& node, std::span<const Tensor> in, std::span<Tensor> out,
-                        const KernelEnv& env);
-
 void embedding(const Node&, std::span<const Tensor>, std::span<Tensor>, const KernelEnv&);
-void linear(const Node&, std::span<const Tensor>, std::span<Tensor>, const KernelEnv&);
+void linear_avx2(const Node&, std::span<const Tensor>, std::span<Tensor>, const KernelEnv&);
+void linear_avx512(const Node&, std::span<const Tensor>, std::span<Tensor>, const KernelEnv&);
 void gather_rows(const Node&, std::span<const Tensor>, std::span<Tensor>, const KernelEnv&);
 void add(const Node&, std::span<const Tensor>, std::span<Tensor>, const KernelEnv&);
 void mul(const Node&, std::span<const Tensor>, std::span<Tensor>, const KernelEnv&);
@@ -39,6 +35,9 @@ void attention(const Node&, std::span<const Tensor>, std::span<Tensor>, const Ke
 
 // Scalar activation functions with HuggingFace's formulas (gelu_new: tanh approximation).
 float apply_activation(Activation act, float x);
+
+// Registers every CPU kernel (the single dispatch point of the CPU backend).
+void register_kernels(KernelRegistry& registry);
 // Dot product with a fixed summation order (independent of the caller's batch).
 float dot(const float* a, const float* b, int64_t n);
 

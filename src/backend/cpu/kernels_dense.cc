@@ -1,6 +1,7 @@
 // Embedding, Linear and GatherRows.
 #include <algorithm>
 #include <cstring>
+#include <optional>
 
 #include "backend/cpu/kernels.h"
 
@@ -81,6 +82,52 @@ KILN_TARGET_AVX512 void dot4_avx512(const float* x, const float* w0, const float
 using Dot4 = void (*)(const float*, const float*, const float*, const float*, const float*, int64_t,
                       float*);
 
+// x [n, in], w [out, in], bias [out] -> [n, out] (+ fused activation)
+void linear_with(Dot4 dot4, const Node& node, std::span<const Tensor> in, std::span<Tensor> out,
+                 const KernelEnv& env) {
+  const Tensor& x = in[0];
+  const Tensor& w = in[1];
+  const float* bias = in.size() > 2 && in[2].defined() ? in[2].data<float>() : nullptr;
+  KILN_CHECK(w.dtype() == DType::kF32, "node '{}': cpu Linear needs f32 weights, got {}", node.name,
+             dtype_name(w.dtype()));
+  const int64_t k = w.dim(1), m = w.dim(0);
+  const int64_t n = x.numel() / k;
+  const float* xp = x.data<float>();
+  const float* wp = w.data<float>();
+  float* yp = out[0].data<float>();
+  const std::optional<Activation> act = node.attr<LinearAttrs>().activation;
+  // Blocks of output features: each block's weight rows stay in cache while every input row
+  // passes over them.
+  constexpr int64_t kBlock = 16;
+  const int64_t blocks = (m + kBlock - 1) / kBlock;
+  env.pool.parallel_for(blocks, 1, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
+      const int64_t o0 = b * kBlock, o1 = std::min(m, o0 + kBlock);
+      for (int64_t t = 0; t < n; ++t) {
+        const float* xr = xp + t * k;
+        float* yr = yp + t * m;
+        int64_t o = o0;
+        for (; o + 4 <= o1; o += 4) {
+          const float* w = wp + o * k;
+          dot4(xr, w, w + k, w + 2 * k, w + 3 * k, k, yr + o);
+        }
+        for (; o < o1; ++o) {
+          float s[4];
+          const float* w = wp + o * k;
+          dot4(xr, w, w, w, w, k, s);  // same summation order as the 4-wide path
+          yr[o] = s[0];
+        }
+        for (o = o0; o < o1; ++o) {
+          float v = yr[o];
+          if (bias) v += bias[o];
+          if (act) v = apply_activation(*act, v);
+          yr[o] = v;
+        }
+      }
+    }
+  });
+}
+
 }  // namespace
 
 float dot(const float* a, const float* b, int64_t n) {
@@ -109,52 +156,16 @@ void embedding(const Node& node, std::span<const Tensor> in, std::span<Tensor> o
   }
 }
 
-// x [n, in], w [out, in], bias [out] -> [n, out] (+ fused activation)
-void linear(const Node& node, std::span<const Tensor> in, std::span<Tensor> out,
-            const KernelEnv& env) {
-  const Tensor& x = in[0];
-  const Tensor& w = in[1];
-  const float* bias = in.size() > 2 && in[2].defined() ? in[2].data<float>() : nullptr;
-  KILN_CHECK(w.dtype() == DType::kF32, "node '{}': cpu Linear needs f32 weights, got {}", node.name,
-             dtype_name(w.dtype()));
-  const int64_t k = w.dim(1), m = w.dim(0);
-  const int64_t n = x.numel() / k;
-  const float* xp = x.data<float>();
-  const float* wp = w.data<float>();
-  float* yp = out[0].data<float>();
-  const bool act = node.attrs.has_activation;
-  const Activation a = node.attrs.activation;
-  // Blocks of output features: each block's weight rows stay in cache while every input row
-  // passes over them.
-  constexpr int64_t kBlock = 16;
-  const int64_t blocks = (m + kBlock - 1) / kBlock;
-  const Dot4 dot4 = env.isa == CpuIsa::kAvx512 ? dot4_avx512 : dot4_avx2;
-  env.pool.parallel_for(blocks, 1, [&](int64_t b0, int64_t b1) {
-    for (int64_t b = b0; b < b1; ++b) {
-      const int64_t o0 = b * kBlock, o1 = std::min(m, o0 + kBlock);
-      for (int64_t t = 0; t < n; ++t) {
-        const float* xr = xp + t * k;
-        float* yr = yp + t * m;
-        int64_t o = o0;
-        for (; o + 4 <= o1; o += 4) {
-          const float* w = wp + o * k;
-          dot4(xr, w, w + k, w + 2 * k, w + 3 * k, k, yr + o);
-        }
-        for (; o < o1; ++o) {
-          float s[4];
-          const float* w = wp + o * k;
-          dot4(xr, w, w, w, w, k, s);  // same summation order as the 4-wide path
-          yr[o] = s[0];
-        }
-        for (o = o0; o < o1; ++o) {
-          float v = yr[o];
-          if (bias) v += bias[o];
-          if (act) v = apply_activation(a, v);
-          yr[o] = v;
-        }
-      }
-    }
-  });
+// x [n, in], w [out, in], bias [out] -> [n, out] (+ fused activation). Two families chosen at
+// compile time through the kernel registry; both sum in a fixed order per output.
+void linear_avx2(const Node& node, std::span<const Tensor> in, std::span<Tensor> out,
+                 const KernelEnv& env) {
+  linear_with(dot4_avx2, node, in, out, env);
+}
+
+void linear_avx512(const Node& node, std::span<const Tensor> in, std::span<Tensor> out,
+                   const KernelEnv& env) {
+  linear_with(dot4_avx512, node, in, out, env);
 }
 
 // x [n, d], rows [r] -> [r, d]

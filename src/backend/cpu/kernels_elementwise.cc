@@ -49,7 +49,7 @@ void scale(const Node& node, std::span<const Tensor> in, std::span<Tensor> out,
            const KernelEnv& env) {
   const float* x = in[0].data<float>();
   float* y = out[0].data<float>();
-  const float s = node.attrs.scale;
+  const float s = node.attr<ScaleAttrs>().scale;
   map_rows(env, in[0].numel(), [&](int64_t i) { y[i] = x[i] * s; });
 }
 
@@ -57,7 +57,7 @@ void activation(const Node& node, std::span<const Tensor> in, std::span<Tensor> 
                 const KernelEnv& env) {
   const float* x = in[0].data<float>();
   float* y = out[0].data<float>();
-  const Activation a = node.attrs.activation;
+  const Activation a = node.attr<ActivationAttrs>().activation;
   map_rows(env, in[0].numel(), [&](int64_t i) { y[i] = apply_activation(a, x[i]); });
 }
 
@@ -67,7 +67,7 @@ void gated_activation(const Node& node, std::span<const Tensor> in, std::span<Te
   const float* g = in[0].data<float>();
   const float* u = in[1].data<float>();
   float* y = out[0].data<float>();
-  const Activation a = node.attrs.activation;
+  const Activation a = node.attr<ActivationAttrs>().activation;
   map_rows(env, in[0].numel(), [&](int64_t i) { y[i] = apply_activation(a, g[i]) * u[i]; });
 }
 

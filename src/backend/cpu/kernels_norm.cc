@@ -20,7 +20,7 @@ void rms_row(const float* x, const float* w, float* y, int64_t d, float eps) {
 void rms_norm(const Node& node, std::span<const Tensor> in, std::span<Tensor> out,
               const KernelEnv& env) {
   const int64_t d = in[0].dim(-1), n = in[0].numel() / d;
-  const float eps = static_cast<float>(node.attrs.eps);
+  const float eps = static_cast<float>(node.attr<NormAttrs>().eps);
   env.pool.parallel_for(n, 8, [&](int64_t b, int64_t e) {
     for (int64_t r = b; r < e; ++r)
       rms_row(in[0].data<float>() + r * d, in[1].data<float>(), out[0].data<float>() + r * d, d,
@@ -32,7 +32,7 @@ void rms_norm(const Node& node, std::span<const Tensor> in, std::span<Tensor> ou
 void layer_norm(const Node& node, std::span<const Tensor> in, std::span<Tensor> out,
                 const KernelEnv& env) {
   const int64_t d = in[0].dim(-1), n = in[0].numel() / d;
-  const float eps = static_cast<float>(node.attrs.eps);
+  const float eps = static_cast<float>(node.attr<NormAttrs>().eps);
   const float* w = in[1].data<float>();
   const float* bias = in[2].data<float>();
   env.pool.parallel_for(n, 8, [&](int64_t b, int64_t e) {
@@ -56,7 +56,7 @@ void layer_norm(const Node& node, std::span<const Tensor> in, std::span<Tensor> 
 void add_rms_norm(const Node& node, std::span<const Tensor> in, std::span<Tensor> out,
                   const KernelEnv& env) {
   const int64_t d = in[0].dim(-1), n = in[0].numel() / d;
-  const float eps = static_cast<float>(node.attrs.eps);
+  const float eps = static_cast<float>(node.attr<NormAttrs>().eps);
   env.pool.parallel_for(n, 8, [&](int64_t b, int64_t e) {
     for (int64_t r = b; r < e; ++r) {
       const float* x = in[0].data<float>() + r * d;

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "core/logging.h"
+#include "frontend/hf/hf_config.h"
 #include "graph/model_ir.h"
 #include "io/safetensors.h"
 
@@ -16,7 +17,9 @@ std::vector<Graph> build_bloom_graphs(const BloomConfig& config, const Checkpoin
                                       const Logger& log);
 
 // Reads config, generation config, tokenizer and weights of an HF model directory and builds
-// its graphs (before any pass). Errors name the directory and the file at fault.
+// its graphs (before any pass), with the model description filled in and the default shape
+// profile (max input tokens = the architecture's positions). Errors name the directory and the
+// file at fault.
 ModelIR import_hf_model(const std::string& dir, const Logger& log);
 
 }  // namespace kiln

@@ -2,6 +2,7 @@
 #include <filesystem>
 
 #include "frontend/hf/frontend.h"
+#include "tokenizer/tokenizer.h"
 
 namespace kiln {
 
@@ -11,19 +12,24 @@ ModelIR import_hf_model(const std::string& dir, const Logger& log) {
              "with config.json and model.safetensors)",
              dir);
   ModelIR model;
-  model.config = load_model_config(dir);
-  log.info("loading {} checkpoint from {}", architecture_name(model.config.arch), dir);
+  const ModelConfig config = load_model_config(dir);
+  log.info("loading {} checkpoint from {}", architecture_name(config.arch), dir);
+  model.desc = describe_model(config);
+  model.source_config_json = model_config_to_json(config);
+  model.profile.max_input_tokens = model.desc.max_positions;
+  model.profile.max_step_tokens = model.desc.max_positions;
+  model.profile.token_buckets = ShapeProfile::default_buckets(model.profile.max_step_tokens);
   const std::unique_ptr<Tokenizer> tok = load_tokenizer_dir(dir);
-  model.tokenizer_kind = tok->kind();
+  model.tokenizer_format = std::string(tokenizer_kind_name(tok->kind()));
   model.tokenizer_bytes = tok->source_bytes();
   const Checkpoint ckpt = Checkpoint::open_dir(dir);
   log.info("checkpoint: {} tensors in {} file(s)", ckpt.tensors().size(), ckpt.files().size());
-  switch (model.config.arch) {
+  switch (config.arch) {
     case Architecture::kT5:
-      model.graphs = build_t5_graphs(model.config.t5(), ckpt, log);
+      model.graphs = build_t5_graphs(config.t5(), ckpt, log);
       break;
     case Architecture::kBloom:
-      model.graphs = build_bloom_graphs(model.config.bloom(), ckpt, log);
+      model.graphs = build_bloom_graphs(config.bloom(), ckpt, log);
       break;
   }
   for (const Graph& g : model.graphs)

@@ -9,10 +9,10 @@
 #include <variant>
 #include <vector>
 
-namespace kiln {
+#include "graph/attrs.h"
+#include "graph/model_desc.h"
 
-enum class Activation : uint8_t { kRelu, kGeluTanh, kGeluExact, kSilu };
-std::string_view activation_name(Activation a);
+namespace kiln {
 
 struct T5Config {
   int64_t vocab_size = 32128;
@@ -52,15 +52,6 @@ struct BloomConfig {
   bool operator==(const BloomConfig&) const = default;
 };
 
-struct GenerationDefaults {
-  std::optional<int64_t> max_new_tokens;
-  std::optional<int64_t> num_beams;
-  std::optional<double> length_penalty;
-  std::optional<bool> early_stopping;
-  std::vector<int64_t> eos_token_ids;  // empty: the model config's eos
-  bool operator==(const GenerationDefaults&) const = default;
-};
-
 enum class Architecture : uint8_t { kT5, kBloom };
 std::string_view architecture_name(Architecture a);
 
@@ -81,6 +72,10 @@ void parse_generation_config(const std::string& json_text, const std::string& so
                              GenerationDefaults* out);
 // Reads DIR/config.json and, when present, DIR/generation_config.json.
 ModelConfig load_model_config(const std::string& dir);
+
+// The architecture-neutral description the runtime reads (cache geometry, special ids, default
+// prompt limit, generation defaults).
+ModelDesc describe_model(const ModelConfig& config);
 
 // Serialises the typed config back to JSON (stored in plans) with HuggingFace's field names;
 // parse_model_config of the result gives back an equal ModelConfig.

@@ -1,4 +1,4 @@
-#include "io/hf_config.h"
+#include "frontend/hf/hf_config.h"
 
 #include "io/json_util.h"
 
@@ -245,20 +245,43 @@ void parse_generation_object(const json& obj, const std::string& source, Generat
     KILN_CHECK(*v > 0, "{}: field 'max_new_tokens' must be positive, got {}", source, *v);
     out->max_new_tokens = *v;
   }
+  if (const auto v = f.opt_integer("max_length")) {
+    KILN_CHECK(*v > 0, "{}: field 'max_length' must be positive, got {}", source, *v);
+    out->max_length = *v;
+  }
+  if (const auto v = f.opt_integer("min_new_tokens")) {
+    KILN_CHECK(*v >= 0, "{}: field 'min_new_tokens' must be >= 0, got {}", source, *v);
+    out->min_new_tokens = *v;
+  }
   if (const auto v = f.opt_integer("num_beams")) {
-    KILN_CHECK(*v > 0, "{}: field 'num_beams' must be positive, got {}", source, *v);
-    out->num_beams = *v;
+    KILN_CHECK(*v > 0 && *v <= kMaxBeams, "{}: field 'num_beams' must be in 1..{}, got {}", source,
+               kMaxBeams, *v);
+    out->num_beams = static_cast<int>(*v);
   }
   if (const auto v = f.opt_number("length_penalty")) out->length_penalty = *v;
   if (const json* v = f.find("early_stopping")) {
-    // transformers also accepts "never" (beam search runs until no better beam is possible);
-    // kiln's beam search treats that like false.
     if (v->is_string() && v->get<std::string>() == "never") {
-      out->early_stopping = false;
+      out->early_stopping = EarlyStopping::kNever;
     } else {
       if (!v->is_boolean()) f.fail_type("early_stopping", "true, false or \"never\"", *v);
-      out->early_stopping = v->get<bool>();
+      out->early_stopping = v->get<bool>() ? EarlyStopping::kAlways : EarlyStopping::kHeuristic;
     }
+  }
+  if (const json* v = f.find("do_sample")) {
+    if (!v->is_boolean()) f.fail_type("do_sample", "true or false", *v);
+    out->do_sample = v->get<bool>();
+  }
+  if (const auto v = f.opt_number("temperature")) {
+    KILN_CHECK(*v > 0, "{}: field 'temperature' must be positive, got {}", source, *v);
+    out->temperature = static_cast<float>(*v);
+  }
+  if (const auto v = f.opt_integer("top_k")) {
+    KILN_CHECK(*v >= 0, "{}: field 'top_k' must be >= 0, got {}", source, *v);
+    out->top_k = static_cast<int>(std::min<int64_t>(*v, std::numeric_limits<int>::max()));
+  }
+  if (const auto v = f.opt_number("top_p")) {
+    KILN_CHECK(*v > 0 && *v <= 1, "{}: field 'top_p' must be in (0, 1], got {}", source, *v);
+    out->top_p = static_cast<float>(*v);
   }
   if (const json* v = f.find("eos_token_id")) {
     std::vector<int64_t> ids;
@@ -275,20 +298,6 @@ void parse_generation_object(const json& obj, const std::string& source, Generat
 }
 
 }  // namespace
-
-std::string_view activation_name(Activation a) {
-  switch (a) {
-    case Activation::kRelu:
-      return "relu";
-    case Activation::kGeluTanh:
-      return "gelu_tanh";
-    case Activation::kGeluExact:
-      return "gelu_exact";
-    case Activation::kSilu:
-      return "silu";
-  }
-  return "?";
-}
 
 std::string_view architecture_name(Architecture a) {
   switch (a) {
@@ -398,12 +407,66 @@ std::string model_config_to_json(const ModelConfig& config) {
   const GenerationDefaults& g = config.generation;
   nlohmann::ordered_json gen = nlohmann::ordered_json::object();
   if (g.max_new_tokens) gen["max_new_tokens"] = *g.max_new_tokens;
+  if (g.max_length) gen["max_length"] = *g.max_length;
+  if (g.min_new_tokens) gen["min_new_tokens"] = *g.min_new_tokens;
   if (g.num_beams) gen["num_beams"] = *g.num_beams;
   if (g.length_penalty) gen["length_penalty"] = *g.length_penalty;
-  if (g.early_stopping) gen["early_stopping"] = *g.early_stopping;
+  if (g.early_stopping) {
+    switch (*g.early_stopping) {
+      case EarlyStopping::kHeuristic:
+        gen["early_stopping"] = false;
+        break;
+      case EarlyStopping::kAlways:
+        gen["early_stopping"] = true;
+        break;
+      case EarlyStopping::kNever:
+        gen["early_stopping"] = "never";
+        break;
+    }
+  }
+  if (g.do_sample) gen["do_sample"] = *g.do_sample;
+  if (g.temperature) gen["temperature"] = *g.temperature;
+  if (g.top_k) gen["top_k"] = *g.top_k;
+  if (g.top_p) gen["top_p"] = *g.top_p;
   if (!g.eos_token_ids.empty()) gen["eos_token_id"] = g.eos_token_ids;
   if (!gen.empty()) j[kGenerationKey] = std::move(gen);
   return j.dump(2);
+}
+
+ModelDesc describe_model(const ModelConfig& config) {
+  ModelDesc d;
+  d.architecture = std::string(architecture_name(config.arch));
+  switch (config.arch) {
+    case Architecture::kT5: {
+      const T5Config& c = config.t5();
+      d.encoder_decoder = true;
+      d.vocab_size = c.vocab_size;
+      d.cache_layers = static_cast<int>(c.num_decoder_layers);
+      d.num_heads = static_cast<int>(c.num_heads);
+      d.head_dim = static_cast<int>(c.d_kv);
+      d.eos_token_ids = {c.eos_token_id};
+      d.pad_token_id = c.pad_token_id;
+      d.decoder_start_token_id = c.decoder_start_token_id;
+      d.max_positions = 512;  // T5's pretraining length; relative buckets allow longer
+      break;
+    }
+    case Architecture::kBloom: {
+      const BloomConfig& c = config.bloom();
+      d.encoder_decoder = false;
+      d.vocab_size = c.vocab_size;
+      d.cache_layers = static_cast<int>(c.n_layer);
+      d.num_heads = static_cast<int>(c.n_head);
+      d.head_dim = static_cast<int>(c.hidden_size / c.n_head);
+      d.eos_token_ids = {c.eos_token_id};
+      d.pad_token_id = c.pad_token_id;
+      d.decoder_start_token_id = c.bos_token_id;
+      d.max_positions = 2048;  // BLOOM's training context
+      break;
+    }
+  }
+  d.generation = config.generation;
+  if (!config.generation.eos_token_ids.empty()) d.eos_token_ids = config.generation.eos_token_ids;
+  return d;
 }
 
 }  // namespace kiln

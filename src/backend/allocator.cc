@@ -1,0 +1,60 @@
+#include <cstdlib>
+#include <cstring>
+
+#include "backend/backend.h"
+
+namespace kiln {
+namespace {
+
+class HostAllocator final : public Allocator {
+ public:
+  Device device() const override { return Device::kCpu; }
+  std::shared_ptr<void> allocate(size_t bytes) override {
+    const size_t rounded = std::max<size_t>((bytes + 63) / 64 * 64, 64);
+    void* p = std::aligned_alloc(64, rounded);
+    KILN_CHECK(p != nullptr, "out of memory allocating {} bytes of host memory", rounded);
+    std::memset(p, 0, rounded);
+    return std::shared_ptr<void>(p, [](void* q) { std::free(q); });
+  }
+  Tensor upload(const Tensor& host) override { return host.clone(); }
+};
+
+}  // namespace
+
+Tensor Allocator::tensor(DType dtype, const Shape& shape) {
+  const size_t bytes = dtype_bytes(dtype, static_cast<size_t>(shape_numel(shape)));
+  std::shared_ptr<void> memory = allocate(bytes);
+  void* data = memory.get();
+  return Tensor::view(dtype, shape, data, std::move(memory), device());
+}
+
+Allocator& host_allocator() {
+  // Stateless: one shared instance is not mutable global state.
+  static HostAllocator allocator;
+  return allocator;
+}
+
+std::string target_unsupported_reason(Device device, Precision precision) {
+  switch (device) {
+    case Device::kCpu:
+      if (precision == Precision::kFp32) return {};
+      return fmt::format("the cpu backend runs fp32 plans only so far (not {})",
+                         precision_name(precision));
+    case Device::kCuda:
+      return "this kiln has no CUDA kernels yet (the CUDA backend is planned); use --device cpu";
+  }
+  return "unknown device";
+}
+
+std::unique_ptr<Backend> make_backend(Context& ctx, Device device) {
+  switch (device) {
+    case Device::kCpu:
+      return make_cpu_backend(ctx);
+    case Device::kCuda:
+      break;
+  }
+  KILN_FAIL_KIND(ErrorKind::kUsage, "device {}: {}", device_name(device),
+                 target_unsupported_reason(device, Precision::kFp32));
+}
+
+}  // namespace kiln

@@ -1,0 +1,57 @@
+// The CPU kernel table: which function runs each (op, dtypes, ISA). The one place CPU dispatch
+// is decided; everything else asks the registry.
+#include "backend/cpu/kernels.h"
+
+namespace kiln::cpu {
+namespace {
+
+using CpuFn = void (*)(const Node&, std::span<const Tensor>, std::span<Tensor>, const KernelEnv&);
+
+class CpuKernel final : public Kernel {
+ public:
+  CpuKernel(const Node& node, CpuFn fn) : node_(node), fn_(fn) {}
+  void run(const KernelArgs& args) override {
+    KILN_CHECK(args.pool != nullptr, "cpu kernel '{}' without a thread pool", node_.name);
+    fn_(node_, args.in, args.out, KernelEnv{*args.pool, args.step});
+  }
+
+ private:
+  const Node& node_;
+  CpuFn fn_;
+};
+
+void add_fn(KernelRegistry& r, OpKind op, DType act, DType weight, Isa isa, const char* name,
+            CpuFn fn) {
+  r.add(KernelKey{op, act, weight, Device::kCpu, isa}, name,
+        [fn](const Node& node) { return std::make_unique<CpuKernel>(node, fn); });
+}
+
+}  // namespace
+
+void register_kernels(KernelRegistry& r) {
+  constexpr DType f32 = DType::kF32;
+  constexpr Isa base = Isa::kAvx2;
+  add_fn(r, OpKind::kEmbedding, f32, f32, base, "embedding gather", embedding);
+  add_fn(r, OpKind::kLinear, f32, f32, base, "avx2 dot4 linear", linear_avx2);
+  add_fn(r, OpKind::kLinear, f32, f32, Isa::kAvx512, "avx512 dot4 linear", linear_avx512);
+  add_fn(r, OpKind::kAdd, f32, f32, base, "add", add);
+  add_fn(r, OpKind::kMul, f32, f32, base, "mul", mul);
+  add_fn(r, OpKind::kScale, f32, f32, base, "scale", scale);
+  add_fn(r, OpKind::kRmsNorm, f32, f32, base, "rms norm", rms_norm);
+  add_fn(r, OpKind::kLayerNorm, f32, f32, base, "layer norm", layer_norm);
+  add_fn(r, OpKind::kActivation, f32, f32, base, "activation", activation);
+  add_fn(r, OpKind::kGatedActivation, f32, f32, base, "gated activation", gated_activation);
+  add_fn(r, OpKind::kSoftmax, f32, f32, base, "softmax", softmax);
+  add_fn(r, OpKind::kAttention, f32, f32, base, "paged attention", attention);
+  add_fn(r, OpKind::kGatherRows, f32, f32, base, "gather rows", gather_rows);
+  add_fn(r, OpKind::kAddRmsNorm, f32, f32, base, "add + rms norm", add_rms_norm);
+  // Casts between f32 and the narrow float types, in either direction (weights that constant
+  // folding did not resolve, and activations).
+  for (DType narrow : {DType::kF16, DType::kBF16}) {
+    add_fn(r, OpKind::kCast, f32, narrow, base, "cast", cast);
+    add_fn(r, OpKind::kCast, narrow, narrow, base, "cast", cast);
+  }
+  add_fn(r, OpKind::kCast, f32, f32, base, "cast", cast);
+}
+
+}  // namespace kiln::cpu

@@ -1,0 +1,129 @@
+#include "backend/executor.h"
+
+#include <algorithm>
+
+#include "graph/workspace.h"
+
+namespace kiln {
+
+GraphExecutor::GraphExecutor(const Graph& graph, const ShapeProfile& profile, Allocator& allocator,
+                             ThreadPool* pool, std::vector<std::unique_ptr<Kernel>> kernels,
+                             std::vector<std::string> kernel_names)
+    : graph_(graph),
+      profile_(profile),
+      allocator_(allocator),
+      pool_(pool),
+      kernels_(std::move(kernels)),
+      kernel_names_(std::move(kernel_names)) {
+  KILN_CHECK(kernels_.size() == graph_.nodes.size(), "graph '{}': {} kernels for {} nodes",
+             graph_.name, kernels_.size(), graph_.nodes.size());
+  values_.resize(graph_.values.size());
+  for (size_t i = 0; i < graph_.values.size(); ++i)
+    if (graph_.values[i].kind == ValueKind::kWeight) values_[i] = graph_.values[i].data;
+  for (const Node& n : graph_.nodes) has_attention_ |= n.op == OpKind::kAttention;
+}
+
+Bindings GraphExecutor::bucket_bindings(const ShapeProfile& profile, int64_t bucket) {
+  return {{"tokens", bucket}, {"rows", std::min(bucket, profile.max_batch)}};
+}
+
+GraphExecutor::Arena& GraphExecutor::arena_for(int64_t bucket) {
+  auto it = arenas_.find(bucket);
+  if (it != arenas_.end()) return it->second;
+  const Bindings bindings = bucket_bindings(profile_, bucket);
+  const WorkspaceLayout layout = workspace_layout(graph_, bindings);
+  int64_t scratch = 0;
+  for (const auto& k : kernels_) scratch = std::max(scratch, k->workspace_bytes(bindings));
+  Arena a;
+  a.offset = layout.offset;
+  a.scratch_offset = layout.bytes;
+  a.bytes = layout.bytes + (scratch + kWorkspaceAlign - 1) / kWorkspaceAlign * kWorkspaceAlign;
+  a.memory = allocator_.allocate(static_cast<size_t>(std::max<int64_t>(a.bytes, 64)));
+  return arenas_.emplace(bucket, std::move(a)).first->second;
+}
+
+int64_t GraphExecutor::workspace_bytes() const {
+  int64_t total = 0;
+  for (const auto& [bucket, a] : arenas_) total += a.bytes;
+  return total;
+}
+
+std::span<const Tensor> GraphExecutor::execute(std::span<const Tensor> inputs,
+                                               const StepContext* step) {
+  KILN_CHECK(inputs.size() == graph_.inputs.size(), "graph '{}': {} inputs fed, expected {}",
+             graph_.name, inputs.size(), graph_.inputs.size());
+  Bindings bindings;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const int id = graph_.inputs[i];
+    const Value& v = graph_.values[id];
+    const Tensor& t = inputs[i];
+    KILN_CHECK(t.defined() && t.dtype() == v.dtype, "graph '{}': input '{}' is {}, expected {}",
+               graph_.name, v.name, t.defined() ? dtype_name(t.dtype()) : "missing",
+               dtype_name(v.dtype));
+    KILN_CHECK(t.rank() == static_cast<int>(v.shape.size()),
+               "graph '{}': input '{}' has shape {}, expected {}", graph_.name, v.name,
+               shape_str(t.shape()), sym_shape_str(v.shape));
+    for (size_t d = 0; d < v.shape.size(); ++d) {
+      if (v.shape[d].is_symbolic()) {
+        auto [pos, fresh] = bindings.emplace(v.shape[d].symbol, t.shape()[d]);
+        KILN_CHECK(fresh || pos->second == t.shape()[d],
+                   "graph '{}': input '{}' binds '{}' = {}, but another input bound it to {}",
+                   graph_.name, v.name, v.shape[d].symbol, t.shape()[d], pos->second);
+      } else {
+        KILN_CHECK(t.shape()[d] == v.shape[d].value,
+                   "graph '{}': input '{}' has shape {}, expected {}", graph_.name, v.name,
+                   shape_str(t.shape()), sym_shape_str(v.shape));
+      }
+    }
+    values_[id] = t;
+  }
+  // Graphs without a ragged token dimension (tests, fixed shapes) use the largest bucket.
+  auto tokens = bindings.find("tokens");
+  const int64_t step_tokens = tokens != bindings.end() ? tokens->second : profile_.max_step_tokens;
+  KILN_CHECK(step_tokens > 0, "graph '{}': a step needs at least one token", graph_.name);
+  const int64_t bucket = profile_.bucket_for(step_tokens);
+  const Bindings limits = bucket_bindings(profile_, bucket);
+  for (const auto& [symbol, value] : bindings) {
+    auto cap = limits.find(symbol);
+    KILN_CHECK(cap != limits.end() && value <= cap->second,
+               "graph '{}': '{}' = {} exceeds the plan's limit of {}", graph_.name, symbol, value,
+               cap == limits.end() ? 0 : cap->second);
+  }
+  if (has_attention_) {
+    KILN_CHECK(step != nullptr && step->layout != nullptr,
+               "graph '{}': attention needs the step's layout", graph_.name);
+    KILN_CHECK(step->layout->total_tokens() == step_tokens,
+               "graph '{}': step layout covers {} tokens, the inputs hold {}", graph_.name,
+               step->layout->total_tokens(), step_tokens);
+    step->layout->check(step->kv ? step->kv->geometry().block_size : 0);
+    if (step->kv && !step->layout->copies.empty()) step->kv->copy_blocks(step->layout->copies);
+  }
+  Arena& arena = arena_for(bucket);
+  char* base = static_cast<char*>(arena.memory.get());
+  const Device device = allocator_.device();
+  for (size_t id = 0; id < graph_.values.size(); ++id) {
+    if (graph_.values[id].kind != ValueKind::kActivation) continue;
+    values_[id] =
+        Tensor::view(graph_.values[id].dtype, resolve_shape(graph_.values[id].shape, bindings),
+                     base + arena.offset[id], arena.memory, device);
+  }
+  KernelArgs args;
+  args.scratch = base + arena.scratch_offset;
+  args.step = step;
+  args.pool = pool_;
+  for (size_t n = 0; n < graph_.nodes.size(); ++n) {
+    const Node& node = graph_.nodes[n];
+    node_in_.clear();
+    node_out_.clear();
+    for (int id : node.inputs) node_in_.push_back(id >= 0 ? values_[id] : Tensor());
+    for (int id : node.outputs) node_out_.push_back(values_[id]);
+    args.in = node_in_;
+    args.out = node_out_;
+    kernels_[n]->run(args);
+  }
+  outputs_.clear();
+  for (int id : graph_.outputs) outputs_.push_back(values_[id]);
+  return outputs_;
+}
+
+}  // namespace kiln

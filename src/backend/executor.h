@@ -1,0 +1,50 @@
+// The graph executor every backend shares: binds the step's symbols from its inputs, picks the
+// shape bucket, places each activation at its offset in the bucket's workspace (allocated once
+// per bucket through the backend's allocator, never per step) and runs the node kernels in order.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "backend/backend.h"
+
+namespace kiln {
+
+class GraphExecutor final : public Executable {
+ public:
+  // `kernels` holds one prepared kernel per node, in node order.
+  GraphExecutor(const Graph& graph, const ShapeProfile& profile, Allocator& allocator,
+                ThreadPool* pool, std::vector<std::unique_ptr<Kernel>> kernels,
+                std::vector<std::string> kernel_names);
+
+  std::span<const Tensor> execute(std::span<const Tensor> inputs, const StepContext* step) override;
+  int64_t workspace_bytes() const override;
+  std::vector<std::string> kernel_names() const override { return kernel_names_; }
+
+  // The bindings a bucket's workspace is sized for: tokens = the bucket, rows = at most the
+  // profile's batch (every logits row is one sequence's last token).
+  static Bindings bucket_bindings(const ShapeProfile& profile, int64_t bucket);
+
+ private:
+  struct Arena {
+    std::shared_ptr<void> memory;
+    std::vector<int64_t> offset;  // per value
+    int64_t scratch_offset = 0;
+    int64_t bytes = 0;
+  };
+  Arena& arena_for(int64_t bucket);
+
+  const Graph& graph_;
+  ShapeProfile profile_;
+  Allocator& allocator_;
+  ThreadPool* pool_;
+  std::vector<std::unique_ptr<Kernel>> kernels_;
+  std::vector<std::string> kernel_names_;
+  std::map<int64_t, Arena> arenas_;
+  std::vector<Tensor> values_;
+  std::vector<Tensor> outputs_;
+  std::vector<Tensor> node_in_, node_out_;
+  bool has_attention_ = false;
+};
+
+}  // namespace kiln

@@ -1,0 +1,84 @@
+// Kernels are objects created once per node when a graph is compiled, from one registry keyed by
+// (op, dtypes, device, ISA): this is the single dispatch point of every backend. A kernel may
+// prepare() state once (pack weights, create library primitives), says how much scratch memory
+// it needs for a shape bucket, and run()s each step on tensors that already live in the
+// executable's workspace.
+#pragma once
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "backend/step.h"
+#include "core/target.h"
+#include "core/thread_pool.h"
+#include "graph/ir.h"
+
+namespace kiln {
+
+// Kernel families. kReference is the oracle (plain loops, double accumulation where it
+// matters); kAvx2 is the CPU baseline (x86-64-v3); kAvx512 needs AVX-512F at run time.
+enum class Isa : uint8_t { kReference, kAvx2, kAvx512, kSm90 };
+std::string_view isa_name(Isa isa);
+
+struct KernelKey {
+  OpKind op;
+  DType act;     // dtype of the node's first output
+  DType weight;  // dtype of its first weight input (== act when it has none)
+  Device device;
+  Isa isa;
+  auto operator<=>(const KernelKey&) const = default;
+};
+// The key a node asks for on a device and ISA.
+KernelKey kernel_key(const Graph& graph, const Node& node, Device device, Isa isa);
+std::string describe_key(const KernelKey& key);
+
+using Bindings = std::map<std::string, int64_t>;
+
+struct KernelArgs {
+  std::span<const Tensor> in;         // in the order the op's schema documents; undefined = absent
+  std::span<Tensor> out;              // preallocated, of the inferred shapes
+  void* scratch = nullptr;            // workspace_bytes() of device memory, 64-byte aligned
+  const StepContext* step = nullptr;  // required by Attention
+  ThreadPool* pool = nullptr;         // CPU kernels
+};
+
+class Kernel {
+ public:
+  virtual ~Kernel() = default;
+  // Once per node at compile time, before any run().
+  virtual void prepare(const Graph& graph) {}
+  // Scratch bytes a run needs at these (bucket) bindings.
+  virtual int64_t workspace_bytes(const Bindings& bindings) const { return 0; }
+  virtual void run(const KernelArgs& args) = 0;
+};
+
+using KernelFactory = std::function<std::unique_ptr<Kernel>(const Node& node)>;
+
+class KernelRegistry {
+ public:
+  // `name` says what the kernel is in logs and `kiln inspect` ("avx512 dot4 linear").
+  void add(const KernelKey& key, std::string name, KernelFactory factory);
+
+  struct Entry {
+    std::string name;
+    KernelFactory factory;
+  };
+  // Exact key, or for a CPU ISA the next narrower family that has the op (AVX-512 → AVX2).
+  // Null when nothing fits.
+  const Entry* find(const KernelKey& key) const;
+  std::vector<KernelKey> keys() const;
+
+ private:
+  std::map<KernelKey, Entry> entries_;
+};
+
+// Adapts a plain function to a stateless kernel.
+using KernelFn = void (*)(const Node& node, const KernelArgs& args);
+KernelFactory function_kernel(KernelFn fn);
+
+}  // namespace kiln

@@ -1,0 +1,94 @@
+// Typed attributes, one struct per op family. A node holds exactly the struct its op's schema
+// names (checked by the verifier), so a kernel reads `node.attr<NormAttrs>().eps` and never a
+// field that means nothing for its op. Enums are stored in plans by name (attrs_to_json).
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <variant>
+
+#include "core/dtype.h"
+
+namespace kiln {
+
+enum class Activation : uint8_t { kRelu, kGeluTanh, kGeluExact, kSilu };
+std::string_view activation_name(Activation a);  // "relu", "gelu_tanh", "gelu_exact", "silu"
+bool parse_activation_name(std::string_view name, Activation* out);
+
+enum class AttentionKind : uint8_t {
+  kEncoderSelf,  // keys = this step's tokens of the same sequence, no cache
+  kCachedSelf,   // appends this step's K/V to the sequence's paged cache, attends to all of it
+  kCross,        // keys = the sequence's cross K/V (computed once per request)
+};
+enum class PositionBias : uint8_t { kNone, kT5Relative, kAlibi };
+std::string_view attention_kind_name(AttentionKind k);
+std::string_view position_bias_name(PositionBias b);
+
+// Ops without attributes (Embedding, Add, Mul, Softmax, GatherRows).
+struct NoAttrs {
+  bool operator==(const NoAttrs&) const = default;
+};
+
+// Linear: an activation applied to the output, when a fusion put one there.
+struct LinearAttrs {
+  std::optional<Activation> activation;
+  bool operator==(const LinearAttrs&) const = default;
+};
+
+struct ScaleAttrs {
+  float scale = 1.0f;
+  bool operator==(const ScaleAttrs&) const = default;
+};
+
+// RMSNorm, LayerNorm, AddRMSNorm.
+struct NormAttrs {
+  double eps = 1e-6;
+  bool operator==(const NormAttrs&) const = default;
+};
+
+// Activation, GatedActivation.
+struct ActivationAttrs {
+  Activation activation = Activation::kRelu;
+  bool operator==(const ActivationAttrs&) const = default;
+};
+
+struct CastAttrs {
+  DType to = DType::kF32;
+  bool operator==(const CastAttrs&) const = default;
+};
+
+// Inputs: (q [n, H*dh], k [n, H*dh], v [n, H*dh]) for self kinds, (q) for kCross, or a packed
+// (qkv [n, 3*H*dh]) laid out [3, H, dh] when packed_qkv; then the relative-bias table
+// [num_buckets, H] when bias == kT5Relative. Output [n, H*dh].
+struct AttentionAttrs {
+  AttentionKind kind = AttentionKind::kEncoderSelf;
+  PositionBias bias = PositionBias::kNone;
+  int layer = 0;  // which cache / cross K/V slot this op binds to
+  int num_heads = 1;
+  int head_dim = 1;
+  bool causal = false;
+  bool packed_qkv = false;
+  float scale = 1.0f;  // T5: 1 (scores are not scaled); BLOOM: 1/sqrt(head_dim)
+  bool bidirectional_buckets = true;
+  int num_buckets = 32;
+  int max_distance = 128;
+  bool operator==(const AttentionAttrs&) const = default;
+};
+
+using OpAttrs = std::variant<NoAttrs, LinearAttrs, ScaleAttrs, NormAttrs, ActivationAttrs,
+                             CastAttrs, AttentionAttrs>;
+// Which alternative of OpAttrs an op takes (indices into the variant), named for messages.
+enum class AttrKind : uint8_t { kNone, kLinear, kScale, kNorm, kActivation, kCast, kAttention };
+std::string_view attr_kind_name(AttrKind k);
+inline AttrKind attr_kind_of(const OpAttrs& a) { return static_cast<AttrKind>(a.index()); }
+
+// " act=gelu_tanh", " eps=1e-06", ... for graph dumps; empty for NoAttrs.
+std::string attrs_summary(const OpAttrs& attrs);
+// JSON with enums by name; the reader checks every field and names `source` in errors.
+nlohmann::json attrs_to_json(const OpAttrs& attrs);
+OpAttrs attrs_from_json(const nlohmann::json& j, AttrKind kind, const std::string& source);
+
+}  // namespace kiln

@@ -1,0 +1,48 @@
+#include "runtime/compiled_model.h"
+
+#include "plan/plan.h"
+
+namespace kiln {
+
+std::unique_ptr<Tokenizer> make_model_tokenizer(const ModelIR& model, const std::string& source) {
+  TokenizerKind kind;
+  KILN_CHECK(parse_tokenizer_kind(model.tokenizer_format, &kind),
+             "{}: unknown tokenizer format '{}' (expected sentencepiece or byte_level_bpe)", source,
+             model.tokenizer_format);
+  return make_tokenizer(kind, model.tokenizer_bytes, source);
+}
+
+CompiledModel::CompiledModel(Context& ctx, ModelIR model) : ctx_(ctx), model_(std::move(model)) {
+  check_model_contract(model_, "model");
+  tokenizer_ = make_model_tokenizer(model_, "model tokenizer");
+  backend_ = make_backend(ctx_, model_.device);
+  KILN_CHECK_USAGE(backend_->supports_precision(model_.precision),
+                   "the {} backend does not run {} models", device_name(model_.device),
+                   precision_name(model_.precision));
+  const Graph& dec = model_.graph(kDecoderGraph);
+  decoder_ = backend_->compile(dec, model_.profile);
+  decoder_io_.input_ids = dec.input_index("input_ids");
+  decoder_io_.logit_rows = dec.input_index("logit_rows");
+  decoder_io_.logits = dec.output_index("logits");
+  if (model_.desc.encoder_decoder) {
+    const Graph& enc = model_.graph(kEncoderGraph);
+    encoder_ = backend_->compile(enc, model_.profile);
+    encoder_io_.input_ids = enc.input_index("input_ids");
+    for (int l = 0; l < model_.desc.cache_layers; ++l) {
+      encoder_io_.cross_k.push_back(enc.output_index("cross_k." + std::to_string(l)));
+      encoder_io_.cross_v.push_back(enc.output_index("cross_v." + std::to_string(l)));
+    }
+  }
+  ctx_.log().info("engine ready on {}", backend_->describe());
+}
+
+std::unique_ptr<CompiledModel> CompiledModel::load_plan(Context& ctx, const std::string& path) {
+  return std::make_unique<CompiledModel>(ctx, read_plan(path, ctx.log()));
+}
+
+Executable& CompiledModel::encoder() {
+  KILN_CHECK(encoder_ != nullptr, "this model has no encoder");
+  return *encoder_;
+}
+
+}  // namespace kiln

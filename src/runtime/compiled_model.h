@@ -1,0 +1,60 @@
+// A model ready to run: its ModelIR (from a plan, or built in memory by the builder), its
+// tokenizer, the backend for its device and the compiled graphs, with graph inputs and outputs
+// resolved to positions once. The runtime links no frontend or pass: loading a plan is all it
+// needs.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "core/context.h"
+#include "graph/model_ir.h"
+#include "tokenizer/tokenizer.h"
+
+namespace kiln {
+
+class CompiledModel {
+ public:
+  // Compiles the graphs on the backend of model.device; throws naming what is unsupported.
+  CompiledModel(Context& ctx, ModelIR model);
+  // Reads a plan (weights mmapped, not copied) and compiles it.
+  static std::unique_ptr<CompiledModel> load_plan(Context& ctx, const std::string& path);
+
+  Context& context() { return ctx_; }
+  const ModelIR& model() const { return model_; }
+  const ModelDesc& desc() const { return model_.desc; }
+  const Tokenizer& tokenizer() const { return *tokenizer_; }
+  Backend& backend() { return *backend_; }
+  Executable& encoder();  // encoder-decoder models only
+  Executable& decoder() { return *decoder_; }
+
+  // Positions of the contract's inputs and outputs (graph/model_ir.h), resolved once.
+  struct EncoderIo {
+    int input_ids = -1;
+    std::vector<int> cross_k, cross_v;  // per decoder layer
+  };
+  struct DecoderIo {
+    int input_ids = -1;
+    int logit_rows = -1;
+    int logits = -1;
+  };
+  const EncoderIo& encoder_io() const { return encoder_io_; }
+  const DecoderIo& decoder_io() const { return decoder_io_; }
+
+ private:
+  Context& ctx_;
+  ModelIR model_;
+  std::unique_ptr<Tokenizer> tokenizer_;
+  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<Executable> encoder_;
+  std::unique_ptr<Executable> decoder_;
+  EncoderIo encoder_io_;
+  DecoderIo decoder_io_;
+};
+
+// The tokenizer a model carries (its stored format and bytes).
+std::unique_ptr<Tokenizer> make_model_tokenizer(const ModelIR& model, const std::string& source);
+
+}  // namespace kiln

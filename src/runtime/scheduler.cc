@@ -1,0 +1,508 @@
+#include "runtime/scheduler.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <optional>
+#include <utility>
+
+#include "runtime/beam_search.h"
+#include "runtime/sampler.h"
+
+namespace kiln {
+
+struct Scheduler::Beam {
+  // Every token of the sequence: the prompt (decoder-only) or the start token (encoder-decoder),
+  // then the generated ones. Positions [kv.length(), seq.size()) are still to be fed.
+  std::vector<int64_t> seq;
+  int64_t generated = 0;  // trailing tokens of seq that were generated
+  SequenceKv kv;
+  int64_t scheduled = 0;  // tokens fed this step
+  int64_t row = -1;       // logits row this step
+  int64_t pending() const { return static_cast<int64_t>(seq.size()) - kv.length(); }
+};
+
+struct Scheduler::Request {
+  RequestId id = 0;
+  GenerationParams params;
+  int64_t max_new = 0;  // resolved from max_new_tokens or max_length
+  std::vector<int64_t> prompt;
+  std::shared_ptr<CrossKv> cross;  // encoder-decoder: shared by every beam
+  std::vector<Beam> beams;
+  std::optional<BeamSearch> beam_search;
+  std::mt19937_64 rng;
+  int64_t admitted = -1;   // admission order (preemption takes the youngest)
+  bool done = false;       // finished, failed or cancelled: leaves the running batch
+  bool preempted = false;  // blocks freed; goes back to the waiting queue
+  std::vector<int64_t> generated_tokens() const {
+    const Beam& b = beams.front();
+    return {b.seq.end() - b.generated, b.seq.end()};
+  }
+};
+
+GenerationParams default_generation_params(const ModelDesc& desc) {
+  GenerationParams p;
+  const GenerationDefaults& g = desc.generation;
+  if (g.max_new_tokens) {
+    p.max_new_tokens = *g.max_new_tokens;
+  } else if (g.max_length) {
+    p.max_new_tokens = 0;
+    p.max_length = *g.max_length;
+  }
+  if (g.min_new_tokens) p.min_new_tokens = *g.min_new_tokens;
+  if (g.num_beams) p.num_beams = *g.num_beams;
+  if (g.length_penalty) p.length_penalty = *g.length_penalty;
+  if (g.early_stopping) p.early_stopping = *g.early_stopping;
+  if (g.do_sample) p.do_sample = *g.do_sample;
+  if (g.temperature) p.temperature = *g.temperature;
+  if (g.top_k) p.top_k = *g.top_k;
+  if (g.top_p) p.top_p = *g.top_p;
+  return p;
+}
+
+namespace {
+
+KvGeometry geometry_of(const CompiledModel& m, int block_size) {
+  KvGeometry g;
+  g.layers = m.desc().cache_layers;
+  g.row_width = m.desc().cache_row_width();
+  g.block_size = block_size;
+  g.dtype = DType::kF32;
+  return g;
+}
+
+}  // namespace
+
+Scheduler::Scheduler(CompiledModel& model, SchedulerOptions options)
+    : model_(model),
+      options_(options),
+      kv_(model.backend().create_kv_storage(geometry_of(model, options.kv_block_size))),
+      blocks_(*kv_, options.kv_budget_blocks) {
+  const ShapeProfile& profile = model_.model().profile;
+  if (options_.max_step_tokens <= 0) options_.max_step_tokens = profile.max_step_tokens;
+  KILN_CHECK_USAGE(options_.max_batch >= 1 && options_.max_batch <= profile.max_batch,
+                   "batch size {} is outside 1..{} (the plan's profile)", options_.max_batch,
+                   profile.max_batch);
+  KILN_CHECK_USAGE(options_.max_step_tokens <= profile.max_step_tokens,
+                   "{} tokens per step exceed the plan's {}", options_.max_step_tokens,
+                   profile.max_step_tokens);
+  // A decode step gives each running sequence one token.
+  options_.max_step_tokens = std::max<int64_t>(options_.max_step_tokens, options_.max_batch);
+  eos_ids_ = model_.desc().eos_token_ids;
+}
+
+Scheduler::~Scheduler() {
+  for (auto& r : running_) release(*r);
+}
+
+bool Scheduler::is_eos(int64_t token) const {
+  return std::find(eos_ids_.begin(), eos_ids_.end(), token) != eos_ids_.end();
+}
+
+bool Scheduler::idle() const {
+  std::lock_guard<std::mutex> lock(inbox_mutex_);
+  return inbox_.empty() && cancels_.empty() && waiting_.empty() && running_.empty();
+}
+
+RequestId Scheduler::submit(std::vector<int64_t> prompt_ids, const GenerationParams& params) {
+  validate(params);
+  const ModelDesc& d = model_.desc();
+  const int64_t limit = model_.model().profile.max_input_tokens;
+  KILN_CHECK_USAGE(!prompt_ids.empty(), "empty prompt: nothing to generate from");
+  KILN_CHECK_USAGE(static_cast<int64_t>(prompt_ids.size()) <= limit,
+                   "prompt is {} tokens; this model allows at most {} (set at build time with "
+                   "--max-input-tokens)",
+                   prompt_ids.size(), limit);
+  for (int64_t id : prompt_ids)
+    KILN_CHECK_USAGE(id >= 0 && id < d.vocab_size, "prompt token id {} is outside [0, {})", id,
+                     d.vocab_size);
+  auto r = std::make_unique<Request>();
+  r->params = params;
+  r->max_new = params.max_new_tokens;
+  if (r->max_new == 0) {
+    // HF's max_length counts the prompt for decoder-only models and the start token for
+    // encoder-decoder ones.
+    const int64_t used = d.encoder_decoder ? 1 : static_cast<int64_t>(prompt_ids.size());
+    r->max_new = params.max_length - used;
+    KILN_CHECK_USAGE(r->max_new > 0,
+                     "max_length {} leaves no room for new tokens after {} tokens; set "
+                     "--max-new-tokens",
+                     params.max_length, used);
+  }
+  r->prompt = std::move(prompt_ids);
+  r->rng.seed(params.seed);
+  Beam b;
+  b.seq = d.encoder_decoder ? std::vector<int64_t>{d.decoder_start_token_id} : r->prompt;
+  r->beams.push_back(std::move(b));
+  std::lock_guard<std::mutex> lock(inbox_mutex_);
+  r->id = next_id_++;
+  const RequestId id = r->id;
+  inbox_.push_back(std::move(r));
+  return id;
+}
+
+void Scheduler::cancel(RequestId id) {
+  std::lock_guard<std::mutex> lock(inbox_mutex_);
+  cancels_.push_back(id);
+}
+
+void Scheduler::release(Request& r) {
+  for (Beam& b : r.beams) b.kv.release(blocks_);
+}
+
+void Scheduler::finish(Request& r, GenerationResult result, std::vector<GenerationEvent>& events) {
+  release(r);
+  r.done = true;
+  GenerationEvent e;
+  e.id = r.id;
+  e.finished = true;
+  // Beam search streams nothing until the winner is known.
+  if (r.params.num_beams > 1 && result.finish_reason != FinishReason::kCancelled)
+    e.new_tokens = result.output_ids;
+  e.result = std::move(result);
+  events.push_back(std::move(e));
+}
+
+void Scheduler::fail(Request& r, const std::string& message, std::vector<GenerationEvent>& events) {
+  release(r);
+  r.done = true;
+  GenerationEvent e;
+  e.id = r.id;
+  e.finished = true;
+  e.error = message;
+  events.push_back(std::move(e));
+}
+
+void Scheduler::drain_inbox(std::vector<GenerationEvent>& events) {
+  std::vector<RequestId> cancels;
+  {
+    std::lock_guard<std::mutex> lock(inbox_mutex_);
+    for (auto& r : inbox_) waiting_.push_back(std::move(r));
+    inbox_.clear();
+    cancels.swap(cancels_);
+  }
+  for (RequestId id : cancels) {
+    auto matches = [id](const std::unique_ptr<Request>& r) { return r->id == id; };
+    if (auto it = std::find_if(waiting_.begin(), waiting_.end(), matches); it != waiting_.end()) {
+      finish(**it, GenerationResult{{}, FinishReason::kCancelled, 0.0f}, events);
+      waiting_.erase(it);
+    } else if (auto jt = std::find_if(running_.begin(), running_.end(), matches);
+               jt != running_.end()) {
+      GenerationResult res{(*jt)->generated_tokens(), FinishReason::kCancelled, 0.0f};
+      finish(**jt, std::move(res), events);
+      running_.erase(jt);
+    }
+  }
+}
+
+// Admits waiting requests in order while the batch and the KV budget have room for them.
+void Scheduler::admit(std::vector<GenerationEvent>& events) {
+  const int bs = blocks_.block_size();
+  int running_seqs = 0;
+  for (auto& r : running_)
+    running_seqs += std::max<int>(static_cast<int>(r->beams.size()), r->params.num_beams);
+  std::vector<Request*> joining;
+  while (!waiting_.empty()) {
+    Request& r = *waiting_.front();
+    const int seqs = r.params.num_beams;
+    if (running_seqs + seqs > options_.max_batch && !running_.empty()) break;
+    int64_t need = 0;
+    for (const Beam& b : r.beams) need += (b.pending() + bs) / bs;  // prompt + one new token
+    if (blocks_.budget() > 0 && need > blocks_.budget()) {
+      fail(r,
+           fmt::format("the request needs {} KV blocks for its {} tokens; the KV budget is {} "
+                       "blocks",
+                       need, r.beams.front().seq.size(), blocks_.budget()),
+           events);
+      waiting_.pop_front();
+      continue;
+    }
+    // Keep one block per running sequence for its next token.
+    if (need + running_seqs > blocks_.available() && !running_.empty()) break;
+    std::unique_ptr<Request> owned = std::move(waiting_.front());
+    waiting_.pop_front();
+    owned->admitted = admissions_++;
+    running_seqs += seqs;
+    if (model_.desc().encoder_decoder && !owned->cross) joining.push_back(owned.get());
+    running_.push_back(std::move(owned));
+  }
+  if (!joining.empty()) encode(joining, events);
+}
+
+// Runs the encoder over the joining requests in batches within the step's token budget. A batch
+// that fails is retried one request at a time, so one bad request does not fail the others.
+void Scheduler::encode(std::vector<Request*>& joining, std::vector<GenerationEvent>& events) {
+  size_t begin = 0;
+  while (begin < joining.size()) {
+    size_t end = begin;
+    int64_t tokens = 0;
+    while (end < joining.size() &&
+           (end == begin ||
+            tokens + static_cast<int64_t>(joining[end]->prompt.size()) <= options_.max_step_tokens))
+      tokens += static_cast<int64_t>(joining[end++]->prompt.size());
+    std::vector<Request*> batch(joining.begin() + static_cast<ptrdiff_t>(begin),
+                                joining.begin() + static_cast<ptrdiff_t>(end));
+    try {
+      encode_batch(batch);
+    } catch (const std::exception& batch_error) {
+      for (Request* r : batch) {
+        try {
+          encode_batch({r});
+        } catch (const std::exception& e) {
+          fail(*r, fmt::format("encoder failed: {}", e.what()), events);
+        }
+      }
+    }
+    begin = end;
+  }
+  std::erase_if(running_, [](const std::unique_ptr<Request>& r) { return r->done; });
+}
+
+void Scheduler::encode_batch(const std::vector<Request*>& batch) {
+  const CompiledModel::EncoderIo& io = model_.encoder_io();
+  StepLayout layout;
+  layout.clear();
+  std::vector<int64_t> ids;
+  for (Request* r : batch) {
+    layout.add_sequence(static_cast<int64_t>(r->prompt.size()), 0, {}, nullptr);
+    ids.insert(ids.end(), r->prompt.begin(), r->prompt.end());
+  }
+  std::vector<Tensor> inputs(model_.model().graph(kEncoderGraph).inputs.size());
+  inputs[io.input_ids] = Tensor::from_vector(ids, {static_cast<int64_t>(ids.size())});
+  StepContext step{&layout, nullptr};
+  const std::span<const Tensor> out = model_.encoder().execute(inputs, &step);
+  Allocator& alloc = model_.backend().allocator();
+  for (size_t i = 0; i < batch.size(); ++i) {
+    // Copies of this request's rows only: the workspace is reused by the next step, and a
+    // request must not keep the whole batch's encoder output alive.
+    auto cross = std::make_shared<CrossKv>();
+    const int64_t b = layout.token_begin[i], e = layout.token_begin[i + 1];
+    for (size_t l = 0; l < io.cross_k.size(); ++l) {
+      cross->keys.push_back(alloc.upload(out[io.cross_k[l]].slice_rows(b, e)));
+      cross->values.push_back(alloc.upload(out[io.cross_v[l]].slice_rows(b, e)));
+    }
+    batch[i]->cross = std::move(cross);
+  }
+}
+
+void Scheduler::preempt(Request& r) {
+  release(r);
+  r.preempted = true;
+  for (Beam& b : r.beams) b.scheduled = 0;
+  ++preemptions_;
+  model_.context().log().info("kv budget exhausted: request {} preempted (will be recomputed)",
+                              r.id);
+}
+
+// Makes room in the KV cache for the tokens scheduled for `r`, preempting younger requests when
+// the budget is exhausted. False when `r` itself cannot fit (it has been failed).
+bool Scheduler::reserve_blocks(Request& r, std::vector<GenerationEvent>& events) {
+  for (;;) {
+    int64_t need = 0;
+    for (const Beam& b : r.beams) need += b.kv.blocks_needed(blocks_, b.scheduled);
+    if (need <= blocks_.available()) return true;
+    Request* victim = nullptr;
+    for (auto& other : running_)
+      if (other.get() != &r && !other->done && !other->preempted && other->admitted > r.admitted &&
+          (victim == nullptr || other->admitted > victim->admitted))
+        victim = other.get();
+    if (victim == nullptr) {
+      fail(r,
+           fmt::format("the KV budget of {} blocks cannot hold this request ({} more blocks "
+                       "needed)",
+                       blocks_.budget(), need),
+           events);
+      return false;
+    }
+    preempt(*victim);
+  }
+}
+
+void Scheduler::run_decoder(const std::vector<Request*>& batch, bool apply_copies) {
+  const CompiledModel::DecoderIo& io = model_.decoder_io();
+  if (!apply_copies) layout_.copies.clear();
+  std::vector<BlockCopy> copies = std::move(layout_.copies);
+  layout_.clear();
+  layout_.copies = std::move(copies);
+  ids_.clear();
+  rows_.clear();
+  for (Request* r : batch)
+    for (Beam& b : r->beams) {
+      if (b.scheduled == 0) continue;
+      const int64_t from = b.kv.length();
+      layout_.add_sequence(b.scheduled, from, b.kv.blocks(), r->cross.get());
+      ids_.insert(ids_.end(), b.seq.begin() + from, b.seq.begin() + from + b.scheduled);
+      b.row = static_cast<int64_t>(rows_.size());
+      rows_.push_back(static_cast<int64_t>(ids_.size()) - 1);
+    }
+  std::vector<Tensor> inputs(model_.model().graph(kDecoderGraph).inputs.size());
+  inputs[io.input_ids] = Tensor::from_vector(ids_, {static_cast<int64_t>(ids_.size())});
+  inputs[io.logit_rows] = Tensor::from_vector(rows_, {static_cast<int64_t>(rows_.size())});
+  StepContext step{&layout_, kv_.get()};
+  const std::span<const Tensor> out = model_.decoder().execute(inputs, &step);
+  const Tensor& logits = out[io.logits];
+  logits_.resize(static_cast<size_t>(logits.numel()));
+  std::memcpy(logits_.data(), logits.data<float>(), logits.nbytes());
+}
+
+std::vector<GenerationEvent> Scheduler::step() {
+  std::vector<GenerationEvent> events;
+  drain_inbox(events);
+  admit(events);
+  if (running_.empty()) {
+    blocks_.shrink();  // idle: give the cache's memory back
+    return events;
+  }
+  // Token budget: one token for every decoding sequence first, then prefill chunks in
+  // admission order.
+  int64_t budget = options_.max_step_tokens;
+  for (auto& r : running_)
+    for (Beam& b : r->beams) {
+      b.scheduled = 0;
+      b.row = -1;
+      if (b.pending() == 1 && budget > 0) {
+        b.scheduled = 1;
+        --budget;
+      }
+    }
+  for (auto& r : running_)
+    for (Beam& b : r->beams)
+      if (b.pending() > 1 && budget > 0) {
+        b.scheduled = std::min(b.pending(), budget);
+        budget -= b.scheduled;
+      }
+  layout_.copies.clear();
+  std::vector<Request*> batch;
+  for (auto& r : running_) {
+    if (r->done || r->preempted) continue;
+    bool any = false;
+    for (const Beam& b : r->beams) any |= b.scheduled > 0;
+    if (!any) continue;
+    if (!reserve_blocks(*r, events)) continue;
+    for (Beam& b : r->beams)
+      if (b.scheduled > 0) b.kv.prepare_append(blocks_, b.scheduled, &layout_.copies);
+    batch.push_back(r.get());
+  }
+  // Preempted requests go back to the front of the queue, oldest first; failed ones are gone.
+  for (auto it = running_.rbegin(); it != running_.rend(); ++it)
+    if ((*it)->preempted && !(*it)->done) {
+      (*it)->preempted = false;
+      (*it)->admitted = -1;
+      waiting_.push_front(std::move(*it));
+    }
+  std::erase_if(running_, [](const std::unique_ptr<Request>& r) { return !r || r->done; });
+  if (batch.empty()) return events;
+
+  try {
+    run_decoder(batch, true);
+    for (Request* r : batch) {
+      for (Beam& b : r->beams) b.kv.commit(b.scheduled);
+      advance(*r, events);
+    }
+  } catch (const std::exception& batch_error) {
+    // Isolate: run each request alone; the ones that fail again get an error event.
+    for (Request* r : batch) {
+      try {
+        run_decoder({r}, false);
+        for (Beam& b : r->beams) b.kv.commit(b.scheduled);
+        advance(*r, events);
+      } catch (const std::exception& e) {
+        fail(*r, fmt::format("decoder failed: {}", e.what()), events);
+      }
+    }
+  }
+  ++steps_;
+  std::erase_if(running_, [](const std::unique_ptr<Request>& r) { return r->done; });
+  return events;
+}
+
+void Scheduler::advance(Request& r, std::vector<GenerationEvent>& events) {
+  // A sequence whose prompt is still being prefilled in chunks has no token to choose yet.
+  for (const Beam& b : r.beams)
+    if (b.pending() > 0 || b.scheduled == 0) return;
+  if (r.params.num_beams > 1) {
+    advance_beams(r, events);
+    return;
+  }
+  Beam& b = r.beams[0];
+  const int64_t vocab = model_.desc().vocab_size;
+  std::span<float> row(logits_.data() + b.row * vocab, static_cast<size_t>(vocab));
+  if (b.generated < r.params.min_new_tokens)
+    for (int64_t eos : eos_ids_) row[eos] = -INFINITY;
+  const int64_t token = r.params.do_sample ? sample_token(row, r.params, r.rng) : argmax(row);
+  if (is_eos(token)) {
+    finish(r, GenerationResult{r.generated_tokens(), FinishReason::kEos, 0.0f}, events);
+    return;
+  }
+  b.seq.push_back(token);
+  ++b.generated;
+  GenerationEvent e;
+  e.id = r.id;
+  e.new_tokens = {token};
+  events.push_back(std::move(e));
+  if (b.generated >= r.max_new)
+    finish(r, GenerationResult{r.generated_tokens(), FinishReason::kLength, 0.0f}, events);
+}
+
+// HF beam search (runtime/beam_search.h); surviving beams fork their parent's KV blocks.
+void Scheduler::advance_beams(Request& r, std::vector<GenerationEvent>& events) {
+  if (!r.beam_search) {
+    GenerationParams p = r.params;
+    p.max_new_tokens = r.max_new;
+    r.beam_search.emplace(p, eos_ids_);
+  }
+  BeamSearch& search = *r.beam_search;
+  const int64_t vocab = model_.desc().vocab_size;
+  const size_t width = static_cast<size_t>(vocab);
+  std::vector<float> log_probs(r.beams.size() * width), lp;
+  for (size_t bi = 0; bi < r.beams.size(); ++bi) {
+    const Beam& beam = r.beams[bi];
+    log_softmax(std::span<const float>(logits_.data() + beam.row * vocab, width), &lp);
+    // HF applies logits processors after log_softmax in beam search: no renormalisation.
+    if (beam.generated < r.params.min_new_tokens)
+      for (int64_t eos : eos_ids_) lp[eos] = -INFINITY;
+    std::copy(lp.begin(), lp.end(), log_probs.begin() + static_cast<ptrdiff_t>(bi * width));
+  }
+  const std::vector<BeamContinuation> next = search.step(log_probs, vocab);
+  if (search.done()) {
+    const BeamHypothesis& best = search.best();
+    finish(r,
+           GenerationResult{best.tokens, best.eos ? FinishReason::kEos : FinishReason::kLength,
+                            best.score},
+           events);
+    return;
+  }
+  std::vector<Beam> beams;
+  for (const BeamContinuation& c : next) {
+    const Beam& parent = r.beams[static_cast<size_t>(c.parent)];
+    Beam b;
+    b.seq = parent.seq;
+    b.seq.push_back(c.token);
+    b.generated = parent.generated + 1;
+    b.kv = parent.kv.fork(blocks_);
+    beams.push_back(std::move(b));
+  }
+  release(r);
+  r.beams = std::move(beams);
+}
+
+std::vector<GenerationResult> Scheduler::generate(const std::vector<std::vector<int64_t>>& prompts,
+                                                  const GenerationParams& params) {
+  std::map<RequestId, size_t> order;
+  for (size_t i = 0; i < prompts.size(); ++i) order[submit(prompts[i], params)] = i;
+  std::vector<GenerationResult> results(prompts.size());
+  size_t received = 0;
+  while (received < prompts.size()) {
+    for (GenerationEvent& e : step()) {
+      if (!e.finished) continue;
+      auto it = order.find(e.id);
+      if (it == order.end()) continue;
+      KILN_CHECK(e.error.empty(), "prompt {}: {}", it->second + 1, e.error);
+      results[it->second] = std::move(e.result);
+      ++received;
+    }
+  }
+  return results;
+}
+
+}  // namespace kiln

@@ -1,0 +1,121 @@
+// Iteration-level generation: the runtime's batching policy. Requests are submitted at any time
+// (from any thread) and join the running batch between steps; each step runs the encoder for
+// newly admitted encoder-decoder requests, then one decoder pass over every running sequence
+// (prefill chunks for new ones, one token for the others), and emits per-request events.
+//
+// Thread-safety: one engine thread owns a Scheduler and calls step(); submit() and cancel() may
+// be called from any thread (they only queue work for the next step). Nothing else of the
+// runtime is thread-safe; in particular ThreadPool::parallel_for is not reentrant, so kernels
+// run only on the engine thread.
+//
+// Budgets: a step runs at most max_step_tokens tokens (longer prompts are prefilled in chunks)
+// and max_batch sequences; a request is admitted only when the KV budget has blocks for its
+// prompt. When a running sequence needs a block and the budget is exhausted, the most recently
+// admitted other request is preempted: its blocks are freed, and it is recomputed (its tokens
+// prefilled again) when it is readmitted. A request that cannot fit even alone fails with an
+// error event; the others are unaffected.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kiln/generate.h"
+#include "runtime/compiled_model.h"
+#include "runtime/kv_cache.h"
+
+namespace kiln {
+
+using RequestId = int64_t;
+
+struct SchedulerOptions {
+  int max_batch = 8;             // sequences (beams included) stepped together
+  int64_t max_step_tokens = 0;   // 0: the plan's profile
+  int64_t kv_budget_blocks = 0;  // 0: no limit
+  int kv_block_size = 16;        // positions per KV block
+};
+
+struct GenerationEvent {
+  RequestId id = 0;
+  std::vector<int64_t> new_tokens;  // ids that became final this step (beams: all at the end)
+  bool finished = false;
+  GenerationResult result;  // set when finished without error
+  std::string error;        // non-empty: the request failed (finished is true)
+};
+
+// HF's defaults with the model's generation_config.json applied on top.
+GenerationParams default_generation_params(const ModelDesc& desc);
+
+class Scheduler {
+ public:
+  explicit Scheduler(CompiledModel& model, SchedulerOptions options = {});
+  ~Scheduler();
+
+  // Validates (usage errors throw here, naming the field) and queues a request for the next
+  // step. Thread-safe.
+  RequestId submit(std::vector<int64_t> prompt_ids, const GenerationParams& params);
+  // The request ends before the next step: its blocks are freed and a finished event with
+  // FinishReason::kCancelled is emitted. Unknown or finished ids are ignored. Thread-safe.
+  void cancel(RequestId id);
+  // One iteration (engine thread only). Returns this step's events.
+  std::vector<GenerationEvent> step();
+  bool idle() const;
+
+  // Convenience: submits all, steps until done, results in prompt order. A failed request
+  // throws naming its index.
+  std::vector<GenerationResult> generate(const std::vector<std::vector<int64_t>>& prompts,
+                                         const GenerationParams& params);
+
+  int64_t kv_blocks_in_use() const { return blocks_.in_use(); }
+  int64_t kv_bytes_allocated() const { return kv_->bytes_allocated(); }
+  size_t running() const { return running_.size(); }
+  int64_t steps() const { return steps_; }
+  int64_t preemptions() const { return preemptions_; }
+
+ private:
+  struct Beam;
+  struct Request;
+
+  void drain_inbox(std::vector<GenerationEvent>& events);
+  void admit(std::vector<GenerationEvent>& events);
+  void encode(std::vector<Request*>& joining, std::vector<GenerationEvent>& events);
+  void encode_batch(const std::vector<Request*>& batch);
+  bool reserve_blocks(Request& r, std::vector<GenerationEvent>& events);
+  void preempt(Request& r);
+  void run_decoder(const std::vector<Request*>& batch, bool apply_copies);
+  void advance(Request& r, std::vector<GenerationEvent>& events);
+  void advance_beams(Request& r, std::vector<GenerationEvent>& events);
+  void finish(Request& r, GenerationResult result, std::vector<GenerationEvent>& events);
+  void fail(Request& r, const std::string& message, std::vector<GenerationEvent>& events);
+  void release(Request& r);
+  bool is_eos(int64_t token) const;
+
+  CompiledModel& model_;
+  SchedulerOptions options_;
+  std::unique_ptr<KvStorage> kv_;
+  BlockManager blocks_;
+  std::vector<int64_t> eos_ids_;
+
+  mutable std::mutex inbox_mutex_;
+  std::vector<std::unique_ptr<Request>> inbox_;
+  std::vector<RequestId> cancels_;
+  RequestId next_id_ = 0;
+
+  std::deque<std::unique_ptr<Request>> waiting_;
+  std::vector<std::unique_ptr<Request>> running_;  // admission order
+  int64_t admissions_ = 0;
+  int64_t steps_ = 0;
+  int64_t preemptions_ = 0;
+
+  // Reused every step.
+  StepLayout layout_;
+  std::vector<int64_t> ids_, rows_;
+  std::vector<float> logits_;  // [rows, vocab] copied out of the decoder's workspace
+};
+
+}  // namespace kiln
