@@ -11,7 +11,7 @@ expect_in "$TMP/err" "fold_constants" "fp16 weights folded to f32"
 expect_exit 0 "inspect" -- "$KILN" inspect "$TMP/bloom.plan"
 expect_in "$TMP/out" "\"device\": \"cpu\"" "inspect shows metadata"
 expect_in "$TMP/out" "Linear+activation" "inspect shows fusions"
-expect_in "$TMP/out" "activations" "inspect shows activation memory"
+expect_in "$TMP/out" "workspace per token bucket" "inspect shows activation memory"
 
 printf '"reverse: suvogi"\n{"prompt": "add: 456 + 95"}\n{"text": "upper: tu"}\n' > "$TMP/prompts.jsonl"
 expect_exit 0 "run t5 --json" -- "$KILN" run --plan "$TMP/t5.plan" --input "$TMP/prompts.jsonl" --json

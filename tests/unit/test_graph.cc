@@ -74,7 +74,7 @@ TEST(GraphBuilder, SymbolicDimsFlowThroughShapeInference) {
   EXPECT_EQ(g.values[h].kind, ValueKind::kActivation);
   EXPECT_EQ(g.values[h].name, "proj");
   // The fused residual op (made by a pass, not the builder) infers two outputs.
-  Node fused{OpKind::kAddRmsNorm, "fused", {h, n, g.find_value("norm.w")}, {}, {}};
+  Node fused{OpKind::kAddRmsNorm, "fused", {h, n, g.find_value("norm.w")}, {}, NormAttrs{1e-6}};
   const std::vector<ValueType> types = infer_node(g, fused);
   ASSERT_EQ(types.size(), 2u);
   EXPECT_EQ(types[0].shape, tokens_by(32));
@@ -439,15 +439,20 @@ TEST_F(BadInputGraphJson, UnknownOpOrWrongArity) {
 }
 
 TEST_F(BadInputGraphJson, BadEnums) {
-  expect_rejected([&](Json& j) { node(j, "up")["attrs"]["activation"] = 4; }, "activation");
-  expect_rejected([&](Json& j) { node(j, "up")["attrs"]["activation"] = -1; });
-  expect_rejected([&](Json& j) { node(j, "t5_attn")["attrs"]["attention"]["kind"] = 3; });
-  expect_rejected([&](Json& j) { node(j, "t5_attn")["attrs"]["attention"]["bias"] = 200; });
-  expect_rejected([&](Json& j) { node(j, "t5_attn")["attrs"]["attention"]["num_heads"] = 0; });
-  expect_rejected([&](Json& j) { node(j, "t5_attn")["attrs"]["attention"]["layer"] = -3; });
-  expect_rejected([&](Json& j) { node(j, "to_bf16")["attrs"]["dtype"] = "f128"; }, "f128");
-  expect_rejected([&](Json& j) { j["values"][0]["kind"] = 3; });
+  // Enums are stored by name: unknown names, and the numbers of the v1 format, are refused.
+  expect_rejected([&](Json& j) { node(j, "up")["attrs"]["activation"] = "swish9"; }, "swish9");
+  expect_rejected([&](Json& j) { node(j, "up")["attrs"]["activation"] = 1; });
+  expect_rejected([&](Json& j) { node(j, "t5_attn")["attrs"]["kind"] = "sideways"; }, "sideways");
+  expect_rejected([&](Json& j) { node(j, "t5_attn")["attrs"]["kind"] = 2; });
+  expect_rejected([&](Json& j) { node(j, "t5_attn")["attrs"]["bias"] = "rope"; }, "rope");
+  expect_rejected([&](Json& j) { node(j, "t5_attn")["attrs"]["num_heads"] = 0; });
+  expect_rejected([&](Json& j) { node(j, "t5_attn")["attrs"]["layer"] = -3; });
+  expect_rejected([&](Json& j) { node(j, "to_bf16")["attrs"]["to"] = "f128"; }, "f128");
+  expect_rejected([&](Json& j) { j["values"][0]["kind"] = "constant"; }, "constant");
+  expect_rejected([&](Json& j) { j["values"][0]["kind"] = 0; });
   expect_rejected([&](Json& j) { j["values"][0]["dtype"] = "complex64"; });
+  // A node holding another op's attributes (a Linear's on an RMSNorm) is refused by name.
+  expect_rejected([&](Json& j) { node(j, "ln")["attrs"] = {{"activation", "relu"}}; });
 }
 
 TEST_F(BadInputGraphJson, MalformedStructure) {
@@ -465,8 +470,8 @@ TEST_F(BadInputGraphJson, EveryErrorNamesTheSource) {
   const std::pair<const char*, std::function<void(Json&)>> edits[] = {
       {"malformed field", [&](Json& j) { j.erase("nodes"); }},
       {"unknown op", [&](Json& j) { node(j, "ln")["op"] = "Conv"; }},
-      {"bad enum", [&](Json& j) { node(j, "up")["attrs"]["activation"] = 4; }},
-      {"unknown dtype", [&](Json& j) { node(j, "to_bf16")["attrs"]["dtype"] = "f128"; }},
+      {"bad enum", [&](Json& j) { node(j, "up")["attrs"]["activation"] = "swish9"; }},
+      {"unknown dtype", [&](Json& j) { node(j, "to_bf16")["attrs"]["to"] = "f128"; }},
       {"node output id -1", [&](Json& j) { node(j, "embed")["outputs"][0] = -1; }},
       {"required input -1", [&](Json& j) { node(j, "ln")["inputs"][0] = -1; }},
       {"nodes out of order", [&](Json& j) { std::swap(j["nodes"][0], j["nodes"][1]); }},

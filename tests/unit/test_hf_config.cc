@@ -430,7 +430,15 @@ TEST(BadInputHfConfig, BadActivation) {
 TEST(BadInputHfConfig, BadGenerationValues) {
   GenerationDefaults g;
   expect_error([&] { parse_generation_config(R"({"num_beams": 0})", "g.json", &g); },
-               {"g.json", "'num_beams'", "positive"});
+               {"g.json", "'num_beams'", "1..32"});
+  expect_error([&] { parse_generation_config(R"({"num_beams": 33})", "g.json", &g); },
+               {"g.json", "'num_beams'", "1..32"});
+  expect_error([&] { parse_generation_config(R"({"top_p": 1.5})", "g.json", &g); },
+               {"g.json", "'top_p'"});
+  expect_error([&] { parse_generation_config(R"({"temperature": 0})", "g.json", &g); },
+               {"g.json", "'temperature'"});
+  expect_error([&] { parse_generation_config(R"({"do_sample": "yes"})", "g.json", &g); },
+               {"g.json", "'do_sample'"});
   expect_error([&] { parse_generation_config(R"({"max_new_tokens": -1})", "g.json", &g); },
                {"g.json", "'max_new_tokens'"});
   expect_error([&] { parse_generation_config(R"({"early_stopping": "sometimes"})", "g.json", &g); },
