@@ -68,7 +68,8 @@ struct ByteRange {
 
 // Validates one tensor entry and makes its tensor; `range` receives the bytes it claims
 // (relative to the data section) for the overlap check. Everything is checked before a Tensor
-// is made, since Tensor's shape arithmetic does not guard overflow.
+// is made, so that a hostile header fails here with the file and tensor named rather than deep
+// inside Tensor's own checks.
 Tensor parse_entry(const std::string& path, const std::string& name, const json& entry,
                    const char* data, uint64_t data_bytes, const std::shared_ptr<MappedFile>& owner,
                    ByteRange* range) {
@@ -89,9 +90,9 @@ Tensor parse_entry(const std::string& path, const std::string& name, const json&
   KILN_CHECK(shape_it != entry.end(), "{}: tensor '{}': missing 'shape'", path, name);
   KILN_CHECK(shape_it->is_array(), "{}: tensor '{}': 'shape' must be an array, got {}", path, name,
              brief_json(*shape_it));
-  // Tensor's shape_numel and stride computation multiply dimensions in int64_t from either end
-  // without overflow checks, so the product of the non-zero dimensions (which bounds every
-  // partial product) must fit in int64_t even when a zero makes the tensor empty.
+  // Tensor's stride computation multiplies dimensions in int64_t from the innermost one, so the
+  // product of the non-zero dimensions (which bounds every partial product) must fit in int64_t
+  // even when a zero makes the tensor empty.
   constexpr auto kMaxI64 = static_cast<uint64_t>(std::numeric_limits<int64_t>::max());
   Shape shape;
   uint64_t nonzero_product = 1;

@@ -95,6 +95,15 @@ Scheduler::~Scheduler() {
   for (auto& r : running_) release(*r);
 }
 
+int64_t Scheduler::cross_kv_bytes() const {
+  int64_t total = 0;
+  for (const auto& r : running_)
+    if (r->cross)
+      for (size_t l = 0; l < r->cross->keys.size(); ++l)
+        total += static_cast<int64_t>(r->cross->keys[l].nbytes() + r->cross->values[l].nbytes());
+  return total;
+}
+
 bool Scheduler::is_eos(int64_t token) const {
   return std::find(eos_ids_.begin(), eos_ids_.end(), token) != eos_ids_.end();
 }
@@ -307,11 +316,18 @@ bool Scheduler::reserve_blocks(Request& r, std::vector<GenerationEvent>& events)
           (victim == nullptr || other->admitted > victim->admitted))
         victim = other.get();
     if (victim == nullptr) {
-      fail(r,
-           fmt::format("the KV budget of {} blocks cannot hold this request ({} more blocks "
-                       "needed)",
-                       blocks_.budget(), need),
-           events);
+      int64_t held = 0;
+      for (const Beam& b : r.beams) held += static_cast<int64_t>(b.kv.blocks().size());
+      if (blocks_.budget() > 0 && held + need > blocks_.budget()) {
+        fail(r,
+             fmt::format("the KV budget of {} blocks cannot hold this request ({} blocks "
+                         "needed)",
+                         blocks_.budget(), held + need),
+             events);
+        return false;
+      }
+      // Older requests hold the blocks: this one waits for them (recomputed when readmitted).
+      preempt(r);
       return false;
     }
     preempt(*victim);

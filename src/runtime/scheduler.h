@@ -72,6 +72,8 @@ class Scheduler {
                                          const GenerationParams& params);
 
   int64_t kv_blocks_in_use() const { return blocks_.in_use(); }
+  // Bytes of cross-attention K/V held by running requests (each holds only its own rows).
+  int64_t cross_kv_bytes() const;
   int64_t kv_bytes_allocated() const { return kv_->bytes_allocated(); }
   size_t running() const { return running_.size(); }
   int64_t steps() const { return steps_; }

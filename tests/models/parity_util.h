@@ -36,12 +36,6 @@ inline double relative_error(const Tensor& got, const Tensor& ref) {
   return max_ref == 0.0 ? max_diff : max_diff / max_ref;
 }
 
-inline int reference_cases(const Checkpoint& ref) {
-  int n = 0;
-  while (ref.has("case" + std::to_string(n) + ".input_ids")) ++n;
-  return n;
-}
-
 // Removes trailing occurrences of `token` (pad) and then one trailing EOS.
 inline std::vector<int64_t> strip_generated(std::vector<int64_t> ids, int64_t eos, int64_t pad) {
   while (!ids.empty() && ids.back() == pad && pad != eos) ids.pop_back();

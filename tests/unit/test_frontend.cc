@@ -4,6 +4,8 @@
 
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "../models/model_runner.h"
 #include "../models/parity_util.h"
@@ -49,6 +51,52 @@ TEST(Frontend, HalfPrecisionT5CheckpointsAreWidenedExactly) {
         }
       }
     }
+  }
+}
+
+// The same checkpoint split into three shards behind model.safetensors.index.json (as
+// transformers' save_pretrained writes large models) builds the same model: bit-identical logits
+// and the same greedy ids.
+TEST(Frontend, ShardedCheckpointImportsLikeTheSingleFile) {
+  Context ctx(ContextOptions{LogLevel::kError, 2});
+  for (const char* model : {"t5-tiny", "bloom-tiny"}) {
+    const std::string dir = std::string(KILN_TEST_TMP) + "/sharded-" + model;
+    fs::remove_all(dir);
+    fs::create_directories(dir);
+    for (const auto& e : fs::directory_iterator(fixture(model))) {
+      const std::string name = e.path().filename().string();
+      if (name != "model.safetensors" && name.find("reference") == std::string::npos)
+        fs::copy_file(e.path(), dir + "/" + name);
+    }
+    const SafetensorsFile src =
+        SafetensorsFile::open(fixture(std::string(model) + "/model.safetensors"));
+    std::map<std::string, Tensor> shards[3];
+    nlohmann::json weight_map = nlohmann::json::object();
+    int i = 0;
+    for (const auto& [n, t] : src.tensors()) {
+      const int s = i++ % 3;
+      shards[s][n] = t;
+      weight_map[n] = fmt::format("model-{:05d}-of-00003.safetensors", s + 1);
+    }
+    for (int s = 0; s < 3; ++s)
+      write_safetensors(fmt::format("{}/model-{:05d}-of-00003.safetensors", dir, s + 1), shards[s]);
+    std::ofstream(dir + "/model.safetensors.index.json")
+        << nlohmann::json{{"metadata", {{"total_size", 0}}}, {"weight_map", weight_map}}.dump();
+    ASSERT_FALSE(fs::exists(dir + "/model.safetensors"));
+
+    auto single = compile_model_dir(ctx, fixture(model));
+    auto sharded = compile_model_dir(ctx, dir);
+    const bool t5 = single->desc().encoder_decoder;
+    const std::vector<int64_t> prompt =
+        single->tokenizer().encode("reverse: suvogi" + std::string(t5 ? "" : " ="));
+    const std::vector<int64_t> dec = t5 ? std::vector<int64_t>{0, 159, 154} : prompt;
+    const Forward a = run_forward(*single, prompt, dec, false);
+    const Forward b = run_forward(*sharded, prompt, dec, false);
+    EXPECT_EQ(std::memcmp(a.logits.raw(), b.logits.raw(), a.logits.nbytes()), 0) << model;
+    Scheduler ga(*single), gb(*sharded);
+    EXPECT_EQ(ga.generate({prompt}, GenerationParams{})[0].output_ids,
+              gb.generate({prompt}, GenerationParams{})[0].output_ids)
+        << model;
   }
 }
 

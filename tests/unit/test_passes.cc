@@ -191,8 +191,25 @@ TEST(Passes, FuseAddRmsNormKeepsTopologicalOrderWhenTheNormWeightIsComputed) {
   b.output(b.rms_norm(sum, w, 1e-6, "norm"), "normed");
   b.output(sum, "sum");
   Graph g = b.finish();
-  fuse_add_rms_norm(g, kQuiet);
+  // The fused node would take the Add's place, before the Cast that makes its weight: the pass
+  // must leave this pair alone (and the graph valid).
+  EXPECT_EQ(fuse_add_rms_norm(g, kQuiet), 0);
+  EXPECT_EQ(count_ops(g, OpKind::kRmsNorm), 1);
   EXPECT_NO_THROW(verify_graph(g)) << dump_graph(g);
+
+  // The same graph with the Cast made before the Add fuses.
+  GraphBuilder c("g2");
+  const int cx = c.input("x", DType::kF32, {Dim::sym("tokens"), Dim::of(8)});
+  const int cy = c.input("y", DType::kF32, {Dim::sym("tokens"), Dim::of(8)});
+  const int cw = c.cast(c.weight("norm.w16", w16), DType::kF32, "norm.w");
+  const int csum = c.add(cx, cy, "residual");
+  c.output(c.rms_norm(csum, cw, 1e-6, "norm"), "normed");
+  c.output(csum, "sum");
+  Graph g2 = c.finish();
+  EXPECT_EQ(fuse_add_rms_norm(g2, kQuiet), 1);
+  EXPECT_EQ(count_ops(g2, OpKind::kAddRmsNorm), 1);
+  EXPECT_EQ(count_ops(g2, OpKind::kRmsNorm), 0);
+  EXPECT_NO_THROW(verify_graph(g2)) << dump_graph(g2);
 }
 
 TEST(Passes, FoldConstantsWidensBloomFp16Weights) {

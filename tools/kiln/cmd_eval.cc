@@ -1,8 +1,8 @@
-#include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
+#include "io/jsonl.h"
 
 namespace kiln::cli {
 namespace {
@@ -12,24 +12,17 @@ struct Row {
 };
 
 std::vector<Row> read_dataset(const std::string& path) {
-  std::ifstream in(path);
-  KILN_CHECK_USAGE(in.good(), "cannot open dataset '{}'", path);
   std::vector<Row> rows;
-  std::string line;
-  int lineno = 0;
-  while (std::getline(in, line)) {
-    ++lineno;
-    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    try {
-      const nlohmann::json j = nlohmann::json::parse(line);
-      rows.push_back({j.at("task").get<std::string>(), j.at("prompt").get<std::string>(),
-                      j.at("answer").get<std::string>()});
-    } catch (const nlohmann::json::exception& e) {
-      KILN_FAIL_KIND(ErrorKind::kUsage,
-                     "{}:{}: expected {{\"task\", \"prompt\", \"answer\"}} strings: {}", path,
-                     lineno, e.what());
-    }
-  }
+  read_jsonl(path, [&](const nlohmann::json& j, int line) {
+    auto field = [&](const char* key) {
+      KILN_CHECK_USAGE(j.is_object() && j.contains(key) && j[key].is_string(),
+                       "{}:{}: expected an object with \"task\", \"prompt\" and \"answer\" "
+                       "strings ('{}' is missing or not a string)",
+                       path, line, key);
+      return j[key].get<std::string>();
+    };
+    rows.push_back({field("task"), field("prompt"), field("answer")});
+  });
   KILN_CHECK_USAGE(!rows.empty(), "dataset '{}' has no rows", path);
   return rows;
 }

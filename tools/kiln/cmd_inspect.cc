@@ -11,7 +11,7 @@ namespace kiln::cli {
 Runner add_inspect(CLI::App& app) {
   struct Opts {
     std::string plan, model, onnx;
-    bool graph = false;
+    bool graph = false, verify = false;
   };
   auto o = std::make_shared<Opts>();
   CLI::App* cmd = app.add_subcommand(
@@ -25,14 +25,27 @@ Runner add_inspect(CLI::App& app) {
   cmd->add_option("--model", o->model, "HF directory");
   cmd->add_option("--onnx", o->onnx, "ONNX file (not built yet)");
   cmd->add_flag("--graph", o->graph, "print every node (the IR dump)");
+  cmd->add_flag("--verify", o->verify,
+                "also hash every weight blob and compare with the hashes recorded at build time "
+                "(the header and tokenizer are checked on every load)");
   return [o](const GlobalOptions& g) {
     KILN_CHECK_USAGE(o->onnx.empty(), "--onnx: the ONNX frontend is not built yet");
     KILN_CHECK_USAGE(o->plan.empty() != o->model.empty(), "give a plan file or --model");
+    KILN_CHECK_USAGE(!o->verify || !o->plan.empty(), "--verify checks a plan file");
     auto ctx = make_context(g);
     ModelIR model;
     if (!o->plan.empty()) {
       fmt::print("plan {}\n{}\n", o->plan, read_plan_metadata_json(o->plan));
       model = read_plan(o->plan, ctx->log());
+      if (o->verify) {
+        const std::vector<std::string> bad = verify_plan_weights(o->plan);
+        for (const std::string& line : bad) fmt::print(stderr, "kiln inspect: {}\n", line);
+        KILN_CHECK(bad.empty(),
+                   "{}: {} weight blob(s) do not match their recorded hashes; the "
+                   "file is damaged: rebuild it",
+                   o->plan, bad.size());
+        fmt::print("verify: every weight blob matches its recorded hash\n");
+      }
     } else {
       model = build_model(o->model, BuildOptions{}, ctx->log());
     }

@@ -1,9 +1,9 @@
 #include <cstdlib>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "commands.h"
+#include "io/jsonl.h"
 #include "plan/plan.h"
 
 namespace kiln::cli {
@@ -44,22 +44,12 @@ Runner add_tokenize(CLI::App& app) {
     std::vector<nlohmann::json> items;
     if (!o->input.empty()) {
       if (o->decode) {
-        std::ifstream in(o->input);
-        KILN_CHECK_USAGE(in.good(), "cannot open input file '{}'", o->input);
-        std::string line;
-        int lineno = 0;
-        while (std::getline(in, line)) {
-          ++lineno;
-          if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-          try {
-            nlohmann::json j = nlohmann::json::parse(line);
-            items.push_back(j.is_object() ? j.at("ids") : j);
-          } catch (const nlohmann::json::exception& e) {
-            KILN_FAIL_KIND(ErrorKind::kUsage,
-                           "{}:{}: expected an id list or {{\"ids\": [...]}}: {}", o->input, lineno,
-                           e.what());
-          }
-        }
+        read_jsonl(o->input, [&](const nlohmann::json& j, int line) {
+          const nlohmann::json ids = j.is_object() && j.contains("ids") ? j["ids"] : j;
+          KILN_CHECK_USAGE(ids.is_array(), "{}:{}: expected an id list or {{\"ids\": [...]}}",
+                           o->input, line);
+          items.push_back(ids);
+        });
       } else {
         for (const std::string& t : read_prompt_lines(o->input)) items.push_back(t);
       }

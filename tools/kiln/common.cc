@@ -1,9 +1,9 @@
 #include <unistd.h>
 
-#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
+#include "io/jsonl.h"
 #include "runtime/scheduler.h"
 
 namespace kiln::cli {
@@ -31,20 +31,8 @@ bool GenerationFlags::was_given(const std::string& flag) const {
 }
 
 std::vector<std::string> read_prompt_lines(const std::string& path) {
-  std::ifstream in(path);
-  KILN_CHECK_USAGE(in.good(), "cannot open input file '{}'", path);
   std::vector<std::string> out;
-  std::string line;
-  int lineno = 0;
-  while (std::getline(in, line)) {
-    ++lineno;
-    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    nlohmann::json j;
-    try {
-      j = nlohmann::json::parse(line);
-    } catch (const nlohmann::json::exception& e) {
-      KILN_FAIL_KIND(ErrorKind::kUsage, "{}:{}: not valid JSON: {}", path, lineno, e.what());
-    }
+  read_jsonl(path, [&](const nlohmann::json& j, int line) {
     if (j.is_string()) {
       out.push_back(j.get<std::string>());
     } else if (j.is_object() && j.contains("text") && j["text"].is_string()) {
@@ -55,9 +43,9 @@ std::vector<std::string> read_prompt_lines(const std::string& path) {
       KILN_FAIL_KIND(ErrorKind::kUsage,
                      "{}:{}: expected a JSON string or an object with a \"text\" or \"prompt\" "
                      "string",
-                     path, lineno);
+                     path, line);
     }
-  }
+  });
   return out;
 }
 
@@ -141,19 +129,17 @@ std::vector<Generated> generate_all(CompiledModel& engine, const std::vector<std
     ids[i] = engine.tokenizer().encode(apply_prompt_template(templ, prompts[i]));
     out[i].input_ids = ids[i];
   }
+  // The scheduler owns the batching policy: every prompt is queued, and up to batch_size
+  // sequences run together; a new one joins as soon as one finishes.
   SchedulerOptions so;
   so.max_batch =
       static_cast<int>(std::min<int64_t>(flags.batch_size, engine.model().profile.max_batch));
   Scheduler scheduler(engine, so);
   Progress progress(engine.context().log(), "generating", static_cast<int64_t>(prompts.size()));
-  // Keep up to batch_size requests queued or running; a new one joins as soon as one finishes.
   std::map<RequestId, size_t> index;
-  size_t next = 0, done = 0;
+  for (size_t i = 0; i < prompts.size(); ++i) index[scheduler.submit(ids[i], params)] = i;
+  size_t done = 0;
   while (done < prompts.size()) {
-    while (next < prompts.size() && next - done < static_cast<size_t>(flags.batch_size)) {
-      index[scheduler.submit(ids[next], params)] = next;
-      ++next;
-    }
     for (GenerationEvent& e : scheduler.step()) {
       if (!e.finished) continue;
       const size_t i = index.at(e.id);
