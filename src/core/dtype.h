@@ -9,13 +9,15 @@
 
 namespace kiln {
 
-enum class DType : uint8_t { kF32, kF16, kBF16, kI8, kI32, kI64 };
-inline constexpr int kNumDTypes = 6;
+// kQ8B32: blocks of 32 int8 values sharing one fp16 scale (34 bytes per block), symmetric:
+// value = q * scale with scale = max|x| / 127 over the block (ggml's q8_0 layout).
+enum class DType : uint8_t { kF32, kF16, kBF16, kI8, kI32, kI64, kQ8B32 };
+inline constexpr int kNumDTypes = 7;
 
 struct DTypeTraits {
   DType dtype;
   std::string_view name;         // kiln's name: "f32"
-  std::string_view safetensors;  // name in safetensors headers: "F32"
+  std::string_view safetensors;  // name in safetensors headers: "F32" (empty: none)
   int block_elems;               // elements per block (1 for plain types)
   int block_bytes;               // bytes per block
   bool is_float;

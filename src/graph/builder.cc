@@ -72,6 +72,9 @@ int GraphBuilder::embedding(int table, int ids, const std::string& name) {
 int GraphBuilder::linear(int x, int w, int bias, const std::string& name) {
   return add_node(OpKind::kLinear, {x, w, bias}, LinearAttrs{}, name);
 }
+int GraphBuilder::linear_quantized(int x, int w, int bias, int scales, const std::string& name) {
+  return add_node(OpKind::kLinear, {x, w, bias, scales}, LinearAttrs{}, name);
+}
 int GraphBuilder::add(int a, int b, const std::string& name) {
   return add_node(OpKind::kAdd, {a, b}, NoAttrs{}, name);
 }

@@ -22,6 +22,8 @@ class GraphBuilder {
 
   int embedding(int table, int ids, const std::string& name);
   int linear(int x, int w, int bias, const std::string& name);  // bias = -1 for none
+  // An i8 weight [out, in] with its f32 per-output-channel scales [out]: y = x·(w·scale)ᵀ.
+  int linear_quantized(int x, int w, int bias, int scales, const std::string& name);
   int add(int a, int b, const std::string& name);
   int mul(int a, int b, const std::string& name);
   int scale(int x, float factor, const std::string& name);

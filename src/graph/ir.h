@@ -58,7 +58,8 @@ struct Value {
 
 enum class OpKind : uint8_t {
   kEmbedding,        // (table [vocab, d], ids [n] i64) -> [n, d]
-  kLinear,           // (x [n, in], w [out, in], bias? [out]) -> [n, out]; LinearAttrs
+  kLinear,           // (x [n, in], w [out, in], bias? [out], scales? [out]) -> [n, out];
+                     // LinearAttrs. scales (f32) only, and always, for i8 weights
   kAdd,              // (a [n, d], b [n, d]) -> [n, d]
   kMul,              // (a [n, d], b [n, d]) -> [n, d]
   kScale,            // (x) -> x * ScaleAttrs::scale

@@ -57,6 +57,23 @@ std::vector<ValueType> infer_linear(const Graph& g, const Node& n) {
     expect_rank(n, b, 1);
     expect_dim(n, b, 0, w.shape[0]);
   }
+  // Quantized weights carry their scales: an i8 weight has one f32 scale per output channel as
+  // input 3; block-quantized weights hold theirs inside the blocks; float weights have none.
+  const bool per_channel = w.dtype == DType::kI8;
+  KILN_CHECK(per_channel == has_in(n, 3), "node '{}' (Linear): weight '{}' is {}: {}", n.name,
+             w.name, dtype_name(w.dtype),
+             per_channel ? "an i8 weight needs its per-output-channel scales (input 3)"
+                         : "only i8 weights take a scales input");
+  KILN_CHECK(dtype_traits(w.dtype).is_float || per_channel,
+             "node '{}' (Linear): weight '{}' of type {} cannot be a Linear weight", n.name, w.name,
+             dtype_name(w.dtype));
+  if (per_channel) {
+    const Value& s = in(g, n, 3);
+    KILN_CHECK(s.dtype == DType::kF32, "node '{}' (Linear): scales '{}' must be f32", n.name,
+               s.name);
+    expect_rank(n, s, 1);
+    expect_dim(n, s, 0, w.shape[0]);
+  }
   SymShape out = x.shape;
   out.back() = w.shape[0];
   return {{x.dtype, out}};
@@ -156,7 +173,7 @@ std::vector<ValueType> infer_add_rms_norm(const Graph& g, const Node& n) {
 // Indexed by OpKind (checked below).
 constexpr std::array<OpSchema, kNumOpKinds> kSchemas = {{
     {OpKind::kEmbedding, "Embedding", 2, 2, 1, AttrKind::kNone, infer_embedding},
-    {OpKind::kLinear, "Linear", 2, 3, 1, AttrKind::kLinear, infer_linear},
+    {OpKind::kLinear, "Linear", 2, 4, 1, AttrKind::kLinear, infer_linear},
     {OpKind::kAdd, "Add", 2, 2, 1, AttrKind::kNone, infer_binary},
     {OpKind::kMul, "Mul", 2, 2, 1, AttrKind::kNone, infer_binary},
     {OpKind::kScale, "Scale", 1, 1, 1, AttrKind::kScale, infer_unary},

@@ -40,8 +40,10 @@ void write_le_u64(uint64_t v, char* p) {
 std::string supported_dtypes() {
   std::string names;
   for (int i = 0; i < kNumDTypes; ++i) {
-    if (i > 0) names += ", ";
-    names += dtype_traits(static_cast<DType>(i)).safetensors;
+    const std::string_view name = dtype_traits(static_cast<DType>(i)).safetensors;
+    if (name.empty()) continue;  // kiln-only formats never appear in checkpoints
+    if (!names.empty()) names += ", ";
+    names += name;
   }
   return names;
 }
