@@ -1,41 +1,22 @@
 // Attention over ragged sequences: encoder self attention (keys = the sequence's own tokens),
 // cached self attention (append this step's K/V to the paged cache, attend to all of it) and
 // cross attention (keys = the request's cross K/V). Scores, position bias and softmax in fp32.
+//
+// Where each key and value row lives is resolved once per sequence into a table of row pointers
+// (block-table lookups for the paged cache), so the inner loops over keys are plain pointer
+// reads: resolving a block per key per query made long prompts far slower than quadratic
+// (a 1,850-token BLOOM prompt took 7 s on the 16 MB fixture). Summation orders are unchanged:
+// a sequence's result does not depend on its batch.
 #include <cmath>
 #include <cstring>
 #include <vector>
 
 #include "backend/cpu/kernels.h"
+#include "backend/cpu/simd.h"
 #include "graph/position_bias.h"
 
 namespace kiln::cpu {
 namespace {
-
-struct Rows {  // a strided view of per-position rows [len, H*dh] for one head
-  virtual ~Rows() = default;
-  virtual const float* row(int64_t pos) const = 0;
-};
-
-struct DenseRows final : Rows {
-  const float* base;
-  int64_t stride;
-  const float* row(int64_t pos) const override { return base + pos * stride; }
-};
-
-struct PagedRows final : Rows {
-  KvStorage* cache;
-  int layer;
-  bool keys;
-  std::span<const int32_t> blocks;
-  int block_size;
-  int64_t width;
-  const float* row(int64_t pos) const override {
-    const int32_t b = blocks[pos / block_size];
-    const float* blk =
-        static_cast<const float*>(keys ? cache->key_block(layer, b) : cache->value_block(layer, b));
-    return blk + (pos % block_size) * width;
-  }
-};
 
 // Copies sequence s's K/V rows of this step into its cache blocks for `layer`.
 void append_to_cache(const StepLayout& L, int s, KvStorage* cache, int layer, const float* k,
@@ -51,6 +32,35 @@ void append_to_cache(const StepLayout& L, int s, KvStorage* cache, int layer, co
                 width * sizeof(float));
     std::memcpy(static_cast<float*>(cache->value_block(layer, b)) + off, v + row * k_stride,
                 width * sizeof(float));
+  }
+}
+
+// Row pointers (to the start of each position's [H*dh] row) of one sequence's keys and values.
+struct KeyRows {
+  std::vector<const float*> keys, values;
+};
+
+void dense_rows(KeyRows& r, const float* k, const float* v, int64_t stride, int64_t len) {
+  r.keys.resize(static_cast<size_t>(len));
+  r.values.resize(static_cast<size_t>(len));
+  for (int64_t j = 0; j < len; ++j) {
+    r.keys[j] = k + j * stride;
+    r.values[j] = v + j * stride;
+  }
+}
+
+void paged_rows(KeyRows& r, KvStorage* cache, int layer, std::span<const int32_t> blocks,
+                int64_t len, int64_t width) {
+  const int bs = cache->geometry().block_size;
+  r.keys.resize(static_cast<size_t>(len));
+  r.values.resize(static_cast<size_t>(len));
+  for (int64_t b = 0; b * bs < len; ++b) {
+    const float* kb = static_cast<const float*>(cache->key_block(layer, blocks[b]));
+    const float* vb = static_cast<const float*>(cache->value_block(layer, blocks[b]));
+    for (int64_t i = 0; i < bs && b * bs + i < len; ++i) {
+      r.keys[b * bs + i] = kb + i * width;
+      r.values[b * bs + i] = vb + i * width;
+    }
   }
 }
 
@@ -70,29 +80,26 @@ void attention(const Node& node, std::span<const Tensor> in, std::span<Tensor> o
   KILN_CHECK(L.total_tokens() == n, "node '{}': step layout covers {} tokens, input has {}",
              node.name, L.total_tokens(), n);
 
-  const float* q;
+  const float* q = in[0].data<float>();
   const float* k = nullptr;
   const float* v = nullptr;
   int64_t q_stride = width, kv_stride = width;
   size_t next = 1;
   if (a.packed_qkv) {
-    q = in[0].data<float>();
     k = q + width;
     v = q + 2 * width;
     q_stride = kv_stride = 3 * width;
-  } else {
-    q = in[0].data<float>();
-    if (a.kind != AttentionKind::kCross) {
-      k = in[1].data<float>();
-      v = in[2].data<float>();
-      next = 3;
-    }
+  } else if (a.kind != AttentionKind::kCross) {
+    k = in[1].data<float>();
+    v = in[2].data<float>();
+    next = 3;
   }
   const float* rel_table = a.bias == PositionBias::kT5Relative ? in[next].data<float>() : nullptr;
   const std::vector<float> slopes =
       a.bias == PositionBias::kAlibi ? alibi_slopes(a.num_heads) : std::vector<float>{};
   float* y = out[0].data<float>();
 
+  const int nseq = L.num_seqs();
   if (a.kind == AttentionKind::kCachedSelf) {
     KILN_CHECK(cache != nullptr, "node '{}': cached attention without a KV cache", node.name);
     const KvGeometry& geo = cache->geometry();
@@ -100,69 +107,61 @@ void attention(const Node& node, std::span<const Tensor> in, std::span<Tensor> o
                "node '{}': KV cache holds {} layers of {} rows {} wide, need layer {} of f32 rows "
                "{} wide",
                node.name, geo.layers, dtype_name(geo.dtype), geo.row_width, a.layer, width);
-    for (int s = 0; s < L.num_seqs(); ++s)
-      append_to_cache(L, s, cache, a.layer, k, v, kv_stride, width);
+    for (int s = 0; s < nseq; ++s) append_to_cache(L, s, cache, a.layer, k, v, kv_stride, width);
   }
 
-  const int64_t nseq = L.num_seqs();
-  env.pool.parallel_for(nseq * H, 1, [&](int64_t w0, int64_t w1) {
+  // Key/value row tables, one per sequence, resolved before the parallel loop.
+  std::vector<KeyRows> rows(static_cast<size_t>(nseq));
+  for (int s = 0; s < nseq; ++s) {
+    const int64_t begin = L.token_begin[s], tokens = L.num_tokens(s);
+    switch (a.kind) {
+      case AttentionKind::kEncoderSelf:
+        dense_rows(rows[s], k + begin * kv_stride, v + begin * kv_stride, kv_stride, tokens);
+        break;
+      case AttentionKind::kCachedSelf:
+        paged_rows(rows[s], cache, a.layer, L.blocks(s), L.past_len[s] + tokens, width);
+        break;
+      case AttentionKind::kCross: {
+        const CrossKv* cross = L.cross[s];
+        KILN_CHECK(cross != nullptr && a.layer < static_cast<int>(cross->keys.size()),
+                   "node '{}': sequence has no cross K/V for layer {}", node.name, a.layer);
+        dense_rows(rows[s], cross->keys[a.layer].data<float>(),
+                   cross->values[a.layer].data<float>(), width, cross->length());
+        break;
+      }
+    }
+  }
+
+  // Work items: (sequence, head, block of queries), so one long prompt still spreads over every
+  // thread; each query row is computed entirely by one item, in a fixed order.
+  constexpr int64_t kQueryBlock = 32;
+  std::vector<int64_t> first_item(static_cast<size_t>(nseq) + 1, 0);
+  for (int s = 0; s < nseq; ++s)
+    first_item[s + 1] = first_item[s] + H * ((L.num_tokens(s) + kQueryBlock - 1) / kQueryBlock);
+  env.pool.parallel_for(first_item[nseq], 1, [&](int64_t w0, int64_t w1) {
     std::vector<float> scores;
     std::vector<float> acc(static_cast<size_t>(dh));
+    int s = 0;
     for (int64_t work = w0; work < w1; ++work) {
-      const int si = static_cast<int>(work / H);
-      const int64_t h = work % H;
-      const int64_t token_begin = L.token_begin[si], num_tokens = L.num_tokens(si);
-      const int64_t past_len = L.past_len[si];
-      const CrossKv* cross = L.cross[si];
-      DenseRows dense_k, dense_v;
-      PagedRows paged_k, paged_v;
-      const Rows* keys = nullptr;
-      const Rows* vals = nullptr;
-      int64_t key_len = 0;
-      switch (a.kind) {
-        case AttentionKind::kEncoderSelf:
-          dense_k.base = k + token_begin * kv_stride + h * dh;
-          dense_v.base = v + token_begin * kv_stride + h * dh;
-          dense_k.stride = dense_v.stride = kv_stride;
-          keys = &dense_k;
-          vals = &dense_v;
-          key_len = num_tokens;
-          break;
-        case AttentionKind::kCachedSelf:
-          paged_k = PagedRows{};
-          paged_k.cache = cache;
-          paged_k.layer = a.layer;
-          paged_k.blocks = L.blocks(si);
-          paged_k.block_size = cache->geometry().block_size;
-          paged_k.width = width;
-          paged_v = paged_k;
-          paged_k.keys = true;
-          paged_v.keys = false;
-          keys = &paged_k;
-          vals = &paged_v;
-          key_len = past_len + num_tokens;
-          break;
-        case AttentionKind::kCross:
-          KILN_CHECK(cross != nullptr && a.layer < static_cast<int>(cross->keys.size()),
-                     "node '{}': sequence has no cross K/V for layer {}", node.name, a.layer);
-          dense_k.base = cross->keys[a.layer].data<float>() + h * dh;
-          dense_v.base = cross->values[a.layer].data<float>() + h * dh;
-          dense_k.stride = dense_v.stride = width;
-          keys = &dense_k;
-          vals = &dense_v;
-          key_len = cross->length();
-          break;
-      }
-      // Key rows are offset by the head inside the row for paged storage too.
-      const int64_t head_off = a.kind == AttentionKind::kCachedSelf ? h * dh : 0;
+      while (work >= first_item[s + 1]) ++s;
+      const int64_t local = work - first_item[s];
+      const int64_t blocks = (L.num_tokens(s) + kQueryBlock - 1) / kQueryBlock;
+      const int64_t h = local / blocks;
+      const int64_t q0 = (local % blocks) * kQueryBlock;
+      const int64_t q1 = std::min(L.num_tokens(s), q0 + kQueryBlock);
+      const int64_t token_begin = L.token_begin[s];
+      const int64_t past = a.kind == AttentionKind::kCachedSelf ? L.past_len[s] : 0;
+      const KeyRows& kv = rows[s];
+      const int64_t key_len = static_cast<int64_t>(kv.keys.size());
+      const int64_t off = h * dh;
       scores.resize(static_cast<size_t>(key_len));
-      for (int64_t i = 0; i < num_tokens; ++i) {
-        const int64_t qpos = (a.kind == AttentionKind::kCachedSelf ? past_len : 0) + i;
-        const float* qr = q + (token_begin + i) * q_stride + h * dh;
+      for (int64_t i = q0; i < q1; ++i) {
+        const int64_t qpos = past + i;
+        const float* qr = q + (token_begin + i) * q_stride + off;
         const int64_t visible = a.causal ? std::min(key_len, qpos + 1) : key_len;
         float mx = -INFINITY;
         for (int64_t j = 0; j < visible; ++j) {
-          float sc = dot(qr, keys->row(j) + head_off, dh) * a.scale;
+          float sc = dot(qr, kv.keys[j] + off, dh) * a.scale;
           switch (a.bias) {
             case PositionBias::kNone:
               break;
@@ -185,10 +184,10 @@ void attention(const Node& node, std::span<const Tensor> in, std::span<Tensor> o
         std::fill(acc.begin(), acc.end(), 0.0f);
         for (int64_t j = 0; j < visible; ++j) {
           const float p = scores[j] * inv;
-          const float* vr = vals->row(j) + head_off;
+          const float* vr = kv.values[j] + off;
           for (int64_t d = 0; d < dh; ++d) acc[d] += p * vr[d];
         }
-        std::memcpy(y + (token_begin + i) * width + h * dh, acc.data(), dh * sizeof(float));
+        std::memcpy(y + (token_begin + i) * width + off, acc.data(), dh * sizeof(float));
       }
     }
   });

@@ -38,7 +38,5 @@ float apply_activation(Activation act, float x);
 
 // Registers every CPU kernel (the single dispatch point of the CPU backend).
 void register_kernels(KernelRegistry& registry);
-// Dot product with a fixed summation order (independent of the caller's batch).
-float dot(const float* a, const float* b, int64_t n);
 
 }  // namespace kiln::cpu

@@ -4,6 +4,7 @@
 #include <optional>
 
 #include "backend/cpu/kernels.h"
+#include "backend/cpu/simd.h"
 
 namespace kiln::cpu {
 
@@ -12,14 +13,6 @@ namespace {
 // Eight float lanes (AVX2, the build's baseline). Every dot product below sums lane-wise partials
 // in index order and then the lanes in a fixed order, so an output depends only on its own row
 // and weight row — never on the batch around it.
-typedef float V8 __attribute__((vector_size(32)));
-typedef float V8Unaligned __attribute__((vector_size(32), aligned(4), may_alias));
-
-inline V8 load8(const float* p) { return *reinterpret_cast<const V8Unaligned*>(p); }
-
-inline float hsum(V8 v) {
-  return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7]));
-}
 
 // Adds the elements past the last full vector to the four lane sums and stores them. Shared by
 // both kernel families (a function without a target attribute inlines into either).
@@ -129,15 +122,6 @@ void linear_with(Dot4 dot4, const Node& node, std::span<const Tensor> in, std::s
 }
 
 }  // namespace
-
-float dot(const float* a, const float* b, int64_t n) {
-  V8 acc = {};
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) acc += load8(a + i) * load8(b + i);
-  float s = hsum(acc);
-  for (; i < n; ++i) s += a[i] * b[i];
-  return s;
-}
 
 // table [vocab, d], ids [n] -> [n, d]
 void embedding(const Node& node, std::span<const Tensor> in, std::span<Tensor> out,
