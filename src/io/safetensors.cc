@@ -321,9 +321,10 @@ const Tensor& Checkpoint::get(const std::string& name, const Shape& expected) co
   return t;
 }
 
-void write_safetensors(const std::string& path, const std::map<std::string, Tensor>& tensors,
-                       const std::map<std::string, std::string>& metadata) {
-  // ordered_json keeps __metadata__ first, then tensors in name order, like the data.
+void write_safetensors_streaming(const std::string& path, const std::vector<TensorSource>& sources,
+                                 const std::map<std::string, std::string>& metadata,
+                                 const std::function<void(int64_t, int64_t)>& progress) {
+  // ordered_json keeps __metadata__ first, then the tensors in data order.
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
   if (!metadata.empty()) {
     nlohmann::ordered_json meta = nlohmann::ordered_json::object();
@@ -331,18 +332,16 @@ void write_safetensors(const std::string& path, const std::map<std::string, Tens
     header[kMetadataKey] = std::move(meta);
   }
   uint64_t offset = 0;
-  for (const auto& [name, t] : tensors) {
-    KILN_CHECK(name != kMetadataKey, "write_safetensors {}: '{}' is reserved for metadata", path,
+  for (const TensorSource& t : sources) {
+    KILN_CHECK(t.name != kMetadataKey, "write_safetensors {}: '{}' is reserved for metadata", path,
                kMetadataKey);
-    KILN_CHECK(t.defined(), "write_safetensors {}: tensor '{}' is undefined", path, name);
-    KILN_CHECK(t.device() == Device::kCpu, "write_safetensors {}: tensor '{}' is on {}", path, name,
-               device_name(t.device()));
-    KILN_CHECK(t.is_contiguous(), "write_safetensors {}: tensor '{}' is not contiguous", path,
-               name);
-    const uint64_t n = t.nbytes();
-    header[name] = {{"dtype", dtype_traits(t.dtype()).safetensors},
-                    {"shape", t.shape()},
-                    {"data_offsets", {offset, offset + n}}};
+    const std::string_view dtype = dtype_traits(t.dtype).safetensors;
+    KILN_CHECK(!dtype.empty(),
+               "write_safetensors {}: tensor '{}' is {}, which safetensors cannot hold", path,
+               t.name, dtype_name(t.dtype));
+    KILN_CHECK(!header.contains(t.name), "write_safetensors {}: tensor '{}' twice", path, t.name);
+    const uint64_t n = dtype_bytes(t.dtype, static_cast<size_t>(shape_numel(t.shape)));
+    header[t.name] = {{"dtype", dtype}, {"shape", t.shape}, {"data_offsets", {offset, offset + n}}};
     offset += n;
   }
   std::string text;
@@ -359,8 +358,44 @@ void write_safetensors(const std::string& path, const std::map<std::string, Tens
   AtomicFileWriter out(path);
   out.write(len_bytes, 8);
   out.write(text.data(), text.size());
-  for (const auto& [name, t] : tensors) out.write(t.raw(), t.nbytes());
+  // Chunks of about 16 MiB: bounded memory whatever the tensor size.
+  constexpr int64_t kChunkBytes = 16 << 20;
+  std::vector<char> buffer;
+  int64_t written = 0;
+  for (const TensorSource& t : sources) {
+    const DTypeTraits& tr = dtype_traits(t.dtype);
+    const int64_t numel = shape_numel(t.shape);
+    const int64_t chunk = std::max<int64_t>(1, kChunkBytes / tr.block_bytes) * tr.block_elems;
+    for (int64_t first = 0; first < numel; first += chunk) {
+      const int64_t count = std::min(chunk, numel - first);
+      const size_t bytes = dtype_bytes(t.dtype, static_cast<size_t>(count));
+      buffer.resize(bytes);
+      t.fill(first, count, buffer.data());
+      out.write(buffer.data(), bytes);
+      written += static_cast<int64_t>(bytes);
+      if (progress) progress(written, static_cast<int64_t>(offset));
+    }
+  }
   out.commit();
+}
+
+void write_safetensors(const std::string& path, const std::map<std::string, Tensor>& tensors,
+                       const std::map<std::string, std::string>& metadata) {
+  std::vector<TensorSource> sources;
+  for (const auto& [name, t] : tensors) {
+    KILN_CHECK(t.defined(), "write_safetensors {}: tensor '{}' is undefined", path, name);
+    KILN_CHECK(t.device() == Device::kCpu, "write_safetensors {}: tensor '{}' is on {}", path, name,
+               device_name(t.device()));
+    KILN_CHECK(t.is_contiguous(), "write_safetensors {}: tensor '{}' is not contiguous", path,
+               name);
+    const Tensor* src = &t;
+    sources.push_back({name, t.dtype(), t.shape(), [src](int64_t first, int64_t count, void* dst) {
+                         const size_t skip = dtype_bytes(src->dtype(), static_cast<size_t>(first));
+                         std::memcpy(dst, static_cast<const char*>(src->raw()) + skip,
+                                     dtype_bytes(src->dtype(), static_cast<size_t>(count)));
+                       }});
+  }
+  write_safetensors_streaming(path, sources, metadata, nullptr);
 }
 
 }  // namespace kiln

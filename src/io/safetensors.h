@@ -3,6 +3,7 @@
 // JSON, dtype, shape vs byte count, offsets inside the file, tensors not overlapping.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -47,6 +48,21 @@ class Checkpoint {
   std::vector<std::string> files_;
   std::map<std::string, Tensor> tensors_;
 };
+
+// A tensor to write without holding it in memory: `fill(first, count, dst)` produces elements
+// [first, first + count) of it in its dtype (count is a whole number of blocks).
+struct TensorSource {
+  std::string name;
+  DType dtype;
+  Shape shape;
+  std::function<void(int64_t first, int64_t count, void* dst)> fill;
+};
+// Writes a safetensors file from sources, in the given order, a bounded chunk at a time (a
+// multi-gigabyte checkpoint never sits in memory); `progress(bytes_written, total)` is called
+// after each chunk. Atomic: a temporary file is renamed into place.
+void write_safetensors_streaming(const std::string& path, const std::vector<TensorSource>& sources,
+                                 const std::map<std::string, std::string>& metadata,
+                                 const std::function<void(int64_t, int64_t)>& progress);
 
 // Writes tensors to a safetensors file (used by tests to make corrupt/sharded inputs and by
 // tools that export). Tensors are written in name order.

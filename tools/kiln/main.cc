@@ -54,6 +54,7 @@ int main(int argc, char** argv) {
       "kiln serve --model-repository DIR [--http-port 8000] [--grpc-port 8001] "
       "[--metrics-port 8002]"));
   runners["tokenize"] = kiln::cli::add_tokenize(app);
+  runners["synth"] = kiln::cli::add_synth(app);
 
   try {
     app.parse(argc, argv);
