@@ -32,6 +32,7 @@ struct GenerationParams {
   int top_k = 50;      // 0: off (HF's default is 50 when sampling)
   float top_p = 1.0f;  // 1: off
   uint64_t seed = 0;
+  bool ignore_eos = false;  // generate exactly max_new_tokens (benchmarks); greedy/sampling only
 };
 
 // Throws a usage error naming the bad field.

@@ -79,6 +79,8 @@ void validate(const GenerationParams& p) {
   KILN_CHECK_USAGE(p.top_k >= 0, "top-k must be >= 0, got {}", p.top_k);
   KILN_CHECK_USAGE(p.top_p > 0.0f && p.top_p <= 1.0f, "top-p must be in (0, 1], got {}", p.top_p);
   KILN_CHECK_USAGE(std::isfinite(p.length_penalty), "length-penalty must be finite");
+  KILN_CHECK_USAGE(!(p.ignore_eos && p.num_beams > 1),
+                   "ignoring EOS is for greedy or sampled generation, not beam search");
 }
 
 }  // namespace kiln

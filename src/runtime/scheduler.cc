@@ -446,7 +446,7 @@ void Scheduler::advance(Request& r, std::vector<GenerationEvent>& events) {
   if (b.generated < r.params.min_new_tokens)
     for (int64_t eos : eos_ids_) row[eos] = -INFINITY;
   const int64_t token = r.params.do_sample ? sample_token(row, r.params, r.rng) : argmax(row);
-  if (is_eos(token)) {
+  if (is_eos(token) && !r.params.ignore_eos) {
     finish(r, GenerationResult{r.generated_tokens(), FinishReason::kEos, 0.0f}, events);
     return;
   }

@@ -43,10 +43,7 @@ int main(int argc, char** argv) {
   runners["build"] = kiln::cli::add_build(app);
   runners["run"] = kiln::cli::add_run(app);
   runners["eval"] = kiln::cli::add_eval(app);
-  runners["bench"] = (kiln::cli::add_planned(
-      app, "bench", "Benchmark a plan: latency, tokens/s and % of memory-bandwidth roofline.",
-      "kiln bench --plan PLAN [--batch B] [--input-len L] [--output-len N] [--concurrency C] "
-      "[--json]"));
+  runners["bench"] = kiln::cli::add_bench(app);
   runners["inspect"] = kiln::cli::add_inspect(app);
   runners["serve"] = (kiln::cli::add_planned(
       app, "serve",

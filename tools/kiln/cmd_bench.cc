@@ -1,0 +1,208 @@
+// kiln bench: latency, throughput and % of the memory-bandwidth roofline of a plan, with the
+// machine's bandwidth measured in the same run.
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "commands.h"
+#include "core/bandwidth.h"
+#include "runtime/scheduler.h"
+
+namespace kiln::cli {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double ms_since(Clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
+}
+
+int64_t peak_rss_bytes() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<int64_t>(u.ru_maxrss) * 1024;
+}
+
+// Prompts of exactly `len` tokens made of the tokenizer's own ids (so they are valid for it).
+std::vector<int64_t> bench_prompt(const CompiledModel& m, int64_t len) {
+  std::vector<int64_t> base =
+      m.tokenizer().encode("reverse: suvogi add: 456 + 95 sort: f r t d e upper: lubu copy: vica");
+  std::erase_if(base, [&](int64_t id) {
+    return std::find(m.desc().eos_token_ids.begin(), m.desc().eos_token_ids.end(), id) !=
+           m.desc().eos_token_ids.end();
+  });
+  std::vector<int64_t> ids;
+  while (static_cast<int64_t>(ids.size()) < len) ids.push_back(base[ids.size() % base.size()]);
+  return ids;
+}
+
+struct RunTimes {
+  double ttft_ms = 0, total_ms = 0;
+};
+
+RunTimes run_once(CompiledModel& m, int batch, const std::vector<int64_t>& prompt,
+                  int64_t new_tokens) {
+  SchedulerOptions so;
+  so.max_batch = batch;
+  Scheduler s(m, so);
+  GenerationParams p;
+  p.max_new_tokens = new_tokens;
+  p.ignore_eos = true;
+  const auto t0 = Clock::now();
+  for (int i = 0; i < batch; ++i) s.submit(prompt, p);
+  RunTimes t;
+  int first = 0, done = 0;
+  while (done < batch) {
+    for (const GenerationEvent& e : s.step()) {
+      KILN_CHECK(e.error.empty(), "bench request failed: {}", e.error);
+      if (!e.new_tokens.empty() && ++first == batch) t.ttft_ms = ms_since(t0);
+      done += e.finished;
+    }
+  }
+  t.total_ms = ms_since(t0);
+  return t;
+}
+
+}  // namespace
+
+Runner add_bench(CLI::App& app) {
+  struct Opts {
+    std::string plan, sweep;
+    int batch = 1, warmup = 1, runs = 3;
+    int64_t input_len = 78, output_len = 100;
+    bool json = false;
+  };
+  auto o = std::make_shared<Opts>();
+  CLI::App* cmd = app.add_subcommand(
+      "bench",
+      "Benchmark a plan: load time, time to first token, per-token decode latency, decode and\n"
+      "prefill tokens/s, peak memory, and % of the memory-bandwidth roofline (bytes read per\n"
+      "decode step / step time / the machine's read bandwidth, measured here by kiln).\n"
+      "Prompts of --input-len tokens; exactly --output-len new tokens (EOS ignored).\n"
+      "Examples:\n"
+      "  kiln bench --plan t5.plan\n"
+      "  kiln bench --plan bloom.plan --input-len 78 --output-len 100 --sweep batch=1,4,16 --json");
+  cmd->add_option("--plan", o->plan, "plan file")->required();
+  cmd->add_option("--batch", o->batch, "sequences generated together (1..the plan's batch)")
+      ->capture_default_str();
+  cmd->add_option("--input-len", o->input_len, "prompt tokens")->capture_default_str();
+  cmd->add_option("--output-len", o->output_len, "new tokens per sequence (>= 2)")
+      ->capture_default_str();
+  cmd->add_option("--warmup", o->warmup, "untimed runs first")->capture_default_str();
+  cmd->add_option("--runs", o->runs, "timed runs; the median is reported")->capture_default_str();
+  cmd->add_option("--sweep", o->sweep, "batch=1,4,16,64: one configuration per batch size");
+  cmd->add_flag("--json", o->json, "one JSON object per configuration");
+  return [o](const GlobalOptions& g) {
+    KILN_CHECK_USAGE(o->output_len >= 2 && o->output_len <= kMaxNewTokensLimit,
+                     "--output-len must be in 2..{}", kMaxNewTokensLimit);
+    KILN_CHECK_USAGE(o->input_len >= 1, "--input-len must be positive");
+    KILN_CHECK_USAGE(o->runs >= 1 && o->runs <= 100 && o->warmup >= 0 && o->warmup <= 100,
+                     "--runs must be in 1..100 and --warmup in 0..100");
+    std::vector<int> batches = {o->batch};
+    if (!o->sweep.empty()) {
+      KILN_CHECK_USAGE(o->sweep.rfind("batch=", 0) == 0,
+                       "--sweep takes batch=B1,B2,... (e.g. batch=1,4,16)");
+      batches.clear();
+      std::string list = o->sweep.substr(6);
+      for (size_t pos = 0; pos <= list.size();) {
+        const size_t comma = std::min(list.find(',', pos), list.size());
+        const std::string item = list.substr(pos, comma - pos);
+        char* end = nullptr;
+        const long b = std::strtol(item.c_str(), &end, 10);
+        KILN_CHECK_USAGE(!item.empty() && *end == '\0' && b >= 1,
+                         "--sweep: '{}' is not a batch size", item);
+        batches.push_back(static_cast<int>(b));
+        pos = comma + 1;
+      }
+    }
+    auto ctx = make_context(g);
+    const auto t_load = Clock::now();
+    auto model = CompiledModel::load_plan(*ctx, o->plan);
+    const double load_ms = ms_since(t_load);
+    const ModelIR& ir = model->model();
+    KILN_CHECK_USAGE(o->input_len <= ir.profile.max_input_tokens,
+                     "--input-len {} exceeds the plan's {} input tokens", o->input_len,
+                     ir.profile.max_input_tokens);
+    for (int b : batches)
+      KILN_CHECK_USAGE(b <= ir.profile.max_batch, "batch {} exceeds the plan's batch of {}", b,
+                       ir.profile.max_batch);
+    ctx->log().info("measuring memory read bandwidth ({} threads, 1 GiB)", ctx->pool().size());
+    const BandwidthResult bw = measure_read_bandwidth(ctx->pool());
+    // Bytes a decode step reads: every decoder weight once, plus each sequence's KV cache (and,
+    // encoder-decoder, its cross K/V) at the average context length of the decode phase.
+    int64_t weight_bytes = 0;
+    for (const Value& v : ir.graph(kDecoderGraph).values)
+      if (v.kind == ValueKind::kWeight) weight_bytes += static_cast<int64_t>(v.data.nbytes());
+    const ModelDesc& d = ir.desc;
+    const int64_t row = d.cache_row_width() * 4;
+    const double avg_ctx = (d.encoder_decoder ? 1.0 : static_cast<double>(o->input_len)) +
+                           static_cast<double>(o->output_len) / 2.0;
+    const double kv_per_seq = static_cast<double>(d.cache_layers) * 2.0 * row *
+                              (avg_ctx + (d.encoder_decoder ? o->input_len : 0));
+    const std::vector<int64_t> prompt = bench_prompt(*model, o->input_len);
+    std::vector<nlohmann::json> rows;
+    for (int batch : batches) {
+      for (int i = 0; i < o->warmup; ++i) run_once(*model, batch, prompt, o->output_len);
+      std::vector<double> ttft, decode, total;
+      Progress progress(ctx->log(), fmt::format("bench batch {}", batch), o->runs);
+      for (int i = 0; i < o->runs; ++i) {
+        const RunTimes t = run_once(*model, batch, prompt, o->output_len);
+        ttft.push_back(t.ttft_ms);
+        total.push_back(t.total_ms);
+        decode.push_back((t.total_ms - t.ttft_ms) / static_cast<double>(o->output_len - 1));
+        progress.advance();
+      }
+      progress.done();
+      const double step_ms = median(decode), ttft_ms = median(ttft);
+      const double bytes_per_step = static_cast<double>(weight_bytes) + kv_per_seq * batch;
+      nlohmann::json j{
+          {"model", std::filesystem::path(o->plan).filename().string()},
+          {"architecture", d.architecture},
+          {"precision", precision_name(ir.precision)},
+          {"device", device_name(ir.device)},
+          {"batch", batch},
+          {"input_len", o->input_len},
+          {"output_len", o->output_len},
+          {"runs", o->runs},
+          {"load_ms", load_ms},
+          {"ttft_ms", ttft_ms},
+          {"decode_ms_per_token", step_ms},
+          {"tokens_per_s", batch * 1000.0 / step_ms},
+          {"prefill_tokens_per_s", batch * static_cast<double>(o->input_len) * 1000.0 / ttft_ms},
+          {"total_ms", median(total)},
+          {"peak_memory_bytes", peak_rss_bytes()},
+          {"bandwidth_gbps", bw.gbps},
+          {"bytes_per_step", static_cast<int64_t>(bytes_per_step)},
+          {"roofline_pct", 100.0 * bytes_per_step / (step_ms / 1000.0) / (bw.gbps * 1e9)},
+          {"threads", ctx->pool().size()}};
+      rows.push_back(j);
+      if (o->json) fmt::print("{}\n", j.dump());
+    }
+    if (!o->json) {
+      fmt::print("{} ({} {} on {}), prompt {} tokens, {} new tokens, median of {} runs; "
+                 "load {:.1f} ms; read bandwidth {:.1f} GB/s\n",
+                 o->plan, d.architecture, precision_name(ir.precision), device_name(ir.device),
+                 o->input_len, o->output_len, o->runs, load_ms, bw.gbps);
+      fmt::print("{:>6} {:>10} {:>14} {:>10} {:>14} {:>12} {:>10} {:>10}\n", "batch", "ttft ms",
+                 "ms/token/step", "tokens/s", "prefill tok/s", "MB/step", "roofline", "peak MiB");
+      for (const auto& j : rows)
+        fmt::print("{:>6} {:>10.1f} {:>14.2f} {:>10.1f} {:>14.0f} {:>12.1f} {:>9.1f}% {:>10.0f}\n",
+                   j["batch"].get<int>(), j["ttft_ms"].get<double>(),
+                   j["decode_ms_per_token"].get<double>(), j["tokens_per_s"].get<double>(),
+                   j["prefill_tokens_per_s"].get<double>(),
+                   j["bytes_per_step"].get<double>() / 1e6, j["roofline_pct"].get<double>(),
+                   j["peak_memory_bytes"].get<double>() / (1 << 20));
+    }
+    return 0;
+  };
+}
+
+}  // namespace kiln::cli
