@@ -1,0 +1,169 @@
+// Reference kernels for every op but Attention. A fused op computes exactly what its unfused
+// pair does, intermediate rounding included (Linear + activation rounds the linear output to the
+// activation dtype first, as the separate Linear would), so fusion passes can be checked
+// against the reference too.
+#include <cmath>
+#include <cstring>
+
+#include "backend/reference/kernels.h"
+
+namespace kiln::reference {
+namespace {
+
+double at(const Tensor& t, int64_t i) { return element(t.raw(), t.dtype(), i); }
+void put(Tensor& t, int64_t i, double x) { set_element(t.raw(), t.dtype(), i, x); }
+
+// x [rows, d], w [d] -> w * x / sqrt(mean(x^2) + eps) for one row (T5LayerNorm: no mean is
+// subtracted, no bias).
+void rms_row(const std::vector<double>& x, int64_t row, int64_t d, const Tensor& w, double eps,
+             Tensor& y) {
+  double sum_sq = 0.0;
+  for (int64_t i = 0; i < d; ++i) sum_sq += x[row * d + i] * x[row * d + i];
+  const double inv_rms = 1.0 / std::sqrt(sum_sq / static_cast<double>(d) + eps);
+  for (int64_t i = 0; i < d; ++i) put(y, row * d + i, at(w, i) * (x[row * d + i] * inv_rms));
+}
+
+// Copies row `src` of a [n, d] tensor into row `dst` of a [r, d] tensor of the same dtype.
+void copy_row(const Tensor& from, int64_t src, Tensor& to, int64_t dst, int64_t d) {
+  const size_t row_bytes = dtype_bytes(from.dtype(), static_cast<size_t>(d));
+  std::memcpy(static_cast<char*>(to.raw()) + dst * row_bytes,
+              static_cast<const char*>(from.raw()) + src * row_bytes, row_bytes);
+}
+
+}  // namespace
+
+// table [vocab, d], ids [n] (i64 or i32) -> [n, d]
+void embedding(const Node& node, const KernelArgs& args) {
+  const Tensor& table = args.in[0];
+  const Tensor& ids = args.in[1];
+  const int64_t vocab = table.dim(0), d = table.dim(1);
+  for (int64_t t = 0; t < ids.dim(0); ++t) {
+    const int64_t id = index_element(ids, t);
+    KILN_CHECK(id >= 0 && id < vocab, "node '{}': token id {} is outside the vocabulary [0, {})",
+               node.name, id, vocab);
+    copy_row(table, id, args.out[0], t, d);
+  }
+}
+
+// x [n, in], w [out, in], bias [out] (optional) -> act(x w^T + bias) [n, out]
+void linear(const Node& node, const KernelArgs& args) {
+  const Tensor& x = args.in[0];
+  const Tensor& w = args.in[1];
+  const bool has_bias = args.in.size() > 2 && args.in[2].defined();
+  Tensor& y = args.out[0];
+  const int64_t in = w.dim(1), out = w.dim(0), n = x.numel() / in;
+  const std::optional<Activation> act = node.attr<LinearAttrs>().activation;
+  const std::vector<double> xs = load(x), ws = load(w);
+  for (int64_t t = 0; t < n; ++t)
+    for (int64_t o = 0; o < out; ++o) {
+      double acc = 0.0;
+      for (int64_t i = 0; i < in; ++i) acc += xs[t * in + i] * ws[o * in + i];
+      if (has_bias) acc += at(args.in[2], o);
+      if (act) acc = activation(*act, round_to(y.dtype(), acc));
+      put(y, t * out + o, acc);
+    }
+}
+
+// a, b [n, d] -> a + b
+void add(const Node&, const KernelArgs& args) {
+  for (int64_t i = 0; i < args.out[0].numel(); ++i)
+    put(args.out[0], i, at(args.in[0], i) + at(args.in[1], i));
+}
+
+// a, b [n, d] -> a * b
+void mul(const Node&, const KernelArgs& args) {
+  for (int64_t i = 0; i < args.out[0].numel(); ++i)
+    put(args.out[0], i, at(args.in[0], i) * at(args.in[1], i));
+}
+
+// x -> x * scale (the attribute is a float, as the f32 multiply sees it)
+void scale(const Node& node, const KernelArgs& args) {
+  const double s = node.attr<ScaleAttrs>().scale;
+  for (int64_t i = 0; i < args.out[0].numel(); ++i) put(args.out[0], i, at(args.in[0], i) * s);
+}
+
+// x [n, d], w [d] -> [n, d]
+void rms_norm(const Node& node, const KernelArgs& args) {
+  const int64_t d = args.in[0].dim(-1), n = args.in[0].numel() / d;
+  const std::vector<double> x = load(args.in[0]);
+  for (int64_t r = 0; r < n; ++r)
+    rms_row(x, r, d, args.in[1], node.attr<NormAttrs>().eps, args.out[0]);
+}
+
+// x [n, d], w [d], b [d] -> (x - mean) / sqrt(var + eps) * w + b, biased variance
+void layer_norm(const Node& node, const KernelArgs& args) {
+  const Tensor& x = args.in[0];
+  const int64_t d = x.dim(-1), n = x.numel() / d;
+  const double eps = node.attr<NormAttrs>().eps;
+  for (int64_t r = 0; r < n; ++r) {
+    double mean = 0.0, var = 0.0;
+    for (int64_t i = 0; i < d; ++i) mean += at(x, r * d + i);
+    mean /= static_cast<double>(d);
+    for (int64_t i = 0; i < d; ++i) var += (at(x, r * d + i) - mean) * (at(x, r * d + i) - mean);
+    var /= static_cast<double>(d);
+    const double inv_std = 1.0 / std::sqrt(var + eps);
+    for (int64_t i = 0; i < d; ++i)
+      put(args.out[0], r * d + i,
+          (at(x, r * d + i) - mean) * inv_std * at(args.in[1], i) + at(args.in[2], i));
+  }
+}
+
+// x -> act(x)
+void activation(const Node& node, const KernelArgs& args) {
+  const Activation act = node.attr<ActivationAttrs>().activation;
+  for (int64_t i = 0; i < args.out[0].numel(); ++i)
+    put(args.out[0], i, activation(act, at(args.in[0], i)));
+}
+
+// gate, up [n, f] -> act(gate) * up, act(gate) rounded first as HF's separate tensor is
+void gated_activation(const Node& node, const KernelArgs& args) {
+  const Activation act = node.attr<ActivationAttrs>().activation;
+  const DType dtype = args.out[0].dtype();
+  for (int64_t i = 0; i < args.out[0].numel(); ++i)
+    put(args.out[0], i, round_to(dtype, activation(act, at(args.in[0], i))) * at(args.in[1], i));
+}
+
+// x [n, d] -> exp(x - max) / sum exp(x - max) over d; -inf scores get probability 0
+void softmax(const Node&, const KernelArgs& args) {
+  const Tensor& x = args.in[0];
+  const int64_t d = x.dim(-1), n = x.numel() / d;
+  for (int64_t r = 0; r < n; ++r) {
+    double mx = -INFINITY, sum = 0.0;
+    for (int64_t i = 0; i < d; ++i) mx = std::max(mx, at(x, r * d + i));
+    for (int64_t i = 0; i < d; ++i) sum += std::exp(at(x, r * d + i) - mx);
+    for (int64_t i = 0; i < d; ++i)
+      put(args.out[0], r * d + i, std::exp(at(x, r * d + i) - mx) / sum);
+  }
+}
+
+// x -> x in CastAttrs::to, rounded to nearest even
+void cast(const Node&, const KernelArgs& args) {
+  for (int64_t i = 0; i < args.out[0].numel(); ++i) put(args.out[0], i, at(args.in[0], i));
+}
+
+// x [n, d], rows [r] i64 -> [r, d]
+void gather_rows(const Node& node, const KernelArgs& args) {
+  const Tensor& x = args.in[0];
+  const Tensor& rows = args.in[1];
+  const int64_t n = x.dim(0), d = x.dim(1);
+  for (int64_t i = 0; i < rows.dim(0); ++i) {
+    const int64_t src = index_element(rows, i);
+    KILN_CHECK(src >= 0 && src < n, "node '{}': row {} out of range [0, {})", node.name, src, n);
+    copy_row(x, src, args.out[0], i, d);
+  }
+}
+
+// a, b [n, d], w [d] -> (a + b, rmsnorm(a + b) * w); the norm reads the sum as stored
+void add_rms_norm(const Node& node, const KernelArgs& args) {
+  Tensor& sum = args.out[0];
+  const int64_t d = sum.dim(-1), n = sum.numel() / d;
+  std::vector<double> stored(static_cast<size_t>(sum.numel()));
+  for (int64_t i = 0; i < sum.numel(); ++i) {
+    stored[i] = round_to(sum.dtype(), at(args.in[0], i) + at(args.in[1], i));
+    put(sum, i, stored[i]);
+  }
+  for (int64_t r = 0; r < n; ++r)
+    rms_row(stored, r, d, args.in[2], node.attr<NormAttrs>().eps, args.out[1]);
+}
+
+}  // namespace kiln::reference

@@ -1,0 +1,255 @@
+// The op harness's machinery: backends under test, data, running scenarios, comparisons.
+#include "backend_ops.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "../models/graph_runner.h"
+#include "backend/reference/reference_backend.h"
+#include "f16_reference.h"
+
+namespace kiln::test {
+
+std::vector<NamedBackend> available_backends() {
+  std::vector<NamedBackend> out;
+  const bool has_avx512 = best_cpu_isa(detect_cpu_features()) == CpuIsa::kAvx512;
+  for (CpuIsa isa : {CpuIsa::kAvx2, CpuIsa::kAvx512}) {
+    if (isa == CpuIsa::kAvx512 && !has_avx512) continue;
+    // Three threads so that work splits unevenly across the pool.
+    ContextOptions options{LogLevel::kError, 3};
+    options.cpu_isa = isa;
+    auto ctx = std::make_unique<Context>(options);
+    auto backend = make_cpu_backend(*ctx);
+    out.push_back({fmt::format("cpu-{}", cpu_isa_name(isa)), std::move(ctx), std::move(backend),
+                   /*batch_invariant=*/true});
+  }
+  // CUDA, once it has a backend:
+  //   if (query_cuda().device_count > 0) out.push_back({"cuda", ctx, make_backend(*ctx,
+  //   Device::kCuda), false});
+  return out;
+}
+
+std::unique_ptr<Backend> reference_backend() {
+  // The reference backend only logs through its context; one per process is enough.
+  static Context ctx(ContextOptions{LogLevel::kError, 1});
+  return make_reference_backend(ctx);
+}
+
+float round_value(DType dtype, float f) {
+  switch (dtype) {
+    case DType::kF32:
+      return f;
+    case DType::kF16:
+      return static_cast<float>(f16_value(f16_bits(f)));
+    case DType::kBF16:
+      return static_cast<float>(bf16_value(bf16_bits(f)));
+    case DType::kI8:
+    case DType::kI32:
+    case DType::kI64:
+      break;
+  }
+  KILN_FAIL("round_value: {} is not a float type", dtype_name(dtype));
+}
+
+Tensor make_tensor(DType dtype, const std::vector<float>& v, const Shape& shape) {
+  if (dtype == DType::kF32) return Tensor::from_vector(v, shape);
+  Tensor t = Tensor::empty(dtype, shape);
+  KILN_CHECK(static_cast<size_t>(t.numel()) == v.size(), "make_tensor: {} values for {}", v.size(),
+             shape_str(shape));
+  auto* bits = static_cast<uint16_t*>(t.raw());
+  for (size_t i = 0; i < v.size(); ++i) {
+    switch (dtype) {
+      case DType::kF16:
+        bits[i] = f16_bits(v[i]);
+        break;
+      case DType::kBF16:
+        bits[i] = bf16_bits(v[i]);
+        break;
+      case DType::kF32:
+      case DType::kI8:
+      case DType::kI32:
+      case DType::kI64:
+        KILN_FAIL("make_tensor: {} is not a narrow float type", dtype_name(dtype));
+    }
+  }
+  return t;
+}
+
+double value_at(const Tensor& t, int64_t i) {
+  switch (t.dtype()) {
+    case DType::kF32:
+      return t.data<float>()[i];
+    case DType::kF16:
+      return f16_value(static_cast<const uint16_t*>(t.raw())[i]);
+    case DType::kBF16:
+      return bf16_value(static_cast<const uint16_t*>(t.raw())[i]);
+    case DType::kI8:
+      return t.data<int8_t>()[i];
+    case DType::kI32:
+      return t.data<int32_t>()[i];
+    case DType::kI64:
+      return static_cast<double>(t.data<int64_t>()[i]);
+  }
+  return NAN;
+}
+
+std::vector<float> Gen::floats(int64_t n, float lo, float hi) {
+  std::uniform_real_distribution<float> dist(lo, hi);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (float& x : v) x = round_value(values_, dist(rng_));
+  return v;
+}
+
+Tensor Gen::tensor(const std::vector<float>& v, const Shape& shape) const {
+  std::vector<float> rounded(v.size());
+  for (size_t i = 0; i < v.size(); ++i) rounded[i] = round_value(values_, v[i]);
+  return make_tensor(dtype_, rounded, shape);
+}
+
+Tensor Gen::random(const Shape& shape, float lo, float hi) {
+  return tensor(floats(shape_numel(shape), lo, hi), shape);
+}
+
+Scenario one_step(Graph g, std::map<std::string, Tensor> feed) {
+  Scenario s;
+  s.graph = std::move(g);
+  s.steps.push_back(ScenarioStep{std::move(feed), std::nullopt, {}});
+  return s;
+}
+
+std::string unsupported(const Backend& backend, const Graph& graph) {
+  for (const Node& n : graph.nodes) {
+    std::string why = backend.unsupported_reason(graph, n);
+    if (!why.empty()) return why;
+  }
+  return {};
+}
+
+namespace {
+
+// Outputs live in the backend's memory; host backends' are plain tensors. A device backend adds
+// its download here.
+Tensor to_host(const Tensor& t) {
+  KILN_CHECK(t.device() == Device::kCpu, "the op harness cannot read {} outputs yet",
+             device_name(t.device()));
+  return t.clone();
+}
+
+}  // namespace
+
+ScenarioOutputs run_scenario(Backend& backend, const Scenario& scenario) {
+  const Graph& g = scenario.graph;
+  std::unique_ptr<Executable> exe = backend.compile(g, test_profile());
+  std::unique_ptr<KvStorage> kv;
+  if (scenario.kv) {
+    kv = backend.create_kv_storage(*scenario.kv);
+    kv->resize(scenario.kv_blocks);
+  }
+  Allocator& memory = backend.allocator();
+  std::vector<CrossKv> cross(scenario.cross.size());
+  for (size_t i = 0; i < cross.size(); ++i) {
+    for (const Tensor& t : scenario.cross[i].keys) cross[i].keys.push_back(memory.upload(t));
+    for (const Tensor& t : scenario.cross[i].values) cross[i].values.push_back(memory.upload(t));
+  }
+  ScenarioOutputs outputs;
+  for (const ScenarioStep& step : scenario.steps) {
+    std::vector<Tensor> in;
+    for (int id : g.inputs) {
+      auto it = step.feed.find(g.values[id].name);
+      KILN_CHECK(it != step.feed.end(), "scenario feeds no '{}'", g.values[id].name);
+      in.push_back(memory.upload(it->second));
+    }
+    StepLayout layout;
+    StepContext context;
+    const StepContext* step_context = nullptr;
+    if (step.layout) {
+      layout = *step.layout;
+      for (int s = 0; s < layout.num_seqs(); ++s) {
+        const int c = s < static_cast<int>(step.cross.size()) ? step.cross[s] : -1;
+        layout.cross[s] = c >= 0 ? &cross[c] : nullptr;
+      }
+      context = StepContext{&layout, kv.get()};
+      step_context = &context;
+    }
+    std::vector<Tensor> host;
+    for (const Tensor& t : exe->execute(in, step_context)) host.push_back(to_host(t));
+    outputs.push_back(std::move(host));
+  }
+  return outputs;
+}
+
+double dtype_tolerance(DType dtype) {
+  switch (dtype) {
+    case DType::kF32:
+      return 1e-5;
+    case DType::kF16:
+      return 0x1p-9;
+    case DType::kBF16:
+      return 0x1p-6;
+    case DType::kI8:
+    case DType::kI32:
+    case DType::kI64:
+      break;
+  }
+  return 0.0;
+}
+
+void expect_matches(const Tensor& got, const Tensor& ref, const Check& check,
+                    const std::string& what) {
+  ASSERT_EQ(got.dtype(), ref.dtype()) << what;
+  ASSERT_EQ(got.shape(), ref.shape()) << what;
+  const int64_t n = ref.numel();
+  const int64_t row = ref.rank() > 0 && ref.dim(-1) > 0 ? ref.dim(-1) : 1;
+  const double tol = check.tol > 0.0 ? check.tol : dtype_tolerance(ref.dtype());
+  const size_t elem_bytes = dtype_bytes(ref.dtype(), 1);
+  // The scale each element is measured against: the output's or its row's largest magnitude.
+  std::vector<double> scale(static_cast<size_t>(n), 0.0);
+  if (check.kind == CheckKind::kMaxRelative || check.kind == CheckKind::kRowRelative) {
+    const int64_t span = check.kind == CheckKind::kMaxRelative ? std::max<int64_t>(n, 1) : row;
+    for (int64_t begin = 0; begin < n; begin += span) {
+      double mx = 0.0;
+      for (int64_t i = begin; i < begin + span; ++i)
+        if (std::isfinite(value_at(ref, i))) mx = std::max(mx, std::fabs(value_at(ref, i)));
+      for (int64_t i = begin; i < begin + span; ++i) scale[i] = mx;
+    }
+  }
+  int64_t failures = 0, first = -1;
+  for (int64_t i = 0; i < n; ++i) {
+    const double g = value_at(got, i), r = value_at(ref, i);
+    bool ok = false;
+    if (std::isnan(g) || std::isnan(r)) {
+      ok = std::isnan(g) && std::isnan(r);
+    } else if (check.kind == CheckKind::kExact) {
+      ok = std::memcmp(static_cast<const char*>(got.raw()) + i * elem_bytes,
+                       static_cast<const char*>(ref.raw()) + i * elem_bytes, elem_bytes) == 0;
+    } else if (std::isinf(r) || std::isinf(g)) {
+      ok = g == r;
+    } else {
+      double bound = 0.0;
+      switch (check.kind) {
+        case CheckKind::kExact:
+          break;
+        case CheckKind::kMaxRelative:
+        case CheckKind::kRowRelative:
+          bound = tol * scale[i];
+          break;
+        case CheckKind::kElementwise:
+          bound = tol * std::fabs(r) + check.atol;
+          break;
+      }
+      ok = std::fabs(g - r) <= bound;
+    }
+    if (!ok && failures++ == 0) first = i;
+  }
+  if (failures > 0) {
+    const double g = value_at(got, first), r = value_at(ref, first);
+    ADD_FAILURE() << what << ": " << failures << " of " << n << " elements differ; first at ["
+                  << first << "] (row " << first / row << "): got " << g << ", reference " << r
+                  << ", difference " << std::fabs(g - r) << " > "
+                  << (check.kind == CheckKind::kExact         ? 0.0
+                      : check.kind == CheckKind::kElementwise ? tol * std::fabs(r) + check.atol
+                                                              : tol * scale[first]);
+  }
+}
+
+}  // namespace kiln::test

@@ -1,0 +1,481 @@
+// Attention in the op table (encoder self, cached self through the paged KV cache over several
+// steps, cross), and the attention checks beside it: the reference's paged path against whole
+// sequences, batch invariance of the fast backends, and bad step layouts rejected everywhere.
+#include <gtest/gtest.h>
+
+#include <cstring>
+
+#include "../models/graph_runner.h"
+#include "backend_ops.h"
+#include "passes/pass.h"
+#include "runtime/kv_cache.h"
+
+namespace kiln::test {
+namespace {
+
+struct AttnConfig {
+  AttentionKind kind = AttentionKind::kEncoderSelf;
+  PositionBias bias = PositionBias::kNone;
+  int heads = 3;
+  int head_dim = 4;
+  bool causal = false;
+  bool packed = false;
+  float scale = 1.0f;
+  bool bidirectional = true;  // T5: bidirectional buckets exactly when not causal
+  int buckets = 8;
+  int max_distance = 6;
+  int layer = 1;  // of kLayers: a kernel must pick its own layer's cache / cross K/V
+  int block_size = 2;
+  int64_t width() const { return static_cast<int64_t>(heads) * head_dim; }
+};
+constexpr int kLayers = 2;
+
+AttentionAttrs attrs_of(const AttnConfig& c) {
+  AttentionAttrs a;
+  a.kind = c.kind;
+  a.bias = c.bias;
+  a.layer = c.layer;
+  a.num_heads = c.heads;
+  a.head_dim = c.head_dim;
+  a.causal = c.causal;
+  a.packed_qkv = c.packed;
+  a.scale = c.scale;
+  a.bidirectional_buckets = c.bidirectional;
+  a.num_buckets = c.buckets;
+  a.max_distance = c.max_distance;
+  return a;
+}
+
+// q, k, v [tokens, H*dh] (or qkv [tokens, 3*H*dh] laid out [3, H, dh], or q alone for cross),
+// the relative-bias table [buckets, H] when T5 -> y [tokens, H*dh]
+Graph attention_graph(Gen& g, const AttnConfig& c) {
+  GraphBuilder b("attention");
+  const int64_t W = c.width();
+  int q = -1, k = -1, v = -1;
+  if (c.packed) {
+    q = b.input("qkv", g.dtype(), {kTokens, Dim::of(3 * W)});
+  } else {
+    q = b.input("q", g.dtype(), {kTokens, Dim::of(W)});
+    if (c.kind != AttentionKind::kCross) {
+      k = b.input("k", g.dtype(), {kTokens, Dim::of(W)});
+      v = b.input("v", g.dtype(), {kTokens, Dim::of(W)});
+    }
+  }
+  const int table = c.bias == PositionBias::kT5Relative
+                        ? b.weight("rel", g.random({c.buckets, c.heads}, -3, 3))
+                        : -1;
+  b.output(b.attention(q, k, v, table, attrs_of(c), "attn"), "y");
+  return b.finish();
+}
+
+// Feeds for rows of q, k and v (each [n, W] flattened), packed when the config says so.
+std::map<std::string, Tensor> qkv_feed(const Gen& g, const AttnConfig& c,
+                                       const std::vector<float>& q, const std::vector<float>& k,
+                                       const std::vector<float>& v) {
+  const int64_t W = c.width(), n = static_cast<int64_t>(q.size()) / W;
+  if (!c.packed)
+    return {{"q", g.tensor(q, {n, W})}, {"k", g.tensor(k, {n, W})}, {"v", g.tensor(v, {n, W})}};
+  std::vector<float> packed;
+  for (int64_t r = 0; r < n; ++r)
+    for (const std::vector<float>* m : {&q, &k, &v})
+      packed.insert(packed.end(), m->begin() + r * W, m->begin() + (r + 1) * W);
+  return {{"qkv", g.tensor(packed, {n, 3 * W})}};
+}
+
+// Encoder self attention over ragged sequences of `lengths` in one step.
+Scenario encoder_scenario(Gen& g, const AttnConfig& c, const std::vector<int64_t>& lengths) {
+  Scenario s;
+  s.graph = attention_graph(g, c);
+  int64_t n = 0;
+  StepLayout layout;
+  layout.clear();
+  for (int64_t len : lengths) {
+    layout.add_sequence(len, 0, {}, nullptr);
+    n += len;
+  }
+  const std::vector<float> q = g.floats(n * c.width(), -2, 2), k = g.floats(n * c.width(), -2, 2),
+                           v = g.floats(n * c.width());
+  s.steps.push_back(ScenarioStep{qkv_feed(g, c, q, k, v), layout, {}});
+  return s;
+}
+
+// Cross attention: sequence s has dec[s] query tokens after past[s] decoded ones, and its own
+// cross K/V of enc[s] rows in each of kLayers layers.
+Scenario cross_scenario(Gen& g, const AttnConfig& c, const std::vector<int64_t>& enc,
+                        const std::vector<int64_t>& dec, const std::vector<int64_t>& past) {
+  Scenario s;
+  s.graph = attention_graph(g, c);
+  StepLayout layout;
+  layout.clear();
+  ScenarioStep step;
+  int64_t n = 0;
+  for (size_t i = 0; i < enc.size(); ++i) {
+    CrossKv kv;
+    for (int l = 0; l < kLayers; ++l) {
+      kv.keys.push_back(g.random({enc[i], c.width()}, -2, 2));
+      kv.values.push_back(g.random({enc[i], c.width()}));
+    }
+    s.cross.push_back(std::move(kv));
+    layout.add_sequence(dec[i], past[i], {}, nullptr);
+    step.cross.push_back(static_cast<int>(i));
+    n += dec[i];
+  }
+  step.feed = {{"q", g.random({n, c.width()}, -2, 2)}};
+  step.layout = layout;
+  s.steps.push_back(std::move(step));
+  return s;
+}
+
+// Cached self attention over several steps. Before a step, `forks` make sequence `child` share
+// every block of `parent` (a beam fork); `run` lists the sequences of the step, in batch order,
+// with their new token counts. Blocks come from the runtime's block manager, so shared partly
+// filled blocks are copied on write through the layout's block copies.
+struct SeqRun {
+  int seq;
+  int64_t tokens;
+};
+struct CachedStep {
+  std::vector<std::pair<int, int>> forks;  // (child, parent)
+  std::vector<SeqRun> run;
+};
+
+// Where a step's rows belong: sequence `seq`, positions [pos, pos + tokens), rows from `row`.
+struct Placement {
+  size_t step;
+  int64_t row;
+  int seq;
+  int64_t pos;
+  int64_t tokens;
+};
+// Every sequence's q, k, v rows in position order ([len, W] flattened), for whole-sequence checks.
+struct History {
+  std::vector<std::vector<float>> q, k, v;
+  std::vector<Placement> placements;
+};
+
+Scenario cached_scenario(Gen& g, const AttnConfig& c, const std::vector<CachedStep>& steps,
+                         History* history = nullptr) {
+  Scenario s;
+  s.graph = attention_graph(g, c);
+  const int64_t W = c.width();
+  s.kv = KvGeometry{kLayers, W, c.block_size, g.dtype()};
+  std::unique_ptr<KvStorage> bookkeeping = reference_backend()->create_kv_storage(*s.kv);
+  BlockManager blocks(*bookkeeping);
+  std::vector<SequenceKv> seqs;
+  History h;
+  for (const CachedStep& cs : steps) {
+    for (auto [child, parent] : cs.forks) {
+      const size_t need = static_cast<size_t>(std::max(child, parent)) + 1;
+      if (seqs.size() < need) seqs.resize(need);
+      if (h.q.size() < need) h.q.resize(need), h.k.resize(need), h.v.resize(need);
+      seqs[child] = seqs[parent].fork(blocks);
+      h.q[child] = h.q[parent], h.k[child] = h.k[parent], h.v[child] = h.v[parent];
+    }
+    StepLayout layout;
+    layout.clear();
+    std::vector<float> q, k, v;
+    int64_t row = 0;
+    for (const SeqRun& r : cs.run) {
+      const size_t need = static_cast<size_t>(r.seq) + 1;
+      if (seqs.size() < need) seqs.resize(need);
+      if (h.q.size() < need) h.q.resize(need), h.k.resize(need), h.v.resize(need);
+      SequenceKv& kv = seqs[r.seq];
+      h.placements.push_back({s.steps.size(), row, r.seq, kv.length(), r.tokens});
+      kv.prepare_append(blocks, r.tokens, &layout.copies);
+      layout.add_sequence(r.tokens, kv.length(), kv.blocks(), nullptr);
+      const std::vector<float> nq = g.floats(r.tokens * W, -2, 2),
+                               nk = g.floats(r.tokens * W, -2, 2), nv = g.floats(r.tokens * W);
+      for (auto [step_rows, seq_rows, fresh] :
+           {std::tuple{&q, &h.q[r.seq], &nq}, std::tuple{&k, &h.k[r.seq], &nk},
+            std::tuple{&v, &h.v[r.seq], &nv}}) {
+        step_rows->insert(step_rows->end(), fresh->begin(), fresh->end());
+        seq_rows->insert(seq_rows->end(), fresh->begin(), fresh->end());
+      }
+      row += r.tokens;
+    }
+    for (const SeqRun& r : cs.run) seqs[r.seq].commit(r.tokens);
+    s.steps.push_back(ScenarioStep{qkv_feed(g, c, q, k, v), layout, {}});
+  }
+  s.kv_blocks = bookkeeping->capacity();
+  for (SequenceKv& kv : seqs) kv.release(blocks);
+  if (history) *history = std::move(h);
+  return s;
+}
+
+AttnConfig t5_encoder() {
+  AttnConfig c;
+  c.bias = PositionBias::kT5Relative;
+  return c;
+}
+AttnConfig alibi_cached_packed() {  // BLOOM: 6 heads for the non-power-of-two slopes
+  AttnConfig c;
+  c.kind = AttentionKind::kCachedSelf;
+  c.bias = PositionBias::kAlibi;
+  c.heads = 6;
+  c.causal = true;
+  c.packed = true;
+  c.scale = 0.5f;
+  return c;
+}
+AttnConfig t5_cached() {  // T5 decoder: causal buckets, unscaled
+  AttnConfig c;
+  c.kind = AttentionKind::kCachedSelf;
+  c.bias = PositionBias::kT5Relative;
+  c.heads = 6;
+  c.causal = true;
+  c.bidirectional = false;
+  c.max_distance = 10;
+  return c;
+}
+
+// Prefill 4 and 3 tokens in one batch, then one token each twice, the batch order reversed.
+const std::vector<CachedStep> kPrefillThenDecode = {
+    {{}, {{0, 4}, {1, 3}}}, {{}, {{0, 1}, {1, 1}}}, {{}, {{1, 1}, {0, 1}}}};
+// A prompt of 5 (its last block half full) forked into three beams that decode and fork again: a
+// beam writing into a last block it still shares gets a copy of it first.
+const std::vector<CachedStep> kSharedPrefix = {{{}, {{0, 5}}},
+                                               {{{1, 0}, {2, 0}}, {{0, 1}, {1, 1}, {2, 1}}},
+                                               {{}, {{2, 1}, {0, 1}, {1, 1}}},
+                                               {{{3, 1}}, {{3, 1}, {1, 1}}}};
+// Chunked prefill beside decoding sequences, past max_distance (10) for the clamped bucket.
+const std::vector<CachedStep> kChunkedPrefill = {
+    {{}, {{0, 4}}}, {{}, {{0, 3}, {1, 5}}}, {{}, {{1, 7}, {0, 1}}}, {{}, {{0, 1}, {1, 1}}}};
+
+}  // namespace
+
+std::vector<OpCase> attention_op_cases() {
+  const Check check{CheckKind::kMaxRelative};
+  std::vector<OpCase> cases;
+  for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16})
+    cases.push_back({"Attention_encoder_t5_bidirectional_ragged_9_4" + dtype_suffix(dtype),
+                     dtype,
+                     {check},
+                     [](Gen& g) {
+                       return encoder_scenario(g, t5_encoder(), {9, 4});
+                     }});
+  cases.push_back(
+      {"Attention_encoder_t5_6heads_dh32_ragged_12_7", DType::kF32, {check}, [](Gen& g) {
+         AttnConfig c = t5_encoder();  // t5-tiny's shape and table
+         c.heads = 6;
+         c.head_dim = 32;
+         c.buckets = 32;
+         c.max_distance = 128;
+         return encoder_scenario(g, c, {12, 7});
+       }});
+  cases.push_back(
+      {"Attention_encoder_causal_scaled_ragged_3_6_1", DType::kF32, {check}, [](Gen& g) {
+         AttnConfig c;
+         c.causal = true;
+         c.scale = 0.5f;
+         return encoder_scenario(g, c, {3, 6, 1});
+       }});
+  cases.push_back(
+      {"Attention_encoder_alibi_packed_causal_6heads_ragged_5_2", DType::kF32, {check}, [](Gen& g) {
+         AttnConfig c = alibi_cached_packed();
+         c.kind = AttentionKind::kEncoderSelf;
+         return encoder_scenario(g, c, {5, 2});
+       }});
+  for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16})
+    cases.push_back(
+        {"Attention_cached_alibi_packed_prefill_then_decode" + dtype_suffix(dtype),
+         dtype,
+         {check},
+         [](Gen& g) { return cached_scenario(g, alibi_cached_packed(), kPrefillThenDecode); }});
+  cases.push_back(
+      {"Attention_cached_t5_causal_prefill_then_decode", DType::kF32, {check}, [](Gen& g) {
+         return cached_scenario(g, t5_cached(), {{{}, {{0, 11}, {1, 3}}}, {{}, {{0, 1}, {1, 1}}}});
+       }});
+  cases.push_back(
+      {"Attention_cached_nobias_scaled_prefill_then_decode", DType::kF32, {check}, [](Gen& g) {
+         AttnConfig c = t5_cached();
+         c.bias = PositionBias::kNone;
+         c.scale = 0.3f;
+         return cached_scenario(g, c, kPrefillThenDecode);
+       }});
+  cases.push_back(
+      {"Attention_cached_alibi_shared_prefix_copy_on_write", DType::kF32, {check}, [](Gen& g) {
+         return cached_scenario(g, alibi_cached_packed(), kSharedPrefix);
+       }});
+  cases.push_back({"Attention_cached_t5_chunked_prefill_block4", DType::kF32, {check}, [](Gen& g) {
+                     AttnConfig c = t5_cached();
+                     c.block_size = 4;
+                     return cached_scenario(g, c, kChunkedPrefill);
+                   }});
+  for (DType dtype : {DType::kF32, DType::kF16})
+    cases.push_back(
+        {"Attention_cross_layer1_ragged" + dtype_suffix(dtype), dtype, {check}, [](Gen& g) {
+           AttnConfig c;
+           c.kind = AttentionKind::kCross;
+           c.scale = 0.7f;
+           return cross_scenario(g, c, {5, 2}, {3, 1}, {0, 4});
+         }});
+  return cases;
+}
+
+namespace {
+
+// The reference's paged path against its dense one: every output row of a cached run (forks,
+// copy-on-write and chunking included) equals causal self attention over that sequence's whole
+// history, bit for bit (the same keys in the same order give the same sums).
+TEST(BackendOps, ReferencePagedAttentionEqualsWholeSequence) {
+  struct Config {
+    AttnConfig c;
+    std::vector<CachedStep> steps;
+  };
+  AttnConfig t5_block4 = t5_cached();
+  t5_block4.block_size = 4;
+  const std::unique_ptr<Backend> reference = reference_backend();
+  for (const Config& cfg :
+       {Config{alibi_cached_packed(), kSharedPrefix}, Config{t5_block4, kChunkedPrefill},
+        Config{alibi_cached_packed(), kPrefillThenDecode}}) {
+    Gen g(DType::kF32, DType::kF32, 7);
+    History h;
+    const ScenarioOutputs cached =
+        run_scenario(*reference, cached_scenario(g, cfg.c, cfg.steps, &h));
+    AttnConfig dense = cfg.c;
+    dense.kind = AttentionKind::kEncoderSelf;
+    dense.packed = false;
+    const int64_t W = cfg.c.width();
+    for (size_t s = 0; s < h.q.size(); ++s) {
+      Gen same_table(DType::kF32, DType::kF32, 7);  // the cached graph's table comes first
+      Scenario whole = encoder_scenario(same_table, dense, {int64_t(h.q[s].size()) / W});
+      whole.steps[0].feed = qkv_feed(g, dense, h.q[s], h.k[s], h.v[s]);
+      const Tensor y = run_scenario(*reference, whole)[0][0];
+      for (const Placement& p : h.placements) {
+        if (p.seq != static_cast<int>(s)) continue;
+        expect_matches(cached[p.step][0].slice_rows(p.row, p.row + p.tokens).clone(),
+                       y.slice_rows(p.pos, p.pos + p.tokens).clone(), Check{CheckKind::kExact},
+                       fmt::format("sequence {} positions {}..{}", s, p.pos, p.pos + p.tokens));
+      }
+    }
+  }
+}
+
+// x -> Linear (packed qkv) -> cached ALiBi attention -> Linear, BLOOM-like: a sequence's outputs
+// are bitwise the same alone, in a batch, and in a batch of another order.
+TEST(BackendOps, BatchedResultsAreBitwiseIdenticalToAlone) {
+  const int H = 4, dh = 4, W = H * dh;
+  Gen g(DType::kF32, DType::kF32, 11);
+  AttnConfig c = alibi_cached_packed();
+  c.heads = H;
+  c.head_dim = dh;
+  c.layer = 0;
+  GraphBuilder b("block");
+  const int x = b.input("x", DType::kF32, {kTokens, Dim::of(W)});
+  const int qkv = b.linear(x, b.weight("w_qkv", g.random({3 * W, W})),
+                           b.weight("b_qkv", g.random({3 * W})), "qkv");
+  const int attn = b.attention(qkv, -1, -1, -1, attrs_of(c), "attn");
+  b.output(b.linear(attn, b.weight("w_o", g.random({W, W})), -1, "o"), "y");
+  Graph graph = b.finish();
+  plan_memory(graph, Logger(LogLevel::kError), {{"tokens", 16}});
+
+  const std::vector<int64_t> lengths = {3, 5, 7};  // sequence 1 is the one checked
+  std::vector<std::vector<float>> xs;
+  for (int64_t len : lengths) xs.push_back(g.floats((len + 1) * W, -2, 2));
+  int checked = 0;
+  for (NamedBackend& nb : available_backends()) {
+    if (!nb.batch_invariant) continue;
+    std::unique_ptr<Executable> exe = nb.backend->compile(graph, test_profile());
+    // Prefill, then one decode step, of the given sequences; returns sequence 1's outputs.
+    auto run_sequences = [&](const std::vector<size_t>& which) {
+      auto storage = nb.backend->create_kv_storage({1, W, 2, DType::kF32});
+      BlockManager blocks(*storage);
+      std::vector<SequenceKv> kv(lengths.size());
+      std::vector<float> result;
+      for (int step = 0; step < 2; ++step) {
+        StepLayout layout;
+        layout.clear();
+        std::vector<float> in;
+        int64_t begin = 0, mine = -1, my_len = 0;
+        for (size_t s : which) {
+          const int64_t len = step == 0 ? lengths[s] : 1, past = kv[s].length();
+          kv[s].prepare_append(blocks, len, &layout.copies);
+          layout.add_sequence(len, past, kv[s].blocks(), nullptr);
+          in.insert(in.end(), xs[s].begin() + past * W, xs[s].begin() + (past + len) * W);
+          if (s == 1) mine = begin, my_len = len;
+          begin += len;
+        }
+        const StepContext ctx{&layout, storage.get()};
+        const std::vector<Tensor> feed = {Tensor::from_vector(in, {begin, W})};
+        const Tensor& y = exe->execute(feed, &ctx)[0];
+        result.insert(result.end(), y.data<float>() + mine * W,
+                      y.data<float>() + (mine + my_len) * W);
+        for (size_t s : which) kv[s].commit(step == 0 ? lengths[s] : 1);
+      }
+      for (SequenceKv& k : kv) k.release(blocks);
+      return result;
+    };
+    const std::vector<float> alone = run_sequences({1});
+    const std::vector<float> batched = run_sequences({0, 1, 2});
+    const std::vector<float> reordered = run_sequences({2, 1, 0});
+    ASSERT_EQ(alone.size(), static_cast<size_t>((lengths[1] + 1) * W));
+    ASSERT_EQ(batched.size(), alone.size());
+    ASSERT_EQ(reordered.size(), alone.size());
+    EXPECT_EQ(std::memcmp(alone.data(), batched.data(), alone.size() * sizeof(float)), 0)
+        << nb.name;
+    EXPECT_EQ(std::memcmp(alone.data(), reordered.data(), alone.size() * sizeof(float)), 0)
+        << nb.name;
+    ++checked;
+  }
+  EXPECT_GT(checked, 0) << "the CPU backend promises batch invariance";
+}
+
+TEST(BackendOps, BadInputStepLayout) {
+  std::vector<NamedBackend> backends = available_backends();
+  backends.push_back({"reference", nullptr, reference_backend()});
+  AttnConfig c;
+  c.kind = AttentionKind::kCachedSelf;
+  c.heads = 2;
+  c.head_dim = 2;
+  c.causal = true;
+  c.layer = 0;
+  Gen g(DType::kF32, DType::kF32, 3);
+  const Graph cached = attention_graph(g, c);
+  c.kind = AttentionKind::kCross;
+  c.causal = false;
+  const Graph cross = attention_graph(g, c);
+  const Tensor q = g.random({3, 4});
+  const std::vector<Tensor> cached_in = {q, q, q}, cross_in = {q};
+  for (NamedBackend& nb : backends) {
+    Backend& be = *nb.backend;
+    auto exe = be.compile(cached, test_profile());
+    EXPECT_THROW(exe->execute(cached_in, nullptr), Error) << nb.name << ": no layout";
+    auto storage = be.create_kv_storage({1, 4, 2, DType::kF32});
+    storage->resize(2);
+    StepLayout layout;
+    layout.clear();
+    const std::vector<int32_t> one_block = {0};
+    layout.add_sequence(3, 0, one_block, nullptr);  // room for two of the three tokens
+    StepContext step{&layout, nullptr};
+    EXPECT_THROW(exe->execute(cached_in, &step), Error) << nb.name << ": no KV storage";
+    step.kv = storage.get();
+    EXPECT_THROW(exe->execute(cached_in, &step), Error) << nb.name << ": block table too short";
+    layout.clear();
+    const std::vector<int32_t> two_blocks = {0, 1};
+    layout.add_sequence(2, 0, two_blocks, nullptr);
+    EXPECT_THROW(exe->execute(cached_in, &step), Error) << nb.name << ": covers 2 of 3 tokens";
+    layout.clear();
+    const std::vector<int32_t> hole = {-1, 1};  // the check of the last block misses it
+    layout.add_sequence(3, 0, hole, nullptr);
+    EXPECT_THROW(exe->execute(cached_in, &step), Error) << nb.name << ": no block for position 0";
+    layout.clear();
+    layout.add_sequence(3, 0, two_blocks, nullptr);
+    auto wide = be.create_kv_storage({1, 6, 2, DType::kF32});
+    wide->resize(2);
+    step.kv = wide.get();
+    EXPECT_THROW(exe->execute(cached_in, &step), Error) << nb.name << ": KV rows of another width";
+    step.kv = storage.get();
+    EXPECT_NO_THROW(exe->execute(cached_in, &step)) << nb.name << ": the good layout";
+
+    auto cross_exe = be.compile(cross, test_profile());
+    StepLayout no_cross;
+    no_cross.clear();
+    no_cross.add_sequence(3, 0, {}, nullptr);
+    const StepContext cross_step{&no_cross, nullptr};
+    EXPECT_THROW(cross_exe->execute(cross_in, &cross_step), Error)
+        << nb.name << ": cross attention without cross K/V";
+  }
+}
+
+}  // namespace
+}  // namespace kiln::test

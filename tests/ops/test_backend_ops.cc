@@ -1,0 +1,666 @@
+// Every op on every backend against the reference backend: the op table (this file's dense ops
+// and test_backend_attention.cc's attention), run by one parametrized test. Beside it, the checks
+// whose answers come from outside kiln: cast rounding against the formats' definitions, masked
+// softmax scores, the reference's position-bias math against HuggingFace's values, and bad
+// inputs rejected by every backend.
+#include <gtest/gtest.h>
+
+#include <bit>
+#include <cmath>
+#include <limits>
+
+#include "backend/reference/kernels.h"
+#include "backend_ops.h"
+#include "f16_reference.h"
+#include "passes/pass.h"
+
+namespace kiln::test {
+namespace {
+
+constexpr Activation kAllActivations[] = {Activation::kRelu, Activation::kGeluTanh,
+                                          Activation::kGeluExact, Activation::kSilu};
+constexpr DType kNarrowTypes[] = {DType::kF16, DType::kBF16};
+
+const Check kExact{CheckKind::kExact};
+const Check kMaxRelative{CheckKind::kMaxRelative};
+const Check kRowRelative{CheckKind::kRowRelative};
+// Activations per element: relative to the value, plus a small absolute term for the tails
+// where 1 + tanh and 1 + erf cancel in f32 (as they do in PyTorch's f32 formulas).
+const Check kActivationCheck{CheckKind::kElementwise, 1e-5, 1e-6};
+
+Tensor ids_tensor(const std::vector<int64_t>& ids, DType type) {
+  const int64_t n = static_cast<int64_t>(ids.size());
+  if (type == DType::kI64) return Tensor::from_vector(ids, {n});
+  return Tensor::from_vector(std::vector<int32_t>(ids.begin(), ids.end()), {n});
+}
+
+Graph fused(Graph g, int (*pass)(Graph&, const Logger&)) {
+  const Logger quiet(LogLevel::kError);
+  KILN_CHECK(pass(g, quiet) == 1 && g.nodes.size() == 1, "graph '{}': the pair did not fuse",
+             g.name);
+  return g;
+}
+
+// Rows of d values: ordinary, tiny (eps dominates the variance), large, and all zeros.
+std::vector<float> norm_rows(Gen& g, int64_t d) {
+  std::vector<float> x = g.floats(d, -2, 2);
+  for (float v : g.floats(d, -1e-4f, 1e-4f)) x.push_back(v);
+  for (float v : g.floats(d, -300, 300)) x.push_back(v);
+  x.resize(x.size() + d, 0.0f);
+  return x;
+}
+
+// Values over an activation's interesting range, and its special points.
+std::vector<float> activation_inputs(Gen& g) {
+  std::vector<float> x = g.floats(200, -6.0f, 6.0f);
+  for (float special : {0.0f, -0.0f, 1e-6f, -1e-6f, 20.0f, -20.0f, 60.0f, -60.0f})
+    x.push_back(special);
+  return x;
+}
+
+void add_gather_cases(std::vector<OpCase>& cases) {
+  struct Shape3 {
+    int64_t vocab, d, n;
+  };
+  for (DType dtype : {DType::kF32, DType::kF16})
+    for (DType ids_type : {DType::kI64, DType::kI32})
+      for (Shape3 s : {Shape3{10, 6, 5}, Shape3{37, 33, 12}})
+        cases.push_back({fmt::format("Embedding_ids_{}_vocab{}_d{}_n{}{}", dtype_name(ids_type),
+                                     s.vocab, s.d, s.n, dtype_suffix(dtype)),
+                         dtype,
+                         {kExact},
+                         [=](Gen& g) {
+                           GraphBuilder b("embedding");
+                           const int table = b.weight("table", g.random({s.vocab, s.d}));
+                           const int ids = b.input("ids", ids_type, {kTokens});
+                           b.output(b.embedding(table, ids, "embed"), "y");
+                           std::uniform_int_distribution<int64_t> pick(0, s.vocab - 1);
+                           std::vector<int64_t> v = {s.vocab - 1, 0};  // both ends
+                           while (static_cast<int64_t>(v.size()) < s.n) v.push_back(pick(g.rng()));
+                           return one_step(b.finish(), {{"ids", ids_tensor(v, ids_type)}});
+                         }});
+  struct GatherShape {
+    int64_t n, d;
+    std::vector<int64_t> rows;
+  };
+  for (const GatherShape& s :
+       {GatherShape{6, 5, {5, 0, 5, 2}}, GatherShape{1, 7, {0}}, GatherShape{40, 192, {39, 3, 17}}})
+    cases.push_back({fmt::format("GatherRows_n{}_d{}_rows{}", s.n, s.d, s.rows.size()),
+                     DType::kF32,
+                     {kExact},
+                     [=](Gen& g) {
+                       GraphBuilder b("gather");
+                       const int x = b.input("x", g.dtype(), {kTokens, Dim::of(s.d)});
+                       const int rows = b.input("rows", DType::kI64, {Dim::sym("rows")});
+                       b.output(b.gather_rows(x, rows, "gather"), "y");
+                       const int64_t r = static_cast<int64_t>(s.rows.size());
+                       return one_step(b.finish(), {{"x", g.random({s.n, s.d})},
+                                                    {"rows", Tensor::from_vector(s.rows, {r})}});
+                     }});
+}
+
+void add_linear_cases(std::vector<OpCase>& cases) {
+  struct LinearVariant {
+    int64_t n, in, out;
+    bool bias;
+    std::optional<Activation> act;
+    DType dtype;
+  };
+  std::vector<LinearVariant> variants;
+  // Every bias and fused activation at an awkward shape: `out` is not a multiple of the CPU's
+  // 16-row blocks nor of its 4-row groups, `in` not a multiple of the vector width.
+  for (bool bias : {false, true}) {
+    variants.push_back({7, 19, 37, bias, std::nullopt, DType::kF32});
+    for (Activation act : kAllActivations) variants.push_back({7, 19, 37, bias, act, DType::kF32});
+  }
+  variants.push_back({1, 64, 16, true, std::nullopt, DType::kF32});             // one decode token
+  variants.push_back({33, 200, 70, true, Activation::kGeluTanh, DType::kF32});  // long rows
+  variants.push_back({4, 3, 5, false, std::nullopt, DType::kF32});  // shorter than a vector
+  for (DType narrow : kNarrowTypes) {
+    variants.push_back({7, 19, 37, true, std::nullopt, narrow});
+    variants.push_back({7, 19, 37, false, Activation::kGeluTanh, narrow});
+  }
+  for (const LinearVariant& v : variants)
+    cases.push_back(
+        {fmt::format("Linear_n{}_in{}_out{}_{}_{}{}", v.n, v.in, v.out, v.bias ? "bias" : "nobias",
+                     v.act ? activation_name(*v.act) : "noact", dtype_suffix(v.dtype)),
+         v.dtype,
+         {kMaxRelative},
+         [=](Gen& g) {
+           GraphBuilder b("linear");
+           const int x = b.input("x", g.dtype(), {kTokens, Dim::of(v.in)});
+           const int w = b.weight("w", g.random({v.out, v.in}));
+           const int bias = v.bias ? b.weight("b", g.random({v.out})) : -1;
+           int y = b.linear(x, w, bias, "fc");
+           if (v.act) y = b.activation(y, *v.act, "act");
+           b.output(y, "y");
+           Graph graph = b.finish();
+           // Fused by the pass, as the pipeline does.
+           if (v.act) graph = fused(std::move(graph), fuse_linear_activation);
+           return one_step(std::move(graph), {{"x", g.random({v.n, v.in}, -2, 2)}});
+         }});
+}
+
+void add_elementwise_cases(std::vector<OpCase>& cases) {
+  enum class Binary { kAdd, kMul, kScale };
+  struct Variant {
+    Binary op;
+    int64_t n, d;
+    float factor;
+    DType dtype;
+  };
+  std::vector<Variant> variants;
+  for (Binary op : {Binary::kAdd, Binary::kMul, Binary::kScale}) {
+    for (auto [n, d] :
+         std::initializer_list<std::pair<int64_t, int64_t>>{{9, 31}, {1, 1}, {3, 1030}})
+      variants.push_back({op, n, d, -0.3721f, DType::kF32});
+    for (DType narrow : kNarrowTypes) variants.push_back({op, 9, 31, -0.3721f, narrow});
+  }
+  // T5's decoder output scale d_model^-0.5.
+  variants.push_back(
+      {Binary::kScale, 5, 192, static_cast<float>(1.0 / std::sqrt(192.0)), DType::kF32});
+  for (const Variant& v : variants) {
+    const char* name = v.op == Binary::kAdd ? "Add" : v.op == Binary::kMul ? "Mul" : "Scale";
+    // Sums and products of two floats are exact in double, so f32 results must be the correctly
+    // rounded ones, bit for bit.
+    cases.push_back({fmt::format("{}_n{}_d{}{}", name, v.n, v.d, dtype_suffix(v.dtype)),
+                     v.dtype,
+                     {v.dtype == DType::kF32 ? kExact : kMaxRelative},
+                     [=](Gen& g) {
+                       GraphBuilder b("elementwise");
+                       std::map<std::string, Tensor> feed;
+                       feed["a"] = g.random({v.n, v.d}, -10, 10);
+                       const int a = b.input("a", g.dtype(), {kTokens, Dim::of(v.d)});
+                       if (v.op == Binary::kScale) {
+                         b.output(b.scale(a, v.factor, "scale"), "y");
+                         return one_step(b.finish(), std::move(feed));
+                       }
+                       feed["b"] = g.random({v.n, v.d}, -10, 10);
+                       const int c = b.input("b", g.dtype(), {kTokens, Dim::of(v.d)});
+                       b.output(v.op == Binary::kAdd ? b.add(a, c, "add") : b.mul(a, c, "mul"),
+                                "y");
+                       return one_step(b.finish(), std::move(feed));
+                     }});
+  }
+}
+
+void add_activation_cases(std::vector<OpCase>& cases) {
+  for (Activation act : kAllActivations) {
+    cases.push_back(
+        {fmt::format("Activation_{}", activation_name(act)),
+         DType::kF32,
+         {kActivationCheck},
+         [=](Gen& g) {
+           const std::vector<float> x = activation_inputs(g);
+           const int64_t n = static_cast<int64_t>(x.size());
+           GraphBuilder b("activation");
+           b.output(b.activation(b.input("x", g.dtype(), {kTokens, Dim::of(1)}), act, "act"), "y");
+           return one_step(b.finish(), {{"x", g.tensor(x, {n, 1})}});
+         }});
+    cases.push_back(
+        {fmt::format("GatedActivation_{}", activation_name(act)),
+         DType::kF32,
+         {kActivationCheck},
+         [=](Gen& g) {
+           const std::vector<float> x = activation_inputs(g);
+           const int64_t n = static_cast<int64_t>(x.size());
+           GraphBuilder b("gated");
+           const int gate = b.input("gate", g.dtype(), {kTokens, Dim::of(1)});
+           const int up = b.input("up", g.dtype(), {kTokens, Dim::of(1)});
+           b.output(b.gated_activation(gate, up, act, "gated"), "y");
+           return one_step(b.finish(), {{"gate", g.tensor(x, {n, 1})}, {"up", g.random({n, 1})}});
+         }});
+  }
+  for (DType narrow : kNarrowTypes)
+    cases.push_back({"GatedActivation_gelu_tanh_n16_d64" + dtype_suffix(narrow),
+                     narrow,
+                     {kMaxRelative},
+                     [](Gen& g) {
+                       GraphBuilder b("gated");
+                       const int gate = b.input("gate", g.dtype(), {kTokens, Dim::of(64)});
+                       const int up = b.input("up", g.dtype(), {kTokens, Dim::of(64)});
+                       b.output(b.gated_activation(gate, up, Activation::kGeluTanh, "gated"), "y");
+                       return one_step(b.finish(), {{"gate", g.random({16, 64}, -4, 4)},
+                                                    {"up", g.random({16, 64})}});
+                     }});
+}
+
+// Rows: ordinary; shifted by 1000 (needs the max subtracted); a wide range; two masked scores.
+std::vector<float> softmax_rows(Gen& g, int64_t d) {
+  std::vector<float> x = g.floats(d, -3, 3);
+  for (float v : g.floats(d, -3, 3)) x.push_back(1000.0f + v);
+  for (float v : g.floats(d, -80, 80)) x.push_back(v);
+  std::vector<float> masked = g.floats(d);
+  masked[0] = masked[d / 2] = -std::numeric_limits<float>::infinity();
+  x.insert(x.end(), masked.begin(), masked.end());
+  return x;
+}
+
+Scenario softmax_scenario(Gen& g, const std::vector<float>& x, int64_t d) {
+  GraphBuilder b("softmax");
+  b.output(b.softmax(b.input("x", g.dtype(), {kTokens, Dim::of(d)}), "softmax"), "y");
+  const int64_t n = static_cast<int64_t>(x.size()) / d;
+  return one_step(b.finish(), {{"x", g.tensor(x, {n, d})}});
+}
+
+void add_softmax_cases(std::vector<OpCase>& cases) {
+  for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16})
+    cases.push_back(
+        {"Softmax_d17_special_rows" + dtype_suffix(dtype), dtype, {kRowRelative}, [](Gen& g) {
+           return softmax_scenario(g, softmax_rows(g, 17), 17);
+         }});
+  cases.push_back({"Softmax_d1", DType::kF32, {kRowRelative}, [](Gen& g) {
+                     return softmax_scenario(g, g.floats(3, -5, 5), 1);
+                   }});
+  cases.push_back({"Softmax_d300_n5", DType::kF32, {kRowRelative}, [](Gen& g) {
+                     return softmax_scenario(g, g.floats(5 * 300, -10, 10), 300);
+                   }});
+}
+
+void add_norm_cases(std::vector<OpCase>& cases) {
+  struct NormVariant {
+    int64_t d;
+    double eps;
+    DType dtype;
+  };
+  for (NormVariant v : {NormVariant{24, 1e-6, DType::kF32}, NormVariant{192, 1e-6, DType::kF32},
+                        NormVariant{24, 1e-6, DType::kF16}, NormVariant{24, 1e-6, DType::kBF16}}) {
+    cases.push_back({fmt::format("RMSNorm_d{}{}", v.d, dtype_suffix(v.dtype)),
+                     v.dtype,
+                     {kRowRelative},
+                     [=](Gen& g) {
+                       const std::vector<float> x = norm_rows(g, v.d);
+                       GraphBuilder b("rms");
+                       const int xi = b.input("x", g.dtype(), {kTokens, Dim::of(v.d)});
+                       const int w = b.weight("w", g.random({v.d}, 0.5f, 1.5f));
+                       b.output(b.rms_norm(xi, w, v.eps, "norm"), "y");
+                       return one_step(b.finish(), {{"x", g.tensor(x, {4, v.d})}});
+                     }});
+    // The fused residual add: the sum is exactly rounded, the norm reads the rounded sum.
+    cases.push_back({fmt::format("AddRMSNorm_d{}{}", v.d, dtype_suffix(v.dtype)),
+                     v.dtype,
+                     {v.dtype == DType::kF32 ? kExact : kMaxRelative, kRowRelative},
+                     [=](Gen& g) {
+                       const std::vector<float> a = norm_rows(g, v.d);
+                       GraphBuilder b("add_rms");
+                       const int ai = b.input("a", g.dtype(), {kTokens, Dim::of(v.d)});
+                       const int ci = b.input("b", g.dtype(), {kTokens, Dim::of(v.d)});
+                       const int sum = b.add(ai, ci, "residual");
+                       b.output(sum, "sum");
+                       const int w = b.weight("w", g.random({v.d}, 0.5f, 1.5f));
+                       b.output(b.rms_norm(sum, w, v.eps, "norm"), "normed");
+                       // Both addends tiny in row 1 and zero in row 3, so their sum is too.
+                       const std::vector<float> c = norm_rows(g, v.d);
+                       return one_step(
+                           fused(b.finish(), fuse_add_rms_norm),
+                           {{"a", g.tensor(a, {4, v.d})}, {"b", g.tensor(c, {4, v.d})}});
+                     }});
+  }
+  for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16})
+    cases.push_back({"LayerNorm_d33" + dtype_suffix(dtype), dtype, {kRowRelative}, [](Gen& g) {
+                       const std::vector<float> x = norm_rows(g, 33);
+                       GraphBuilder b("ln");
+                       const int xi = b.input("x", g.dtype(), {kTokens, Dim::of(33)});
+                       const int w = b.weight("w", g.random({33}, 0.5f, 1.5f));
+                       b.output(b.layer_norm(xi, w, b.weight("b", g.random({33})), 1e-5, "ln"),
+                                "y");
+                       return one_step(b.finish(), {{"x", g.tensor(x, {4, 33})}});
+                     }});
+  // A row with a large mean: torch.layer_norm (and the CPU kernel) subtract the mean rounded to
+  // f32, which costs about ulp(1000) / std of accuracy; the reference keeps it in double.
+  cases.push_back(
+      {"LayerNorm_d256_large_mean", DType::kF32, {{CheckKind::kRowRelative, 1e-4}}, [](Gen& g) {
+         std::vector<float> x = g.floats(256, -1, 1);
+         for (float& v : x) v += 1000.0f;
+         GraphBuilder b("ln");
+         const int xi = b.input("x", g.dtype(), {kTokens, Dim::of(256)});
+         const int w = b.weight("w", g.random({256}, 0.5f, 1.5f));
+         b.output(b.layer_norm(xi, w, b.weight("b", g.random({256})), 1e-5, "ln"), "y");
+         return one_step(b.finish(), {{"x", g.tensor(x, {1, 256})}});
+       }});
+}
+
+// f32 values whose f16 / bf16 rounding is interesting: ties, overflow, subnormals.
+std::vector<float> cast_inputs(Gen& g) {
+  std::vector<float> x = {1.0f,
+                          1.0f + 0x1p-11f,
+                          1.0f + 3 * 0x1p-11f,
+                          65504.0f,
+                          65519.0f,
+                          65520.0f,
+                          0x1p-14f,
+                          0x1p-24f,
+                          0x1p-25f,
+                          3 * 0x1p-25f,
+                          0x1.018p0f,
+                          0x1.01p0f,
+                          -0.0f,
+                          1e30f,
+                          -3e38f,
+                          std::numeric_limits<float>::infinity()};
+  for (float v : g.floats(64, -70000.0f, 70000.0f)) x.push_back(v);
+  for (float v : g.floats(64, -1e-4f, 1e-4f)) x.push_back(v);
+  for (float v : g.floats(16, -3e38f, 3e38f)) x.push_back(v);
+  return x;
+}
+
+void add_cast_cases(std::vector<OpCase>& cases) {
+  // f32 -> narrow -> f32, and narrow -> other narrow (through f32 on the CPU).
+  for (DType narrow : kNarrowTypes)
+    cases.push_back(
+        {fmt::format("Cast_f32_{}_f32", dtype_name(narrow)), DType::kF32, {kExact}, [=](Gen& g) {
+           const std::vector<float> x = cast_inputs(g);
+           GraphBuilder b("cast");
+           const int h = b.cast(b.input("x", DType::kF32, {kTokens}), narrow, "narrow");
+           b.output(h, "narrow");
+           b.output(b.cast(h, DType::kF32, "back"), "back");
+           const int64_t n = static_cast<int64_t>(x.size());
+           return one_step(b.finish(), {{"x", g.tensor(x, {n})}});
+         }});
+  cases.push_back({"Cast_f32_f16_bf16", DType::kF32, {kExact}, [](Gen& g) {
+                     const std::vector<float> x = cast_inputs(g);
+                     GraphBuilder b("cast");
+                     const int h = b.cast(b.input("x", DType::kF32, {kTokens}), DType::kF16, "f16");
+                     b.output(b.cast(h, DType::kBF16, "bf16"), "bf16");
+                     const int64_t n = static_cast<int64_t>(x.size());
+                     return one_step(b.finish(), {{"x", g.tensor(x, {n})}});
+                   }});
+  // A narrow weight read in f32 (what GraphBuilder::weight_f32 makes when folding is off).
+  for (DType narrow : kNarrowTypes)
+    cases.push_back(
+        {fmt::format("Cast_{}_weight_to_f32", dtype_name(narrow)),
+         DType::kF32,
+         {kExact},
+         [=](Gen& g) {
+           GraphBuilder b("cast_weight");
+           const int w = b.weight("w", make_tensor(narrow, g.floats(40, -4, 4), {8, 5}));
+           b.output(b.cast(w, DType::kF32, "w.f32"), "y");
+           return one_step(b.finish(), {});
+         }});
+}
+
+}  // namespace
+
+std::vector<OpCase> dense_op_cases() {
+  std::vector<OpCase> cases;
+  add_gather_cases(cases);
+  add_linear_cases(cases);
+  add_elementwise_cases(cases);
+  add_activation_cases(cases);
+  add_softmax_cases(cases);
+  add_norm_cases(cases);
+  add_cast_cases(cases);
+  return cases;
+}
+
+namespace {
+
+std::vector<OpCase> all_cases() {
+  std::vector<OpCase> cases = dense_op_cases();
+  for (OpCase& c : attention_op_cases()) cases.push_back(std::move(c));
+  return cases;
+}
+
+// Outputs widened to f32 (a narrow run's outputs against its f32 twin's).
+ScenarioOutputs widened(const ScenarioOutputs& outputs) {
+  ScenarioOutputs out;
+  for (const std::vector<Tensor>& step : outputs) {
+    std::vector<Tensor> wide;
+    for (const Tensor& t : step) {
+      std::vector<float> v(static_cast<size_t>(t.numel()));
+      for (int64_t i = 0; i < t.numel(); ++i) v[i] = static_cast<float>(value_at(t, i));
+      wide.push_back(Tensor::from_vector(v, t.shape()));
+    }
+    out.push_back(std::move(wide));
+  }
+  return out;
+}
+
+void expect_all_match(const ScenarioOutputs& got, const ScenarioOutputs& ref,
+                      const std::vector<Check>& checks, const std::string& who) {
+  ASSERT_EQ(got.size(), ref.size()) << who;
+  for (size_t s = 0; s < ref.size(); ++s) {
+    ASSERT_EQ(got[s].size(), ref[s].size()) << who;
+    for (size_t o = 0; o < ref[s].size(); ++o)
+      expect_matches(got[s][o], ref[s][o], checks[std::min(o, checks.size() - 1)],
+                     fmt::format("{}, step {}, output {}", who, s, o));
+  }
+}
+
+constexpr uint32_t kSeed = 20240611;
+
+class OpTable : public testing::TestWithParam<OpCase> {};
+
+TEST_P(OpTable, MatchesReference) {
+  const OpCase& c = GetParam();
+  Gen gen(c.dtype, c.dtype, kSeed);
+  const Scenario scenario = c.make(gen);
+  const std::unique_ptr<Backend> reference = reference_backend();
+  ASSERT_EQ(unsupported(*reference, scenario.graph), "");
+  const ScenarioOutputs ref = run_scenario(*reference, scenario);
+  int compared = 0;
+  for (NamedBackend& b : available_backends()) {
+    const std::string why = unsupported(*b.backend, scenario.graph);
+    if (!why.empty()) continue;  // e.g. narrow activations on the f32 CPU backend
+    expect_all_match(run_scenario(*b.backend, scenario), ref, c.checks, b.name);
+    ++compared;
+  }
+  if (c.dtype == DType::kF32) {
+    EXPECT_GT(compared, 0) << "no backend besides the reference runs " << c.name;
+  } else {
+    // The reference's narrow path against its f32 path on the same numbers: they differ only
+    // by the rounding of outputs (and of intermediates a graph stores).
+    Gen wide(DType::kF32, c.dtype, kSeed);
+    std::vector<Check> checks = c.checks;
+    for (Check& check : checks) {
+      if (check.kind == CheckKind::kExact) check.kind = CheckKind::kMaxRelative;
+      check.tol = std::max(check.tol, dtype_tolerance(c.dtype));
+    }
+    expect_all_match(widened(ref), run_scenario(*reference, c.make(wide)), checks,
+                     fmt::format("reference in {} against reference in f32", dtype_name(c.dtype)));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(BackendOps, OpTable, testing::ValuesIn(all_cases()),
+                         [](const testing::TestParamInfo<OpCase>& info) {
+                           return info.param.name;
+                         });
+
+// Every backend, the reference included.
+std::vector<NamedBackend> every_backend() {
+  std::vector<NamedBackend> all = available_backends();
+  all.push_back({"reference", nullptr, reference_backend()});
+  return all;
+}
+
+// Cast to f16 against hand-checked encodings and the rounding computed from the value in double
+// (tests/ops/f16_reference.h); the way back must give exactly the f16 value.
+TEST(BackendOps, CastF32ToF16RoundsToNearestEven) {
+  struct Case {
+    float value;
+    uint16_t bits;
+  };
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  // clang-format off
+  const Case cases[] = {
+      {1.0f, 0x3c00},                        {-2.0f, 0xc000},
+      {1.0f + 0x1p-11f, 0x3c00},             // tie, rounds to even (down)
+      {1.0f + 3 * 0x1p-11f, 0x3c02},         // tie, rounds to even (up)
+      {1.0f + 0x1p-11f + 0x1p-20f, 0x3c01},  // just above the tie
+      {-0.0f, 0x8000},                       {0.1f, 0x2e66},
+      {65504.0f, 0x7bff},                    {65519.0f, 0x7bff},  // largest finite
+      {65520.0f, 0x7c00},                    // tie between 65504 and 2^16 rounds to infinity
+      {1e9f, 0x7c00},                        {-std::numeric_limits<float>::infinity(), 0xfc00},
+      {0x1p-14f, 0x0400},                    // smallest normal
+      {0x1p-14f - 0x1p-25f, 0x0400},         // tie: largest subnormal / smallest normal
+      {0x1p-24f, 0x0001},                    // smallest subnormal
+      {0x1p-25f, 0x0000},                    // tie with zero rounds to even (zero)
+      {3 * 0x1p-25f, 0x0002},                // tie between 1 and 2 ulps rounds to 2
+      {0x1p-26f, 0x0000},                    {nan, 0x7e00},
+  };
+  // clang-format on
+  std::mt19937 rng(kSeed);
+  std::vector<float> x;
+  for (const Case& c : cases) {
+    x.push_back(c.value);
+    ASSERT_EQ(f16_bits(c.value), c.bits) << "the test's own rounding disagrees at " << c.value;
+  }
+  std::uniform_real_distribution<float> wide(-70000.0f, 70000.0f), tiny(-1e-4f, 1e-4f);
+  for (int i = 0; i < 64; ++i) x.push_back(wide(rng));
+  for (int i = 0; i < 64; ++i) x.push_back(tiny(rng));  // the subnormal range
+  const int64_t n = static_cast<int64_t>(x.size());
+  GraphBuilder b("cast16");
+  const int h = b.cast(b.input("x", DType::kF32, {kTokens}), DType::kF16, "to_f16");
+  b.output(h, "half");
+  b.output(b.cast(h, DType::kF32, "to_f32"), "back");
+  const Scenario s = one_step(b.finish(), {{"x", Tensor::from_vector(x, {n})}});
+  for (NamedBackend& backend : every_backend()) {
+    const ScenarioOutputs out = run_scenario(*backend.backend, s);
+    ASSERT_EQ(out[0][0].dtype(), DType::kF16);
+    const auto* bits = static_cast<const uint16_t*>(out[0][0].raw());
+    const float* back = out[0][1].data<float>();
+    for (int64_t i = 0; i < n; ++i) {
+      const uint16_t want = f16_bits(x[i]);
+      if (std::isnan(x[i])) {
+        EXPECT_TRUE(std::isnan(f16_value(bits[i]))) << backend.name << " " << i;
+        EXPECT_TRUE(std::isnan(back[i])) << backend.name << " " << i;
+        continue;
+      }
+      EXPECT_EQ(bits[i], want) << backend.name << ": f16 of " << x[i] << " (0x" << std::hex
+                               << std::bit_cast<uint32_t>(x[i]) << ")";
+      EXPECT_EQ(static_cast<double>(back[i]), f16_value(want)) << backend.name << " " << x[i];
+    }
+  }
+}
+
+TEST(BackendOps, CastF32ToBf16RoundsToNearestEven) {
+  struct Case {
+    uint32_t f32_bits;
+    uint16_t bf16_bits;
+  };
+  // clang-format off
+  const Case cases[] = {
+      {0x3f800000, 0x3f80}, {0x80000000, 0x8000},  // 1.0, -0.0
+      {0x3f808000, 0x3f80},  // tie, even stays
+      {0x3f818000, 0x3f82},  // tie, odd rounds up
+      {0x3f808001, 0x3f81},  // above the tie
+      {0x3f807fff, 0x3f80},  // below the tie
+      {0xbf818000, 0xbf82},  // negative tie
+      {0x7f7e8000, 0x7f7e},  // tie near the top, even
+      {0x7f7f8000, 0x7f80},  // tie at the top rounds to infinity
+      {0x7f7fffff, 0x7f80}, {0xff7fffff, 0xff80},  // +-FLT_MAX round to infinity
+      {0x00018000, 0x0002},  // subnormal tie, odd rounds up
+      {0x80008000, 0x8000},  // negative subnormal tie to (negative) zero
+      {0x00000001, 0x0000}, {0xff800000, 0xff80},  // smallest subnormal, -inf
+  };
+  // clang-format on
+  std::vector<float> x;
+  for (const Case& c : cases) {
+    x.push_back(std::bit_cast<float>(c.f32_bits));
+    ASSERT_EQ(bf16_bits(x.back()), c.bf16_bits)
+        << "the test's own rounding disagrees at 0x" << std::hex << c.f32_bits;
+  }
+  x.push_back(std::bit_cast<float>(0x7fc00000u));  // quiet NaN
+  x.push_back(std::bit_cast<float>(0x7f800001u));  // signalling NaN must stay a NaN
+  const int64_t n = static_cast<int64_t>(x.size());
+  GraphBuilder b("cast_bf16");
+  const int h = b.cast(b.input("x", DType::kF32, {kTokens}), DType::kBF16, "to_bf16");
+  b.output(h, "bf16");
+  b.output(b.cast(h, DType::kF32, "to_f32"), "back");
+  const Scenario s = one_step(b.finish(), {{"x", Tensor::from_vector(x, {n})}});
+  for (NamedBackend& backend : every_backend()) {
+    const ScenarioOutputs out = run_scenario(*backend.backend, s);
+    const auto* bits = static_cast<const uint16_t*>(out[0][0].raw());
+    const float* back = out[0][1].data<float>();
+    for (size_t i = 0; i < std::size(cases); ++i) {
+      EXPECT_EQ(bits[i], cases[i].bf16_bits)
+          << backend.name << std::hex << " 0x" << cases[i].f32_bits;
+      EXPECT_EQ(std::bit_cast<uint32_t>(back[i]), static_cast<uint32_t>(cases[i].bf16_bits) << 16)
+          << backend.name << std::hex << " 0x" << cases[i].f32_bits;
+    }
+    for (int64_t i = static_cast<int64_t>(std::size(cases)); i < n; ++i) {
+      EXPECT_TRUE(std::isnan(bf16_value(bits[i]))) << backend.name << ": NaN lost at " << i;
+      EXPECT_TRUE(std::isnan(back[i])) << backend.name << " " << i;
+    }
+  }
+}
+
+// Masked (-inf) scores get probability exactly 0, shifted rows stay finite, rows sum to 1.
+TEST(BackendOps, SoftmaxMasksInfiniteScores) {
+  Gen g(DType::kF32, DType::kF32, kSeed);
+  const int64_t d = 17;
+  const Scenario s = softmax_scenario(g, softmax_rows(g, d), d);
+  for (NamedBackend& backend : every_backend()) {
+    const Tensor y = run_scenario(*backend.backend, s)[0][0];
+    for (int64_t r = 0; r < y.dim(0); ++r) {
+      double sum = 0.0;
+      for (int64_t i = 0; i < d; ++i) {
+        const float p = y.data<float>()[r * d + i];
+        EXPECT_TRUE(std::isfinite(p) && p >= 0.0f) << backend.name << " row " << r << " " << p;
+        sum += p;
+      }
+      EXPECT_NEAR(sum, 1.0, 1e-5) << backend.name << " row " << r;
+    }
+    EXPECT_EQ(y.data<float>()[3 * d], 0.0f) << backend.name;
+    EXPECT_EQ(y.data<float>()[3 * d + d / 2], 0.0f) << backend.name;
+  }
+}
+
+// The reference's position-bias math against HuggingFace's values (the tables of
+// tests/unit/test_position_bias.cc, computed from T5Attention._relative_position_bucket and
+// build_alibi_tensor).
+TEST(BackendOps, ReferencePositionBiasMatchesHuggingFace) {
+  const std::pair<int64_t, int> bidirectional[] = {
+      {-1000, 15}, {-128, 15}, {-100, 15}, {-40, 12}, {-20, 10}, {-9, 8},  {-8, 8},  {-7, 7},
+      {-1, 1},     {0, 0},     {1, 17},    {7, 23},   {8, 24},   {20, 26}, {40, 28}, {1000, 31}};
+  for (auto [rel, want] : bidirectional)
+    EXPECT_EQ(reference::t5_bucket(rel, true, 32, 128), want) << rel;
+  const std::pair<int64_t, int> causal[] = {{-1000, 31}, {-127, 31}, {-100, 30}, {-64, 26},
+                                            {-40, 23},   {-20, 17},  {-9, 9},    {-8, 8},
+                                            {-1, 1},     {0, 0},     {1, 0},     {100, 0}};
+  for (auto [rel, want] : causal) EXPECT_EQ(reference::t5_bucket(rel, false, 32, 128), want) << rel;
+  EXPECT_EQ(reference::t5_bucket(-20, true, 8, 20), 3);
+  EXPECT_EQ(reference::t5_bucket(2, true, 8, 20), 6);
+  // 6 heads: the 4-head series (base 1/4), then odd powers of the 8-head base (1/2).
+  EXPECT_EQ(reference::alibi_slopes(6),
+            (std::vector<double>{0.25, 0.0625, 0.015625, 0.00390625, 0.5, 0.125}));
+  const std::vector<double> s8 = reference::alibi_slopes(8);
+  ASSERT_EQ(s8.size(), 8u);
+  for (int h = 0; h < 8; ++h) EXPECT_EQ(s8[h], std::ldexp(1.0, -(h + 1))) << h;
+  const std::vector<double> s12 = reference::alibi_slopes(12);
+  ASSERT_EQ(s12.size(), 12u);
+  EXPECT_NEAR(s12[8], std::pow(2.0, -0.5), 1e-15);
+  EXPECT_NEAR(s12[11], std::pow(2.0, -3.5), 1e-15);
+}
+
+TEST(BackendOps, BadInputEmbeddingIdOutOfRange) {
+  const int64_t vocab = 10;
+  for (DType id_type : {DType::kI64, DType::kI32}) {
+    GraphBuilder b("embedding");
+    const int t = b.weight("table", Tensor::zeros(DType::kF32, {vocab, 4}));
+    b.output(b.embedding(t, b.input("ids", id_type, {kTokens}), "embed"), "y");
+    const Graph g = b.finish();
+    for (int64_t bad : {vocab, int64_t{-1}, int64_t{1000000}}) {
+      const Scenario s = one_step(g, {{"ids", ids_tensor({0, bad}, id_type)}});
+      for (NamedBackend& backend : every_backend())
+        EXPECT_THROW(run_scenario(*backend.backend, s), Error) << backend.name << " id " << bad;
+    }
+  }
+}
+
+TEST(BackendOps, BadInputGatherRowOutOfRange) {
+  GraphBuilder b("gather");
+  const int x = b.input("x", DType::kF32, {kTokens, Dim::of(5)});
+  b.output(b.gather_rows(x, b.input("rows", DType::kI64, {Dim::sym("rows")}), "gather"), "y");
+  const Graph g = b.finish();
+  for (int64_t bad : {6, -1}) {
+    const Scenario s =
+        one_step(g, {{"x", Tensor::zeros(DType::kF32, {6, 5})},
+                     {"rows", Tensor::from_vector(std::vector<int64_t>{0, bad}, {2})}});
+    for (NamedBackend& backend : every_backend())
+      EXPECT_THROW(run_scenario(*backend.backend, s), Error) << backend.name << " row " << bad;
+  }
+}
+
+}  // namespace
+}  // namespace kiln::test
