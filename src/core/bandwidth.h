@@ -10,8 +10,8 @@
 namespace kiln {
 
 struct BandwidthResult {
-  double gbps = 0.0;   // best of the passes, 1e9 bytes per second
-  size_t bytes = 0;    // buffer size read per pass
+  double gbps = 0.0;  // best of the passes, 1e9 bytes per second
+  size_t bytes = 0;   // buffer size read per pass
   int passes = 0;
 };
 

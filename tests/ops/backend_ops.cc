@@ -46,6 +46,7 @@ float round_value(DType dtype, float f) {
     case DType::kI8:
     case DType::kI32:
     case DType::kI64:
+    case DType::kQ8B32:  // block-quantized: no per-value rounding
       break;
   }
   KILN_FAIL("round_value: {} is not a float type", dtype_name(dtype));
@@ -69,6 +70,7 @@ Tensor make_tensor(DType dtype, const std::vector<float>& v, const Shape& shape)
       case DType::kI8:
       case DType::kI32:
       case DType::kI64:
+      case DType::kQ8B32:
         KILN_FAIL("make_tensor: {} is not a narrow float type", dtype_name(dtype));
     }
   }
@@ -89,6 +91,8 @@ double value_at(const Tensor& t, int64_t i) {
       return t.data<int32_t>()[i];
     case DType::kI64:
       return static_cast<double>(t.data<int64_t>()[i]);
+    case DType::kQ8B32:
+      break;  // read through Tensor::to_f32() instead
   }
   return NAN;
 }
@@ -189,6 +193,7 @@ double dtype_tolerance(DType dtype) {
     case DType::kI8:
     case DType::kI32:
     case DType::kI64:
+    case DType::kQ8B32:
       break;
   }
   return 0.0;

@@ -187,18 +187,19 @@ Runner add_bench(CLI::App& app) {
       if (o->json) fmt::print("{}\n", j.dump());
     }
     if (!o->json) {
-      fmt::print("{} ({} {} on {}), prompt {} tokens, {} new tokens, median of {} runs; "
-                 "load {:.1f} ms; read bandwidth {:.1f} GB/s\n",
-                 o->plan, d.architecture, precision_name(ir.precision), device_name(ir.device),
-                 o->input_len, o->output_len, o->runs, load_ms, bw.gbps);
+      fmt::print(
+          "{} ({} {} on {}), prompt {} tokens, {} new tokens, median of {} runs; "
+          "load {:.1f} ms; read bandwidth {:.1f} GB/s\n",
+          o->plan, d.architecture, precision_name(ir.precision), device_name(ir.device),
+          o->input_len, o->output_len, o->runs, load_ms, bw.gbps);
       fmt::print("{:>6} {:>10} {:>14} {:>10} {:>14} {:>12} {:>10} {:>10}\n", "batch", "ttft ms",
                  "ms/token/step", "tokens/s", "prefill tok/s", "MB/step", "roofline", "peak MiB");
       for (const auto& j : rows)
         fmt::print("{:>6} {:>10.1f} {:>14.2f} {:>10.1f} {:>14.0f} {:>12.1f} {:>9.1f}% {:>10.0f}\n",
                    j["batch"].get<int>(), j["ttft_ms"].get<double>(),
                    j["decode_ms_per_token"].get<double>(), j["tokens_per_s"].get<double>(),
-                   j["prefill_tokens_per_s"].get<double>(),
-                   j["bytes_per_step"].get<double>() / 1e6, j["roofline_pct"].get<double>(),
+                   j["prefill_tokens_per_s"].get<double>(), j["bytes_per_step"].get<double>() / 1e6,
+                   j["roofline_pct"].get<double>(),
                    j["peak_memory_bytes"].get<double>() / (1 << 20));
     }
     return 0;

@@ -45,11 +45,13 @@ void embedding(const Node& node, const KernelArgs& args) {
   }
 }
 
-// x [n, in], w [out, in], bias [out] (optional) -> act(x w^T + bias) [n, out]
+// x [n, in], w [out, in], bias [out] (optional), scales [out] (i8 weights) ->
+// act(x (w * scales)^T + bias) [n, out]. Block-quantized weights decode with their own scales.
 void linear(const Node& node, const KernelArgs& args) {
   const Tensor& x = args.in[0];
   const Tensor& w = args.in[1];
   const bool has_bias = args.in.size() > 2 && args.in[2].defined();
+  const bool has_scales = args.in.size() > 3 && args.in[3].defined();
   Tensor& y = args.out[0];
   const int64_t in = w.dim(1), out = w.dim(0), n = x.numel() / in;
   const std::optional<Activation> act = node.attr<LinearAttrs>().activation;
@@ -58,6 +60,7 @@ void linear(const Node& node, const KernelArgs& args) {
     for (int64_t o = 0; o < out; ++o) {
       double acc = 0.0;
       for (int64_t i = 0; i < in; ++i) acc += xs[t * in + i] * ws[o * in + i];
+      if (has_scales) acc *= at(args.in[3], o);
       if (has_bias) acc += at(args.in[2], o);
       if (act) acc = activation(*act, round_to(y.dtype(), acc));
       put(y, t * out + o, acc);

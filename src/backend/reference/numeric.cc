@@ -4,6 +4,7 @@
 #include <bit>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <numbers>
 
@@ -88,6 +89,13 @@ double element(const void* data, DType dtype, int64_t i) {
       return static_cast<const int32_t*>(data)[i];
     case DType::kI64:
       return static_cast<double>(static_cast<const int64_t*>(data)[i]);
+    case DType::kQ8B32: {
+      // Block of 32: an fp16 scale, then 32 int8 values (value = q * scale).
+      const auto* block = static_cast<const unsigned char*>(data) + (i / 32) * 34;
+      uint16_t scale;
+      std::memcpy(&scale, block, 2);
+      return f16_to_double(scale) * static_cast<int8_t>(block[2 + i % 32]);
+    }
   }
   KILN_FAIL("reference: unknown dtype {}", static_cast<int>(dtype));
 }
@@ -102,6 +110,7 @@ int64_t index_element(const Tensor& t, int64_t i) {
     case DType::kF16:
     case DType::kBF16:
     case DType::kI8:
+    case DType::kQ8B32:
       break;
   }
   KILN_FAIL("reference: indices must be i32 or i64, not {}", dtype_name(t.dtype()));
@@ -121,6 +130,7 @@ void set_element(void* data, DType dtype, int64_t i, double x) {
     case DType::kI8:
     case DType::kI32:
     case DType::kI64:
+    case DType::kQ8B32:
       break;
   }
   KILN_FAIL("reference kernels write float outputs, not {}", dtype_name(dtype));
@@ -137,6 +147,7 @@ double round_to(DType dtype, double x) {
     case DType::kI8:
     case DType::kI32:
     case DType::kI64:
+    case DType::kQ8B32:
       break;
   }
   KILN_FAIL("reference: cannot round to {}", dtype_name(dtype));

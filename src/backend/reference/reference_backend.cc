@@ -154,6 +154,11 @@ void register_kernels(KernelRegistry& r) {
       for (DType weight : kFloatTypes)
         r.add(KernelKey{op.op, act, weight, Device::kCpu, Isa::kReference}, op.name,
               function_kernel(op.fn));
+  // Quantized Linear weights: i8 with per-channel scales, and q8_b32 blocks.
+  for (DType act : kFloatTypes)
+    for (DType weight : {DType::kI8, DType::kQ8B32})
+      r.add(KernelKey{OpKind::kLinear, act, weight, Device::kCpu, Isa::kReference},
+            "reference quantized linear", function_kernel(linear));
 }
 
 }  // namespace reference
