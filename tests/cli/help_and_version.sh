@@ -11,7 +11,9 @@ for sub in build run eval bench inspect serve tokenize; do
   expect_exit 0 "$sub --help" -- "$KILN" "$sub" --help
   expect_in "$TMP/out" "$sub" "$sub --help"
 done
-for sub in bench serve; do
+expect_exit 1 "bench of a missing plan" -- "$KILN" bench --plan x.plan
+expect_in "$TMP/err" "x.plan" "bench names the missing plan"
+for sub in serve; do
   expect_exit 2 "$sub (not built yet)" -- "$KILN" "$sub" --plan x.plan
   expect_in "$TMP/err" "not built yet" "$sub says it is not built"
 done

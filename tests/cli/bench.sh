@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# kiln bench reports every field of its contract, with plausible values (never timings asserted
+# against a target: only that they were measured), for a sweep and a single configuration.
+source "$(dirname "$0")/lib.bash"
+
+expect_exit 0 "build" -- "$KILN" build --model "$FIXTURES/bloom-tiny" -o "$TMP/b.plan" -q
+expect_exit 0 "bench sweep --json" -- "$KILN" bench --plan "$TMP/b.plan" --input-len 12 --output-len 5 --runs 1 --warmup 0 --sweep batch=1,3 --json
+python3 - "$TMP/out" <<'PY' || fail "bench --json fields"
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+assert [r["batch"] for r in rows] == [1, 3], rows
+need = ["model", "precision", "device", "batch", "input_len", "output_len", "load_ms", "ttft_ms",
+        "decode_ms_per_token", "tokens_per_s", "prefill_tokens_per_s", "peak_memory_bytes",
+        "bandwidth_gbps", "bytes_per_step", "roofline_pct"]
+for r in rows:
+    missing = [k for k in need if k not in r]
+    assert not missing, missing
+    assert r["precision"] == "fp32" and r["device"] == "cpu" and r["input_len"] == 12
+    for k in ["load_ms", "ttft_ms", "decode_ms_per_token", "tokens_per_s", "bandwidth_gbps", "roofline_pct"]:
+        assert r[k] > 0, (k, r[k])
+    # bytes per step: at least every decoder weight once (about 18 MiB of f32 for bloom-tiny)
+    assert r["bytes_per_step"] > 18e6, r["bytes_per_step"]
+assert rows[1]["bytes_per_step"] > rows[0]["bytes_per_step"], "more sequences read more KV"
+PY
+expect_exit 0 "bench table" -- "$KILN" bench --plan "$TMP/b.plan" --input-len 8 --output-len 3 --runs 1
+expect_in "$TMP/out" "roofline" "table header"
+expect_in "$TMP/out" "GB/s" "measured bandwidth"
+expect_exit 2 "bad sweep" -- "$KILN" bench --plan "$TMP/b.plan" --sweep batch=1,x
+expect_exit 2 "output-len 1" -- "$KILN" bench --plan "$TMP/b.plan" --output-len 1
+expect_exit 2 "batch beyond the plan" -- "$KILN" bench --plan "$TMP/b.plan" --batch 100000
+finish
