@@ -34,27 +34,4 @@ Allocator& host_allocator() {
   return allocator;
 }
 
-std::string target_unsupported_reason(Device device, Precision precision) {
-  switch (device) {
-    case Device::kCpu:
-      if (precision == Precision::kFp32) return {};
-      return fmt::format("the cpu backend runs fp32 plans only so far (not {})",
-                         precision_name(precision));
-    case Device::kCuda:
-      return "this kiln has no CUDA kernels yet (the CUDA backend is planned); use --device cpu";
-  }
-  return "unknown device";
-}
-
-std::unique_ptr<Backend> make_backend(Context& ctx, Device device) {
-  switch (device) {
-    case Device::kCpu:
-      return make_cpu_backend(ctx);
-    case Device::kCuda:
-      break;
-  }
-  KILN_FAIL_KIND(ErrorKind::kUsage, "device {}: {}", device_name(device),
-                 target_unsupported_reason(device, Precision::kFp32));
-}
-
 }  // namespace kiln

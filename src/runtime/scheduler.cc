@@ -336,8 +336,10 @@ bool Scheduler::reserve_blocks(Request& r, std::vector<GenerationEvent>& events)
 
 void Scheduler::run_decoder(const std::vector<Request*>& batch, bool apply_copies) {
   const CompiledModel::DecoderIo& io = model_.decoder_io();
-  if (!apply_copies) layout_.copies.clear();
-  std::vector<BlockCopy> copies = std::move(layout_.copies);
+  // This step's copy-on-write copies were recorded while reserving blocks; a retry after a
+  // failed batch must not make them again.
+  std::vector<BlockCopy> copies;
+  if (apply_copies) copies.swap(layout_.copies);
   layout_.clear();
   layout_.copies = std::move(copies);
   ids_.clear();

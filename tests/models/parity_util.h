@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/tensor.h"
+#include "io/jsonl.h"
 #include "io/safetensors.h"
 
 namespace kiln::test {
@@ -34,6 +35,19 @@ inline double relative_error(const Tensor& got, const Tensor& ref) {
                                             static_cast<double>(b.data<float>()[i])));
   }
   return max_ref == 0.0 ? max_diff : max_diff / max_ref;
+}
+
+// One row of a fixture model's tokenizer_reference.jsonl: a text and HF's ids for it.
+struct ReferenceRow {
+  std::string text;
+  std::vector<int64_t> ids;
+};
+inline std::vector<ReferenceRow> load_tokenizer_reference(const std::string& model) {
+  std::vector<ReferenceRow> rows;
+  read_jsonl(fixture(model + "/tokenizer_reference.jsonl"), [&](const nlohmann::json& row, int) {
+    rows.push_back({row.at("text").get<std::string>(), row.at("ids").get<std::vector<int64_t>>()});
+  });
+  return rows;
 }
 
 // Removes trailing occurrences of `token` (pad) and then one trailing EOS.

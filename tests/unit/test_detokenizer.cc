@@ -23,23 +23,6 @@ using Json = nlohmann::json;
 
 constexpr std::string_view kReplacement = "\xEF\xBF\xBD";  // U+FFFD
 
-struct ReferenceRow {
-  std::string text;
-  std::vector<int64_t> ids;
-};
-
-std::vector<ReferenceRow> load_reference(const std::string& model) {
-  std::ifstream in(test::fixture(model + "/tokenizer_reference.jsonl"));
-  EXPECT_TRUE(in.good()) << model;
-  std::vector<ReferenceRow> rows;
-  for (std::string line; std::getline(in, line);) {
-    if (line.empty()) continue;
-    const Json row = Json::parse(line);
-    rows.push_back({row.at("text").get<std::string>(), row.at("ids").get<std::vector<int64_t>>()});
-  }
-  return rows;
-}
-
 std::string ids_text(const std::vector<int64_t>& ids) { return Json(ids).dump(); }
 
 // Strict UTF-8 (no overlong forms, surrogates or code points past U+10FFFF), written out here so
@@ -165,10 +148,11 @@ int64_t byte_id(const Tokenizer& bloom, unsigned char byte) {
 
 void expect_reference_rows_stream(const std::string& model) {
   const auto tokenizer = load(model);
-  const std::vector<ReferenceRow> rows = load_reference(model);
+  const std::vector<test::ReferenceRow> rows = test::load_tokenizer_reference(model);
   ASSERT_EQ(rows.size(), 1727u);
   size_t matched = 0;
-  for (const ReferenceRow& row : rows) matched += expect_streams_like_decode(*tokenizer, row.ids);
+  for (const test::ReferenceRow& row : rows)
+    matched += expect_streams_like_decode(*tokenizer, row.ids);
   EXPECT_EQ(matched, rows.size());
 }
 
@@ -181,7 +165,7 @@ TEST(DetokenizerReference, BloomRowsStreamLikeDecode) {
 // BLOOM's decode gives back HF's text, so the stream must too, piece by valid piece.
 TEST(DetokenizerReference, BloomRowsStreamToHuggingFaceText) {
   const auto tokenizer = load("bloom-tiny");
-  for (const ReferenceRow& row : load_reference("bloom-tiny")) {
+  for (const test::ReferenceRow& row : test::load_tokenizer_reference("bloom-tiny")) {
     IncrementalDetokenizer detokenizer(*tokenizer);
     const Streamed out = stream(detokenizer, row.ids);
     EXPECT_EQ(out.text, row.text) << ids_text(row.ids);
@@ -353,7 +337,7 @@ TEST(DetokenizerLong, BloomFiveThousandIds) {
   const auto pools = bloom_pools(*tokenizer);
   std::mt19937 rng(5);
   std::vector<int64_t> ids;
-  const std::vector<ReferenceRow> rows = load_reference("bloom-tiny");
+  const std::vector<test::ReferenceRow> rows = test::load_tokenizer_reference("bloom-tiny");
   while (ids.size() < 5000) {
     const auto& row = rows[std::uniform_int_distribution<size_t>(0, rows.size() - 1)(rng)];
     ids.insert(ids.end(), row.ids.begin(), row.ids.end());

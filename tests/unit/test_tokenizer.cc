@@ -1,7 +1,9 @@
 // Tokenizers against HuggingFace's ids in the fixtures' tokenizer_reference.jsonl, round trips,
 // and refusal of files the tokenizers do not support.
 #include <gtest/gtest.h>
+
 #include <nlohmann/json.hpp>
+#include "../models/parity_util.h"
 
 #include <algorithm>
 #include <filesystem>
@@ -32,22 +34,6 @@ std::string read_file(const std::string& path) {
   return bytes.str();
 }
 
-struct ReferenceRow {
-  std::string text;
-  std::vector<int64_t> ids;
-};
-
-std::vector<ReferenceRow> load_reference(const std::string& model) {
-  std::ifstream in(fixture_path(model + "/tokenizer_reference.jsonl"));
-  std::vector<ReferenceRow> rows;
-  for (std::string line; std::getline(in, line);) {
-    if (line.empty()) continue;
-    const Json row = Json::parse(line);
-    rows.push_back({row.at("text").get<std::string>(), row.at("ids").get<std::vector<int64_t>>()});
-  }
-  return rows;
-}
-
 std::string ids_text(const std::vector<int64_t>& ids) { return Json(ids).dump(); }
 
 // The message of the kiln::Error `action` throws, or "" when it throws nothing.
@@ -61,12 +47,12 @@ std::string error_message(const std::function<void()>& action) {
 }
 
 void expect_reference_ids(const std::string& model) {
-  const std::vector<ReferenceRow> rows = load_reference(model);
+  const std::vector<test::ReferenceRow> rows = test::load_tokenizer_reference(model);
   ASSERT_EQ(rows.size(), 1727u) << model;
   const auto tokenizer = load_tokenizer_dir(fixture_path(model));
   size_t matched = 0;
   std::string first_mismatch;
-  for (const ReferenceRow& row : rows) {
+  for (const test::ReferenceRow& row : rows) {
     const std::vector<int64_t> ids = tokenizer->encode(row.text);
     if (ids == row.ids) {
       ++matched;
@@ -87,8 +73,8 @@ TEST(TokenizerReference, BloomEveryRowMatchesHuggingFace) { expect_reference_ids
 TEST(TokenizerReference, BloomDecodesReferenceIdsToText) {
   const auto tokenizer = load_tokenizer_dir(fixture_path("bloom-tiny"));
   size_t matched = 0;
-  const std::vector<ReferenceRow> rows = load_reference("bloom-tiny");
-  for (const ReferenceRow& row : rows) {
+  const std::vector<test::ReferenceRow> rows = test::load_tokenizer_reference("bloom-tiny");
+  for (const test::ReferenceRow& row : rows) {
     const std::string text = tokenizer->decode(row.ids);
     EXPECT_EQ(text, row.text) << ids_text(row.ids);
     matched += text == row.text;
@@ -112,7 +98,7 @@ TEST(TokenizerReference, T5DecodesReferenceIds) {
   EXPECT_EQ(tokenizer->decode({6, 17, 8, 3, 31, 156, 41, 157, 73, 1}, false),
             "reverse: suvogi</s>");
   size_t checked = 0;
-  for (const ReferenceRow& row : load_reference("t5-tiny")) {
+  for (const test::ReferenceRow& row : test::load_tokenizer_reference("t5-tiny")) {
     // Characters outside the vocabulary came out as <unk>, which decoding drops.
     if (std::find(row.ids.begin(), row.ids.end(), 2) != row.ids.end()) continue;
     EXPECT_EQ(tokenizer->decode(row.ids), collapse_whitespace(row.text)) << ids_text(row.ids);
@@ -137,7 +123,7 @@ TEST(Tokenizer, RebuildsFromStoredBytesLikeAPlan) {
   for (const std::string model : {"t5-tiny", "bloom-tiny"}) {
     const auto original = load_tokenizer_dir(fixture_path(model));
     const auto rebuilt = make_tokenizer(original->kind(), original->source_bytes(), "plan");
-    for (const ReferenceRow& row : load_reference(model)) {
+    for (const test::ReferenceRow& row : test::load_tokenizer_reference(model)) {
       ASSERT_EQ(rebuilt->encode(row.text), row.ids) << model << " " << row.text;
     }
   }
@@ -256,7 +242,7 @@ TEST(Tokenizer, BpeOptionalPipelineSteps) {
     }
   };
   const auto legacy = make_bpe_tokenizer(bloom_json_with(merges_as_strings), "legacy");
-  for (const ReferenceRow& row : load_reference("bloom-tiny")) {
+  for (const test::ReferenceRow& row : test::load_tokenizer_reference("bloom-tiny")) {
     ASSERT_EQ(legacy->encode(row.text), row.ids) << row.text;
   }
 }
@@ -321,7 +307,8 @@ std::string random_utf8(std::mt19937& rng) {
 TEST(Tokenizer, BloomDecodeInvertsEncode) {
   const auto tokenizer = load_tokenizer_dir(fixture_path("bloom-tiny"));
   std::vector<std::string> texts;
-  for (const ReferenceRow& row : load_reference("bloom-tiny")) texts.push_back(row.text);
+  for (const test::ReferenceRow& row : test::load_tokenizer_reference("bloom-tiny"))
+    texts.push_back(row.text);
   texts.insert(texts.end(), {"", " ", "  ", "a  b", "<s></s>x<pad >", "( | )", "\xF0\x9F\x9A\x80"});
   std::mt19937 rng(1234);
   for (int i = 0; i < 3000; ++i) texts.push_back(random_utf8(rng));
