@@ -24,7 +24,7 @@ GraphExecutor::GraphExecutor(const Graph& graph, const ShapeProfile& profile, Al
 }
 
 Bindings GraphExecutor::bucket_bindings(const ShapeProfile& profile, int64_t bucket) {
-  return {{"tokens", bucket}, {"rows", std::min(bucket, profile.max_batch)}};
+  return profile.bucket_bindings(bucket);
 }
 
 GraphExecutor::Arena& GraphExecutor::arena_for(int64_t bucket) {

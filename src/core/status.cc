@@ -1,15 +1,19 @@
 #include "core/status.h"
 
-#include <filesystem>
-
 namespace kiln {
 
+std::string Error::where() const {
+  std::string path = file_ == nullptr ? "?" : file_;
+  for (const char* top : {"src/", "tools/"})
+    if (auto pos = path.rfind(top); pos != std::string::npos) {
+      path = path.substr(pos);
+      break;
+    }
+  return path + ":" + std::to_string(line_);
+}
+
 void throw_error(ErrorKind kind, const char* file, int line, std::string message) {
-  // Keep only the path below src/ so messages do not leak the build machine's layout.
-  std::string where = file;
-  if (auto pos = where.rfind("src/"); pos != std::string::npos) where = where.substr(pos);
-  throw Error(kind, std::move(message) + " [" + where + ":" + std::to_string(line) + "]", file,
-              line);
+  throw Error(kind, std::move(message), file, line);
 }
 
 }  // namespace kiln

@@ -1,6 +1,7 @@
 // Errors: KILN_CHECK records file:line and a formatted message and throws kiln::Error.
 // Library code never aborts or exits; the CLI and server map Error::kind() to exit codes and
-// HTTP statuses.
+// HTTP statuses. what() is the message alone (what a user reads); where() is the source location
+// (for bug reports: `kiln -v` prints it).
 #pragma once
 
 #include <fmt/format.h>
@@ -23,6 +24,9 @@ class Error : public std::runtime_error {
   ErrorKind kind() const { return kind_; }
   const char* file() const { return file_; }
   int line() const { return line_; }
+  // "src/dir/file.cc:123": the path from src/ (or tools/), so messages do not leak the build
+  // machine's layout.
+  std::string where() const;
 
  private:
   ErrorKind kind_;

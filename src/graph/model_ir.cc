@@ -39,6 +39,10 @@ std::vector<int64_t> ShapeProfile::default_buckets(int64_t max_step_tokens) {
   return out;
 }
 
+std::map<std::string, int64_t> ShapeProfile::bucket_bindings(int64_t bucket) const {
+  return {{"tokens", bucket}, {"rows", std::min(bucket, max_batch)}};
+}
+
 void check_shape_profile(const ShapeProfile& p, const std::string& source) {
   KILN_CHECK(p.max_input_tokens > 0 && p.max_step_tokens > 0 && p.max_batch > 0,
              "{}: invalid shape profile (max input tokens {}, max step tokens {}, max batch {}): "

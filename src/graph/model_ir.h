@@ -12,6 +12,7 @@
 //       outputs logits [rows, vocab] f32
 #pragma once
 
+#include <map>
 #include <string>
 #include <vector>
 
@@ -36,6 +37,10 @@ struct ShapeProfile {
   int64_t bucket_for(int64_t tokens) const;
   // Buckets 16, 64, 256, ... up to max_step_tokens (which closes the list).
   static std::vector<int64_t> default_buckets(int64_t max_step_tokens);
+  // The symbol bindings a bucket's workspace is sized for: tokens = the bucket, rows = at most
+  // max_batch (every logits row is one sequence's last token). The executor allocates with
+  // these, and the build log and `kiln inspect` report them: one computation, one number.
+  std::map<std::string, int64_t> bucket_bindings(int64_t bucket) const;
   bool operator==(const ShapeProfile&) const = default;
 };
 // Positive limits, ascending buckets ending at max_step_tokens; throws naming `source`.

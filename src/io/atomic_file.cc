@@ -1,5 +1,6 @@
 #include "io/atomic_file.h"
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -12,8 +13,28 @@ namespace kiln {
 
 namespace fs = std::filesystem;
 
+namespace {
+
+void check_target_path(const std::string& path, const char* what) {
+  KILN_CHECK_USAGE(!path.empty(), "{} path is empty", what);
+  std::error_code ec;
+  const fs::file_status st = fs::status(path, ec);
+  KILN_CHECK_USAGE(!fs::is_directory(st), "{} '{}' is a directory; give a file name", what, path);
+  // The rename would replace a device or pipe (say /dev/null) with a regular file.
+  KILN_CHECK_USAGE(!fs::exists(st) || fs::is_regular_file(st),
+                   "{} '{}' exists and is not a regular file; give a file name", what, path);
+  const fs::path parent = fs::path(path).parent_path();
+  if (parent.empty()) return;
+  KILN_CHECK_USAGE(fs::exists(parent, ec), "{} '{}': directory '{}' does not exist", what, path,
+                   parent.string());
+  KILN_CHECK_USAGE(fs::is_directory(parent, ec), "{} '{}': '{}' is not a directory", what, path,
+                   parent.string());
+}
+
+}  // namespace
+
 AtomicFileWriter::AtomicFileWriter(std::string path) : path_(std::move(path)) {
-  check_target(path_, "output");
+  check_target_path(path_, "output");
   tmp_ = path_ + ".partial." + std::to_string(getpid());
   file_ = std::fopen(tmp_.c_str(), "wb");
   KILN_CHECK(file_ != nullptr, "cannot create {}: {}", tmp_,
@@ -67,13 +88,16 @@ void AtomicFileWriter::commit() {
 }
 
 void AtomicFileWriter::check_target(const std::string& path, const char* what) {
-  KILN_CHECK_USAGE(!path.empty(), "{} path is empty", what);
-  std::error_code ec;
-  KILN_CHECK_USAGE(!fs::is_directory(path, ec), "{} '{}' is a directory; give a file name", what,
-                   path);
-  const fs::path parent = fs::path(path).parent_path();
-  KILN_CHECK_USAGE(parent.empty() || fs::is_directory(parent, ec),
-                   "{} '{}': directory '{}' does not exist", what, path, parent.string());
+  check_target_path(path, what);
+  // Creating the temporary file is what fails in a read-only or special directory: try it now,
+  // before the work that would be lost.
+  const std::string probe = path + ".partial." + std::to_string(getpid());
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  const int error = errno;
+  KILN_CHECK(fd >= 0, "{} '{}': cannot create a file there: {}", what, path,
+             std::generic_category().message(error));
+  ::close(fd);
+  ::unlink(probe.c_str());
 }
 
 }  // namespace kiln

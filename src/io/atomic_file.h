@@ -24,8 +24,10 @@ class AtomicFileWriter {
   // Flushes, closes and renames into place; throws naming the target on failure.
   void commit();
 
-  // Checks up front that `path` can be the target of a write: not empty, not a directory, and
-  // its directory exists. Throws a usage error naming what is wrong.
+  // Checks up front that `path` can be the target of a write: not empty, not a directory or
+  // another non-regular file (a device, a pipe), its directory exists (a usage error naming
+  // what is wrong), and a file can be created there (tried with the temporary file's name,
+  // removed at once; a runtime error otherwise).
   static void check_target(const std::string& path, const char* what);
 
  private:

@@ -12,8 +12,12 @@ void optimize_model(ModelIR& model, const PassOptions& options, const Logger& lo
       fuse_add_rms_norm(g, log);
     }
     verify_graph(g);
-    // Report memory for one 128-token prompt needing one row of logits.
-    plan_memory(g, log, {{"tokens", 128}, {"rows", 1}});
+    // Report the workspace of the largest bucket (what a full step needs), with the bindings
+    // the executor allocates it for, so that `kiln inspect` shows the same number.
+    const ShapeProfile& p = model.profile;
+    plan_memory(
+        g, log,
+        p.bucket_bindings(p.token_buckets.empty() ? p.max_step_tokens : p.token_buckets.back()));
   }
 }
 

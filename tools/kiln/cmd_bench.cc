@@ -9,6 +9,7 @@
 
 #include "commands.h"
 #include "core/bandwidth.h"
+#include "output.h"
 #include "runtime/scheduler.h"
 
 namespace kiln::cli {
@@ -82,8 +83,10 @@ Runner add_bench(CLI::App& app) {
   };
   auto o = std::make_shared<Opts>();
   CLI::App* cmd = app.add_subcommand(
-      "bench",
-      "Benchmark a plan: load time, time to first token, per-token decode latency, decode and\n"
+      "bench", "Measure a plan: latency, tokens/s, peak memory and % of the memory roofline");
+  describe(
+      cmd,
+      "Reports load time, time to first token, per-token decode latency, decode and\n"
       "prefill tokens/s, peak memory, and % of the memory-bandwidth roofline (bytes read per\n"
       "decode step / step time / the machine's read bandwidth, measured here by kiln).\n"
       "Prompts of --input-len tokens; exactly --output-len new tokens (EOS ignored).\n"
@@ -184,23 +187,24 @@ Runner add_bench(CLI::App& app) {
           {"roofline_pct", 100.0 * bytes_per_step / (step_ms / 1000.0) / (bw.gbps * 1e9)},
           {"threads", ctx->pool().size()}};
       rows.push_back(j);
-      if (o->json) fmt::print("{}\n", j.dump());
+      if (o->json) kiln::cli::out("{}\n", j.dump());
     }
     if (!o->json) {
-      fmt::print(
+      kiln::cli::out(
           "{} ({} {} on {}), prompt {} tokens, {} new tokens, median of {} runs; "
           "load {:.1f} ms; read bandwidth {:.1f} GB/s\n",
           o->plan, d.architecture, precision_name(ir.precision), device_name(ir.device),
           o->input_len, o->output_len, o->runs, load_ms, bw.gbps);
-      fmt::print("{:>6} {:>10} {:>14} {:>10} {:>14} {:>12} {:>10} {:>10}\n", "batch", "ttft ms",
-                 "ms/token/step", "tokens/s", "prefill tok/s", "MB/step", "roofline", "peak MiB");
+      kiln::cli::out("{:>6} {:>10} {:>14} {:>10} {:>14} {:>12} {:>10} {:>10}\n", "batch", "ttft ms",
+                     "ms/token/step", "tokens/s", "prefill tok/s", "MB/step", "roofline",
+                     "peak MiB");
       for (const auto& j : rows)
-        fmt::print("{:>6} {:>10.1f} {:>14.2f} {:>10.1f} {:>14.0f} {:>12.1f} {:>9.1f}% {:>10.0f}\n",
-                   j["batch"].get<int>(), j["ttft_ms"].get<double>(),
-                   j["decode_ms_per_token"].get<double>(), j["tokens_per_s"].get<double>(),
-                   j["prefill_tokens_per_s"].get<double>(), j["bytes_per_step"].get<double>() / 1e6,
-                   j["roofline_pct"].get<double>(),
-                   j["peak_memory_bytes"].get<double>() / (1 << 20));
+        kiln::cli::out(
+            "{:>6} {:>10.1f} {:>14.2f} {:>10.1f} {:>14.0f} {:>12.1f} {:>9.1f}% {:>10.0f}\n",
+            j["batch"].get<int>(), j["ttft_ms"].get<double>(),
+            j["decode_ms_per_token"].get<double>(), j["tokens_per_s"].get<double>(),
+            j["prefill_tokens_per_s"].get<double>(), j["bytes_per_step"].get<double>() / 1e6,
+            j["roofline_pct"].get<double>(), j["peak_memory_bytes"].get<double>() / (1 << 20));
     }
     return 0;
   };

@@ -8,6 +8,10 @@
 
 namespace kiln::cli {
 
+// Longest prompt a plan may be built for: far beyond both model families' positions, small
+// enough that the largest workspace bucket stays allocatable.
+inline constexpr int64_t kMaxInputTokensLimit = 65536;
+
 Runner add_build(CLI::App& app) {
   struct Opts {
     std::string model, onnx, output, device = "cpu", precision = "fp32", prompt_template;
@@ -16,13 +20,14 @@ Runner add_build(CLI::App& app) {
     int64_t max_input_tokens = 0;
   };
   auto o = std::make_shared<Opts>();
-  CLI::App* cmd = app.add_subcommand(
-      "build",
-      "Compile a HuggingFace checkpoint into a plan: import → passes (constant folding, dead-code\n"
-      "elimination, fusions, memory planning) → one versioned, mmap-able file.\n"
-      "Example:\n"
-      "  kiln build --model models/t5-tiny -o t5.plan\n"
-      "  kiln build --model models/bloom-tiny --prompt-template \"{prompt} =\" -o bloom.plan -v");
+  CLI::App* cmd = app.add_subcommand("build", "Compile a HuggingFace checkpoint into a plan");
+  describe(cmd,
+           "Import → passes (constant folding, dead-code elimination, fusions, memory planning) →\n"
+           "one versioned, mmap-able file. -o is checked before any work, and nothing is left\n"
+           "behind when the build fails.\n"
+           "Examples:\n"
+           "  kiln build --model models/t5-tiny -o t5.plan\n"
+           "  kiln build --model models/bloom-tiny --prompt-template \"{prompt} =\" -o bloom.plan");
   cmd->add_option("--model", o->model,
                   "HuggingFace checkpoint directory (config.json, "
                   "model.safetensors or sharded index, tokenizer)");
@@ -32,10 +37,13 @@ Runner add_build(CLI::App& app) {
   cmd->add_option("--precision", o->precision, "fp32 (fp16/bf16/int8: not built yet)")
       ->capture_default_str();
   cmd->add_option("--prompt-template", o->prompt_template,
-                  "default template stored in the plan, e.g. \"{prompt} =\"");
-  cmd->add_option("--max-input-tokens", o->max_input_tokens,
-                  "longest prompt the plan accepts (default: T5 512, BLOOM 2048)");
-  cmd->add_option("--profile", o->profiles, "shape profiles (not built yet)");
+                  "default template stored in the plan: every {prompt} is replaced by the "
+                  "prompt, e.g. \"{prompt} =\"");
+  in_range(cmd->add_option("--max-input-tokens", o->max_input_tokens,
+                           "longest prompt the plan accepts (default: the model's positions, T5 "
+                           "512, BLOOM 2048)"),
+           1, kMaxInputTokensLimit);
+  one_value(cmd->add_option("--profile", o->profiles, "shape profiles (not built yet)"));
   cmd->add_option("--calib", o->calib, "INT8 calibration prompts (not built yet)");
   return [o](const GlobalOptions& g) {
     KILN_CHECK_USAGE(o->onnx.empty(), "--onnx: the ONNX frontend is not built yet; use --model");
@@ -50,7 +58,12 @@ Runner add_build(CLI::App& app) {
                      precision_names());
     const std::string why = target_unsupported_reason(bo.device, bo.precision);
     KILN_CHECK_USAGE(why.empty(), "--device {} --precision {}: {}", o->device, o->precision, why);
-    KILN_CHECK_USAGE(o->max_input_tokens >= 0, "--max-input-tokens must be positive");
+    KILN_CHECK_USAGE(
+        o->prompt_template.empty() || o->prompt_template.find("{prompt}") != std::string::npos,
+        "--prompt-template '{}': the template must contain {{prompt}} (where the "
+        "prompt goes), e.g. \"{{prompt}} =\"",
+        o->prompt_template);
+    check_model_dir(o->model, "--model");
     AtomicFileWriter::check_target(o->output, "-o");
     GlobalOptions gl = g;
     auto ctx = make_context(gl);
@@ -59,7 +72,11 @@ Runner add_build(CLI::App& app) {
     const auto t0 = std::chrono::steady_clock::now();
     if (!o->prompt_template.empty()) bo.prompt_template = o->prompt_template;
     bo.max_input_tokens = o->max_input_tokens;
-    const ModelIR model = build_model(o->model, bo, ctx->log());
+    ModelIR model;
+    {
+      Activity activity(ctx->log(), "building " + o->model);
+      model = build_model(o->model, bo, ctx->log());
+    }
     PlanBuildInfo info;
     info.source = o->model;
     for (const auto& e : std::filesystem::directory_iterator(o->model)) {
@@ -68,7 +85,10 @@ Runner add_build(CLI::App& app) {
         info.source_files.push_back(e.path().string());
     }
     std::sort(info.source_files.begin(), info.source_files.end());
-    write_plan(o->output, model, info, ctx->log());
+    {
+      Activity activity(ctx->log(), "writing " + o->output);
+      write_plan(o->output, model, info, ctx->log());
+    }
     const double secs =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     ctx->log().info("build finished in {:.2f} s", secs);

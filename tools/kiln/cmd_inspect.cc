@@ -1,85 +1,153 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
-#include "backend/executor.h"
 #include "commands.h"
 #include "graph/workspace.h"
+#include "output.h"
 #include "plan/plan.h"
 
 namespace kiln::cli {
+namespace {
+
+// "rows=16 tokens=16", in the order the build log's plan_memory line prints them.
+std::string bindings_str(const std::map<std::string, int64_t>& bindings) {
+  std::string s;
+  for (const auto& [k, v] : bindings) s += fmt::format("{}{}={}", s.empty() ? "" : " ", k, v);
+  return s;
+}
+
+nlohmann::json graph_summary(const Graph& gr, const ShapeProfile& profile) {
+  std::map<std::string, int> ops;
+  std::map<std::string, int64_t> weight_bytes;
+  int fused_linear = 0;
+  for (const Node& n : gr.nodes) {
+    ++ops[std::string(op_name(n.op))];
+    if (n.op == OpKind::kLinear && n.attr<LinearAttrs>().activation) ++fused_linear;
+  }
+  for (const Value& v : gr.values)
+    if (v.kind == ValueKind::kWeight)
+      weight_bytes[std::string(dtype_name(v.dtype))] += v.data.nbytes();
+  nlohmann::json workspace = nlohmann::json::array();
+  for (int64_t bucket : profile.token_buckets) {
+    const auto bindings = profile.bucket_bindings(bucket);
+    const WorkspaceLayout r = workspace_layout(gr, bindings);
+    workspace.push_back(
+        {{"bindings", bindings}, {"bytes", r.bytes}, {"unplanned_bytes", r.unplanned_bytes}});
+  }
+  return {{"name", gr.name},
+          {"nodes", gr.nodes.size()},
+          {"values", gr.values.size()},
+          {"layers", ops},
+          {"fusions",
+           {{"linear_activation", fused_linear},
+            {"add_rms_norm", ops.count("AddRMSNorm") ? ops["AddRMSNorm"] : 0}}},
+          {"weight_bytes", weight_bytes},
+          {"slots", gr.num_slots},
+          {"workspace", workspace}};
+}
+
+void print_graph_summary(const nlohmann::json& s) {
+  out("\ngraph '{}': {} nodes, {} values\n", s["name"].get<std::string>(),
+      s["nodes"].get<int64_t>(), s["values"].get<int64_t>());
+  std::string layers;
+  for (const auto& [op, count] : s["layers"].items())
+    layers += fmt::format(" {}×{}", op, count.get<int>());
+  out("  layers:{}\n", layers);
+  out("  fusions: {} Linear+activation, {} AddRMSNorm\n",
+      s["fusions"]["linear_activation"].get<int>(), s["fusions"]["add_rms_norm"].get<int>());
+  std::string weights;
+  for (const auto& [dt, bytes] : s["weight_bytes"].items())
+    weights += fmt::format(" {} {:.2f} MiB", dt, bytes.get<double>() / (1 << 20));
+  out("  weights:{}\n", weights);
+  out("  workspace per token bucket ({} slots):\n", s["slots"].get<int>());
+  for (const auto& w : s["workspace"])
+    out("    {}: {:.1f} KiB (unplanned {:.1f} KiB)\n",
+        bindings_str(w["bindings"].get<std::map<std::string, int64_t>>()),
+        w["bytes"].get<double>() / 1024, w["unplanned_bytes"].get<double>() / 1024);
+}
+
+}  // namespace
 
 Runner add_inspect(CLI::App& app) {
   struct Opts {
-    std::string plan, model, onnx;
-    bool graph = false, verify = false;
+    std::string plan, plan_flag, model, onnx;
+    bool graph = false, verify = false, json = false;
   };
   auto o = std::make_shared<Opts>();
   CLI::App* cmd = app.add_subcommand(
-      "inspect",
-      "Show what a plan (or an HF directory, built in memory) contains: build metadata, layers,\n"
-      "fusions, dtypes, weight and activation memory.\n"
-      "Examples:\n"
-      "  kiln inspect t5.plan\n"
-      "  kiln inspect --model models/bloom-tiny --graph");
-  cmd->add_option("plan", o->plan, "plan file");
+      "inspect", "Show what a plan (or an HF directory, built in memory) contains");
+  describe(cmd,
+           "Build metadata, layers, fusions, dtypes, weight memory and the activation workspace\n"
+           "per token bucket (the same numbers the build log reports).\n"
+           "Examples:\n"
+           "  kiln inspect t5.plan\n"
+           "  kiln inspect --plan bloom.plan --json\n"
+           "  kiln inspect --model models/bloom-tiny --graph");
+  cmd->add_option("plan", o->plan, "plan file (or --plan PLAN)");
+  cmd->add_option("--plan", o->plan_flag, "plan file");
   cmd->add_option("--model", o->model, "HF directory");
   cmd->add_option("--onnx", o->onnx, "ONNX file (not built yet)");
   cmd->add_flag("--graph", o->graph, "print every node (the IR dump)");
+  cmd->add_flag("--json", o->json,
+                "print one JSON object: {\"source\", \"metadata\", \"graphs\": [{\"name\", "
+                "\"layers\", \"fusions\", \"weight_bytes\", \"workspace\", ...}]} (with --graph: "
+                "each graph's \"dump\")");
   cmd->add_flag("--verify", o->verify,
                 "also hash every weight blob and compare with the hashes recorded at build time "
                 "(the header and tokenizer are checked on every load)");
   return [o](const GlobalOptions& g) {
     KILN_CHECK_USAGE(o->onnx.empty(), "--onnx: the ONNX frontend is not built yet");
-    KILN_CHECK_USAGE(o->plan.empty() != o->model.empty(), "give a plan file or --model");
-    KILN_CHECK_USAGE(!o->verify || !o->plan.empty(), "--verify checks a plan file");
+    KILN_CHECK_USAGE(o->plan.empty() || o->plan_flag.empty(),
+                     "give the plan once: as an argument or with --plan");
+    const std::string plan = o->plan.empty() ? o->plan_flag : o->plan;
+    KILN_CHECK_USAGE(plan.empty() != o->model.empty(),
+                     "give a plan (PLAN or --plan PLAN) or --model DIR");
+    KILN_CHECK_USAGE(!o->verify || !plan.empty(), "--verify checks a plan file, not --model");
     auto ctx = make_context(g);
     ModelIR model;
-    if (!o->plan.empty()) {
-      fmt::print("plan {}\n{}\n", o->plan, read_plan_metadata_json(o->plan));
-      model = read_plan(o->plan, ctx->log());
+    nlohmann::json report;
+    if (!plan.empty()) {
+      check_plan_file(plan, o->plan.empty() ? "--plan" : "PLAN");
+      report["source"] = {{"plan", plan}};
+      report["metadata"] = nlohmann::json::parse(read_plan_metadata_json(plan));
+      model = read_plan(plan, ctx->log());
       if (o->verify) {
-        const std::vector<std::string> bad = verify_plan_weights(o->plan);
-        for (const std::string& line : bad) fmt::print(stderr, "kiln inspect: {}\n", line);
+        Activity activity(ctx->log(), "hashing the weights of " + plan);
+        const std::vector<std::string> bad = verify_plan_weights(plan);
+        for (const std::string& line : bad) ctx->log().write(LogLevel::kError, line);
         KILN_CHECK(bad.empty(),
                    "{}: {} weight blob(s) do not match their recorded hashes; the "
                    "file is damaged: rebuild it",
-                   o->plan, bad.size());
-        fmt::print("verify: every weight blob matches its recorded hash\n");
+                   plan, bad.size());
+        report["verify"] = "every weight blob matches its recorded hash";
       }
     } else {
+      check_model_dir(o->model, "--model");
+      report["source"] = {{"model", o->model}};
+      Activity activity(ctx->log(), "building " + o->model + " in memory");
       model = build_model(o->model, BuildOptions{}, ctx->log());
     }
-    fmt::print("architecture: {}  prompt template: \"{}\"  max input tokens: {}\n",
-               model.desc.architecture, model.prompt_template, model.profile.max_input_tokens);
+    report["architecture"] = model.desc.architecture;
+    report["prompt_template"] = model.prompt_template;
+    report["max_input_tokens"] = model.profile.max_input_tokens;
+    report["graphs"] = nlohmann::json::array();
     for (const Graph& gr : model.graphs) {
-      std::map<std::string, int> ops;
-      std::map<std::string, int64_t> dtypes;
-      int fused_linear = 0;
-      for (const Node& n : gr.nodes) {
-        ++ops[std::string(op_name(n.op))];
-        if (n.op == OpKind::kLinear && n.attr<LinearAttrs>().activation) ++fused_linear;
-      }
-      for (const Value& v : gr.values)
-        if (v.kind == ValueKind::kWeight)
-          dtypes[std::string(dtype_name(v.dtype))] += v.data.nbytes();
-      fmt::print("\ngraph '{}': {} nodes, {} values\n", gr.name, gr.nodes.size(), gr.values.size());
-      fmt::print("  layers:");
-      for (const auto& [op, count] : ops) fmt::print(" {}×{}", op, count);
-      fmt::print("\n  fusions: {} Linear+activation, {} AddRMSNorm\n", fused_linear,
-                 ops.count("AddRMSNorm") ? ops["AddRMSNorm"] : 0);
-      fmt::print("  weights:");
-      for (const auto& [dt, bytes] : dtypes)
-        fmt::print(" {} {:.2f} MiB", dt, static_cast<double>(bytes) / (1 << 20));
-      fmt::print("\n  workspace per token bucket ({} slots):", gr.num_slots);
-      for (int64_t bucket : model.profile.token_buckets) {
-        const WorkspaceLayout r =
-            workspace_layout(gr, GraphExecutor::bucket_bindings(model.profile, bucket));
-        fmt::print(" {}: {:.1f} KiB (unplanned {:.1f} KiB);", bucket,
-                   static_cast<double>(r.bytes) / 1024,
-                   static_cast<double>(r.unplanned_bytes) / 1024);
-      }
-      fmt::print("\n");
-      if (o->graph) fmt::print("{}", dump_graph(gr));
+      report["graphs"].push_back(graph_summary(gr, model.profile));
+      if (o->graph && o->json) report["graphs"].back()["dump"] = dump_graph(gr);
+    }
+    if (o->json) {
+      out_line(report.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
+      return 0;
+    }
+    if (report.contains("metadata"))
+      out("plan {}\n{}\n", plan,
+          report["metadata"].dump(2, ' ', false, nlohmann::json::error_handler_t::replace));
+    if (report.contains("verify")) out("verify: {}\n", report["verify"].get<std::string>());
+    out("architecture: {}  prompt template: \"{}\"  max input tokens: {}\n",
+        model.desc.architecture, model.prompt_template, model.profile.max_input_tokens);
+    for (size_t i = 0; i < model.graphs.size(); ++i) {
+      print_graph_summary(report["graphs"][i]);
+      if (o->graph) out_text(dump_graph(model.graphs[i]));
     }
     return 0;
   };

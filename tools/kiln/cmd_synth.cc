@@ -2,6 +2,7 @@
 
 #include "commands.h"
 #include "frontend/hf/synth.h"
+#include "output.h"
 
 namespace kiln::cli {
 
@@ -13,11 +14,13 @@ Runner add_synth(CLI::App& app) {
   };
   auto o = std::make_shared<Opts>();
   CLI::App* cmd = app.add_subcommand(
-      "synth",
-      "Write a real-size HuggingFace checkpoint with random weights (the public models' exact\n"
-      "shapes, the fixture models' tokenizers), for speed and memory work without downloads.\n"
+      "synth", "Write a real-size HuggingFace checkpoint with random weights (speed/memory work)");
+  describe(
+      cmd,
+      "The public models' exact shapes and the fixture models' tokenizers, without downloads.\n"
       "HuggingFace transformers loads it as is, so kiln and HF can run the same weights. The\n"
-      "text such a model generates is meaningless.\n"
+      "text such a model generates is meaningless. Progress goes to standard error, the\n"
+      "summary line to standard output.\n"
       "Examples:\n"
       "  kiln synth --list\n"
       "  kiln synth --preset flan-t5-small -o /tmp/flan-t5-small\n"
@@ -30,14 +33,14 @@ Runner add_synth(CLI::App& app) {
   cmd->add_flag("--list", o->list, "list the presets with their shapes and sizes");
   return [o](const GlobalOptions& g) {
     if (o->list) {
-      fmt::print("{:<15} {:<6} {:>7} {:>7} {:>6} {:>7} {:>8} {:>12}\n", "preset", "family",
-                 "hidden", "ffn", "heads", "layers", "vocab", "parameters");
+      kiln::cli::out("{:<15} {:<6} {:>7} {:>7} {:>6} {:>7} {:>8} {:>12}\n", "preset", "family",
+                     "hidden", "ffn", "heads", "layers", "vocab", "parameters");
       for (const SynthPreset& p : synth_presets())
-        fmt::print("{:<15} {:<6} {:>7} {:>7} {:>6} {:>7} {:>8} {:>11.1f}M\n", p.name, p.family,
-                   p.hidden, p.d_ff, p.heads,
-                   p.family == "t5" ? fmt::format("{}+{}", p.layers, p.decoder_layers)
-                                    : std::to_string(p.layers),
-                   p.vocab, static_cast<double>(synth_parameter_count(p)) / 1e6);
+        kiln::cli::out("{:<15} {:<6} {:>7} {:>7} {:>6} {:>7} {:>8} {:>11.1f}M\n", p.name, p.family,
+                       p.hidden, p.d_ff, p.heads,
+                       p.family == "t5" ? fmt::format("{}+{}", p.layers, p.decoder_layers)
+                                        : std::to_string(p.layers),
+                       p.vocab, static_cast<double>(synth_parameter_count(p)) / 1e6);
       return 0;
     }
     KILN_CHECK_USAGE(!o->preset.empty(), "--preset is required (see `kiln synth --list`)");
@@ -64,9 +67,8 @@ Runner add_synth(CLI::App& app) {
       }
     });
     progress.done();
-    if (!g.quiet)
-      fmt::print(stderr, "kiln synth: wrote {} ({:.1f}M parameters, {:.2f} GiB)\n", o->output,
-                 static_cast<double>(params) / 1e6, static_cast<double>(bytes) / (1 << 30));
+    kiln::cli::out("wrote {} ({:.1f}M parameters, {:.2f} GiB)\n", o->output,
+                   static_cast<double>(params) / 1e6, static_cast<double>(bytes) / (1 << 30));
     return 0;
   };
 }

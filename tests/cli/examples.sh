@@ -1,0 +1,132 @@
+#!/usr/bin/env bash
+# Every example of the README (the `$ kiln ...` lines of its console blocks) and of `kiln --help`
+# and each command's --help runs, and the README's pasted outputs are what kiln prints (issue 7,
+# items 10 and 18). The examples run in a scratch copy of the repository layout: models/ and
+# ../shared/ resolve as they do from the repository root.
+source "$(dirname "$0")/lib.bash"
+
+repo="$(cd "$(dirname "$0")/../.." && pwd)"
+work="$TMP/layout"
+rm -rf "$work"
+mkdir -p "$work/repo"
+ln -s "$repo/models" "$work/repo/models"
+ln -s "$(dirname "$FIXTURES")" "$work/shared"
+
+python3 - "$KILN" "$repo/README.md" "$work/repo" <<'PY' || fail "README and --help examples"
+import os, re, subprocess, sys
+
+kiln, readme, cwd = sys.argv[1:4]
+kiln = os.path.abspath(kiln)
+failures = []
+env = dict(os.environ, KILN_BIN=kiln)
+env.pop("KILN_LOG_LEVEL", None)
+
+
+def run(cmd):
+    # `kiln` in an example is the binary under test; pipes and quotes work as in a shell.
+    script = 'kiln() { "$KILN_BIN" "$@"; }\n' + cmd
+    return subprocess.run(["bash", "-c", script], cwd=cwd, env=env, capture_output=True,
+                          text=True, errors="replace")
+
+
+def mask(line):
+    # Values that differ from build to build.
+    line = re.sub(r'("created_unix": )\d+', r"\1N", line)
+    line = re.sub(r'("git_revision": )"[^"]*"', r"\1R", line)
+    return re.sub(r"finished in [\d.]+ s", "finished in T s", line)
+
+
+def log_message(line):
+    return mask(re.sub(r"^\[kiln [DIWE] \d\d:\d\d:\d\d\] ", "", line))
+
+
+def check_output(cmd, expected, got, stream):
+    exp = [mask(l) for l in expected]
+    out = [mask(l) for l in got]
+    if any("..." in l for l in exp):
+        # Lines left out: the others must appear in this order.
+        pos = 0
+        for line in exp:
+            if "..." in line:
+                continue
+            while pos < len(out) and out[pos] != line:
+                pos += 1
+            if pos == len(out):
+                failures.append(f"{cmd}: {stream} lacks (in order) {line!r}")
+                return
+            pos += 1
+    elif exp != out:
+        failures.append(f"{cmd}: {stream} differs from the README:\n  README: {exp}\n  kiln:   {out}")
+
+
+# --- README: console blocks ---
+blocks, block = [], None
+for line in open(readme, encoding="utf-8").read().splitlines():
+    if line.startswith("```console"):
+        block = []
+    elif line.startswith("```") and block is not None:
+        blocks.append(block)
+        block = None
+    elif block is not None:
+        block.append(line)
+readme_runs = 0
+for lines in blocks:
+    steps = []  # (command, expected lines)
+    for line in lines:
+        if line.startswith("$ "):
+            steps.append((line[2:], []))
+        elif steps:
+            steps[-1][1].append(line)
+    for cmd, expected in steps:
+        while expected and expected[-1] == "":
+            expected.pop()
+        if cmd.startswith("cat "):
+            # The README shows an input file: create it as shown.
+            with open(os.path.join(cwd, cmd[4:].strip()), "w", encoding="utf-8") as f:
+                f.write("\n".join(expected) + "\n")
+            continue
+        if not cmd.startswith("kiln "):
+            failures.append(f"README example is not a kiln command: {cmd}")
+            continue
+        readme_runs += 1
+        r = run(cmd)
+        if r.returncode != 0:
+            failures.append(f"{cmd}: exit {r.returncode}: {r.stderr[:400]}")
+            continue
+        logs = [log_message(l) for l in expected if l.startswith("[kiln ")]
+        outs = [l for l in expected if not l.startswith("[kiln ")]
+        check_output(cmd, outs, r.stdout.splitlines(), "stdout")
+        check_output(cmd, logs, [log_message(l) for l in r.stderr.splitlines()], "stderr")
+
+# --- --help of kiln and of every command: the lines under "Example(s):" ---
+help_texts = [run("kiln --help").stdout]
+commands = re.findall(r"^  (\w+) ", help_texts[0].split("Subcommands:")[-1], re.M)
+for c in commands:
+    help_texts.append(run(f"kiln {c} --help").stdout)
+help_runs = 0
+for text in help_texts:
+    in_examples = False
+    for line in text.splitlines():
+        if re.match(r"^\s*Examples?:$", line):
+            in_examples = True
+            continue
+        if in_examples and re.match(r"^\s+kiln ", line):
+            cmd = line.strip()
+            help_runs += 1
+            r = run(cmd)
+            if r.returncode != 0:
+                failures.append(f"--help example {cmd}: exit {r.returncode}: {r.stderr[:400]}")
+        else:
+            in_examples = False
+
+print(f"{readme_runs} README examples, {help_runs} --help examples ({len(commands)} commands)")
+# Guard against an extraction that silently finds nothing.
+if readme_runs < 12:
+    failures.append(f"only {readme_runs} README examples found")
+if help_runs < 12 or len(commands) < 7:
+    failures.append(f"only {help_runs} --help examples in {len(commands)} commands found")
+for f in failures:
+    print("FAIL:", f, file=sys.stderr)
+sys.exit(1 if failures else 0)
+PY
+finish
