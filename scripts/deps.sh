@@ -3,7 +3,7 @@
 # Idempotent; the only network it uses is apt's.
 set -euo pipefail
 packages=(build-essential cmake pkg-config git clang-format libgtest-dev libbenchmark-dev
-          libsentencepiece-dev nlohmann-json3-dev libfmt-dev libcli11-dev)
+          libsentencepiece-dev nlohmann-json3-dev libfmt-dev libcli11-dev libdnnl-dev)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -116,6 +116,9 @@ void add_linear_cases(std::vector<OpCase>& cases) {
   variants.push_back({1, 64, 16, true, std::nullopt, DType::kF32});             // one decode token
   variants.push_back({33, 200, 70, true, Activation::kGeluTanh, DType::kF32});  // long rows
   variants.push_back({4, 3, 5, false, std::nullopt, DType::kF32});  // shorter than a vector
+  // Prefill: from 64 rows the CPU runs oneDNN's GEMM on slices of 64 output features.
+  variants.push_back({64, 100, 150, true, Activation::kGeluTanh, DType::kF32});
+  variants.push_back({130, 257, 70, false, Activation::kRelu, DType::kF32});
   for (DType narrow : kNarrowTypes) {
     variants.push_back({7, 19, 37, true, std::nullopt, narrow});
     variants.push_back({7, 19, 37, false, Activation::kGeluTanh, narrow});

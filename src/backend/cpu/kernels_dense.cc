@@ -3,6 +3,9 @@
 #include <cstring>
 #include <optional>
 
+#include <omp.h>
+#include <oneapi/dnnl/dnnl.h>
+
 #include "backend/cpu/kernels.h"
 #include "backend/cpu/simd.h"
 
@@ -10,47 +13,50 @@ namespace kiln::cpu {
 
 namespace {
 
-// Eight float lanes (AVX2, the build's baseline). Every dot product below sums lane-wise partials
-// in index order and then the lanes in a fixed order, so an output depends only on its own row
-// and weight row — never on the batch around it.
+// Linear as dot products: every output (token t, feature o) is the lane-wise partial sums of
+// x[t] · w[o] over k in index order, the lanes added in a fixed order, then the elements past the
+// last full vector. A kernel computes a tile of T tokens × 4 features at once (sharing the loads
+// of x and w), but that order never changes with the tile, the batch or the thread count, so an
+// output depends only on its own row and weight row — never on the batch around it.
 
-// Adds the elements past the last full vector to the four lane sums and stores them. Shared by
-// both kernel families (a function without a target attribute inlines into either).
-inline void finish_dot4(const float* x, const float* w0, const float* w1, const float* w2,
-                        const float* w3, int64_t i, int64_t n, float s0, float s1, float s2,
-                        float s3, float out[4]) {
-  for (; i < n; ++i) {
-    s0 += x[i] * w0[i];
-    s1 += x[i] * w1[i];
-    s2 += x[i] * w2[i];
-    s3 += x[i] * w3[i];
-  }
-  out[0] = s0;
-  out[1] = s1;
-  out[2] = s2;
-  out[3] = s3;
+// The tail past the last full vector, added after the lane sum (the same for every tile shape).
+inline float finish_dot(const float* x, const float* w, int64_t i, int64_t n, float s) {
+  for (; i < n; ++i) s += x[i] * w[i];
+  return s;
 }
 
-// Four dot products of x against w0..w3 sharing the loads of x.
-void dot4_avx2(const float* x, const float* w0, const float* w1, const float* w2, const float* w3,
-               int64_t n, float out[4]) {
-  V8 a0 = {}, a1 = {}, a2 = {}, a3 = {};
+// Eight lanes (AVX2, the build's baseline): 2 tokens × 4 features = 8 accumulators, which with
+// the loads fit the 16 ymm registers.
+template <int T>
+void tile_avx2(const float* const* x, const float* w, int64_t ldw, int64_t k, float* y,
+               int64_t ldy) {
+  V8 acc[T][4] = {};
   int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    const V8 xv = load8(x + i);
-    a0 += xv * load8(w0 + i);
-    a1 += xv * load8(w1 + i);
-    a2 += xv * load8(w2 + i);
-    a3 += xv * load8(w3 + i);
+  for (; i + 8 <= k; i += 8) {
+    const V8 w0 = load8(w + i), w1 = load8(w + ldw + i), w2 = load8(w + 2 * ldw + i),
+             w3 = load8(w + 3 * ldw + i);
+    for (int t = 0; t < T; ++t) {
+      const V8 xv = load8(x[t] + i);
+      acc[t][0] += xv * w0;
+      acc[t][1] += xv * w1;
+      acc[t][2] += xv * w2;
+      acc[t][3] += xv * w3;
+    }
   }
-  finish_dot4(x, w0, w1, w2, w3, i, n, hsum(a0), hsum(a1), hsum(a2), hsum(a3), out);
+  for (int t = 0; t < T; ++t)
+    for (int o = 0; o < 4; ++o)
+      y[t * ldy + o] = finish_dot(x[t], w + o * ldw, i, k, hsum(acc[t][o]));
 }
 
-// The same four dot products with sixteen lanes, for CPUs with AVX-512 (chosen at run time;
-// the build's baseline stays x86-64-v3).
+// Sixteen lanes for CPUs with AVX-512 (chosen at run time; the build's baseline stays
+// x86-64-v3): 4 tokens × 4 features = 16 accumulators of the 32 zmm registers.
 #define KILN_TARGET_AVX512 __attribute__((target("avx512f,avx512vl,avx2,fma")))
 typedef float V16 __attribute__((vector_size(64)));
 typedef float V16Unaligned __attribute__((vector_size(64), aligned(4), may_alias));
+
+KILN_TARGET_AVX512 inline V16 load16(const float* p) {
+  return *reinterpret_cast<const V16Unaligned*>(p);
+}
 
 KILN_TARGET_AVX512 inline float hsum16(V16 v) {
   const float lo = ((v[0] + v[8]) + (v[1] + v[9])) + ((v[2] + v[10]) + (v[3] + v[11]));
@@ -58,26 +64,47 @@ KILN_TARGET_AVX512 inline float hsum16(V16 v) {
   return lo + hi;
 }
 
-KILN_TARGET_AVX512 void dot4_avx512(const float* x, const float* w0, const float* w1,
-                                    const float* w2, const float* w3, int64_t n, float out[4]) {
-  V16 a0 = {}, a1 = {}, a2 = {}, a3 = {};
+template <int T>
+KILN_TARGET_AVX512 void tile_avx512(const float* const* x, const float* w, int64_t ldw, int64_t k,
+                                    float* y, int64_t ldy) {
+  V16 acc[T][4] = {};
   int64_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    const V16 xv = *reinterpret_cast<const V16Unaligned*>(x + i);
-    a0 += xv * *reinterpret_cast<const V16Unaligned*>(w0 + i);
-    a1 += xv * *reinterpret_cast<const V16Unaligned*>(w1 + i);
-    a2 += xv * *reinterpret_cast<const V16Unaligned*>(w2 + i);
-    a3 += xv * *reinterpret_cast<const V16Unaligned*>(w3 + i);
+  for (; i + 16 <= k; i += 16) {
+    const V16 w0 = load16(w + i), w1 = load16(w + ldw + i), w2 = load16(w + 2 * ldw + i),
+              w3 = load16(w + 3 * ldw + i);
+    for (int t = 0; t < T; ++t) {
+      const V16 xv = load16(x[t] + i);
+      acc[t][0] += xv * w0;
+      acc[t][1] += xv * w1;
+      acc[t][2] += xv * w2;
+      acc[t][3] += xv * w3;
+    }
   }
-  finish_dot4(x, w0, w1, w2, w3, i, n, hsum16(a0), hsum16(a1), hsum16(a2), hsum16(a3), out);
+  for (int t = 0; t < T; ++t)
+    for (int o = 0; o < 4; ++o)
+      y[t * ldy + o] = finish_dot(x[t], w + o * ldw, i, k, hsum16(acc[t][o]));
 }
 
-using Dot4 = void (*)(const float*, const float*, const float*, const float*, const float*, int64_t,
-                      float*);
+// One tile shape per call: T tokens (1..kMaxTile) × 4 weight rows ldw floats apart.
+using TileFn = void (*)(const float* const*, const float*, int64_t, int64_t, float*, int64_t);
+constexpr int kMaxTile = 4;
+struct Tiles {
+  int max_tokens;
+  TileFn fn[kMaxTile + 1];
+};
+const Tiles kAvx2Tiles{2, {nullptr, tile_avx2<1>, tile_avx2<2>, nullptr, nullptr}};
+const Tiles kAvx512Tiles{4,
+                         {nullptr, tile_avx512<1>, tile_avx512<2>, tile_avx512<3>, tile_avx512<4>}};
+
+// From this many rows (prefill) oneDNN's GEMM is faster than the tiles (measured with
+// bench/micro/linear_bench.cc on one AVX-512 core: 130 vs 108 GFLOP/s at 78 rows, 172 vs 93 at
+// 512; at 4-16 rows the tiles win, 72-96 vs 42-58). Below it a row's result never depends on the
+// batch; at and above it oneDNN's blocking may change the last bits with the number of rows.
+constexpr int64_t kGemmRows = 64;
 
 // x [n, in], w [out, in], bias [out] -> [n, out] (+ fused activation)
-void linear_with(Dot4 dot4, const Node& node, std::span<const Tensor> in, std::span<Tensor> out,
-                 const KernelEnv& env) {
+void linear_with(const Tiles& tiles, const Node& node, std::span<const Tensor> in,
+                 std::span<Tensor> out, const KernelEnv& env) {
   const Tensor& x = in[0];
   const Tensor& w = in[1];
   const float* bias = in.size() > 2 && in[2].defined() ? in[2].data<float>() : nullptr;
@@ -89,34 +116,53 @@ void linear_with(Dot4 dot4, const Node& node, std::span<const Tensor> in, std::s
   const float* wp = w.data<float>();
   float* yp = out[0].data<float>();
   const std::optional<Activation> act = node.attr<LinearAttrs>().activation;
+  const auto epilogue = [&](int64_t t, int64_t o0, int64_t o1) {
+    if (bias == nullptr && !act) return;
+    float* yr = yp + t * m;
+    for (int64_t o = o0; o < o1; ++o) {
+      float v = yr[o];
+      if (bias) v += bias[o];
+      if (act) v = apply_activation(*act, v);
+      yr[o] = v;
+    }
+  };
+  if (n >= kGemmRows) {
+    // Prefill: oneDNN's GEMM, one single-threaded call per pool thread on its own slice of the
+    // output features (so no OpenMP team runs beside the pool), then bias and activation.
+    constexpr int64_t kAlign = 64;
+    env.pool.parallel_for((m + kAlign - 1) / kAlign, 1, [&](int64_t c0, int64_t c1) {
+      const int64_t o0 = c0 * kAlign, o1 = std::min(m, c1 * kAlign);
+      omp_set_num_threads(1);
+      const dnnl_status_t st =
+          dnnl_sgemm('N', 'T', n, o1 - o0, k, 1.f, xp, k, wp + o0 * k, k, 0.f, yp + o0, m);
+      KILN_CHECK(st == dnnl_success, "node '{}': oneDNN sgemm failed (status {})", node.name,
+                 static_cast<int>(st));
+      for (int64_t t = 0; t < n; ++t) epilogue(t, o0, o1);
+    });
+    return;
+  }
   // Blocks of output features: each block's weight rows stay in cache while every input row
-  // passes over them.
+  // passes over them; for one token (decode) the weights stream once through both cores.
   constexpr int64_t kBlock = 16;
   const int64_t blocks = (m + kBlock - 1) / kBlock;
   env.pool.parallel_for(blocks, 1, [&](int64_t b0, int64_t b1) {
+    float scratch[kMaxTile * 4];
     for (int64_t b = b0; b < b1; ++b) {
       const int64_t o0 = b * kBlock, o1 = std::min(m, o0 + kBlock);
-      for (int64_t t = 0; t < n; ++t) {
-        const float* xr = xp + t * k;
-        float* yr = yp + t * m;
+      for (int64_t t = 0; t < n;) {
+        const int tn = static_cast<int>(std::min<int64_t>(tiles.max_tokens, n - t));
+        const float* xs[kMaxTile];
+        for (int j = 0; j < tn; ++j) xs[j] = xp + (t + j) * k;
         int64_t o = o0;
-        for (; o + 4 <= o1; o += 4) {
-          const float* w = wp + o * k;
-          dot4(xr, w, w + k, w + 2 * k, w + 3 * k, k, yr + o);
-        }
+        for (; o + 4 <= o1; o += 4) tiles.fn[tn](xs, wp + o * k, k, k, yp + t * m + o, m);
         for (; o < o1; ++o) {
-          float s[4];
-          const float* w = wp + o * k;
-          dot4(xr, w, w, w, w, k, s);  // same summation order as the 4-wide path
-          yr[o] = s[0];
+          // A lone feature: the tile with its weight row four times (ldw 0), same order.
+          tiles.fn[tn](xs, wp + o * k, 0, k, scratch, 4);
+          for (int j = 0; j < tn; ++j) yp[(t + j) * m + o] = scratch[j * 4];
         }
-        for (o = o0; o < o1; ++o) {
-          float v = yr[o];
-          if (bias) v += bias[o];
-          if (act) v = apply_activation(*act, v);
-          yr[o] = v;
-        }
+        t += tn;
       }
+      for (int64_t t = 0; t < n; ++t) epilogue(t, o0, o1);
     }
   });
 }
@@ -144,12 +190,12 @@ void embedding(const Node& node, std::span<const Tensor> in, std::span<Tensor> o
 // compile time through the kernel registry; both sum in a fixed order per output.
 void linear_avx2(const Node& node, std::span<const Tensor> in, std::span<Tensor> out,
                  const KernelEnv& env) {
-  linear_with(dot4_avx2, node, in, out, env);
+  linear_with(kAvx2Tiles, node, in, out, env);
 }
 
 void linear_avx512(const Node& node, std::span<const Tensor> in, std::span<Tensor> out,
                    const KernelEnv& env) {
-  linear_with(dot4_avx512, node, in, out, env);
+  linear_with(kAvx512Tiles, node, in, out, env);
 }
 
 // x [n, d], rows [r] -> [r, d]

@@ -1,0 +1,55 @@
+// A Linear row's result does not depend on how many rows run with it, bitwise, below the CPU's
+// GEMM threshold (64 rows: batched decode, short prompts); from it (prefill through oneDNN) it
+// stays within float rounding of the row alone. DESIGN.md: a sequence's results do not depend on
+// its batch where that costs little.
+#include <gtest/gtest.h>
+
+#include <cstring>
+
+#include "../models/graph_runner.h"
+#include "backend_ops.h"
+
+namespace kiln::test {
+namespace {
+
+TEST(BackendOps, LinearRowsDoNotDependOnTheirBatch) {
+  const int64_t in = 96, out = 70;  // out: neither a multiple of 16 nor of 64
+  Gen g(DType::kF32, DType::kF32, 5);
+  GraphBuilder b("linear");
+  const int x = b.input("x", DType::kF32, {kTokens, Dim::of(in)});
+  b.output(b.linear(x, b.weight("w", g.random({out, in})), b.weight("b", g.random({out})), "fc"),
+           "y");
+  const Graph graph = b.finish();
+  const std::vector<float> rows = g.floats(130 * in, -2, 2);
+  int checked = 0;
+  for (NamedBackend& nb : available_backends()) {
+    if (!nb.batch_invariant) continue;
+    std::unique_ptr<Executable> exe = nb.backend->compile(graph, test_profile());
+    // The first n rows together; returns row `r`'s outputs.
+    auto row_of = [&](int64_t n, int64_t r) {
+      const std::vector<float> feed(rows.begin(), rows.begin() + n * in);
+      const std::vector<Tensor> inputs = {Tensor::from_vector(feed, {n, in})};
+      const Tensor& y = exe->execute(inputs, nullptr)[0];
+      return std::vector<float>(y.data<float>() + r * out, y.data<float>() + (r + 1) * out);
+    };
+    for (int64_t r : {0, 2, 3}) {
+      const std::vector<float> alone = row_of(r + 1, r);
+      for (int64_t n : {4, 5, 17, 63}) {
+        const std::vector<float> batched = row_of(n, r);
+        EXPECT_EQ(std::memcmp(alone.data(), batched.data(), alone.size() * sizeof(float)), 0)
+            << nb.name << ": row " << r << " of " << n;
+      }
+      for (int64_t n : {64, 130}) {
+        const std::vector<float> batched = row_of(n, r);
+        for (int64_t o = 0; o < out; ++o)
+          EXPECT_NEAR(batched[o], alone[o], 1e-5f * (1.f + std::abs(alone[o])))
+              << nb.name << ": row " << r << " of " << n << ", feature " << o;
+      }
+    }
+    ++checked;
+  }
+  EXPECT_GT(checked, 0) << "the CPU backend promises batch invariance";
+}
+
+}  // namespace
+}  // namespace kiln::test
