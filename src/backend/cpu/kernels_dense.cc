@@ -33,6 +33,8 @@ void tile_avx2(const float* const* x, const float* w, int64_t ldw, int64_t k, fl
   V8 acc[T][4] = {};
   int64_t i = 0;
   for (; i + 8 <= k; i += 8) {
+    if (i % 16 == 0)  // the next four rows, a cache line ahead (see tile_avx512)
+      for (int o = 4; o < 8; ++o) __builtin_prefetch(w + o * ldw + i);
     const V8 w0 = load8(w + i), w1 = load8(w + ldw + i), w2 = load8(w + 2 * ldw + i),
              w3 = load8(w + 3 * ldw + i);
     for (int t = 0; t < T; ++t) {
@@ -70,6 +72,9 @@ KILN_TARGET_AVX512 void tile_avx512(const float* const* x, const float* w, int64
   V16 acc[T][4] = {};
   int64_t i = 0;
   for (; i + 16 <= k; i += 16) {
+    // The next four rows, one cache line ahead each: a row group's rows start on new pages,
+    // where the hardware prefetcher stops.
+    for (int o = 4; o < 8; ++o) __builtin_prefetch(w + o * ldw + i);
     const V16 w0 = load16(w + i), w1 = load16(w + ldw + i), w2 = load16(w + 2 * ldw + i),
               w3 = load16(w + 3 * ldw + i);
     for (int t = 0; t < T; ++t) {
