@@ -1,10 +1,14 @@
 #include "io/atomic_file.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
+#include <cstring>
 #include <filesystem>
+#include <mutex>
 #include <system_error>
 
 #include "core/status.h"
@@ -31,19 +35,78 @@ void check_target_path(const std::string& path, const char* what) {
                    parent.string());
 }
 
+// Temporary files being written, removed by the SIGINT/SIGTERM/SIGHUP handler (Ctrl-C during a
+// build or a synth leaves no PATH.partial.PID behind). Fixed slots of plain chars: the handler
+// may only call async-signal-safe functions (unlink, signal, raise) and read lock-free state.
+constexpr int kSlots = 16;
+constexpr size_t kSlotBytes = 4096;
+struct PartialSlot {
+  std::atomic<bool> live{false};
+  char path[kSlotBytes];
+};
+PartialSlot g_partials[kSlots];
+
+extern "C" void remove_partials_and_die(int sig) {
+  for (PartialSlot& slot : g_partials)
+    if (slot.live.load()) ::unlink(slot.path);
+  ::signal(sig, SIG_DFL);
+  ::raise(sig);
+}
+
+// Installed with the first writer, and only over the default action: a program embedding kiln
+// with its own handlers keeps them.
+void install_cleanup_handlers() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    for (int sig : {SIGINT, SIGTERM, SIGHUP}) {
+      struct sigaction old {};
+      if (::sigaction(sig, nullptr, &old) != 0 || old.sa_handler != SIG_DFL) continue;
+      struct sigaction act {};
+      act.sa_handler = remove_partials_and_die;
+      sigemptyset(&act.sa_mask);
+      ::sigaction(sig, &act, nullptr);
+    }
+  });
+}
+
+// A slot for `path`, or -1 when all are taken or the path is too long (then only the
+// destructor removes the file).
+int track_partial(const std::string& path) {
+  install_cleanup_handlers();
+  if (path.size() >= kSlotBytes) return -1;
+  static std::mutex mutex;  // claims only; the handler never takes it
+  std::lock_guard<std::mutex> lock(mutex);
+  for (int i = 0; i < kSlots; ++i) {
+    if (g_partials[i].live.load()) continue;
+    std::memcpy(g_partials[i].path, path.c_str(), path.size() + 1);
+    g_partials[i].live.store(true);
+    return i;
+  }
+  return -1;
+}
+
+void untrack_partial(int slot) {
+  if (slot >= 0) g_partials[slot].live.store(false);
+}
+
 }  // namespace
 
 AtomicFileWriter::AtomicFileWriter(std::string path) : path_(std::move(path)) {
   check_target_path(path_, "output");
   tmp_ = path_ + ".partial." + std::to_string(getpid());
+  slot_ = track_partial(tmp_);
   file_ = std::fopen(tmp_.c_str(), "wb");
-  KILN_CHECK(file_ != nullptr, "cannot create {}: {}", tmp_,
-             std::generic_category().message(errno));
+  if (file_ == nullptr) {
+    const int error = errno;
+    untrack_partial(slot_);
+    KILN_FAIL("cannot create {}: {}", tmp_, std::generic_category().message(error));
+  }
 }
 
 AtomicFileWriter::~AtomicFileWriter() {
   if (file_ != nullptr) std::fclose(file_);
   if (!committed_) std::remove(tmp_.c_str());
+  untrack_partial(slot_);
 }
 
 void AtomicFileWriter::fail(const char* action, int error) {

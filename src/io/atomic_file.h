@@ -1,7 +1,8 @@
 // Writing a file so that readers never see a partial one: the bytes go to a temporary file
 // beside the target, which is renamed over it only when every write and the close succeeded.
 // Existing mappings of the old file stay valid (the rename replaces the directory entry, not the
-// inode). On any failure the temporary file is removed and the error names the target.
+// inode). On any failure the temporary file is removed and the error names the target; so it is
+// when the process is interrupted (SIGINT, SIGTERM, SIGHUP, if their action was the default).
 #pragma once
 
 #include <cstdio>
@@ -38,6 +39,7 @@ class AtomicFileWriter {
   std::FILE* file_ = nullptr;
   size_t position_ = 0;
   bool committed_ = false;
+  int slot_ = -1;  // in the interrupt handler's list of temporary files
 };
 
 }  // namespace kiln
