@@ -139,14 +139,18 @@ TEST_P(Precisions, MatricesNarrowAndTheRestStaysF32) {
             << g.name << " " << n.name;
         ++matrices;
       }
-      if (n.op == OpKind::kRmsNorm || n.op == OpKind::kLayerNorm || n.op == OpKind::kAddRmsNorm)
-        for (size_t i = 1; i < n.inputs.size(); ++i)
+      if (n.op == OpKind::kRmsNorm || n.op == OpKind::kLayerNorm || n.op == OpKind::kAddRmsNorm) {
+        for (size_t i = 1; i < n.inputs.size(); ++i) {
           EXPECT_EQ(g.values[n.inputs[i]].dtype, DType::kF32) << g.name << " " << n.name;
+        }
+      }
     }
     // Activations are f32 throughout except the gathered narrow rows widened right away.
-    for (const Value& v : g.values)
-      if (v.kind == ValueKind::kActivation && v.dtype != DType::kF32)
+    for (const Value& v : g.values) {
+      if (v.kind == ValueKind::kActivation && v.dtype != DType::kF32) {
         EXPECT_EQ(g.nodes[v.producer].op, OpKind::kEmbedding) << g.name << " " << v.name;
+      }
+    }
   }
   EXPECT_GT(matrices, 10);
   // Every weight left f32 has a note saying why, and no note names a narrowed weight.
@@ -157,8 +161,12 @@ TEST_P(Precisions, MatricesNarrowAndTheRestStaysF32) {
           m.precision_notes.begin(), m.precision_notes.end(),
           [&](const PrecisionNote& n) { return n.graph == g.name && n.weight == v.name; });
       const bool scales = v.name.ends_with(".scales");
-      if (v.dtype == DType::kF32 && !scales) EXPECT_TRUE(noted) << g.name << " " << v.name;
-      if (v.dtype != DType::kF32) EXPECT_FALSE(noted) << g.name << " " << v.name;
+      if (v.dtype == DType::kF32 && !scales) {
+        EXPECT_TRUE(noted) << g.name << " " << v.name;
+      }
+      if (v.dtype != DType::kF32) {
+        EXPECT_FALSE(noted) << g.name << " " << v.name;
+      }
     }
 }
 
@@ -206,12 +214,14 @@ TEST_P(Precisions, PlanFileShrinksWithTheWeights) {
 
 INSTANTIATE_TEST_SUITE_P(
     Models, Precisions,
-    testing::Values(PrecisionCase{"t5-tiny", true, Precision::kFp16, 9, 2e-3},
-                    PrecisionCase{"t5-tiny", true, Precision::kBf16, 8, 2e-2},
-                    PrecisionCase{"t5-tiny", true, Precision::kInt8Weight, 8, 3e-2},
-                    PrecisionCase{"bloom-tiny", false, Precision::kFp16, 9, 2e-3},
-                    PrecisionCase{"bloom-tiny", false, Precision::kBf16, 8, 2e-2},
-                    PrecisionCase{"bloom-tiny", false, Precision::kInt8Weight, 8, 3e-2}),
+    // Measured worst errors (t5 / bloom): fp16 3.5e-4 / 0 (BLOOM's checkpoint is fp16), bf16
+    // 3.0e-3 / 1.3e-3, int8-weight 9.0e-3 / 5.9e-3; the bounds leave about 3x room.
+    testing::Values(PrecisionCase{"t5-tiny", true, Precision::kFp16, 9, 1e-3},
+                    PrecisionCase{"t5-tiny", true, Precision::kBf16, 8, 1e-2},
+                    PrecisionCase{"t5-tiny", true, Precision::kInt8Weight, 8, 2.5e-2},
+                    PrecisionCase{"bloom-tiny", false, Precision::kFp16, 9, 1e-3},
+                    PrecisionCase{"bloom-tiny", false, Precision::kBf16, 8, 1e-2},
+                    PrecisionCase{"bloom-tiny", false, Precision::kInt8Weight, 8, 2.5e-2}),
     case_name);
 
 // int8 activations need calibration, which is not built: refused before any work, naming the
