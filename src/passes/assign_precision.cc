@@ -210,9 +210,9 @@ int assign_precision(Graph& graph, Precision precision, std::vector<PrecisionNot
   }
   if (converted > 0)
     log.info(
-        "assign_precision[{}]: {} weight matrices stored as {} ({:.1f} MiB → {:.1f} MiB); "
+        "assign_precision[{}]: {} weight matrices stored as {}{} ({:.1f} MiB → {:.1f} MiB); "
         "norms, biases and position tables stay f32",
-        graph.name, converted, precision_name(precision),
+        graph.name, converted, dtype_name(to), to == DType::kI8 ? " with per-row f32 scales" : "",
         static_cast<double>(bytes_before) / (1 << 20),
         static_cast<double>(bytes_after) / (1 << 20));
   return converted;

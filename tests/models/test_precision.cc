@@ -8,8 +8,11 @@
 #include <memory>
 
 #include "builder/builder.h"
+#include "graph/builder.h"
+#include "graph/verifier.h"
 #include "model_runner.h"
 #include "parity_util.h"
+#include "passes/pass.h"
 #include "plan/plan.h"
 #include "runtime/scheduler.h"
 
@@ -223,6 +226,83 @@ INSTANTIATE_TEST_SUITE_P(
                     PrecisionCase{"bloom-tiny", false, Precision::kBf16, 8, 1e-2},
                     PrecisionCase{"bloom-tiny", false, Precision::kInt8Weight, 8, 2.5e-2}),
     case_name);
+
+// The pass on hand-made graphs: int8 values and scales computed by hand, a tied matrix read by
+// an Embedding and a Linear narrowed once for both, and a matrix fp16 cannot hold kept f32 with
+// its reason.
+TEST(PrecisionPass, QuantizesRowsSymmetricallyWithTheirOwnScales) {
+  GraphBuilder b("g");
+  const int ids = b.input("ids", DType::kI64, {Dim::sym("tokens")});
+  // Row 0: max |w| = 1.27 -> scale 0.01; row 1 all zero -> scale 0; row 2: max 0.254.
+  const int table = b.weight(
+      "table", Tensor::from_vector<float>(
+                   {0.5f, -1.27f, 0.004f, 0.0f, 0.0f, 0.0f, 0.254f, 0.1f, -0.127f}, {3, 3}));
+  const int x = b.embedding(table, ids, "embed");
+  const int norm =
+      b.rms_norm(x, b.weight("norm.w", Tensor::from_vector<float>({1, 1, 1}, {3})), 1e-6, "norm");
+  b.output(b.linear(norm, table, -1, "lm_head"), "logits");
+  Graph g = b.finish();
+  std::vector<PrecisionNote> notes;
+  EXPECT_EQ(assign_precision(g, Precision::kInt8Weight, &notes, Logger(LogLevel::kError)), 1);
+  verify_graph(g);
+  const Value& q = g.values[g.nodes[0].inputs[0]];
+  ASSERT_EQ(q.dtype, DType::kI8);
+  EXPECT_EQ(std::vector<int8_t>(q.data.data<int8_t>(), q.data.data<int8_t>() + 9),
+            (std::vector<int8_t>{50, -127, 0, 0, 0, 0, 127, 50, -64}));
+  // The Embedding (input 2) and the Linear (input 3) read the same scales.
+  ASSERT_EQ(g.nodes[0].inputs.size(), 3u);
+  const int scales = g.nodes[0].inputs[2];
+  EXPECT_EQ(g.nodes.back().inputs.at(3), scales);
+  const float* s = g.values[scales].data.data<float>();
+  EXPECT_FLOAT_EQ(s[0], 0.01f);
+  EXPECT_EQ(s[1], 0.0f);
+  EXPECT_FLOAT_EQ(s[2], 0.002f);
+  EXPECT_EQ(g.values[g.nodes[0].outputs[0]].dtype, DType::kF32);
+  ASSERT_EQ(notes.size(), 1u);
+  EXPECT_EQ(notes[0].weight, "norm.w");
+  EXPECT_NE(notes[0].reason.find("norm"), std::string::npos) << notes[0].reason;
+}
+
+TEST(PrecisionPass, NarrowTablesAreWidenedAfterTheGather) {
+  GraphBuilder b("g");
+  const int ids = b.input("ids", DType::kI64, {Dim::sym("tokens")});
+  const int table = b.weight("table", Tensor::from_vector<float>({1, 2, 3, 4, 5, 6}, {3, 2}));
+  b.output(b.linear(b.embedding(table, ids, "embed"), table, -1, "lm_head"), "logits");
+  Graph g = b.finish();
+  EXPECT_EQ(assign_precision(g, Precision::kBf16, nullptr, Logger(LogLevel::kError)), 1);
+  verify_graph(g);
+  ASSERT_EQ(g.nodes.size(), 3u);
+  EXPECT_EQ(g.nodes[0].op, OpKind::kEmbedding);
+  EXPECT_EQ(g.values[g.nodes[0].outputs[0]].dtype, DType::kBF16);
+  EXPECT_EQ(g.nodes[1].op, OpKind::kCast);
+  EXPECT_EQ(g.values[g.nodes[1].outputs[0]].dtype, DType::kF32);
+  EXPECT_EQ(g.nodes[2].inputs[0], g.nodes[1].outputs[0]);
+  EXPECT_EQ(g.values[g.nodes[2].inputs[1]].dtype, DType::kBF16);
+}
+
+TEST(PrecisionPass, KeepsF32WhatFp16CannotHold) {
+  int big = -1, small = -1;
+  auto make = [&] {
+    GraphBuilder b("g");
+    const int x = b.input("x", DType::kF32, {Dim::sym("tokens"), Dim::of(2)});
+    big = b.weight("big", Tensor::from_vector<float>({1.0f, 70000.0f}, {1, 2}));
+    small = b.weight("small", Tensor::from_vector<float>({1.0f, 0.5f}, {1, 2}));
+    b.output(b.linear(x, big, -1, "a"), "a");
+    b.output(b.linear(x, small, -1, "b"), "b");
+    return b.finish();
+  };
+  Graph g = make();
+  std::vector<PrecisionNote> notes;
+  EXPECT_EQ(assign_precision(g, Precision::kFp16, &notes, Logger(LogLevel::kError)), 1);
+  EXPECT_EQ(g.values[big].dtype, DType::kF32);
+  EXPECT_EQ(g.values[small].dtype, DType::kF16);
+  ASSERT_EQ(notes.size(), 1u);
+  EXPECT_EQ(notes[0].weight, "big");
+  EXPECT_NE(notes[0].reason.find("65504"), std::string::npos) << notes[0].reason;
+  // bf16 has f32's range: the same graph narrows both.
+  Graph again = make();
+  EXPECT_EQ(assign_precision(again, Precision::kBf16, nullptr, Logger(LogLevel::kError)), 2);
+}
 
 // int8 activations need calibration, which is not built: refused before any work, naming the
 // precision that is.
