@@ -227,6 +227,58 @@ INSTANTIATE_TEST_SUITE_P(
                     PrecisionCase{"bloom-tiny", false, Precision::kInt8Weight, 8, 2.5e-2}),
     case_name);
 
+// Batching: every reference prompt generated in one batch gives what it gives alone (the
+// narrow kernels sum each row in a fixed order whatever the batch).
+TEST_P(Precisions, BatchedGenerationEqualsEachPromptAlone) {
+  GenerationParams p;
+  p.max_new_tokens = 16;
+  std::vector<std::vector<int64_t>> prompts;
+  for (int c = 0; c < cases(); ++c)
+    prompts.push_back(ids_of(ref("case" + std::to_string(c) + ".input_ids")));
+  Scheduler batched(*engine_), alone(*engine_);
+  const auto together = batched.generate(prompts, p);
+  ASSERT_EQ(together.size(), prompts.size());
+  for (size_t i = 0; i < prompts.size(); ++i)
+    EXPECT_EQ(together[i].output_ids, alone.generate({prompts[i]}, p)[0].output_ids) << i;
+}
+
+// A plan whose quantized nodes lost their scales (or carry scales of the wrong length) is
+// refused when it is read, naming the node, never run.
+TEST(BadInputPrecisionPlan, QuantizedNodesWithoutTheirScalesAreRefused) {
+  Context ctx(ContextOptions{LogLevel::kError, 1});
+  BuildOptions options;
+  options.precision = Precision::kInt8Weight;
+  const ModelIR built = build_model(fixture("bloom-tiny"), options, ctx.log());
+  std::filesystem::create_directories(KILN_TEST_TMP);
+  const std::string path = std::string(KILN_TEST_TMP) + "/precision_bad_scales.plan";
+  auto expect_refused = [&](auto&& damage, const std::string& what) {
+    ModelIR m = built;
+    damage(m.graphs[0]);
+    write_plan(path, m, PlanBuildInfo{"bloom-tiny", {}}, Logger(LogLevel::kError));
+    try {
+      read_plan(path, ctx.log());
+      ADD_FAILURE() << what << ": the plan was read";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("scales"), std::string::npos)
+          << what << ": " << e.what();
+    }
+  };
+  auto first = [](Graph& g, OpKind op) -> Node& {
+    return *std::find_if(g.nodes.begin(), g.nodes.end(), [&](const Node& n) { return n.op == op; });
+  };
+  expect_refused([&](Graph& g) { first(g, OpKind::kLinear).inputs.resize(3); },
+                 "Linear without scales");
+  expect_refused([&](Graph& g) { first(g, OpKind::kEmbedding).inputs.resize(2); },
+                 "Embedding without scales");
+  expect_refused(
+      [&](Graph& g) {
+        Node& lin = first(g, OpKind::kLinear);
+        lin.inputs[3] = g.nodes[0].inputs.at(2);  // the embedding's [vocab] scales
+      },
+      "Linear with scales of another length");
+  std::filesystem::remove(path);
+}
+
 // The pass on hand-made graphs: int8 values and scales computed by hand, a tied matrix read by
 // an Embedding and a Linear narrowed once for both, and a matrix fp16 cannot hold kept f32 with
 // its reason.
