@@ -7,9 +7,17 @@ namespace kiln {
 std::string target_unsupported_reason(Device device, Precision precision) {
   switch (device) {
     case Device::kCpu:
-      if (precision == Precision::kFp32) return {};
-      return fmt::format("the cpu backend runs fp32 plans only so far (not {})",
-                         precision_name(precision));
+      switch (precision) {
+        case Precision::kFp32:
+        case Precision::kFp16:
+        case Precision::kBf16:
+        case Precision::kInt8Weight:
+          return {};
+        case Precision::kInt8:
+          return "int8 activations (calibrated with --calib) are not implemented on the cpu; "
+                 "--precision int8-weight stores int8 weights and keeps fp32 activations";
+      }
+      return "unknown precision";
     case Device::kCuda:
       return "this kiln has no CUDA kernels yet (the CUDA backend is planned); use --device cpu";
   }

@@ -38,6 +38,7 @@ ModelIR build_model(const std::string& hf_dir, const BuildOptions& options, cons
     // executor needs slots.
     for (Graph& g : model.graphs) {
       fold_constants(g, log);
+      assign_precision(g, model.precision, &model.precision_notes, log);
       eliminate_dead(g, log);
     }
   }

@@ -69,6 +69,9 @@ int GraphBuilder::add_node(OpKind op, std::vector<int> inputs, OpAttrs attrs,
 int GraphBuilder::embedding(int table, int ids, const std::string& name) {
   return add_node(OpKind::kEmbedding, {table, ids}, NoAttrs{}, name);
 }
+int GraphBuilder::embedding_quantized(int table, int ids, int scales, const std::string& name) {
+  return add_node(OpKind::kEmbedding, {table, ids, scales}, NoAttrs{}, name);
+}
 int GraphBuilder::linear(int x, int w, int bias, const std::string& name) {
   return add_node(OpKind::kLinear, {x, w, bias}, LinearAttrs{}, name);
 }

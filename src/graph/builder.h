@@ -21,6 +21,8 @@ class GraphBuilder {
   void output(int value, const std::string& name);
 
   int embedding(int table, int ids, const std::string& name);
+  // An i8 table [vocab, d] with its f32 per-row scales [vocab]: gathers f32 rows q · scale.
+  int embedding_quantized(int table, int ids, int scales, const std::string& name);
   int linear(int x, int w, int bias, const std::string& name);  // bias = -1 for none
   // An i8 weight [out, in] with its f32 per-output-channel scales [out]: y = x·(w·scale)ᵀ.
   int linear_quantized(int x, int w, int bias, int scales, const std::string& name);

@@ -57,7 +57,8 @@ struct Value {
 };
 
 enum class OpKind : uint8_t {
-  kEmbedding,        // (table [vocab, d], ids [n] i64) -> [n, d]
+  kEmbedding,        // (table [vocab, d], ids [n] i64, scales? [vocab]) -> [n, d];
+                     // scales (f32) only, and always, for i8 tables (rows come out f32)
   kLinear,           // (x [n, in], w [out, in], bias? [out], scales? [out]) -> [n, out];
                      // LinearAttrs. scales (f32) only, and always, for i8 weights
   kAdd,              // (a [n, d], b [n, d]) -> [n, d]

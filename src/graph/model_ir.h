@@ -46,6 +46,15 @@ struct ShapeProfile {
 // Positive limits, ascending buckets ending at max_step_tokens; throws naming `source`.
 void check_shape_profile(const ShapeProfile& profile, const std::string& source);
 
+// Why a weight is stored wider than the plan's precision (built by the precision pass, kept in
+// the plan, shown by `kiln inspect`).
+struct PrecisionNote {
+  std::string graph;
+  std::string weight;
+  std::string reason;
+  bool operator==(const PrecisionNote&) const = default;
+};
+
 struct ModelIR {
   ModelDesc desc;
   // The checkpoint's config as imported (shown by `kiln inspect`; never read at run time).
@@ -56,6 +65,7 @@ struct ModelIR {
   ShapeProfile profile;
   Device device = Device::kCpu;
   Precision precision = Precision::kFp32;
+  std::vector<PrecisionNote> precision_notes;  // empty for fp32 plans
   std::vector<Graph> graphs;
 
   bool has_graph(const std::string& name) const;

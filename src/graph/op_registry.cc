@@ -41,6 +41,24 @@ std::vector<ValueType> infer_embedding(const Graph& g, const Node& n) {
   expect_rank(n, ids, 1);
   KILN_CHECK(ids.dtype == DType::kI64 || ids.dtype == DType::kI32,
              "node '{}': ids '{}' must be integers", n.name, ids.name);
+  // An i8 table carries one f32 scale per row (input 2) and gathers dequantized f32 rows; a
+  // float table gathers rows of its own dtype.
+  const bool per_row = table.dtype == DType::kI8;
+  KILN_CHECK(per_row == has_in(n, 2), "node '{}' (Embedding): table '{}' is {}: {}", n.name,
+             table.name, dtype_name(table.dtype),
+             per_row ? "an i8 table needs its per-row scales (input 2)"
+                     : "only i8 tables take a scales input");
+  KILN_CHECK(dtype_traits(table.dtype).is_float || per_row,
+             "node '{}' (Embedding): table '{}' of type {} cannot be an embedding table", n.name,
+             table.name, dtype_name(table.dtype));
+  if (per_row) {
+    const Value& s = in(g, n, 2);
+    KILN_CHECK(s.dtype == DType::kF32, "node '{}' (Embedding): scales '{}' must be f32", n.name,
+               s.name);
+    expect_rank(n, s, 1);
+    expect_dim(n, s, 0, table.shape[0]);
+    return {{DType::kF32, {ids.shape[0], table.shape[1]}}};
+  }
   return {{table.dtype, {ids.shape[0], table.shape[1]}}};
 }
 
@@ -172,7 +190,7 @@ std::vector<ValueType> infer_add_rms_norm(const Graph& g, const Node& n) {
 
 // Indexed by OpKind (checked below).
 constexpr std::array<OpSchema, kNumOpKinds> kSchemas = {{
-    {OpKind::kEmbedding, "Embedding", 2, 2, 1, AttrKind::kNone, infer_embedding},
+    {OpKind::kEmbedding, "Embedding", 2, 3, 1, AttrKind::kNone, infer_embedding},
     {OpKind::kLinear, "Linear", 2, 4, 1, AttrKind::kLinear, infer_linear},
     {OpKind::kAdd, "Add", 2, 2, 1, AttrKind::kNone, infer_binary},
     {OpKind::kMul, "Mul", 2, 2, 1, AttrKind::kNone, infer_binary},

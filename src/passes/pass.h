@@ -18,6 +18,11 @@ int eliminate_dead(Graph& graph, const Logger& log);
 int fuse_linear_activation(Graph& graph, const Logger& log);
 // Residual Add followed by RMSNorm of the sum → one AddRMSNorm producing both.
 int fuse_add_rms_norm(Graph& graph, const Logger& log);
+// Stores Linear weights and Embedding tables in the precision's dtype (bf16, f16, or i8 with
+// per-output-channel f32 scales); every other weight stays f32 and gets a note saying why.
+// Returns the number of matrices converted (0 for fp32).
+int assign_precision(Graph& graph, Precision precision, std::vector<PrecisionNote>* notes,
+                     const Logger& log);
 // Assigns activation buffer slots by lifetime; logs the workspace size for `report_bindings`.
 void plan_memory(Graph& graph, const Logger& log,
                  const std::map<std::string, int64_t>& report_bindings);

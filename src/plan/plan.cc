@@ -76,6 +76,9 @@ void write_plan(const std::string& path, const ModelIR& model, const PlanBuildIn
     sources.push_back(
         {{"file", f}, {"bytes", m->size()}, {"hash64", hash_hex(hash64(m->data(), m->size()))}});
   }
+  json notes = json::array();
+  for (const PrecisionNote& n : model.precision_notes)
+    notes.push_back({{"graph", n.graph}, {"weight", n.weight}, {"reason", n.reason}});
   const auto now = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
   json header{
       {"kiln_version", version_string()},
@@ -83,6 +86,7 @@ void write_plan(const std::string& path, const ModelIR& model, const PlanBuildIn
       {"created_unix", static_cast<int64_t>(now)},
       {"device", device_name(model.device)},
       {"precision", precision_name(model.precision)},
+      {"precision_notes", notes},
       {"profile", profile_to_json(model.profile)},
       {"source", {{"path", info.source}, {"files", sources}}},
       {"architecture", model.desc.architecture},
@@ -178,6 +182,7 @@ std::string read_plan_metadata_json(const std::string& path) {
   json h = read_header(*file).doc;
   h.erase("graphs");
   h.erase("blobs");
+  h.erase("precision_notes");  // `kiln inspect` summarises them per graph
   return h.dump(2);
 }
 
@@ -195,6 +200,12 @@ ModelIR read_plan(const std::string& path, const Logger& log) {
     const std::string precision = h.at("precision").get<std::string>();
     KILN_CHECK(parse_precision(precision, &model.precision),
                "{}: unknown precision '{}' (known: {})", path, precision, precision_names());
+    // Plans written before the precision pass existed have no notes (they are fp32).
+    if (h.contains("precision_notes"))
+      for (const json& n : h.at("precision_notes"))
+        model.precision_notes.push_back({n.at("graph").get<std::string>(),
+                                         n.at("weight").get<std::string>(),
+                                         n.at("reason").get<std::string>()});
     model.desc = desc_from_json(h.at("model"), path + " (model)");
     model.profile = profile_from_json(h.at("profile"), path + " (profile)");
     model.source_config_json = h.at("source_config").dump(2);

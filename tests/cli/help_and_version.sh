@@ -23,6 +23,6 @@ expect_exit 2 "unknown flag" -- "$KILN" run --no-such-flag
 expect_exit 2 "unknown subcommand" -- "$KILN" frobnicate
 expect_exit 2 "--onnx not built" -- "$KILN" build --onnx m.onnx -o x.plan
 expect_in "$TMP/err" "ONNX" "--onnx explains"
-expect_exit 2 "--precision fp16 not built" -- "$KILN" build --model "$FIXTURES/t5-tiny" --precision fp16 -o "$TMP/x.plan"
-expect_in "$TMP/err" "fp16" "--precision explains"
+expect_exit 2 "--precision int8 not built" -- "$KILN" build --model "$FIXTURES/t5-tiny" --precision int8 -o "$TMP/x.plan"
+expect_in "$TMP/err" "int8-weight" "--precision explains"
 finish

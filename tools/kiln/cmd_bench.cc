@@ -45,6 +45,35 @@ std::vector<int64_t> bench_prompt(const CompiledModel& m, int64_t len) {
   return ids;
 }
 
+// What one decode step reads of a graph's weights, at their stored dtypes: `streamed` bytes
+// read whole (Linear weights and scales, norms, biases), and `gathered_row` bytes per sequence
+// for tables (and their row scales) read only by Embedding: one row per token.
+struct DecodeWeightBytes {
+  int64_t streamed = 0;
+  int64_t gathered_row = 0;
+};
+DecodeWeightBytes decode_weight_bytes(const Graph& g) {
+  std::vector<bool> gathered_only(g.values.size(), true), read(g.values.size(), false);
+  for (const Node& n : g.nodes)
+    for (size_t slot = 0; slot < n.inputs.size(); ++slot) {
+      const int id = n.inputs[slot];
+      if (id < 0) continue;
+      read[id] = true;
+      if (n.op != OpKind::kEmbedding) gathered_only[id] = false;  // table and its row scales
+    }
+  DecodeWeightBytes b;
+  for (size_t id = 0; id < g.values.size(); ++id) {
+    const Value& v = g.values[id];
+    if (v.kind != ValueKind::kWeight || !read[id]) continue;
+    const auto bytes = static_cast<int64_t>(v.data.nbytes());
+    if (gathered_only[id])
+      b.gathered_row += bytes / v.data.dim(0);
+    else
+      b.streamed += bytes;
+  }
+  return b;
+}
+
 struct RunTimes {
   double ttft_ms = 0, total_ms = 0;
 };
@@ -139,11 +168,11 @@ Runner add_bench(CLI::App& app) {
                        ir.profile.max_batch);
     ctx->log().info("measuring memory read bandwidth ({} threads, 1 GiB)", ctx->pool().size());
     const BandwidthResult bw = measure_read_bandwidth(ctx->pool());
-    // Bytes a decode step reads: every decoder weight once, plus each sequence's KV cache (and,
-    // encoder-decoder, its cross K/V) at the average context length of the decode phase.
-    int64_t weight_bytes = 0;
-    for (const Value& v : ir.graph(kDecoderGraph).values)
-      if (v.kind == ValueKind::kWeight) weight_bytes += static_cast<int64_t>(v.data.nbytes());
+    // Bytes a decode step reads: every decoder weight once at its stored dtype (the plan's
+    // precision), except tables only gathered from (an untied embedding reads one row per
+    // sequence), plus each sequence's KV cache (and, encoder-decoder, its cross K/V) at the
+    // average context length of the decode phase.
+    const DecodeWeightBytes weights = decode_weight_bytes(ir.graph(kDecoderGraph));
     const ModelDesc& d = ir.desc;
     const int64_t row = d.cache_row_width() * 4;
     const double avg_ctx = (d.encoder_decoder ? 1.0 : static_cast<double>(o->input_len)) +
@@ -165,7 +194,9 @@ Runner add_bench(CLI::App& app) {
       }
       progress.done();
       const double step_ms = median(decode), ttft_ms = median(ttft);
-      const double bytes_per_step = static_cast<double>(weight_bytes) + kv_per_seq * batch;
+      const double bytes_per_step = static_cast<double>(weights.streamed) +
+                                    static_cast<double>(weights.gathered_row) * batch +
+                                    kv_per_seq * batch;
       nlohmann::json j{
           {"model", std::filesystem::path(o->plan).filename().string()},
           {"architecture", d.architecture},

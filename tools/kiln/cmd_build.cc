@@ -27,14 +27,18 @@ Runner add_build(CLI::App& app) {
            "behind when the build fails.\n"
            "Examples:\n"
            "  kiln build --model models/t5-tiny -o t5.plan\n"
-           "  kiln build --model models/bloom-tiny --prompt-template \"{prompt} =\" -o bloom.plan");
+           "  kiln build --model models/bloom-tiny --prompt-template \"{prompt} =\" -o bloom.plan\n"
+           "  kiln build --model models/t5-tiny --precision bf16 -o t5-bf16.plan");
   cmd->add_option("--model", o->model,
                   "HuggingFace checkpoint directory (config.json, "
                   "model.safetensors or sharded index, tokenizer)");
   cmd->add_option("--onnx", o->onnx, "ONNX export (not built yet)");
   cmd->add_option("-o,--output", o->output, "plan file to write")->required();
   cmd->add_option("--device", o->device, "cpu (cuda plans: not built yet)")->capture_default_str();
-  cmd->add_option("--precision", o->precision, "fp32 (fp16/bf16/int8: not built yet)")
+  cmd->add_option("--precision", o->precision,
+                  "weight storage: fp32, bf16, fp16, or int8-weight (int8 with per-channel "
+                  "scales); activations, norms and accumulation stay fp32 (int8 activations: "
+                  "not built yet)")
       ->capture_default_str();
   cmd->add_option("--prompt-template", o->prompt_template,
                   "default template stored in the plan: every {prompt} is replaced by the "

@@ -16,6 +16,28 @@ std::string bindings_str(const std::map<std::string, int64_t>& bindings) {
   return s;
 }
 
+// The precision of every layer that has a weight matrix (Linear, Embedding), and the weights
+// kept wider than the plan's precision grouped by why (the precision pass's notes).
+nlohmann::json precision_summary(const Graph& gr, const std::vector<PrecisionNote>& notes) {
+  nlohmann::json layers = nlohmann::json::array();
+  for (const Node& n : gr.nodes) {
+    if (n.op != OpKind::kLinear && n.op != OpKind::kEmbedding) continue;
+    const Value& w = gr.values[n.inputs[n.op == OpKind::kLinear ? 1 : 0]];
+    std::string dtype(dtype_name(w.dtype));
+    if (w.dtype == DType::kI8)
+      dtype += n.op == OpKind::kLinear ? " (per-channel f32 scales)" : " (per-row f32 scales)";
+    layers.push_back(
+        {{"layer", n.name}, {"op", op_name(n.op)}, {"weight", w.name}, {"dtype", dtype}});
+  }
+  std::map<std::string, std::vector<std::string>> by_reason;
+  for (const PrecisionNote& note : notes)
+    if (note.graph == gr.name) by_reason[note.reason].push_back(note.weight);
+  nlohmann::json kept = nlohmann::json::array();
+  for (const auto& [reason, weights] : by_reason)
+    kept.push_back({{"reason", reason}, {"count", weights.size()}, {"weights", weights}});
+  return {{"layers", layers}, {"kept_wider", kept}};
+}
+
 nlohmann::json graph_summary(const Graph& gr, const ShapeProfile& profile) {
   std::map<std::string, int> ops;
   std::map<std::string, int64_t> weight_bytes;
@@ -46,7 +68,27 @@ nlohmann::json graph_summary(const Graph& gr, const ShapeProfile& profile) {
           {"workspace", workspace}};
 }
 
-void print_graph_summary(const nlohmann::json& s) {
+void print_precision(const nlohmann::json& p, bool every_layer) {
+  std::map<std::string, int> counts;  // "Linear bf16" -> layers
+  for (const auto& l : p["layers"])
+    ++counts[l["op"].get<std::string>() + " " + l["dtype"].get<std::string>()];
+  std::string line;
+  for (const auto& [what, count] : counts)
+    line += fmt::format("{}{}×{}", line.empty() ? "" : ", ", what, count);
+  out("  layer precision: {}\n", line.empty() ? "no weight matrices" : line);
+  if (every_layer)
+    for (const auto& l : p["layers"])
+      out("    {:<48} {:<9} {}\n", l["layer"].get<std::string>(), l["op"].get<std::string>(),
+          l["dtype"].get<std::string>());
+  for (const auto& k : p["kept_wider"]) {
+    const auto& weights = k["weights"];
+    out("  kept f32 ({} weight{}, e.g. {}): {}\n", k["count"].get<int>(),
+        k["count"].get<int>() == 1 ? "" : "s", weights[0].get<std::string>(),
+        k["reason"].get<std::string>());
+  }
+}
+
+void print_graph_summary(const nlohmann::json& s, bool every_layer) {
   out("\ngraph '{}': {} nodes, {} values\n", s["name"].get<std::string>(),
       s["nodes"].get<int64_t>(), s["values"].get<int64_t>());
   std::string layers;
@@ -59,6 +101,7 @@ void print_graph_summary(const nlohmann::json& s) {
   for (const auto& [dt, bytes] : s["weight_bytes"].items())
     weights += fmt::format(" {} {:.2f} MiB", dt, bytes.get<double>() / (1 << 20));
   out("  weights:{}\n", weights);
+  print_precision(s["precision"], every_layer);
   out("  workspace per token bucket ({} slots):\n", s["slots"].get<int>());
   for (const auto& w : s["workspace"])
     out("    {}: {:.1f} KiB (unplanned {:.1f} KiB)\n",
@@ -71,7 +114,7 @@ void print_graph_summary(const nlohmann::json& s) {
 Runner add_inspect(CLI::App& app) {
   struct Opts {
     std::string plan, plan_flag, model, onnx;
-    bool graph = false, verify = false, json = false;
+    bool graph = false, verify = false, json = false, layers = false;
   };
   auto o = std::make_shared<Opts>();
   CLI::App* cmd = app.add_subcommand(
@@ -88,9 +131,12 @@ Runner add_inspect(CLI::App& app) {
   cmd->add_option("--model", o->model, "HF directory");
   cmd->add_option("--onnx", o->onnx, "ONNX file (not built yet)");
   cmd->add_flag("--graph", o->graph, "print every node (the IR dump)");
+  cmd->add_flag("--layers", o->layers,
+                "list the precision of every Linear and Embedding layer (the summary counts them)");
   cmd->add_flag("--json", o->json,
                 "print one JSON object: {\"source\", \"metadata\", \"graphs\": [{\"name\", "
-                "\"layers\", \"fusions\", \"weight_bytes\", \"workspace\", ...}]} (with --graph: "
+                "\"layers\", \"fusions\", \"weight_bytes\", \"precision\", \"workspace\", ...}]} "
+                "(with --graph: "
                 "each graph's \"dump\")");
   cmd->add_flag("--verify", o->verify,
                 "also hash every weight blob and compare with the hashes recorded at build time "
@@ -128,11 +174,13 @@ Runner add_inspect(CLI::App& app) {
       model = build_model(o->model, BuildOptions{}, ctx->log());
     }
     report["architecture"] = model.desc.architecture;
+    report["precision"] = precision_name(model.precision);
     report["prompt_template"] = model.prompt_template;
     report["max_input_tokens"] = model.profile.max_input_tokens;
     report["graphs"] = nlohmann::json::array();
     for (const Graph& gr : model.graphs) {
       report["graphs"].push_back(graph_summary(gr, model.profile));
+      report["graphs"].back()["precision"] = precision_summary(gr, model.precision_notes);
       if (o->graph && o->json) report["graphs"].back()["dump"] = dump_graph(gr);
     }
     if (o->json) {
@@ -143,10 +191,11 @@ Runner add_inspect(CLI::App& app) {
       out("plan {}\n{}\n", plan,
           report["metadata"].dump(2, ' ', false, nlohmann::json::error_handler_t::replace));
     if (report.contains("verify")) out("verify: {}\n", report["verify"].get<std::string>());
-    out("architecture: {}  prompt template: \"{}\"  max input tokens: {}\n",
-        model.desc.architecture, model.prompt_template, model.profile.max_input_tokens);
+    out("architecture: {}  prompt template: \"{}\"  max input tokens: {}  precision: {}\n",
+        model.desc.architecture, model.prompt_template, model.profile.max_input_tokens,
+        precision_name(model.precision));
     for (size_t i = 0; i < model.graphs.size(); ++i) {
-      print_graph_summary(report["graphs"][i]);
+      print_graph_summary(report["graphs"][i], o->layers);
       if (o->graph) out_text(dump_graph(model.graphs[i]));
     }
     return 0;

@@ -86,10 +86,19 @@ class CpuBackend final : public Backend {
   explicit CpuBackend(Context& ctx) : ctx_(ctx), isa_(isa_of(ctx.cpu_isa())) {}
   Device device() const override { return Device::kCpu; }
   std::string describe() const override {
-    return fmt::format("cpu ({} threads, fp32 {} kernels)", ctx_.pool().size(), isa_name(isa_));
+    return fmt::format("cpu ({} threads, {} kernels)", ctx_.pool().size(), isa_name(isa_));
   }
   bool supports_precision(Precision precision) const override {
-    return precision == Precision::kFp32;
+    switch (precision) {
+      case Precision::kFp32:
+      case Precision::kFp16:
+      case Precision::kBf16:
+      case Precision::kInt8Weight:
+        return true;
+      case Precision::kInt8:
+        return false;
+    }
+    return false;
   }
   std::string unsupported_reason(const Graph& graph, const Node& node) const override {
     const KernelKey key = kernel_key(graph, node, Device::kCpu, isa_);

@@ -20,6 +20,14 @@ struct KernelEnv {
 void embedding(const Node&, std::span<const Tensor>, std::span<Tensor>, const KernelEnv&);
 void linear_avx2(const Node&, std::span<const Tensor>, std::span<Tensor>, const KernelEnv&);
 void linear_avx512(const Node&, std::span<const Tensor>, std::span<Tensor>, const KernelEnv&);
+// Weights narrower than the activations (kernels_lowp.cc): f32 in, f32 out, f32 accumulation.
+void linear_bf16_avx2(const Node&, std::span<const Tensor>, std::span<Tensor>, const KernelEnv&);
+void linear_bf16_avx512(const Node&, std::span<const Tensor>, std::span<Tensor>, const KernelEnv&);
+void linear_f16_avx2(const Node&, std::span<const Tensor>, std::span<Tensor>, const KernelEnv&);
+void linear_f16_avx512(const Node&, std::span<const Tensor>, std::span<Tensor>, const KernelEnv&);
+void linear_i8_avx2(const Node&, std::span<const Tensor>, std::span<Tensor>, const KernelEnv&);
+void linear_i8_avx512(const Node&, std::span<const Tensor>, std::span<Tensor>, const KernelEnv&);
+void embedding_narrow(const Node&, std::span<const Tensor>, std::span<Tensor>, const KernelEnv&);
 void gather_rows(const Node&, std::span<const Tensor>, std::span<Tensor>, const KernelEnv&);
 void add(const Node&, std::span<const Tensor>, std::span<Tensor>, const KernelEnv&);
 void mul(const Node&, std::span<const Tensor>, std::span<Tensor>, const KernelEnv&);

@@ -34,6 +34,20 @@ void register_kernels(KernelRegistry& r) {
   add_fn(r, OpKind::kEmbedding, f32, f32, base, "embedding gather", embedding);
   add_fn(r, OpKind::kLinear, f32, f32, base, "avx2 dot4 linear", linear_avx2);
   add_fn(r, OpKind::kLinear, f32, f32, Isa::kAvx512, "avx512 dot4 linear", linear_avx512);
+  // Weights stored in a plan's narrower precision, computed in f32 (kernels_lowp.cc).
+  constexpr Isa wide = Isa::kAvx512;
+  add_fn(r, OpKind::kLinear, f32, DType::kBF16, base, "avx2 bf16-weight linear", linear_bf16_avx2);
+  add_fn(r, OpKind::kLinear, f32, DType::kBF16, wide, "avx512 bf16-weight linear",
+         linear_bf16_avx512);
+  add_fn(r, OpKind::kLinear, f32, DType::kF16, base, "avx2 f16-weight linear", linear_f16_avx2);
+  add_fn(r, OpKind::kLinear, f32, DType::kF16, wide, "avx512 f16-weight linear", linear_f16_avx512);
+  add_fn(r, OpKind::kLinear, f32, DType::kI8, base, "avx2 i8-weight linear", linear_i8_avx2);
+  add_fn(r, OpKind::kLinear, f32, DType::kI8, wide, "avx512 i8-weight linear", linear_i8_avx512);
+  add_fn(r, OpKind::kEmbedding, DType::kBF16, DType::kBF16, base, "bf16 embedding gather",
+         embedding_narrow);
+  add_fn(r, OpKind::kEmbedding, DType::kF16, DType::kF16, base, "f16 embedding gather",
+         embedding_narrow);
+  add_fn(r, OpKind::kEmbedding, f32, DType::kI8, base, "i8 embedding gather", embedding_narrow);
   add_fn(r, OpKind::kAdd, f32, f32, base, "add", add);
   add_fn(r, OpKind::kMul, f32, f32, base, "mul", mul);
   add_fn(r, OpKind::kScale, f32, f32, base, "scale", scale);

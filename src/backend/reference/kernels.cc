@@ -32,16 +32,22 @@ void copy_row(const Tensor& from, int64_t src, Tensor& to, int64_t dst, int64_t 
 
 }  // namespace
 
-// table [vocab, d], ids [n] (i64 or i32) -> [n, d]
+// table [vocab, d], ids [n] (i64 or i32), scales [vocab] (i8 tables) -> [n, d]
 void embedding(const Node& node, const KernelArgs& args) {
   const Tensor& table = args.in[0];
   const Tensor& ids = args.in[1];
+  const bool has_scales = args.in.size() > 2 && args.in[2].defined();
   const int64_t vocab = table.dim(0), d = table.dim(1);
   for (int64_t t = 0; t < ids.dim(0); ++t) {
     const int64_t id = index_element(ids, t);
     KILN_CHECK(id >= 0 && id < vocab, "node '{}': token id {} is outside the vocabulary [0, {})",
                node.name, id, vocab);
-    copy_row(table, id, args.out[0], t, d);
+    if (!has_scales) {
+      copy_row(table, id, args.out[0], t, d);
+      continue;
+    }
+    const double scale = at(args.in[2], id);
+    for (int64_t i = 0; i < d; ++i) put(args.out[0], t * d + i, at(table, id * d + i) * scale);
   }
 }
 

@@ -159,6 +159,9 @@ void register_kernels(KernelRegistry& r) {
     for (DType weight : {DType::kI8, DType::kQ8B32})
       r.add(KernelKey{OpKind::kLinear, act, weight, Device::kCpu, Isa::kReference},
             "reference quantized linear", function_kernel(linear));
+  // i8 embedding tables with per-row scales, gathered as f32 rows.
+  r.add(KernelKey{OpKind::kEmbedding, DType::kF32, DType::kI8, Device::kCpu, Isa::kReference},
+        "reference quantized embedding", function_kernel(embedding));
 }
 
 }  // namespace reference

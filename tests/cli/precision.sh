@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# `kiln build --precision fp16|bf16|int8-weight` on both fixture models: task accuracy on the dev
+# set (kiln eval) within one point of the fp32 plan's, smaller plan files, inspect showing each
+# layer's precision and what stayed f32 and why, bench counting the weights at their stored
+# precision, and int8 (activations) refused with a clear message.
+source "$(dirname "$0")/lib.bash"
+
+DEV="$FIXTURES/data/dev.jsonl"
+for model in t5 bloom; do
+  opts=()
+  [ "$model" = bloom ] && opts=(--prompt-template "{prompt} =")
+  for p in fp32 fp16 bf16 int8-weight; do
+    plan="$TMP/$model-$p.plan"
+    expect_exit 0 "build $model $p" -- "$KILN" build --model "$FIXTURES/$model-tiny" "${opts[@]}" \
+      --precision "$p" -o "$plan" || continue
+    [ "$p" != fp32 ] && expect_in "$TMP/err" "assign_precision" "$model $p: the build log says what was narrowed"
+    expect_exit 0 "eval $model $p" -- "$KILN" eval --plan "$plan" --dataset "$DEV" --json &&
+      cp "$TMP/out" "$TMP/$model-$p.eval.json"
+  done
+  python3 - "$TMP" "$model" <<'PY' || fail "$model: accuracy or plan size per precision"
+import json, os, sys
+tmp, model = sys.argv[1:3]
+acc = {p: json.load(open(f"{tmp}/{model}-{p}.eval.json"))["overall"]
+       for p in ["fp32", "fp16", "bf16", "int8-weight"]}
+size = {p: os.path.getsize(f"{tmp}/{model}-{p}.plan") for p in acc}
+for p in acc:
+    print(f"{model} {p}: dev accuracy {acc[p]:.4f}  plan {size[p]} bytes ({size[p] / size['fp32']:.3f} of fp32)")
+    # Within one point (0.01) of fp32 on the 600-row dev set.
+    assert abs(acc[p] - acc["fp32"]) <= 0.01, (p, acc)
+assert size["fp16"] < 0.56 * size["fp32"] and size["bf16"] < 0.56 * size["fp32"], size
+assert size["int8-weight"] < 0.31 * size["fp32"], size
+PY
+done
+
+# Inspect: the plan's precision, per-layer precision, and what stayed f32 with the reason.
+expect_exit 0 "inspect bf16" -- "$KILN" inspect "$TMP/t5-bf16.plan"
+expect_in "$TMP/out" "precision: bf16" "inspect names the plan's precision"
+expect_in "$TMP/out" "layer precision: Embedding bf16×1, Linear bf16×" "inspect counts layers per precision"
+expect_in "$TMP/out" "kept f32" "inspect says what stayed f32"
+expect_in "$TMP/out" "norm parameters" "inspect says why norms stayed f32"
+expect_exit 0 "inspect int8 --layers" -- "$KILN" inspect "$TMP/bloom-int8-weight.plan" --layers
+expect_in "$TMP/out" "h.0.self_attention.query_key_value" "--layers lists every layer"
+expect_in "$TMP/out" "i8 (per-channel f32 scales)" "--layers shows int8 layers with their scales"
+expect_in "$TMP/out" "Linear bias" "inspect says why biases stayed f32"
+expect_exit 0 "inspect --json" -- "$KILN" inspect "$TMP/bloom-fp16.plan" --json
+python3 - "$TMP/out" <<'PY' || fail "inspect --json precision"
+import json, sys
+r = json.load(open(sys.argv[1]))
+assert r["precision"] == "fp16", r["precision"]
+p = r["graphs"][0]["precision"]
+assert all(l["dtype"] == "f16" for l in p["layers"]), p["layers"]
+kept = {k["reason"]: k["count"] for k in p["kept_wider"]}
+assert sum(kept.values()) > 0 and any("norm" in k for k in kept), kept
+PY
+
+# Bench counts the bytes a decode step reads at the stored precision: int8 < bf16 < fp32.
+for p in fp32 bf16 int8-weight; do
+  expect_exit 0 "bench bloom $p" -- "$KILN" bench --plan "$TMP/bloom-$p.plan" --input-len 8 \
+    --output-len 4 --warmup 0 --runs 1 --json && cp "$TMP/out" "$TMP/bench-$p.json"
+done
+python3 - "$TMP" <<'PY' || fail "bench bytes per step by precision"
+import json, sys
+b = {p: json.loads(open(f"{sys.argv[1]}/bench-{p}.json").readline())
+     for p in ["fp32", "bf16", "int8-weight"]}
+for p, j in b.items():
+    assert j["precision"] == p, j
+s = {p: j["bytes_per_step"] for p, j in b.items()}
+print(s)
+assert 0.5 < s["bf16"] / s["fp32"] < 0.6 and 0.25 < s["int8-weight"] / s["fp32"] < 0.35, s
+PY
+
+# int8 activations are not built: a usage error naming what is.
+expect_exit 2 "build int8" -- "$KILN" build --model "$FIXTURES/t5-tiny" --precision int8 -o "$TMP/int8.plan"
+expect_in "$TMP/err" "int8-weight" "the int8 refusal names int8-weight"
+[ -e "$TMP/int8.plan" ] && fail "a refused build left a plan behind"
+expect_exit 2 "build fp8" -- "$KILN" build --model "$FIXTURES/t5-tiny" --precision fp8 -o "$TMP/fp8.plan"
+expect_in "$TMP/err" "unknown precision" "an unknown precision is named"
+
+finish

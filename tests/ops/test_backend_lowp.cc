@@ -1,0 +1,197 @@
+// Linear and Embedding with weights stored narrower than the f32 activations (bf16, f16, i8 with
+// per-channel scales: what `--precision bf16|fp16|int8-weight` plans run), on every CPU kernel
+// family against the reference backend, which decodes each weight from its definition and sums
+// in double. Also: a row's result does not depend on the batch it runs in (the narrow kernels
+// switch strategy with the batch size), and malformed quantized nodes are refused.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "backend_ops.h"
+#include "passes/pass.h"
+
+namespace kiln::test {
+namespace {
+
+constexpr uint32_t kSeed = 20240612;
+
+enum class WeightKind : uint8_t { kBf16, kF16, kI8 };
+constexpr WeightKind kAllWeightKinds[] = {WeightKind::kBf16, WeightKind::kF16, WeightKind::kI8};
+
+const char* kind_name(WeightKind k) {
+  switch (k) {
+    case WeightKind::kBf16:
+      return "bf16";
+    case WeightKind::kF16:
+      return "f16";
+    case WeightKind::kI8:
+      return "i8";
+  }
+  return "?";
+}
+
+// A weight [rows, cols] of the kind: random floats rounded to bf16/f16, or random int8 values
+// over the whole range (both ends included) with positive per-row scales.
+struct NarrowWeight {
+  Tensor w;
+  Tensor scales;  // i8 only
+};
+NarrowWeight narrow_weight(Gen& g, WeightKind kind, int64_t rows, int64_t cols) {
+  const std::vector<float> v = g.floats(rows * cols, -1.0f, 1.0f);
+  switch (kind) {
+    case WeightKind::kBf16:
+      return {make_tensor(DType::kBF16, v, {rows, cols}), {}};
+    case WeightKind::kF16:
+      return {make_tensor(DType::kF16, v, {rows, cols}), {}};
+    case WeightKind::kI8: {
+      std::vector<int8_t> q(v.size());
+      for (size_t i = 0; i < v.size(); ++i) q[i] = static_cast<int8_t>(std::lround(v[i] * 127.0f));
+      q[0] = 127;
+      q[q.size() - 1] = -127;
+      return {Tensor::from_vector(q, {rows, cols}),
+              Tensor::from_vector(g.floats(rows, 0.001f, 0.05f), {rows})};
+    }
+  }
+  return {};
+}
+
+struct LinearShape {
+  int64_t n, in, out;
+  bool bias;
+  std::optional<Activation> act;
+};
+
+// y = act(x · w^T (· scales) + bias) with x [n, in] f32.
+Graph linear_graph(Gen& g, WeightKind kind, const LinearShape& s) {
+  GraphBuilder b("linear_lowp");
+  const int x = b.input("x", DType::kF32, {kTokens, Dim::of(s.in)});
+  NarrowWeight nw = narrow_weight(g, kind, s.out, s.in);
+  const int w = b.weight("w", std::move(nw.w));
+  const int bias = s.bias ? b.weight("b", g.random({s.out})) : -1;
+  int y = kind == WeightKind::kI8
+              ? b.linear_quantized(x, w, bias, b.weight("w.scales", std::move(nw.scales)), "fc")
+              : b.linear(x, w, bias, "fc");
+  if (s.act) y = b.activation(y, *s.act, "act");
+  b.output(y, "y");
+  Graph graph = b.finish();
+  if (s.act) fuse_linear_activation(graph, Logger(LogLevel::kError));
+  return graph;
+}
+
+struct LowpCase {
+  std::string name;
+  std::function<Scenario(Gen&)> make;
+};
+void PrintTo(const LowpCase& c, std::ostream* os) { *os << c.name; }
+
+std::vector<LowpCase> lowp_cases() {
+  std::vector<LowpCase> cases;
+  // n = 1 and 3 widen the weights in registers, n >= 4 widens them once per row group; `out`
+  // is neither a multiple of the 16-row blocks nor of the 4-row groups, `in` not of 8 or 16.
+  const LinearShape shapes[] = {
+      {1, 64, 16, true, std::nullopt},        {3, 19, 37, false, std::nullopt},
+      {7, 19, 37, true, std::nullopt},        {7, 19, 37, false, Activation::kGeluTanh},
+      {33, 200, 70, true, Activation::kRelu}, {1, 1030, 5, false, std::nullopt},
+      {5, 7, 3, true, std::nullopt},
+  };
+  for (WeightKind kind : kAllWeightKinds)
+    for (const LinearShape& s : shapes)
+      cases.push_back(
+          {fmt::format("Linear_{}_weights_n{}_in{}_out{}_{}_{}", kind_name(kind), s.n, s.in, s.out,
+                       s.bias ? "bias" : "nobias", s.act ? activation_name(*s.act) : "noact"),
+           [=](Gen& g) {
+             Graph graph = linear_graph(g, kind, s);
+             return one_step(std::move(graph), {{"x", g.random({s.n, s.in}, -2.0f, 2.0f)}});
+           }});
+  for (WeightKind kind : kAllWeightKinds)
+    cases.push_back(
+        {fmt::format("Embedding_{}_table", kind_name(kind)), [=](Gen& g) {
+           GraphBuilder b("embedding_lowp");
+           NarrowWeight nw = narrow_weight(g, kind, 37, 33);
+           const int table = b.weight("table", std::move(nw.w));
+           const int ids = b.input("ids", DType::kI64, {kTokens});
+           const int y =
+               kind == WeightKind::kI8
+                   ? b.embedding_quantized(table, ids,
+                                           b.weight("table.scales", std::move(nw.scales)), "embed")
+                   : b.embedding(table, ids, "embed");
+           b.output(y, "y");
+           return one_step(b.finish(),
+                           {{"ids", Tensor::from_vector<int64_t>({36, 0, 5, 5, 17}, {5})}});
+         }});
+  return cases;
+}
+
+class LowPrecisionOps : public testing::TestWithParam<LowpCase> {};
+
+TEST_P(LowPrecisionOps, EveryCpuFamilyMatchesReference) {
+  Gen gen(DType::kF32, DType::kF32, kSeed);
+  const Scenario scenario = GetParam().make(gen);
+  const std::unique_ptr<Backend> reference = reference_backend();
+  ASSERT_EQ(unsupported(*reference, scenario.graph), "");
+  const ScenarioOutputs ref = run_scenario(*reference, scenario);
+  // Weights decode exactly; only the f32 accumulation differs from the double reference (and
+  // gathers copy exactly).
+  const bool gather = scenario.graph.nodes[0].op == OpKind::kEmbedding;
+  const Check check = gather ? Check{CheckKind::kExact} : Check{CheckKind::kMaxRelative, 1e-5};
+  std::vector<NamedBackend> backends = available_backends();
+  ASSERT_FALSE(backends.empty());
+  for (NamedBackend& b : backends) {
+    ASSERT_EQ(unsupported(*b.backend, scenario.graph), "") << b.name;
+    const ScenarioOutputs got = run_scenario(*b.backend, scenario);
+    expect_matches(got[0][0], ref[0][0], check, b.name);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(BackendOps, LowPrecisionOps, testing::ValuesIn(lowp_cases()),
+                         [](const testing::TestParamInfo<LowpCase>& info) {
+                           return info.param.name;
+                         });
+
+// Each row of a 9-row batch (widened once) gives exactly what the row alone (widened in
+// registers) gives, on every kernel family.
+TEST(LowPrecisionOps, RowResultsDoNotDependOnTheBatch) {
+  for (WeightKind kind : kAllWeightKinds) {
+    Gen g(DType::kF32, DType::kF32, kSeed);
+    const LinearShape s{9, 300, 45, true, Activation::kGeluTanh};
+    const Graph graph = linear_graph(g, kind, s);
+    const std::vector<float> x = g.floats(s.n * s.in, -2.0f, 2.0f);
+    const Scenario batch = one_step(graph, {{"x", Tensor::from_vector(x, {s.n, s.in})}});
+    for (NamedBackend& b : available_backends()) {
+      const Tensor all = run_scenario(*b.backend, batch)[0][0];
+      for (int64_t r = 0; r < s.n; ++r) {
+        const std::vector<float> row(x.begin() + r * s.in, x.begin() + (r + 1) * s.in);
+        const Scenario alone = one_step(graph, {{"x", Tensor::from_vector(row, {1, s.in})}});
+        const Tensor one = run_scenario(*b.backend, alone)[0][0];
+        for (int64_t o = 0; o < s.out; ++o)
+          ASSERT_EQ(one.data<float>()[o], all.data<float>()[r * s.out + o])
+              << b.name << " " << kind_name(kind) << " row " << r << " output " << o;
+      }
+    }
+  }
+}
+
+// An i8 weight without scales, or scales on a float weight, is refused when the graph is built.
+TEST(LowPrecisionOps, QuantizedNodesNeedTheirScales) {
+  Gen g(DType::kF32, DType::kF32, kSeed);
+  {
+    GraphBuilder b("missing_scales");
+    const int x = b.input("x", DType::kF32, {kTokens, Dim::of(8)});
+    const int w = b.weight("w", narrow_weight(g, WeightKind::kI8, 4, 8).w);
+    EXPECT_THROW(b.linear(x, w, -1, "fc"), Error);
+    const int ids = b.input("ids", DType::kI64, {kTokens});
+    EXPECT_THROW(b.embedding(w, ids, "embed"), Error);
+  }
+  {
+    GraphBuilder b("stray_scales");
+    const int ids = b.input("ids", DType::kI64, {kTokens});
+    const int table = b.weight("table", g.random({4, 8}));
+    const int scales = b.weight("s", g.random({4}));
+    EXPECT_THROW(b.embedding_quantized(table, ids, scales, "embed"), Error);
+    const int q = b.weight("q", narrow_weight(g, WeightKind::kI8, 4, 8).w);
+    EXPECT_THROW(b.embedding_quantized(q, ids, b.weight("short", g.random({3})), "embed"), Error);
+  }
+}
+
+}  // namespace
+}  // namespace kiln::test
