@@ -28,6 +28,8 @@ class Allocator {
   Tensor tensor(DType dtype, const Shape& shape);
   // A copy of a host tensor in this allocator's memory (a plain copy for host allocators).
   virtual Tensor upload(const Tensor& host) = 0;
+  // A host copy of a tensor in this allocator's memory (a plain clone for host allocators).
+  virtual Tensor to_host(const Tensor& t) { return t.clone(); }
 };
 Allocator& host_allocator();
 
@@ -68,6 +70,8 @@ std::string target_unsupported_reason(Device device, Precision precision);
 
 // The CPU backend: the widest kernel family the context chose (AVX-512 or the AVX2 baseline).
 std::unique_ptr<Backend> make_cpu_backend(Context& ctx);
+// The CUDA backend (device 0); throws naming the reason when this build or machine has no GPU.
+std::unique_ptr<Backend> make_cuda_backend(Context& ctx);
 // The backend for a device; throws naming the device when this build or machine lacks it.
 std::unique_ptr<Backend> make_backend(Context& ctx, Device device);
 

@@ -1,4 +1,5 @@
 // Built instead of src/backend/cuda/ when kiln is configured without CUDA.
+#include "backend/backend.h"
 #include "backend/cuda_info.h"
 
 namespace kiln {
@@ -8,6 +9,10 @@ CudaInfo query_cuda() {
   info.compiled = false;
   info.error = "kiln was built without CUDA (configure with -DKILN_CUDA=ON)";
   return info;
+}
+
+std::unique_ptr<Backend> make_cuda_backend(Context&) {
+  KILN_FAIL_KIND(ErrorKind::kUsage, "device cuda: {}", query_cuda().error);
 }
 
 }  // namespace kiln

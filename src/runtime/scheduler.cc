@@ -360,7 +360,12 @@ void Scheduler::run_decoder(const std::vector<Request*>& batch, bool apply_copie
   const std::span<const Tensor> out = model_.decoder().execute(inputs, &step);
   const Tensor& logits = out[io.logits];
   logits_.resize(static_cast<size_t>(logits.numel()));
-  std::memcpy(logits_.data(), logits.data<float>(), logits.nbytes());
+  if (logits.device() == Device::kCpu) {
+    std::memcpy(logits_.data(), logits.data<float>(), logits.nbytes());
+  } else {
+    const Tensor host = model_.backend().allocator().to_host(logits);
+    std::memcpy(logits_.data(), host.data<float>(), host.nbytes());
+  }
 }
 
 std::vector<GenerationEvent> Scheduler::step() {

@@ -1,0 +1,158 @@
+#include "backend/cuda/cuda_executor.h"
+
+#include <algorithm>
+
+#include "graph/workspace.h"
+
+namespace kiln::cuda {
+namespace {
+
+int64_t aligned(int64_t bytes) {
+  return (bytes + kWorkspaceAlign - 1) / kWorkspaceAlign * kWorkspaceAlign;
+}
+
+}  // namespace
+
+CudaExecutor::CudaExecutor(const Graph& graph, const ShapeProfile& profile, CudaContext& ctx,
+                           std::vector<std::unique_ptr<Kernel>> kernels,
+                           std::vector<std::string> names)
+    : graph_(graph),
+      profile_(profile),
+      ctx_(ctx),
+      kernels_(std::move(kernels)),
+      kernel_names_(std::move(names)) {
+  KILN_CHECK(kernels_.size() == graph_.nodes.size(), "graph '{}': {} kernels for {} nodes",
+             graph_.name, kernels_.size(), graph_.nodes.size());
+  values_.resize(graph_.values.size());
+  for (size_t i = 0; i < graph_.values.size(); ++i)
+    if (graph_.values[i].kind == ValueKind::kWeight)
+      values_[i] = ctx_.device_weight(graph_.values[i].data);
+  for (const Node& n : graph_.nodes) has_attention_ |= n.op == OpKind::kAttention;
+}
+
+CudaExecutor::Arena& CudaExecutor::arena_for(int64_t bucket) {
+  auto it = arenas_.find(bucket);
+  if (it != arenas_.end()) return it->second;
+  const Bindings bindings = profile_.bucket_bindings(bucket);
+  const WorkspaceLayout layout = workspace_layout(graph_, bindings);
+  Arena a;
+  a.offset = layout.offset;
+  int64_t at = aligned(layout.bytes);
+  for (int id : graph_.inputs) {
+    const Value& v = graph_.values[id];
+    a.input_offset.push_back(at);
+    at += aligned(static_cast<int64_t>(
+        dtype_bytes(v.dtype, static_cast<size_t>(shape_numel(resolve_shape(v.shape, bindings))))));
+  }
+  int64_t scratch = 0;
+  for (const auto& k : kernels_) scratch = std::max(scratch, k->workspace_bytes(bindings));
+  a.scratch_offset = at;
+  a.bytes = at + aligned(scratch);
+  a.memory = ctx_.allocator().allocate(static_cast<size_t>(std::max<int64_t>(a.bytes, 256)));
+  return arenas_.emplace(bucket, std::move(a)).first->second;
+}
+
+int64_t CudaExecutor::workspace_bytes() const {
+  int64_t total = 0;
+  for (const auto& [bucket, a] : arenas_) total += a.bytes;
+  return total;
+}
+
+Bindings CudaExecutor::bind_inputs(std::span<const Tensor> inputs) const {
+  KILN_CHECK(inputs.size() == graph_.inputs.size(), "graph '{}': {} inputs fed, expected {}",
+             graph_.name, inputs.size(), graph_.inputs.size());
+  Bindings bindings;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const Value& v = graph_.values[graph_.inputs[i]];
+    const Tensor& t = inputs[i];
+    KILN_CHECK(t.defined() && t.dtype() == v.dtype, "graph '{}': input '{}' is {}, expected {}",
+               graph_.name, v.name, t.defined() ? dtype_name(t.dtype()) : "missing",
+               dtype_name(v.dtype));
+    KILN_CHECK(t.rank() == static_cast<int>(v.shape.size()),
+               "graph '{}': input '{}' has shape {}, expected {}", graph_.name, v.name,
+               shape_str(t.shape()), sym_shape_str(v.shape));
+    for (size_t d = 0; d < v.shape.size(); ++d) {
+      if (v.shape[d].is_symbolic()) {
+        auto [pos, fresh] = bindings.emplace(v.shape[d].symbol, t.shape()[d]);
+        KILN_CHECK(fresh || pos->second == t.shape()[d],
+                   "graph '{}': input '{}' binds '{}' = {}, but another input bound it to {}",
+                   graph_.name, v.name, v.shape[d].symbol, t.shape()[d], pos->second);
+      } else {
+        KILN_CHECK(t.shape()[d] == v.shape[d].value,
+                   "graph '{}': input '{}' has shape {}, expected {}", graph_.name, v.name,
+                   shape_str(t.shape()), sym_shape_str(v.shape));
+      }
+    }
+  }
+  return bindings;
+}
+
+std::span<const Tensor> CudaExecutor::execute(std::span<const Tensor> inputs,
+                                              const StepContext* step) {
+  const Bindings bindings = bind_inputs(inputs);
+  // Graphs without a ragged token dimension (tests, fixed shapes) use the largest bucket.
+  auto tokens = bindings.find("tokens");
+  const int64_t step_tokens = tokens != bindings.end() ? tokens->second : profile_.max_step_tokens;
+  KILN_CHECK(step_tokens > 0, "graph '{}': a step needs at least one token", graph_.name);
+  const int64_t bucket = profile_.bucket_for(step_tokens);
+  const Bindings limits = profile_.bucket_bindings(bucket);
+  for (const auto& [symbol, value] : bindings) {
+    auto cap = limits.find(symbol);
+    KILN_CHECK(cap != limits.end() && value <= cap->second,
+               "graph '{}': '{}' = {} exceeds the plan's limit of {}", graph_.name, symbol, value,
+               cap == limits.end() ? 0 : cap->second);
+  }
+  if (has_attention_) {
+    KILN_CHECK(step != nullptr && step->layout != nullptr,
+               "graph '{}': attention needs the step's layout", graph_.name);
+    KILN_CHECK(step->layout->total_tokens() == step_tokens,
+               "graph '{}': step layout covers {} tokens, the inputs hold {}", graph_.name,
+               step->layout->total_tokens(), step_tokens);
+    step->layout->check(step->kv ? step->kv->geometry().block_size : 0);
+    KILN_CHECK(step->kv == nullptr || step->kv->device() == Device::kCuda,
+               "graph '{}': the KV storage is in {} memory, the cuda kernels read device memory",
+               graph_.name, device_name(step->kv->device()));
+    if (step->kv && !step->layout->copies.empty()) step->kv->copy_blocks(step->layout->copies);
+    ctx_.upload_step(*step->layout);
+  }
+  Arena& arena = arena_for(bucket);
+  char* base = static_cast<char*>(arena.memory.get());
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const int id = graph_.inputs[i];
+    const Tensor& t = inputs[i];
+    if (t.device() == Device::kCuda) {
+      values_[id] = t;
+      continue;
+    }
+    char* dst = base + arena.input_offset[i];
+    if (t.nbytes() > 0)
+      KILN_CUDA_CHECK(
+          cudaMemcpyAsync(dst, t.raw(), t.nbytes(), cudaMemcpyHostToDevice, ctx_.stream()));
+    values_[id] = Tensor::view(t.dtype(), t.shape(), dst, arena.memory, Device::kCuda);
+  }
+  for (size_t id = 0; id < graph_.values.size(); ++id) {
+    if (graph_.values[id].kind != ValueKind::kActivation) continue;
+    values_[id] =
+        Tensor::view(graph_.values[id].dtype, resolve_shape(graph_.values[id].shape, bindings),
+                     base + arena.offset[id], arena.memory, Device::kCuda);
+  }
+  KernelArgs args;
+  args.scratch = base + arena.scratch_offset;
+  args.step = step;
+  for (size_t n = 0; n < graph_.nodes.size(); ++n) {
+    const Node& node = graph_.nodes[n];
+    node_in_.clear();
+    node_out_.clear();
+    for (int id : node.inputs) node_in_.push_back(id >= 0 ? values_[id] : Tensor());
+    for (int id : node.outputs) node_out_.push_back(values_[id]);
+    args.in = node_in_;
+    args.out = node_out_;
+    kernels_[n]->run(args);
+  }
+  ctx_.finish_step(graph_);
+  outputs_.clear();
+  for (int id : graph_.outputs) outputs_.push_back(values_[id]);
+  return outputs_;
+}
+
+}  // namespace kiln::cuda
