@@ -161,8 +161,9 @@ void register_kernels(KernelRegistry& r, CudaContext& ctx) {
           t == DType::kF32 ? "cublaslt linear (fp32)" : "cublaslt linear (fp32 accumulation)",
           [&ctx](const Node& node) { return make_linear_kernel(node, ctx); });
     // Norm weights in the activations' type, or kept in f32.
-    for (DType w : {t, DType::kF32}) {
-      if (w != t && t == DType::kF32) continue;
+    const std::vector<DType> norm_weights =
+        t == DType::kF32 ? std::vector<DType>{t} : std::vector<DType>{t, DType::kF32};
+    for (DType w : norm_weights) {
       add_fn(OpKind::kRmsNorm, t, w, "cuda rms norm", rms_norm);
       add_fn(OpKind::kLayerNorm, t, w, "cuda layer norm", layer_norm);
       add_fn(OpKind::kAddRmsNorm, t, w, "cuda add + rms norm", add_rms_norm);
