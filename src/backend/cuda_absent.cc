@@ -11,6 +11,10 @@ CudaInfo query_cuda() {
   return info;
 }
 
+double measure_cuda_bandwidth_gbps(size_t, int) { return 0.0; }
+
+long long cuda_memory_used_bytes() { return -1; }
+
 std::unique_ptr<Backend> make_cuda_backend(Context&) {
   KILN_FAIL_KIND(ErrorKind::kUsage, "device cuda: {}", query_cuda().error);
 }

@@ -13,10 +13,16 @@ std::string target_unsupported_reason(Device device, Precision precision) {
     case Device::kCuda: {
       const CudaInfo cuda = query_cuda();
       if (!cuda.compiled) return cuda.error;
-      // fp16 and bf16 kernels exist, but plans are built in fp32 until the precision pass
-      // converts graphs; a plan must not claim a precision its graphs do not have.
-      if (precision == Precision::kFp32) return {};
-      return fmt::format("cuda plans are fp32 until the precision pass lands (not {})",
+      switch (precision) {
+        case Precision::kFp32:
+        case Precision::kFp16:
+        case Precision::kBf16:
+          return {};
+        case Precision::kInt8:
+        case Precision::kInt8Weight:
+          break;
+      }
+      return fmt::format("the cuda backend runs fp32, fp16 and bf16 plans (not {})",
                          precision_name(precision));
     }
   }

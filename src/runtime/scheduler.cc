@@ -67,7 +67,15 @@ KvGeometry geometry_of(const CompiledModel& m, int block_size) {
   g.layers = m.desc().cache_layers;
   g.row_width = m.desc().cache_row_width();
   g.block_size = block_size;
+  // The cache holds keys and values in the type the decoder's attention computes in (the
+  // plan's precision).
   g.dtype = DType::kF32;
+  const Graph& dec = m.model().graph(kDecoderGraph);
+  for (const Node& n : dec.nodes)
+    if (n.op == OpKind::kAttention && n.attr<AttentionAttrs>().kind == AttentionKind::kCachedSelf) {
+      g.dtype = dec.values[n.inputs[0]].dtype;
+      break;
+    }
   return g;
 }
 

@@ -84,9 +84,15 @@ inline Forward run_forward(const ForwardModel& m, const std::vector<int64_t>& pr
 
 inline Forward run_forward(CompiledModel& engine, const std::vector<int64_t>& prompt,
                            const std::vector<int64_t>& decoder_ids, bool step_by_step) {
-  const ForwardModel m{engine.model(), engine.backend(),
-                       engine.desc().encoder_decoder ? &engine.encoder() : nullptr,
-                       engine.decoder()};
+  ForwardModel m{engine.model(), engine.backend(),
+                 engine.desc().encoder_decoder ? &engine.encoder() : nullptr, engine.decoder()};
+  // The cache holds K/V in the type the decoder's attention computes in (the plan's precision).
+  const Graph& dec = engine.model().graph(kDecoderGraph);
+  for (const Node& n : dec.nodes)
+    if (n.op == OpKind::kAttention && n.attr<AttentionAttrs>().kind == AttentionKind::kCachedSelf) {
+      m.kv_dtype = dec.values[n.inputs[0]].dtype;
+      break;
+    }
   return run_forward(m, prompt, decoder_ids, step_by_step);
 }
 

@@ -33,8 +33,10 @@ Runner add_build(CLI::App& app) {
                   "model.safetensors or sharded index, tokenizer)");
   cmd->add_option("--onnx", o->onnx, "ONNX export (not built yet)");
   cmd->add_option("-o,--output", o->output, "plan file to write")->required();
-  cmd->add_option("--device", o->device, "cpu (cuda plans: not built yet)")->capture_default_str();
-  cmd->add_option("--precision", o->precision, "fp32 (fp16/bf16/int8: not built yet)")
+  cmd->add_option("--device", o->device, "cpu or cuda (a cuda plan runs where a GPU is visible)")
+      ->capture_default_str();
+  cmd->add_option("--precision", o->precision,
+                  "fp32; fp16 or bf16 with --device cuda (int8: not built yet)")
       ->capture_default_str();
   cmd->add_option("--prompt-template", o->prompt_template,
                   "default template stored in the plan: every {prompt} is replaced by the "
