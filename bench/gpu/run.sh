@@ -40,6 +40,12 @@ bench_model() {  # preset family synth-dtype precision
   "$KILN" bench --plan "$plan" --input-len 78 --output-len 100 --runs "$RUNS" --sweep "$SWEEP" \
     --json >"$OUT/kiln-$preset-$prec.jsonl" 2>>"$LOG" || echo "bench $preset $prec failed" | tee -a "$LOG"
   cat "$OUT/kiln-$preset-$prec.jsonl" >>"$LOG"
+  # Where the time goes: every node timed with CUDA events (batch 1 and the largest batch).
+  for b in 1 ${BATCHES##* }; do
+    echo "== profile $preset $prec batch $b" >>"$LOG"
+    KILN_CUDA_PROFILE=1 "$KILN" -v bench --plan "$plan" --input-len 78 --output-len 100 \
+      --runs 1 --warmup 0 --batch "$b" 2>&1 | grep -E "cuda profile|ms/step|roofline|^ +[0-9]" >>"$LOG"
+  done
   python3 "$HERE/hf_baseline.py" "$dir" "$family" "$prec" 78 100 "$RUNS" $BATCHES \
     >"$OUT/hf-$preset-$prec.jsonl" 2>>"$LOG" || echo "HF $preset $prec failed" | tee -a "$LOG"
   cat "$OUT/hf-$preset-$prec.jsonl" >>"$LOG"

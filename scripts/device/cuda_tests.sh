@@ -14,7 +14,7 @@ CUBLAS_DIR=$(dirname "$(find / -name 'libcublasLt.so.13*' -not -path '*/proc/*' 
 export LD_LIBRARY_PATH="$HERE/x/lib:/usr/local/cuda/lib64:$CUBLAS_DIR:${LD_LIBRARY_PATH:-}"
 nvidia-smi -L
 "$HERE/x/bin/kiln" --version
-FILTER=${1:-'BackendOps*:*Parity*:Cuda*:PlanTest*'}
+FILTER=${1:-'BackendOps*:*Parity*:*Cuda*:PlanTest*'}
 "$HERE/x/bin/kiln_tests" --gtest_filter="$FILTER" 2>&1 | tee "$OUT/cuda_tests.log" |
   grep -E '^\[  FAILED|^\[  PASSED|^\[  SKIPPED|parity\]|Failure|error|expected|differ'
 echo "tests exit: ${PIPESTATUS[0]}"

@@ -55,6 +55,11 @@ class CudaBackend final : public Backend {
   std::unique_ptr<KvStorage> create_kv_storage(const KvGeometry& geometry) override {
     return std::make_unique<CudaKvStorage>(*cuda_, geometry);
   }
+  bool argmax_rows(const Tensor& logits, std::span<int64_t> out) override {
+    if (logits.device() != Device::kCuda) return false;
+    cuda_->argmax_rows(logits, out);
+    return true;
+  }
 
  private:
   Context& ctx_;

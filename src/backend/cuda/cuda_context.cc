@@ -1,5 +1,6 @@
 #include "backend/cuda/cuda_context.h"
 
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
@@ -114,6 +115,35 @@ Tensor CudaAllocator::to_host(const Tensor& t) {
   return host;
 }
 
+void CudaAllocator::copy_to_host(const Tensor& t, void* dst) {
+  if (t.device() == Device::kCpu) {
+    std::memcpy(dst, t.raw(), t.nbytes());
+    return;
+  }
+  if (t.nbytes() == 0) return;
+  KILN_CUDA_CHECK(cudaMemcpyAsync(dst, t.raw(), t.nbytes(), cudaMemcpyDeviceToHost, stream_));
+  KILN_CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+void CudaContext::argmax_rows(const Tensor& logits, std::span<int64_t> out) {
+  KILN_CHECK(logits.device() == Device::kCuda && logits.rank() == 2 &&
+                 static_cast<size_t>(logits.dim(0)) == out.size(),
+             "argmax_rows: {} logits {} for {} rows", kiln::device_name(logits.device()),
+             shape_str(logits.shape()), out.size());
+  if (out.empty()) return;
+  if (out.size() > argmax_capacity_) {
+    argmax_capacity_ = std::max<size_t>(out.size(), 256);
+    argmax_device_ = allocator_.allocate(argmax_capacity_ * sizeof(long long));
+  }
+  auto* ids = static_cast<long long*>(argmax_device_.get());
+  launch_argmax_rows(float_type(logits.dtype()), logits.raw(), logits.dim(0), logits.dim(1), ids,
+                     stream_);
+  static_assert(sizeof(long long) == sizeof(int64_t));
+  KILN_CUDA_CHECK(cudaMemcpyAsync(out.data(), ids, out.size() * sizeof(long long),
+                                  cudaMemcpyDeviceToHost, stream_));
+  KILN_CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
 CudaContext::CudaContext(Context& host) : host_(host) {
   int count = 0;
   const cudaError_t err = cudaGetDeviceCount(&count);
@@ -127,6 +157,7 @@ CudaContext::CudaContext(Context& host) : host_(host) {
   device_name_ = prop.name;
   KILN_CHECK_USAGE(sm_ >= 80, "device cuda: {} is sm_{}; kiln's CUDA kernels need sm_80 or newer",
                    device_name_, sm_);
+  profile_ = std::getenv("KILN_CUDA_PROFILE") != nullptr;
   KILN_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   allocator_ = CudaAllocator(stream_);
   KILN_CUBLAS_CHECK(cublasLtCreate(&blas_));

@@ -35,6 +35,7 @@ class CudaAllocator final : public Allocator {
   // Host or device tensors (contiguous) to a new device tensor.
   Tensor upload(const Tensor& source) override;
   Tensor to_host(const Tensor& t) override;
+  void copy_to_host(const Tensor& t, void* dst) override;
 
  private:
   cudaStream_t stream_;
@@ -55,6 +56,9 @@ class CudaContext {
   CudaAllocator& allocator() { return allocator_; }
   const std::string& device_name() const { return device_name_; }
   int sm() const { return sm_; }
+  // KILN_CUDA_PROFILE set (read once): executors time every node with CUDA events and log the
+  // totals per kernel when they are destroyed.
+  bool profile() const { return profile_; }
 
   DeviceStatus* status() { return status_; }
   // Waits for the stream, then throws if a kernel reported bad data (naming the node of
@@ -65,6 +69,9 @@ class CudaContext {
   void upload_step(const StepLayout& layout);
   const DeviceStep& step() const { return step_; }
 
+  // Row argmax of device logits into `out` (one small copy back).
+  void argmax_rows(const Tensor& logits, std::span<int64_t> out);
+
   // The device copy of a weight, uploaded once per backend (graphs that share a weight share
   // the copy).
   Tensor device_weight(const Tensor& host);
@@ -74,6 +81,7 @@ class CudaContext {
   Context& host_;
   int device_ = 0;
   int sm_ = 0;
+  bool profile_ = false;
   std::string device_name_;
   cudaStream_t stream_ = nullptr;
   cublasLtHandle_t blas_ = nullptr;
@@ -88,6 +96,8 @@ class CudaContext {
   DeviceStep step_{};
   // Keyed by the host bytes; the host tensor is kept so that its address is not reused.
   std::map<const void*, std::pair<Tensor, Tensor>> weights_;
+  std::shared_ptr<void> argmax_device_;
+  size_t argmax_capacity_ = 0;
 };
 
 }  // namespace kiln::cuda

@@ -1,6 +1,7 @@
 #include "backend/cuda/cuda_executor.h"
 
 #include <algorithm>
+#include <chrono>
 
 #include "graph/workspace.h"
 
@@ -28,6 +29,29 @@ CudaExecutor::CudaExecutor(const Graph& graph, const ShapeProfile& profile, Cuda
     if (graph_.values[i].kind == ValueKind::kWeight)
       values_[i] = ctx_.device_weight(graph_.values[i].data);
   for (const Node& n : graph_.nodes) has_attention_ |= n.op == OpKind::kAttention;
+  if (ctx_.profile()) {
+    events_.resize(graph_.nodes.size() + 1);
+    for (cudaEvent_t& e : events_) KILN_CUDA_CHECK(cudaEventCreate(&e));
+  }
+}
+
+CudaExecutor::~CudaExecutor() {
+  for (cudaEvent_t e : events_) cudaEventDestroy(e);
+  if (steps_ == 0) return;
+  std::vector<std::pair<double, std::string>> by_time;
+  double kernels = 0.0;
+  for (const auto& [name, ms] : kernel_ms_) {
+    by_time.emplace_back(ms, name);
+    kernels += ms;
+  }
+  std::sort(by_time.rbegin(), by_time.rend());
+  Logger& log = ctx_.host().log();
+  log.info(
+      "cuda profile of graph '{}': {} steps, {:.3f} ms per step (wall), {:.3f} ms of it in "
+      "kernels (CUDA events)",
+      graph_.name, steps_, step_ms_ / steps_, kernels / steps_);
+  for (const auto& [ms, name] : by_time)
+    log.info("  {:>9.4f} ms/step {:>5.1f}%  {}", ms / steps_, 100.0 * ms / kernels, name);
 }
 
 CudaExecutor::Arena& CudaExecutor::arena_for(int64_t bucket) {
@@ -136,6 +160,7 @@ std::span<const Tensor> CudaExecutor::execute(std::span<const Tensor> inputs,
         Tensor::view(graph_.values[id].dtype, resolve_shape(graph_.values[id].shape, bindings),
                      base + arena.offset[id], arena.memory, Device::kCuda);
   }
+  const auto wall0 = std::chrono::steady_clock::now();
   KernelArgs args;
   args.scratch = base + arena.scratch_offset;
   args.step = step;
@@ -147,9 +172,23 @@ std::span<const Tensor> CudaExecutor::execute(std::span<const Tensor> inputs,
     for (int id : node.outputs) node_out_.push_back(values_[id]);
     args.in = node_in_;
     args.out = node_out_;
+    if (!events_.empty()) KILN_CUDA_CHECK(cudaEventRecord(events_[n], ctx_.stream()));
     kernels_[n]->run(args);
   }
+  if (!events_.empty())
+    KILN_CUDA_CHECK(cudaEventRecord(events_[graph_.nodes.size()], ctx_.stream()));
   ctx_.finish_step(graph_);
+  if (!events_.empty()) {
+    for (size_t n = 0; n < graph_.nodes.size(); ++n) {
+      float ms = 0.0f;
+      KILN_CUDA_CHECK(cudaEventElapsedTime(&ms, events_[n], events_[n + 1]));
+      kernel_ms_[kernel_names_[n] + " -> " +
+                 sym_shape_str(graph_.values[graph_.nodes[n].outputs[0]].shape)] += ms;
+    }
+    step_ms_ +=
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - wall0).count();
+    ++steps_;
+  }
   outputs_.clear();
   for (int id : graph_.outputs) outputs_.push_back(values_[id]);
   return outputs_;

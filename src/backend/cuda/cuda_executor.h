@@ -18,6 +18,7 @@ class CudaExecutor final : public Executable {
  public:
   CudaExecutor(const Graph& graph, const ShapeProfile& profile, CudaContext& ctx,
                std::vector<std::unique_ptr<Kernel>> kernels, std::vector<std::string> names);
+  ~CudaExecutor() override;
 
   std::span<const Tensor> execute(std::span<const Tensor> inputs, const StepContext* step) override;
   int64_t workspace_bytes() const override;
@@ -44,6 +45,12 @@ class CudaExecutor final : public Executable {
   std::vector<Tensor> outputs_;
   std::vector<Tensor> node_in_, node_out_;
   bool has_attention_ = false;
+  // Profiling (CudaContext::profile()): an event before every node and after the last, and the
+  // milliseconds each kernel name took over every step; the wall time of whole steps.
+  std::vector<cudaEvent_t> events_;
+  std::map<std::string, double> kernel_ms_;
+  double step_ms_ = 0.0;
+  int64_t steps_ = 0;
 };
 
 }  // namespace kiln::cuda

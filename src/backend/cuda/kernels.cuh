@@ -129,6 +129,11 @@ struct AttentionParams {
   DeviceStatus* status;
   int node;
 };
+// out[r] = the first index of the largest value of row r of x [rows, cols] (greedy decoding:
+// only token ids leave the GPU).
+void launch_argmax_rows(FloatType t, const void* x, int64_t rows, int64_t cols, long long* out,
+                        cudaStream_t stream);
+
 // Appends this step's K/V rows to the cache (kCachedSelf), then attends.
 void launch_attention(const AttentionParams& p, cudaStream_t stream);
 // Largest head_dim launch_attention handles.

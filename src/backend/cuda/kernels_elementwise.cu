@@ -91,7 +91,50 @@ __global__ void gated_kernel(ActFn act, const T* gate, const T* up, T* y, int64_
     y[i] = from_float<T>(round_as<T>(apply_act(act, to_float(gate[i]))) * to_float(up[i]));
 }
 
+template <typename T>
+__global__ void argmax_kernel(const T* x, int64_t cols, long long* out) {
+  const T* row = x + blockIdx.x * cols;
+  float best = -INFINITY;
+  long long at = -1;
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+    const float v = to_float(row[c]);
+    if (at < 0 || v > best) {  // strided ascending scan: the first maximum of this thread
+      best = v;
+      at = c;
+    }
+  }
+  __shared__ float best_v[1024];
+  __shared__ long long best_i[1024];
+  best_v[threadIdx.x] = best;
+  best_i[threadIdx.x] = at;
+  __syncthreads();
+  for (int s = blockDim.x / 2; s > 0; s >>= 1) {
+    if (threadIdx.x < s) {
+      const float v = best_v[threadIdx.x + s];
+      const long long i = best_i[threadIdx.x + s];
+      const long long mine = best_i[threadIdx.x];
+      if (i >= 0 &&
+          (mine < 0 || v > best_v[threadIdx.x] || (v == best_v[threadIdx.x] && i < mine))) {
+        best_v[threadIdx.x] = v;
+        best_i[threadIdx.x] = i;
+      }
+    }
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) out[blockIdx.x] = best_i[0];
+}
+
 }  // namespace
+
+void launch_argmax_rows(FloatType t, const void* x, int64_t rows, int64_t cols, long long* out,
+                        cudaStream_t stream) {
+  if (rows == 0) return;
+  dispatch_float(t, [&](auto tag) {
+    using T = decltype(tag);
+    argmax_kernel<T>
+        <<<static_cast<unsigned>(rows), 1024, 0, stream>>>(static_cast<const T*>(x), cols, out);
+  });
+}
 
 void launch_embedding(FloatType t, const void* table, int64_t vocab, int64_t d, IndexType it,
                       const void* ids, int64_t n, void* out, DeviceStatus* status, int node,
