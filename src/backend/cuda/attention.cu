@@ -1,17 +1,13 @@
 // Attention over the step's ragged sequences (encoder self, cached self over the paged KV
-// storage, cross over the request's K/V), one block per (query row, head). The block's warps
-// take every kWarps-th key; the lanes of a warp split the head dimension, so a key's dot product
-// is one warp reduction. Each warp keeps an online softmax (running max, sum and weighted values
-// in fp32, as flash attention does) and the warps are merged at the end: no score matrix is
-// materialized, and K/V are read once per (query, head). Position bias is computed inside:
-// T5's relative buckets from a per-node lookup table of distances, BLOOM's ALiBi from the head's
-// slope.
+// storage, cross over the request's K/V), one block per (query row, head), keys a tile at a time
+// with an online softmax across tiles (running max and sum in fp32, as flash attention does):
+// no score matrix beyond one tile in shared memory, K/V read once per (query, head). Position
+// bias is computed inside: T5's relative buckets from a per-node lookup table of distances,
+// BLOOM's ALiBi from the head's slope.
 #include "backend/cuda/device_types.cuh"
 
 namespace kiln::cuda {
 namespace {
-
-constexpr int kWarps = 4;
 
 // Where key position j of sequence s lives, for the node's kind; null when its block is invalid.
 template <typename T>
@@ -94,11 +90,18 @@ __global__ void append_kernel(AttentionParams p) {
   }
 }
 
-template <typename T, int kPerLane>
-__global__ void __launch_bounds__(kWarps * 32) attention_kernel(AttentionParams p) {
+// Keys are scored a tile at a time: every thread scores whole keys (q from shared memory, the
+// key row read in one pass), the block takes the tile's max and sum (online softmax across
+// tiles, in fp32), then the threads split the head dimension and the tile's keys to accumulate
+// probability-weighted values. Decode steps (one query row, a short context) keep every thread
+// busy instead of walking the keys one after another.
+constexpr int kTile = 1024;
+
+template <typename T>
+__global__ void attention_kernel(AttentionParams p) {
   const int64_t row = blockIdx.x;
   const int h = blockIdx.y;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int tid = threadIdx.x, threads = blockDim.x;
   const DeviceStep& st = p.step;
   const int s = st.token_seq[row];
   const int64_t i = row - st.token_begin[s];
@@ -112,75 +115,76 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel(AttentionParams 
   const int dh = p.head_dim;
   const int64_t head_off = static_cast<int64_t>(h) * dh;
 
-  float q[kPerLane], acc[kPerLane];
+  __shared__ float q_s[kMaxHeadDim];
+  __shared__ float score_s[kTile];
+  __shared__ float partial_s[kMaxHeadDim];  // parts * dh <= the block's threads <= 256
+  __shared__ int bad_block;
   const T* qr = static_cast<const T*>(p.q) + row * p.q_stride + head_off;
-#pragma unroll
-  for (int e = 0; e < kPerLane; ++e) {
-    const int d = lane + 32 * e;
-    q[e] = d < dh ? to_float(qr[d]) : 0.0f;
-    acc[e] = 0.0f;
-  }
-  const float slope = p.bias == AttnBias::kAlibi ? alibi_slope(h, p.heads) : 0.0f;
-  float m = -INFINITY, l = 0.0f;
-  for (int64_t j = warp; j < visible; j += kWarps) {
-    const KeyRow<T> kv = key_row<T>(p, s, j);
-    if (kv.key == nullptr) break;
-    const T* kr = kv.key + head_off;
-    const T* vr = kv.value + head_off;
-    float dot = 0.0f;
-#pragma unroll
-    for (int e = 0; e < kPerLane; ++e) {
-      const int d = lane + 32 * e;
-      if (d < dh) dot += q[e] * to_float(kr[d]);
-    }
-    float score = warp_sum(dot) * p.scale;
-    if (p.bias == AttnBias::kT5Relative) {
-      const int64_t rel = j - qpos;
-      const int64_t dist = rel > 0 ? rel : -rel;
-      const int64_t n = dist < p.bucket_len ? dist : p.bucket_len - 1;
-      const int bucket = rel > 0 ? p.bucket_after[n] : p.bucket_before[n];
-      score += table_at<T>(p, static_cast<int64_t>(bucket) * p.heads + h);
-    } else if (p.bias == AttnBias::kAlibi) {
-      score += slope * static_cast<float>(j);
-    }
-    const float m_new = fmaxf(m, score);
-    const float correction = expf(m - m_new);  // 0 for the first key (m = -inf)
-    const float weight = expf(score - m_new);
-    l = l * correction + weight;
-#pragma unroll
-    for (int e = 0; e < kPerLane; ++e) {
-      const int d = lane + 32 * e;
-      acc[e] = acc[e] * correction + (d < dh ? weight * to_float(vr[d]) : 0.0f);
-    }
-    m = m_new;
-  }
-
-  __shared__ float warp_m[kWarps], warp_l[kWarps];
-  __shared__ float warp_acc[kWarps][kPerLane * 32];
-  if (lane == 0) {
-    warp_m[warp] = m;
-    warp_l[warp] = l;
-  }
-#pragma unroll
-  for (int e = 0; e < kPerLane; ++e) warp_acc[warp][lane + 32 * e] = acc[e];
+  for (int d = tid; d < dh; d += threads) q_s[d] = to_float(qr[d]);
+  if (tid == 0) bad_block = 0;
   __syncthreads();
-  if (warp != 0) return;
-  float mx = -INFINITY;
-  for (int w = 0; w < kWarps; ++w) mx = fmaxf(mx, warp_m[w]);
-  float total = 0.0f, factor[kWarps];
-  for (int w = 0; w < kWarps; ++w) {
-    factor[w] = warp_m[w] == -INFINITY ? 0.0f : expf(warp_m[w] - mx);
-    total += warp_l[w] * factor[w];
+  const float slope = p.bias == AttnBias::kAlibi ? alibi_slope(h, p.heads) : 0.0f;
+  // The value threads: thread tid accumulates dimension tid % dh over keys part, part + parts, ...
+  const int parts = threads / dh > 0 ? threads / dh : 1;
+  const int vd = tid % dh, part = tid / dh;
+  const bool value_thread = part < parts && tid < parts * dh;
+  float m_run = -INFINITY, l_run = 0.0f, acc = 0.0f;
+  for (int64_t tile0 = 0; tile0 < visible; tile0 += kTile) {
+    const int n = static_cast<int>(min(static_cast<int64_t>(kTile), visible - tile0));
+    float local_max = -INFINITY;
+    for (int j = tid; j < n; j += threads) {
+      const int64_t key = tile0 + j;
+      const KeyRow<T> kv = key_row<T>(p, s, key);
+      float score = -INFINITY;
+      if (kv.key == nullptr) {
+        bad_block = 1;
+      } else {
+        const T* kr = kv.key + head_off;
+        float dot = 0.0f;
+        for (int d = 0; d < dh; ++d) dot += q_s[d] * to_float(kr[d]);
+        score = dot * p.scale;
+        if (p.bias == AttnBias::kT5Relative) {
+          const int64_t rel = key - qpos;
+          const int64_t dist = rel > 0 ? rel : -rel;
+          const int64_t nb = dist < p.bucket_len ? dist : p.bucket_len - 1;
+          const int bucket = rel > 0 ? p.bucket_after[nb] : p.bucket_before[nb];
+          score += table_at<T>(p, static_cast<int64_t>(bucket) * p.heads + h);
+        } else if (p.bias == AttnBias::kAlibi) {
+          score += slope * static_cast<float>(key);
+        }
+      }
+      score_s[j] = score;
+      local_max = fmaxf(local_max, score);
+    }
+    const float tile_max = block_max(local_max);
+    if (bad_block) return;  // reported by key_row; the step fails
+    const float m_new = fmaxf(m_run, tile_max);
+    const float correction = expf(m_run - m_new);  // 0 for the first tile (m_run = -inf)
+    float local_sum = 0.0f;
+    for (int j = tid; j < n; j += threads) {
+      const float e = expf(score_s[j] - m_new);
+      score_s[j] = e;
+      local_sum += e;
+    }
+    const float tile_sum = block_sum(local_sum);  // its barriers publish score_s
+    l_run = l_run * correction + tile_sum;
+    acc *= correction;
+    if (value_thread)
+      for (int j = part; j < n; j += parts) {
+        const KeyRow<T> kv = key_row<T>(p, s, tile0 + j);
+        acc += score_s[j] * to_float(kv.value[head_off + vd]);
+      }
+    m_run = m_new;
+    __syncthreads();  // score_s is rewritten by the next tile
   }
-  const float inv = 1.0f / total;
+  // Sum the parts of each dimension, in a fixed order.
+  if (value_thread) partial_s[part * dh + vd] = acc;
+  __syncthreads();
   T* yr = static_cast<T*>(p.y) + row * static_cast<int64_t>(p.heads) * dh + head_off;
-#pragma unroll
-  for (int e = 0; e < kPerLane; ++e) {
-    const int d = lane + 32 * e;
-    if (d >= dh) continue;
+  for (int d = tid; d < dh; d += threads) {
     float v = 0.0f;
-    for (int w = 0; w < kWarps; ++w) v += warp_acc[w][d] * factor[w];
-    yr[d] = from_float<T>(v * inv);
+    for (int k = 0; k < parts; ++k) v += partial_s[k * dh + d];
+    yr[d] = from_float<T>(v / l_run);
   }
 }
 
@@ -190,15 +194,7 @@ void launch_typed(const AttentionParams& p, cudaStream_t stream) {
   if (p.kind == AttnKind::kCachedSelf)
     append_kernel<T><<<static_cast<unsigned>(p.tokens), 128, 0, stream>>>(p);
   const dim3 grid(static_cast<unsigned>(p.tokens), static_cast<unsigned>(p.heads));
-  const int threads = kWarps * 32;
-  if (p.head_dim <= 32)
-    attention_kernel<T, 1><<<grid, threads, 0, stream>>>(p);
-  else if (p.head_dim <= 64)
-    attention_kernel<T, 2><<<grid, threads, 0, stream>>>(p);
-  else if (p.head_dim <= 128)
-    attention_kernel<T, 4><<<grid, threads, 0, stream>>>(p);
-  else
-    attention_kernel<T, 8><<<grid, threads, 0, stream>>>(p);
+  attention_kernel<T><<<grid, p.head_dim <= 128 ? 128 : 256, 0, stream>>>(p);
 }
 
 }  // namespace
