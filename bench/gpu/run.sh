@@ -44,7 +44,7 @@ bench_model() {  # preset family synth-dtype precision
   for b in 1 ${BATCHES##* }; do
     echo "== profile $preset $prec batch $b" >>"$LOG"
     KILN_CUDA_PROFILE=1 "$KILN" -v bench --plan "$plan" --input-len 78 --output-len 100 \
-      --runs 1 --warmup 0 --batch "$b" 2>&1 | grep -E "cuda profile|ms/step|roofline|^ +[0-9]" >>"$LOG"
+      --runs 1 --warmup 1 --batch "$b" 2>&1 | grep -E "cuda profile|ms/step|roofline|^ +[0-9]" >>"$LOG"
   done
   python3 "$HERE/hf_baseline.py" "$dir" "$family" "$prec" 78 100 "$RUNS" $BATCHES \
     >"$OUT/hf-$preset-$prec.jsonl" 2>>"$LOG" || echo "HF $preset $prec failed" | tee -a "$LOG"

@@ -117,6 +117,7 @@ __global__ void attention_kernel(AttentionParams p) {
 
   __shared__ float q_s[kMaxHeadDim];
   __shared__ float score_s[kTile];
+  __shared__ const T* value_s[kTile];       // each key's value row, resolved once while scoring
   __shared__ float partial_s[kMaxHeadDim];  // parts * dh <= the block's threads <= 256
   __shared__ int bad_block;
   const T* qr = static_cast<const T*>(p.q) + row * p.q_stride + head_off;
@@ -136,6 +137,7 @@ __global__ void attention_kernel(AttentionParams p) {
       const int64_t key = tile0 + j;
       const KeyRow<T> kv = key_row<T>(p, s, key);
       float score = -INFINITY;
+      value_s[j] = kv.value;
       if (kv.key == nullptr) {
         bad_block = 1;
       } else {
@@ -170,10 +172,7 @@ __global__ void attention_kernel(AttentionParams p) {
     l_run = l_run * correction + tile_sum;
     acc *= correction;
     if (value_thread)
-      for (int j = part; j < n; j += parts) {
-        const KeyRow<T> kv = key_row<T>(p, s, tile0 + j);
-        acc += score_s[j] * to_float(kv.value[head_off + vd]);
-      }
+      for (int j = part; j < n; j += parts) acc += score_s[j] * to_float(value_s[j][head_off + vd]);
     m_run = m_new;
     __syncthreads();  // score_s is rewritten by the next tile
   }

@@ -158,6 +158,7 @@ CudaContext::CudaContext(Context& host) : host_(host) {
   KILN_CHECK_USAGE(sm_ >= 80, "device cuda: {} is sm_{}; kiln's CUDA kernels need sm_80 or newer",
                    device_name_, sm_);
   profile_ = std::getenv("KILN_CUDA_PROFILE") != nullptr;
+  tune_gemms_ = std::getenv("KILN_CUDA_TUNE_GEMM") != nullptr;
   KILN_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   allocator_ = CudaAllocator(stream_);
   KILN_CUBLAS_CHECK(cublasLtCreate(&blas_));

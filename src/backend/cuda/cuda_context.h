@@ -59,6 +59,9 @@ class CudaContext {
   // KILN_CUDA_PROFILE set (read once): executors time every node with CUDA events and log the
   // totals per kernel when they are destroyed.
   bool profile() const { return profile_; }
+  // KILN_CUDA_TUNE_GEMM set (read once): Linear kernels time cuBLASLt's candidate algorithms
+  // at first use instead of taking the heuristic's first.
+  bool tune_gemms() const { return tune_gemms_; }
 
   DeviceStatus* status() { return status_; }
   // Waits for the stream, then throws if a kernel reported bad data (naming the node of
@@ -82,6 +85,7 @@ class CudaContext {
   int device_ = 0;
   int sm_ = 0;
   bool profile_ = false;
+  bool tune_gemms_ = false;
   std::string device_name_;
   cudaStream_t stream_ = nullptr;
   cublasLtHandle_t blas_ = nullptr;

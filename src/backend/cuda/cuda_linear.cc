@@ -2,8 +2,9 @@
 // activation). Row-major y is column-major y^T [out, n] = w · x^T, so A = w (transposed),
 // B = x. fp16/bf16 multiply with fp32 accumulation; fp32 stays fp32 (no TF32). The bias rides
 // on cuBLASLt's bias epilogue when it has the output's type; the activation (and a bias of
-// another type) is one elementwise kernel after the GEMM. One algorithm per token count, the
-// fastest of cuBLASLt's candidates timed the first time that count runs.
+// another type) is one elementwise kernel after the GEMM. One algorithm per token count:
+// cuBLASLt's heuristic's first, or (KILN_CUDA_TUNE_GEMM) the fastest of its candidates timed
+// the first time that count runs.
 #include <map>
 
 #include "backend/cuda/cuda_kernels.h"
@@ -153,7 +154,10 @@ class LinearKernel final : public CudaKernel {
           node_.name, dtype_name(dtype_), n, in_, out_, in_, cublas_status_name(st));
     }
     p.algo = results[0].algo;
-    if (found > 1) {
+    // Timing the candidates on a warm L2 (the node's weights stay cached across repetitions)
+    // picked slower algorithms than the heuristic's first for decode, where weights stream from
+    // HBM; until the timing flushes L2 between repetitions, it is opt-in.
+    if (found > 1 && ctx_.tune_gemms()) {
       cudaEvent_t start = nullptr, stop = nullptr;
       KILN_CUDA_CHECK(cudaEventCreate(&start));
       KILN_CUDA_CHECK(cudaEventCreate(&stop));
