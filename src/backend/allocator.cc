@@ -28,6 +28,11 @@ Tensor Allocator::tensor(DType dtype, const Shape& shape) {
   return Tensor::view(dtype, shape, data, std::move(memory), device());
 }
 
+void Allocator::copy_to_host(const Tensor& t, void* dst) {
+  KILN_CHECK(t.device() == Device::kCpu, "copy_to_host: this allocator reads host tensors only");
+  std::memcpy(dst, t.raw(), t.nbytes());
+}
+
 Allocator& host_allocator() {
   // Stateless: one shared instance is not mutable global state.
   static HostAllocator allocator;

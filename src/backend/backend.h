@@ -28,6 +28,10 @@ class Allocator {
   Tensor tensor(DType dtype, const Shape& shape);
   // A copy of a host tensor in this allocator's memory (a plain copy for host allocators).
   virtual Tensor upload(const Tensor& host) = 0;
+  // A host copy of a tensor in this allocator's memory (a plain clone for host allocators).
+  virtual Tensor to_host(const Tensor& t) { return t.clone(); }
+  // Copies a contiguous tensor's bytes into host memory at `dst` (nbytes() of room).
+  virtual void copy_to_host(const Tensor& t, void* dst);
 };
 Allocator& host_allocator();
 
@@ -60,6 +64,10 @@ class Backend {
   virtual std::unique_ptr<Executable> compile(const Graph& graph, const ShapeProfile& profile) = 0;
   virtual Allocator& allocator() = 0;
   virtual std::unique_ptr<KvStorage> create_kv_storage(const KvGeometry& geometry) = 0;
+  // Greedy decoding without copying logits: out[r] = the first index of the largest value of
+  // row r of `logits` [rows, vocab] (f32), computed where the logits live. False when this
+  // backend has no such kernel (the caller reads the logits on the host).
+  virtual bool argmax_rows(const Tensor& logits, std::span<int64_t> out) { return false; }
 };
 
 // Empty when this build can run plans for the device at the precision; otherwise why not. The
@@ -68,6 +76,8 @@ std::string target_unsupported_reason(Device device, Precision precision);
 
 // The CPU backend: the widest kernel family the context chose (AVX-512 or the AVX2 baseline).
 std::unique_ptr<Backend> make_cpu_backend(Context& ctx);
+// The CUDA backend (device 0); throws naming the reason when this build or machine has no GPU.
+std::unique_ptr<Backend> make_cuda_backend(Context& ctx);
 // The backend for a device; throws naming the device when this build or machine lacks it.
 std::unique_ptr<Backend> make_backend(Context& ctx, Device device);
 

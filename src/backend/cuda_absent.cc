@@ -1,4 +1,5 @@
 // Built instead of src/backend/cuda/ when kiln is configured without CUDA.
+#include "backend/backend.h"
 #include "backend/cuda_info.h"
 
 namespace kiln {
@@ -8,6 +9,14 @@ CudaInfo query_cuda() {
   info.compiled = false;
   info.error = "kiln was built without CUDA (configure with -DKILN_CUDA=ON)";
   return info;
+}
+
+double measure_cuda_bandwidth_gbps(size_t, int) { return 0.0; }
+
+long long cuda_memory_used_bytes() { return -1; }
+
+std::unique_ptr<Backend> make_cuda_backend(Context&) {
+  KILN_FAIL_KIND(ErrorKind::kUsage, "device cuda: {}", query_cuda().error);
 }
 
 }  // namespace kiln

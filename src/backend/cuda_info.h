@@ -2,6 +2,7 @@
 // compiles it in CUDA sources.
 #pragma once
 
+#include <cstddef>
 #include <string>
 
 namespace kiln {
@@ -13,5 +14,12 @@ struct CudaInfo {
   std::string error;         // why no device was found, when compiled
 };
 CudaInfo query_cuda();
+
+// GPU 0's memory bandwidth as kiln measures it: the best of `passes` device-to-device copies of
+// `bytes`, timed with CUDA events, counting the bytes read and written (1e9 bytes per second).
+// 0 when there is no GPU.
+double measure_cuda_bandwidth_gbps(size_t bytes = size_t{1} << 30, int passes = 10);
+// Device memory in use on GPU 0 (total - free, every process and context), -1 without a GPU.
+long long cuda_memory_used_bytes();
 
 }  // namespace kiln

@@ -18,8 +18,21 @@ std::string target_unsupported_reason(Device device, Precision precision) {
                  "--precision int8-weight stores int8 weights and keeps fp32 activations";
       }
       return "unknown precision";
-    case Device::kCuda:
-      return "this kiln has no CUDA kernels yet (the CUDA backend is planned); use --device cpu";
+    case Device::kCuda: {
+      const CudaInfo cuda = query_cuda();
+      if (!cuda.compiled) return cuda.error;
+      switch (precision) {
+        case Precision::kFp32:
+        case Precision::kFp16:
+        case Precision::kBf16:
+          return {};
+        case Precision::kInt8:
+        case Precision::kInt8Weight:
+          break;
+      }
+      return fmt::format("the cuda backend runs fp32, fp16 and bf16 plans (not {})",
+                         precision_name(precision));
+    }
   }
   return "unknown device";
 }
@@ -29,7 +42,7 @@ std::unique_ptr<Backend> make_backend(Context& ctx, Device device) {
     case Device::kCpu:
       return make_cpu_backend(ctx);
     case Device::kCuda:
-      break;
+      return make_cuda_backend(ctx);
   }
   KILN_FAIL_KIND(ErrorKind::kUsage, "device {}: {}", device_name(device),
                  target_unsupported_reason(device, Precision::kFp32));

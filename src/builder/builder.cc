@@ -32,14 +32,19 @@ ModelIR build_model(const std::string& hf_dir, const BuildOptions& options, cons
   p.max_batch = options.max_batch;
   p.token_buckets = ShapeProfile::default_buckets(p.max_step_tokens);
   if (options.optimize) {
-    optimize_model(model, PassOptions{}, log);
+    PassOptions passes;
+    passes.precision = options.precision;
+    optimize_model(model, passes, log);
   } else {
     // Without the pipeline the Cast nodes of fp16 checkpoints still need resolving, and the
     // executor needs slots.
     for (Graph& g : model.graphs) {
       fold_constants(g, log);
-      assign_precision(g, model.precision, &model.precision_notes, log);
       eliminate_dead(g, log);
+      if (model.device == Device::kCuda)
+        narrow_graph(g, model.precision, log);
+      else
+        assign_precision(g, model.precision, &model.precision_notes, log);
     }
   }
   return model;

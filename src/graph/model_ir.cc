@@ -121,9 +121,14 @@ void check_model_contract(const ModelIR& model, const std::string& source) {
                source);
     const Graph& enc = model.graph(kEncoderGraph);
     expect_io(enc, true, "input_ids", DType::kI64, 1, source);
+    // Cross K/V are in the plan's activation type (f32, or f16/bf16 for reduced precision).
+    const int first_cross = enc.find_value("cross_k.0");
+    const DType cross_type = first_cross >= 0 ? enc.values[first_cross].dtype : DType::kF32;
+    KILN_CHECK(cross_type == DType::kF32 || cross_type == DType::kF16 || cross_type == DType::kBF16,
+               "{}: cross K/V are {}, expected f32, f16 or bf16", source, dtype_name(cross_type));
     for (int l = 0; l < layers; ++l) {
-      expect_io(enc, false, "cross_k." + std::to_string(l), DType::kF32, 2, source);
-      expect_io(enc, false, "cross_v." + std::to_string(l), DType::kF32, 2, source);
+      expect_io(enc, false, "cross_k." + std::to_string(l), cross_type, 2, source);
+      expect_io(enc, false, "cross_v." + std::to_string(l), cross_type, 2, source);
       const Value& k = enc.values[enc.output("cross_k." + std::to_string(l))];
       KILN_CHECK(k.shape[1] == Dim::of(width), "{}: cross_k.{} is {}, expected rows of {}", source,
                  l, sym_shape_str(k.shape), width);

@@ -32,9 +32,14 @@ void compact_values(Graph& graph);
 // removed nodes get producer -1 (callers re-point or drop them).
 void remove_nodes(Graph& graph, const std::vector<bool>& erase);
 
+// CUDA fp16 / bf16 plans: float weights and activations in that type, logits widened to f32 by
+// a Cast (the CPU keeps f32 activations and narrows only weight storage: assign_precision).
+int narrow_graph(Graph& graph, Precision precision, const Logger& log);
+
 struct PassOptions {
   bool fold_constants = true;
   bool fuse = true;
+  Precision precision = Precision::kFp32;
 };
 
 // The standard pipeline over every graph of a model, then verification.

@@ -11,7 +11,10 @@ void optimize_model(ModelIR& model, const PassOptions& options, const Logger& lo
       fuse_linear_activation(g, log);
       fuse_add_rms_norm(g, log);
     }
-    assign_precision(g, model.precision, &model.precision_notes, log);
+    if (model.device == Device::kCuda)
+      narrow_graph(g, model.precision, log);
+    else
+      assign_precision(g, model.precision, &model.precision_notes, log);
     verify_graph(g);
     // Report the workspace of the largest bucket (what a full step needs), with the bindings
     // the executor allocates it for, so that `kiln inspect` shows the same number.

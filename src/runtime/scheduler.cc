@@ -67,7 +67,15 @@ KvGeometry geometry_of(const CompiledModel& m, int block_size) {
   g.layers = m.desc().cache_layers;
   g.row_width = m.desc().cache_row_width();
   g.block_size = block_size;
+  // The cache holds keys and values in the type the decoder's attention computes in (the
+  // plan's precision).
   g.dtype = DType::kF32;
+  const Graph& dec = m.model().graph(kDecoderGraph);
+  for (const Node& n : dec.nodes)
+    if (n.op == OpKind::kAttention && n.attr<AttentionAttrs>().kind == AttentionKind::kCachedSelf) {
+      g.dtype = dec.values[n.inputs[0]].dtype;
+      break;
+    }
   return g;
 }
 
@@ -360,7 +368,26 @@ void Scheduler::run_decoder(const std::vector<Request*>& batch, bool apply_copie
   const std::span<const Tensor> out = model_.decoder().execute(inputs, &step);
   const Tensor& logits = out[io.logits];
   logits_.resize(static_cast<size_t>(logits.numel()));
-  std::memcpy(logits_.data(), logits.data<float>(), logits.nbytes());
+  row_argmax_.clear();
+  if (logits.device() == Device::kCpu) {
+    std::memcpy(logits_.data(), logits.data<float>(), logits.nbytes());
+    return;
+  }
+  // Logits in device memory: greedy rows cross as token ids (argmax on the device); rows that
+  // sample, search beams or mask EOS copy their own logits row.
+  row_argmax_.assign(rows_.size(), -1);
+  const bool on_device = model_.backend().argmax_rows(logits, row_argmax_);
+  if (!on_device) row_argmax_.assign(rows_.size(), -1);
+  const int64_t vocab = logits.dim(1);
+  Allocator& memory = model_.backend().allocator();
+  for (Request* r : batch) {
+    const bool plain_greedy = on_device && !r->params.do_sample && r->params.num_beams <= 1;
+    for (Beam& b : r->beams) {
+      if (b.row < 0 || (plain_greedy && b.generated >= r->params.min_new_tokens)) continue;
+      row_argmax_[b.row] = -1;
+      memory.copy_to_host(logits.slice_rows(b.row, b.row + 1), logits_.data() + b.row * vocab);
+    }
+  }
 }
 
 std::vector<GenerationEvent> Scheduler::step() {
@@ -447,7 +474,11 @@ void Scheduler::advance(Request& r, std::vector<GenerationEvent>& events) {
   std::span<float> row(logits_.data() + b.row * vocab, static_cast<size_t>(vocab));
   if (b.generated < r.params.min_new_tokens)
     for (int64_t eos : eos_ids_) row[eos] = -INFINITY;
-  const int64_t token = r.params.do_sample ? sample_token(row, r.params, r.rng) : argmax(row);
+  const bool device_argmax =
+      b.row < static_cast<int64_t>(row_argmax_.size()) && row_argmax_[b.row] >= 0;
+  const int64_t token = r.params.do_sample ? sample_token(row, r.params, r.rng)
+                        : device_argmax    ? row_argmax_[b.row]
+                                           : argmax(row);
   if (is_eos(token) && !r.params.ignore_eos) {
     finish(r, GenerationResult{r.generated_tokens(), FinishReason::kEos, 0.0f}, events);
     return;

@@ -117,6 +117,8 @@ class Scheduler {
   // Reused every step.
   StepLayout layout_;
   std::vector<int64_t> ids_, rows_;
+  // Device backends: each row's argmax computed on the device (-1: read logits_ instead).
+  std::vector<int64_t> row_argmax_;
   std::vector<float> logits_;  // [rows, vocab] copied out of the decoder's workspace
 };
 

@@ -21,6 +21,7 @@ struct ForwardModel {
   Backend& backend;
   Executable* encoder;  // encoder-decoder models only
   Executable& decoder;
+  DType kv_dtype = DType::kF32;
 };
 
 // T5: encodes `prompt`, then teacher-forces `decoder_ids`. BLOOM: `prompt` is ignored and
@@ -40,13 +41,16 @@ inline Forward run_forward(const ForwardModel& m, const std::vector<int64_t>& pr
         Tensor::from_vector(prompt, {static_cast<int64_t>(prompt.size())});
     StepContext step{&layout, nullptr};
     const std::span<const Tensor> out = m.encoder->execute(in, &step);
-    f.encoder_hidden = out[enc.output_index("encoder_hidden")].clone();
+    // Outputs live in the backend's memory: a host copy of the states, and cross K/V copied
+    // where the backend's kernels read them (device memory for CUDA).
+    Allocator& memory = m.backend.allocator();
+    f.encoder_hidden = memory.to_host(out[enc.output_index("encoder_hidden")]);
     for (int l = 0; l < d.cache_layers; ++l) {
-      cross.keys.push_back(out[enc.output_index("cross_k." + std::to_string(l))].clone());
-      cross.values.push_back(out[enc.output_index("cross_v." + std::to_string(l))].clone());
+      cross.keys.push_back(memory.upload(out[enc.output_index("cross_k." + std::to_string(l))]));
+      cross.values.push_back(memory.upload(out[enc.output_index("cross_v." + std::to_string(l))]));
     }
   }
-  KvGeometry geo{d.cache_layers, d.cache_row_width(), 4, DType::kF32};
+  KvGeometry geo{d.cache_layers, d.cache_row_width(), 4, m.kv_dtype};
   auto storage = m.backend.create_kv_storage(geo);
   BlockManager blocks(*storage);
   SequenceKv kv;
@@ -69,7 +73,7 @@ inline Forward run_forward(const ForwardModel& m, const std::vector<int64_t>& pr
     in[ids_at] = Tensor::from_vector(ids, {len});
     in[rows_at] = Tensor::from_vector(rows, {len});
     StepContext step{&layout, storage.get()};
-    const Tensor& logits = m.decoder.execute(in, &step)[logits_at];
+    const Tensor logits = m.backend.allocator().to_host(m.decoder.execute(in, &step)[logits_at]);
     kv.commit(len);
     std::memcpy(f.logits.data<float>() + begin * d.vocab_size, logits.data<float>(),
                 logits.nbytes());
@@ -80,9 +84,15 @@ inline Forward run_forward(const ForwardModel& m, const std::vector<int64_t>& pr
 
 inline Forward run_forward(CompiledModel& engine, const std::vector<int64_t>& prompt,
                            const std::vector<int64_t>& decoder_ids, bool step_by_step) {
-  const ForwardModel m{engine.model(), engine.backend(),
-                       engine.desc().encoder_decoder ? &engine.encoder() : nullptr,
-                       engine.decoder()};
+  ForwardModel m{engine.model(), engine.backend(),
+                 engine.desc().encoder_decoder ? &engine.encoder() : nullptr, engine.decoder()};
+  // The cache holds K/V in the type the decoder's attention computes in (the plan's precision).
+  const Graph& dec = engine.model().graph(kDecoderGraph);
+  for (const Node& n : dec.nodes)
+    if (n.op == OpKind::kAttention && n.attr<AttentionAttrs>().kind == AttentionKind::kCachedSelf) {
+      m.kv_dtype = dec.values[n.inputs[0]].dtype;
+      break;
+    }
   return run_forward(m, prompt, decoder_ids, step_by_step);
 }
 

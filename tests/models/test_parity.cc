@@ -1,8 +1,11 @@
 // HF parity for both fixture models: logits, encoder states, greedy and beam ids, padded batches.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstdio>
 #include <memory>
 
+#include "backend/cuda_info.h"
 #include "builder/builder.h"
 #include "model_runner.h"
 #include "parity_util.h"
@@ -14,13 +17,26 @@ namespace {
 struct ModelCase {
   std::string dir;
   bool t5;
+  Device device = Device::kCpu;
 };
+
+// Logits parity relative to max |logit|: DESIGN.md's 1e-4 on the CPU; issue 9's 1e-3 on CUDA
+// (cuBLASLt sums in another order, and its fp32 GEMMs may use fused multiply-adds in blocks).
+double logits_tolerance(Device device) { return device == Device::kCpu ? 1e-4 : 1e-3; }
 
 class Parity : public testing::TestWithParam<ModelCase> {
  protected:
   void SetUp() override {
+    if (GetParam().device == Device::kCuda) {
+      const CudaInfo cuda = query_cuda();
+      if (cuda.device_count == 0)
+        GTEST_SKIP() << "no GPU visible (" << (cuda.compiled ? cuda.error : "built without CUDA")
+                     << "): the CUDA parity runs on the GPU machine";
+    }
     ctx_ = std::make_unique<Context>(ContextOptions{LogLevel::kWarning, 2});
-    engine_ = compile_model_dir(*ctx_, fixture(GetParam().dir));
+    BuildOptions options;
+    options.device = GetParam().device;
+    engine_ = compile_model_dir(*ctx_, fixture(GetParam().dir), options);
     ref_ = std::make_unique<SafetensorsFile>(
         SafetensorsFile::open(fixture(GetParam().dir + "/reference.safetensors")));
   }
@@ -48,6 +64,7 @@ class Parity : public testing::TestWithParam<ModelCase> {
 
 TEST_P(Parity, LogitsMatchHuggingFace) {
   ASSERT_GE(cases(), 9);
+  double worst = 0.0;
   for (int c = 0; c < cases(); ++c) {
     const std::string k = "case" + std::to_string(c);
     const std::vector<int64_t> prompt = ids_of(ref(k + ".input_ids"));
@@ -55,13 +72,18 @@ TEST_P(Parity, LogitsMatchHuggingFace) {
     seq.pop_back();  // logits are of greedy_ids[:-1]
     for (bool step : {false, true}) {
       const Forward f = run_forward(*engine_, prompt, seq, step);
-      EXPECT_LE(relative_error(f.logits, ref(k + ".logits")), 1e-4)
-          << k << (step ? " (one token per step)" : " (one pass)");
+      const double tol = logits_tolerance(GetParam().device);
+      const double err = relative_error(f.logits, ref(k + ".logits"));
+      worst = std::max(worst, err);
+      EXPECT_LE(err, tol) << k << (step ? " (one token per step)" : " (one pass)");
       if (GetParam().t5) {
-        EXPECT_LE(relative_error(f.encoder_hidden, ref(k + ".encoder_hidden")), 1e-4) << k;
+        EXPECT_LE(relative_error(f.encoder_hidden, ref(k + ".encoder_hidden")), tol) << k;
       }
     }
   }
+  RecordProperty("max_relative_logits_error", std::to_string(worst));
+  std::printf("[parity] %s on %s: max relative logits error %.3g\n", GetParam().dir.c_str(),
+              std::string(device_name(GetParam().device)).c_str(), worst);
 }
 
 TEST_P(Parity, GreedyIdsMatchHuggingFace) {
@@ -172,6 +194,11 @@ TEST_P(Parity, RequestsJoiningMidGenerationMatchUnbatched) {
 INSTANTIATE_TEST_SUITE_P(Models, Parity,
                          testing::Values(ModelCase{"t5-tiny", true},
                                          ModelCase{"bloom-tiny", false}),
+                         [](const auto& info) { return info.param.t5 ? "T5" : "Bloom"; });
+// The same checks on the CUDA backend (skipped, saying why, without a GPU).
+INSTANTIATE_TEST_SUITE_P(CudaModels, Parity,
+                         testing::Values(ModelCase{"t5-tiny", true, Device::kCuda},
+                                         ModelCase{"bloom-tiny", false, Device::kCuda}),
                          [](const auto& info) { return info.param.t5 ? "T5" : "Bloom"; });
 
 }  // namespace

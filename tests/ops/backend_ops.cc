@@ -23,9 +23,12 @@ std::vector<NamedBackend> available_backends() {
     out.push_back({fmt::format("cpu-{}", cpu_isa_name(isa)), std::move(ctx), std::move(backend),
                    /*batch_invariant=*/true});
   }
-  // CUDA, once it has a backend:
-  //   if (query_cuda().device_count > 0) out.push_back({"cuda", ctx, make_backend(*ctx,
-  //   Device::kCuda), false});
+  // cuBLASLt picks its algorithm per shape, so CUDA does not promise batch invariance.
+  if (query_cuda().device_count > 0) {
+    auto ctx = std::make_unique<Context>(ContextOptions{LogLevel::kError, 1});
+    auto backend = make_cuda_backend(*ctx);
+    out.push_back({"cuda", std::move(ctx), std::move(backend), /*batch_invariant=*/false});
+  }
   return out;
 }
 
@@ -129,18 +132,6 @@ std::string unsupported(const Backend& backend, const Graph& graph) {
   return {};
 }
 
-namespace {
-
-// Outputs live in the backend's memory; host backends' are plain tensors. A device backend adds
-// its download here.
-Tensor to_host(const Tensor& t) {
-  KILN_CHECK(t.device() == Device::kCpu, "the op harness cannot read {} outputs yet",
-             device_name(t.device()));
-  return t.clone();
-}
-
-}  // namespace
-
 ScenarioOutputs run_scenario(Backend& backend, const Scenario& scenario) {
   const Graph& g = scenario.graph;
   std::unique_ptr<Executable> exe = backend.compile(g, test_profile());
@@ -176,7 +167,7 @@ ScenarioOutputs run_scenario(Backend& backend, const Scenario& scenario) {
       step_context = &context;
     }
     std::vector<Tensor> host;
-    for (const Tensor& t : exe->execute(in, step_context)) host.push_back(to_host(t));
+    for (const Tensor& t : exe->execute(in, step_context)) host.push_back(memory.to_host(t));
     outputs.push_back(std::move(host));
   }
   return outputs;

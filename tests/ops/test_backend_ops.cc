@@ -636,6 +636,32 @@ TEST(BackendOps, ReferencePositionBiasMatchesHuggingFace) {
   EXPECT_NEAR(s12[11], std::pow(2.0, -3.5), 1e-15);
 }
 
+// Greedy decoding on a device: the row argmax where the logits live is the first index of each
+// row's largest value (ties, a maximum in the last column, a row of equal values).
+TEST(BackendOps, ArgmaxRowsOnTheDeviceTakesTheFirstMaximum) {
+  const int64_t rows = 5, cols = 3001;
+  Gen g(DType::kF32, DType::kF32, 5);
+  std::vector<float> v = g.floats(rows * cols, -5, 5);
+  v[1 * cols + 10] = v[1 * cols + 500] = 9.0f;  // a tie: 10 wins
+  std::fill(v.begin() + 2 * cols, v.begin() + 3 * cols, 0.25f);
+  v[4 * cols - 1] = 7.0f;
+  std::vector<int64_t> expected(rows, 0);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 1; c < cols; ++c)
+      if (v[r * cols + c] > v[r * cols + expected[r]]) expected[r] = c;
+  ASSERT_EQ(expected[1], 10);
+  ASSERT_EQ(expected[3], cols - 1);
+  int checked = 0;
+  for (NamedBackend& nb : available_backends()) {
+    const Tensor logits = nb.backend->allocator().upload(Tensor::from_vector(v, {rows, cols}));
+    std::vector<int64_t> got(rows, -1);
+    if (!nb.backend->argmax_rows(logits, got)) continue;  // host backends read logits directly
+    EXPECT_EQ(got, expected) << nb.name;
+    ++checked;
+  }
+  if (checked == 0) GTEST_SKIP() << "no backend here computes argmax on a device (CUDA does)";
+}
+
 TEST(BackendOps, BadInputEmbeddingIdOutOfRange) {
   const int64_t vocab = 10;
   for (DType id_type : {DType::kI64, DType::kI32}) {

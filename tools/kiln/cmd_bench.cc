@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
+#include "backend/cuda_info.h"
 #include "commands.h"
 #include "core/bandwidth.h"
 #include "output.h"
@@ -166,15 +167,26 @@ Runner add_bench(CLI::App& app) {
     for (int b : batches)
       KILN_CHECK_USAGE(b <= ir.profile.max_batch, "batch {} exceeds the plan's batch of {}", b,
                        ir.profile.max_batch);
-    ctx->log().info("measuring memory read bandwidth ({} threads, 1 GiB)", ctx->pool().size());
-    const BandwidthResult bw = measure_read_bandwidth(ctx->pool());
+    // The roofline: the memory the plan's weights live in. A GPU's bandwidth is a
+    // device-to-device copy timed with CUDA events (bytes read + written).
+    const bool gpu = ir.device == Device::kCuda;
+    BandwidthResult bw;
+    if (gpu) {
+      ctx->log().info("measuring GPU memory bandwidth (device-to-device copy of 1 GiB)");
+      bw.gbps = measure_cuda_bandwidth_gbps();
+    } else {
+      ctx->log().info("measuring memory read bandwidth ({} threads, 1 GiB)", ctx->pool().size());
+      bw = measure_read_bandwidth(ctx->pool());
+    }
     // Bytes a decode step reads: every decoder weight once at its stored dtype (the plan's
     // precision), except tables only gathered from (an untied embedding reads one row per
     // sequence), plus each sequence's KV cache (and, encoder-decoder, its cross K/V) at the
     // average context length of the decode phase.
     const DecodeWeightBytes weights = decode_weight_bytes(ir.graph(kDecoderGraph));
     const ModelDesc& d = ir.desc;
-    const int64_t row = d.cache_row_width() * 4;
+    // The KV cache is in the plan's type on CUDA; the CPU keeps it f32 in every precision.
+    const bool narrow_kv = gpu && ir.precision != Precision::kFp32;
+    const int64_t row = d.cache_row_width() * (narrow_kv ? 2 : 4);
     const double avg_ctx = (d.encoder_decoder ? 1.0 : static_cast<double>(o->input_len)) +
                            static_cast<double>(o->output_len) / 2.0;
     const double kv_per_seq = static_cast<double>(d.cache_layers) * 2.0 * row *
@@ -184,12 +196,14 @@ Runner add_bench(CLI::App& app) {
     for (int batch : batches) {
       for (int i = 0; i < o->warmup; ++i) run_once(*model, batch, prompt, o->output_len);
       std::vector<double> ttft, decode, total;
+      long long gpu_peak = -1;
       Progress progress(ctx->log(), fmt::format("bench batch {}", batch), o->runs);
       for (int i = 0; i < o->runs; ++i) {
         const RunTimes t = run_once(*model, batch, prompt, o->output_len);
         ttft.push_back(t.ttft_ms);
         total.push_back(t.total_ms);
         decode.push_back((t.total_ms - t.ttft_ms) / static_cast<double>(o->output_len - 1));
+        if (gpu) gpu_peak = std::max(gpu_peak, cuda_memory_used_bytes());
         progress.advance();
       }
       progress.done();
@@ -212,7 +226,8 @@ Runner add_bench(CLI::App& app) {
           {"tokens_per_s", batch * 1000.0 / step_ms},
           {"prefill_tokens_per_s", batch * static_cast<double>(o->input_len) * 1000.0 / ttft_ms},
           {"total_ms", median(total)},
-          {"peak_memory_bytes", peak_rss_bytes()},
+          {"peak_memory_bytes", gpu ? static_cast<int64_t>(gpu_peak) : peak_rss_bytes()},
+          {"peak_memory_kind", gpu ? "gpu (device-wide, after each run)" : "host rss"},
           {"bandwidth_gbps", bw.gbps},
           {"bytes_per_step", static_cast<int64_t>(bytes_per_step)},
           {"roofline_pct", 100.0 * bytes_per_step / (step_ms / 1000.0) / (bw.gbps * 1e9)},

@@ -34,11 +34,12 @@ Runner add_build(CLI::App& app) {
                   "model.safetensors or sharded index, tokenizer)");
   cmd->add_option("--onnx", o->onnx, "ONNX export (not built yet)");
   cmd->add_option("-o,--output", o->output, "plan file to write")->required();
-  cmd->add_option("--device", o->device, "cpu (cuda plans: not built yet)")->capture_default_str();
+  cmd->add_option("--device", o->device, "cpu or cuda (a cuda plan runs where a GPU is visible)")
+      ->capture_default_str();
   cmd->add_option("--precision", o->precision,
-                  "weight storage: fp32, bf16, fp16, or int8-weight (int8 with per-channel "
-                  "scales); activations, norms and accumulation stay fp32 (int8 activations: "
-                  "not built yet)")
+                  "cpu: fp32, bf16, fp16, or int8-weight (weight storage; activations, norms and "
+                  "accumulation stay fp32). cuda: fp32, fp16 or bf16 (weights and activations; "
+                  "fp32 accumulation). int8 activations: not built yet")
       ->capture_default_str();
   cmd->add_option("--prompt-template", o->prompt_template,
                   "default template stored in the plan: every {prompt} is replaced by the "

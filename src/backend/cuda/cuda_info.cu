@@ -24,4 +24,48 @@ CudaInfo query_cuda() {
   return info;
 }
 
+double measure_cuda_bandwidth_gbps(size_t bytes, int passes) {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+    cudaGetLastError();
+    return 0.0;
+  }
+  void* src = nullptr;
+  void* dst = nullptr;
+  cudaEvent_t start = nullptr, stop = nullptr;
+  double best = 0.0;
+  if (cudaMalloc(&src, bytes) == cudaSuccess && cudaMalloc(&dst, bytes) == cudaSuccess &&
+      cudaEventCreate(&start) == cudaSuccess && cudaEventCreate(&stop) == cudaSuccess) {
+    cudaMemset(src, 1, bytes);
+    cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToDevice);  // warm-up
+    for (int i = 0; i < passes; ++i) {
+      cudaEventRecord(start);
+      cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice);
+      cudaEventRecord(stop);
+      cudaEventSynchronize(stop);
+      float ms = 0.0f;
+      cudaEventElapsedTime(&ms, start, stop);
+      if (ms > 0.0f) {
+        const double gbps = 2.0 * static_cast<double>(bytes) / (ms * 1e-3) / 1e9;
+        if (gbps > best) best = gbps;
+      }
+    }
+  }
+  cudaGetLastError();
+  if (start != nullptr) cudaEventDestroy(start);
+  if (stop != nullptr) cudaEventDestroy(stop);
+  cudaFree(src);
+  cudaFree(dst);
+  return best;
+}
+
+long long cuda_memory_used_bytes() {
+  size_t free_bytes = 0, total = 0;
+  if (cudaMemGetInfo(&free_bytes, &total) != cudaSuccess) {
+    cudaGetLastError();
+    return -1;
+  }
+  return static_cast<long long>(total - free_bytes);
+}
+
 }  // namespace kiln

@@ -1,0 +1,30 @@
+#!/bin/bash
+# Packs what the GPU machine needs to run kiln's CUDA tests and benchmarks from a build made
+# here (binaries, the non-system shared libraries they link, the fixture models and these
+# scripts) into DEST (default: the main checkout's git-ignored .device/cuda/, the folder the
+# device tool carries). Usage: scripts/device/pack.sh [BUILD_DIR] [DEST]
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+BUILD=${1:-$ROOT/build-cuda}
+DEST=${2:-/work/main/.device/cuda}
+FIXTURES=$(cd "$ROOT/../shared/fixtures" && pwd)
+STAGE=$(mktemp -d)
+trap 'rm -rf "$STAGE"' EXIT
+mkdir -p "$STAGE/bin" "$STAGE/lib" "$STAGE/fixtures"
+cp "$BUILD/kiln" "$BUILD/tests/kiln_tests" "$STAGE/bin/"
+# Shared libraries that are neither glibc/libstdc++ nor CUDA's own (the GPU machine has those).
+for lib in $(ldd "$BUILD/kiln" "$BUILD/tests/kiln_tests" | awk '/=> \//{print $3}' | sort -u); do
+  case "$(basename "$lib")" in
+    libc.so* | libm.so* | libstdc++* | libgcc_s* | libpthread* | libdl.so* | librt.so* | libcublas*) ;;
+    *) cp -L "$lib" "$STAGE/lib/" ;;
+  esac
+done
+for model in t5-tiny bloom-tiny; do
+  cp -r "$FIXTURES/$model" "$STAGE/fixtures/"
+done
+cp -r "$FIXTURES/data" "$STAGE/fixtures/"
+mkdir -p "$DEST"
+tar -C "$STAGE" -cJf "$DEST/bundle.tar.xz" .
+cp "$ROOT/scripts/device/"*.sh "$DEST/"
+[ -d "$ROOT/bench/gpu" ] && cp "$ROOT/bench/gpu/"* "$DEST/" 2>/dev/null || true
+du -sh "$DEST"

@@ -1,0 +1,223 @@
+// Attention over the step's ragged sequences (encoder self, cached self over the paged KV
+// storage, cross over the request's K/V), one block per (query row, head), keys a tile at a time
+// with an online softmax across tiles (running max and sum in fp32, as flash attention does):
+// no score matrix beyond one tile in shared memory, K/V read once per (query, head). Position
+// bias is computed inside: T5's relative buckets from a per-node lookup table of distances,
+// BLOOM's ALiBi from the head's slope.
+#include "backend/cuda/device_types.cuh"
+
+namespace kiln::cuda {
+namespace {
+
+// Where key position j of sequence s lives, for the node's kind; null when its block is invalid.
+template <typename T>
+struct KeyRow {
+  const T* key;
+  const T* value;
+};
+
+template <typename T>
+__device__ __forceinline__ KeyRow<T> key_row(const AttentionParams& p, int s, int64_t j) {
+  const DeviceStep& st = p.step;
+  switch (p.kind) {
+    case AttnKind::kEncoderSelf: {
+      const int64_t r = st.token_begin[s] + j;
+      return {static_cast<const T*>(p.k) + r * p.kv_stride,
+              static_cast<const T*>(p.v) + r * p.kv_stride};
+    }
+    case AttnKind::kCachedSelf: {
+      const int b = st.block_table[static_cast<int64_t>(s) * st.max_blocks + j / p.kv.block_size];
+      if (b < 0 || b >= p.kv.capacity) {
+        report(p.status, kStatusKvBlock, p.node, b, p.kv.capacity);
+        return {nullptr, nullptr};
+      }
+      const int64_t off = (j % p.kv.block_size) * p.kv.row_width;
+      const char* base = p.kv.block_base[b];
+      return {reinterpret_cast<const T*>(base + 2 * p.layer * p.kv.layer_bytes) + off,
+              reinterpret_cast<const T*>(base + (2 * p.layer + 1) * p.kv.layer_bytes) + off};
+    }
+    case AttnKind::kCross: {
+      const int64_t slot = static_cast<int64_t>(s) * st.cross_layers + p.layer;
+      const int64_t width = static_cast<int64_t>(p.heads) * p.head_dim;
+      return {static_cast<const T*>(st.cross_k[slot]) + j * width,
+              static_cast<const T*>(st.cross_v[slot]) + j * width};
+    }
+  }
+  return {nullptr, nullptr};
+}
+
+template <typename T>
+__device__ __forceinline__ float table_at(const AttentionParams& p, int64_t i) {
+  switch (p.table_type) {
+    case FloatType::kF32:
+      return static_cast<const float*>(p.rel_table)[i];
+    case FloatType::kF16:
+      return __half2float(static_cast<const __half*>(p.rel_table)[i]);
+    case FloatType::kBF16:
+      return __bfloat162float(static_cast<const __nv_bfloat16*>(p.rel_table)[i]);
+  }
+  return 0.0f;
+}
+
+__device__ __forceinline__ float alibi_slope(int h, int heads) {
+  int pow2 = 1;
+  while (pow2 * 2 <= heads) pow2 *= 2;
+  if (h < pow2) return exp2f(-8.0f * static_cast<float>(h + 1) / static_cast<float>(pow2));
+  return exp2f(-4.0f * static_cast<float>(2 * (h - pow2) + 1) / static_cast<float>(pow2));
+}
+
+// q (fp32, shared memory) . k (one key row of dh elements): 16-byte loads when the row is
+// aligned for them (rows of 64 fp16 are), so a thread has several loads in flight.
+template <typename T>
+__device__ __forceinline__ float dot_row(const float* q, const T* k, int dh) {
+  constexpr int kPer = 16 / static_cast<int>(sizeof(T));
+  float dot = 0.0f;
+  if (dh % kPer == 0 && (reinterpret_cast<uintptr_t>(k) & 15) == 0) {
+    const uint4* k4 = reinterpret_cast<const uint4*>(k);
+#pragma unroll 4
+    for (int c = 0; c < dh / kPer; ++c) {
+      const uint4 raw = __ldg(k4 + c);
+      const T* e = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+      for (int u = 0; u < kPer; ++u) dot += q[c * kPer + u] * to_float(e[u]);
+    }
+    return dot;
+  }
+  for (int d = 0; d < dh; ++d) dot += q[d] * to_float(k[d]);
+  return dot;
+}
+
+// This step's K/V rows into the sequence's cache blocks.
+template <typename T>
+__global__ void append_kernel(AttentionParams p) {
+  const int64_t r = blockIdx.x;
+  const DeviceStep& st = p.step;
+  const int s = st.token_seq[r];
+  const int64_t pos = st.past_len[s] + (r - st.token_begin[s]);
+  const int b = st.block_table[static_cast<int64_t>(s) * st.max_blocks + pos / p.kv.block_size];
+  if (b < 0 || b >= p.kv.capacity) {
+    if (threadIdx.x == 0) report(p.status, kStatusKvBlock, p.node, b, p.kv.capacity);
+    return;
+  }
+  const int64_t off = (pos % p.kv.block_size) * p.kv.row_width;
+  char* base = p.kv.block_base[b];
+  T* kd = reinterpret_cast<T*>(base + 2 * p.layer * p.kv.layer_bytes) + off;
+  T* vd = reinterpret_cast<T*>(base + (2 * p.layer + 1) * p.kv.layer_bytes) + off;
+  const T* ks = static_cast<const T*>(p.k) + r * p.kv_stride;
+  const T* vs = static_cast<const T*>(p.v) + r * p.kv_stride;
+  for (int64_t c = threadIdx.x; c < p.kv.row_width; c += blockDim.x) {
+    kd[c] = ks[c];
+    vd[c] = vs[c];
+  }
+}
+
+// Keys are scored a tile at a time: every thread scores whole keys (q from shared memory, the
+// key row read in one pass), the block takes the tile's max and sum (online softmax across
+// tiles, in fp32), then the threads split the head dimension and the tile's keys to accumulate
+// probability-weighted values. Decode steps (one query row, a short context) keep every thread
+// busy instead of walking the keys one after another.
+constexpr int kTile = 1024;
+
+template <typename T>
+__global__ void attention_kernel(AttentionParams p) {
+  const int64_t row = blockIdx.x;
+  const int h = blockIdx.y;
+  const int tid = threadIdx.x, threads = blockDim.x;
+  const DeviceStep& st = p.step;
+  const int s = st.token_seq[row];
+  const int64_t i = row - st.token_begin[s];
+  const int64_t tokens = st.token_begin[s + 1] - st.token_begin[s];
+  const int64_t past = p.kind == AttnKind::kCachedSelf ? st.past_len[s] : 0;
+  const int64_t qpos = past + i;
+  int64_t key_len = tokens;
+  if (p.kind == AttnKind::kCachedSelf) key_len = past + tokens;
+  if (p.kind == AttnKind::kCross) key_len = st.cross_len[s];
+  const int64_t visible = p.causal ? min(key_len, qpos + 1) : key_len;
+  const int dh = p.head_dim;
+  const int64_t head_off = static_cast<int64_t>(h) * dh;
+
+  __shared__ float q_s[kMaxHeadDim];
+  __shared__ float score_s[kTile];
+  __shared__ const T* value_s[kTile];       // each key's value row, resolved once while scoring
+  __shared__ float partial_s[kMaxHeadDim];  // parts * dh <= the block's threads <= 256
+  __shared__ int bad_block;
+  const T* qr = static_cast<const T*>(p.q) + row * p.q_stride + head_off;
+  for (int d = tid; d < dh; d += threads) q_s[d] = to_float(qr[d]);
+  if (tid == 0) bad_block = 0;
+  __syncthreads();
+  const float slope = p.bias == AttnBias::kAlibi ? alibi_slope(h, p.heads) : 0.0f;
+  // The value threads: thread tid accumulates dimension tid % dh over keys part, part + parts, ...
+  const int parts = threads / dh > 0 ? threads / dh : 1;
+  const int vd = tid % dh, part = tid / dh;
+  const bool value_thread = part < parts && tid < parts * dh;
+  float m_run = -INFINITY, l_run = 0.0f, acc = 0.0f;
+  for (int64_t tile0 = 0; tile0 < visible; tile0 += kTile) {
+    const int n = static_cast<int>(min(static_cast<int64_t>(kTile), visible - tile0));
+    float local_max = -INFINITY;
+    for (int j = tid; j < n; j += threads) {
+      const int64_t key = tile0 + j;
+      const KeyRow<T> kv = key_row<T>(p, s, key);
+      float score = -INFINITY;
+      value_s[j] = kv.value;
+      if (kv.key == nullptr) {
+        bad_block = 1;
+      } else {
+        score = dot_row(q_s, kv.key + head_off, dh) * p.scale;
+        if (p.bias == AttnBias::kT5Relative) {
+          const int64_t rel = key - qpos;
+          const int64_t dist = rel > 0 ? rel : -rel;
+          const int64_t nb = dist < p.bucket_len ? dist : p.bucket_len - 1;
+          const int bucket = rel > 0 ? p.bucket_after[nb] : p.bucket_before[nb];
+          score += table_at<T>(p, static_cast<int64_t>(bucket) * p.heads + h);
+        } else if (p.bias == AttnBias::kAlibi) {
+          score += slope * static_cast<float>(key);
+        }
+      }
+      score_s[j] = score;
+      local_max = fmaxf(local_max, score);
+    }
+    const float tile_max = block_max(local_max);
+    if (bad_block) return;  // reported by key_row; the step fails
+    const float m_new = fmaxf(m_run, tile_max);
+    const float correction = expf(m_run - m_new);  // 0 for the first tile (m_run = -inf)
+    float local_sum = 0.0f;
+    for (int j = tid; j < n; j += threads) {
+      const float e = expf(score_s[j] - m_new);
+      score_s[j] = e;
+      local_sum += e;
+    }
+    const float tile_sum = block_sum(local_sum);  // its barriers publish score_s
+    l_run = l_run * correction + tile_sum;
+    acc *= correction;
+    if (value_thread)
+      for (int j = part; j < n; j += parts) acc += score_s[j] * to_float(value_s[j][head_off + vd]);
+    m_run = m_new;
+    __syncthreads();  // score_s is rewritten by the next tile
+  }
+  // Sum the parts of each dimension, in a fixed order.
+  if (value_thread) partial_s[part * dh + vd] = acc;
+  __syncthreads();
+  T* yr = static_cast<T*>(p.y) + row * static_cast<int64_t>(p.heads) * dh + head_off;
+  for (int d = tid; d < dh; d += threads) {
+    float v = 0.0f;
+    for (int k = 0; k < parts; ++k) v += partial_s[k * dh + d];
+    yr[d] = from_float<T>(v / l_run);
+  }
+}
+
+template <typename T>
+void launch_typed(const AttentionParams& p, cudaStream_t stream) {
+  if (p.tokens == 0) return;
+  if (p.kind == AttnKind::kCachedSelf)
+    append_kernel<T><<<static_cast<unsigned>(p.tokens), 128, 0, stream>>>(p);
+  const dim3 grid(static_cast<unsigned>(p.tokens), static_cast<unsigned>(p.heads));
+  attention_kernel<T><<<grid, p.head_dim <= 128 ? 128 : 256, 0, stream>>>(p);
+}
+
+}  // namespace
+
+void launch_attention(const AttentionParams& p, cudaStream_t stream) {
+  dispatch_float(p.act, [&](auto tag) { launch_typed<decltype(tag)>(p, stream); });
+}
+
+}  // namespace kiln::cuda

@@ -1,0 +1,77 @@
+// The CUDA backend: kernels from the CUDA registry (bound to this backend's context), device
+// memory, the paged KV cache on the GPU and the CUDA executor.
+#include "backend/cuda/cuda_executor.h"
+#include "backend/cuda/cuda_kernels.h"
+#include "backend/cuda/cuda_kv_storage.h"
+
+namespace kiln {
+namespace cuda {
+namespace {
+
+class CudaBackend final : public Backend {
+ public:
+  explicit CudaBackend(Context& ctx) : ctx_(ctx), cuda_(std::make_unique<CudaContext>(ctx)) {
+    register_kernels(registry_, *cuda_);
+  }
+  Device device() const override { return Device::kCuda; }
+  std::string describe() const override {
+    return fmt::format("cuda ({}, sm_{}, cuBLASLt + kiln kernels)", cuda_->device_name(),
+                       cuda_->sm());
+  }
+  bool supports_precision(Precision precision) const override {
+    switch (precision) {
+      case Precision::kFp32:
+      case Precision::kFp16:
+      case Precision::kBf16:
+        return true;
+      case Precision::kInt8:
+      case Precision::kInt8Weight:
+        return false;
+    }
+    return false;
+  }
+  std::string unsupported_reason(const Graph& graph, const Node& node) const override {
+    const KernelKey key = kernel_key(graph, node, Device::kCuda, Isa::kSm90);
+    if (registry_.find(key) != nullptr) return {};
+    return fmt::format("no cuda kernel for {}", describe_key(key));
+  }
+  std::unique_ptr<Executable> compile(const Graph& graph, const ShapeProfile& profile) override {
+    std::vector<std::unique_ptr<Kernel>> kernels;
+    std::vector<std::string> names;
+    for (const Node& n : graph.nodes) {
+      const KernelKey key = kernel_key(graph, n, Device::kCuda, Isa::kSm90);
+      const KernelRegistry::Entry* e = registry_.find(key);
+      KILN_CHECK(e != nullptr, "graph '{}': node '{}' is not supported on cuda: no kernel for {}",
+                 graph.name, n.name, describe_key(key));
+      kernels.push_back(e->factory(n));
+      kernels.back()->prepare(graph);
+      names.push_back(e->name);
+    }
+    ctx_.log().debug("cuda backend compiled graph '{}' ({} nodes)", graph.name, graph.nodes.size());
+    return std::make_unique<CudaExecutor>(graph, profile, *cuda_, std::move(kernels),
+                                          std::move(names));
+  }
+  Allocator& allocator() override { return cuda_->allocator(); }
+  std::unique_ptr<KvStorage> create_kv_storage(const KvGeometry& geometry) override {
+    return std::make_unique<CudaKvStorage>(*cuda_, geometry);
+  }
+  bool argmax_rows(const Tensor& logits, std::span<int64_t> out) override {
+    if (logits.device() != Device::kCuda) return false;
+    cuda_->argmax_rows(logits, out);
+    return true;
+  }
+
+ private:
+  Context& ctx_;
+  std::unique_ptr<CudaContext> cuda_;
+  KernelRegistry registry_;
+};
+
+}  // namespace
+}  // namespace cuda
+
+std::unique_ptr<Backend> make_cuda_backend(Context& ctx) {
+  return std::make_unique<cuda::CudaBackend>(ctx);
+}
+
+}  // namespace kiln

@@ -1,0 +1,283 @@
+#include "backend/cuda/cuda_context.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+namespace kiln::cuda {
+
+void check_cuda(cudaError_t err, const char* call, const char* file, int line) {
+  if (err == cudaSuccess) return;
+  cudaGetLastError();  // clear a sticky-free error so the next call starts clean
+  KILN_FAIL("CUDA error {} ({}) in {} at {}:{}", cudaGetErrorName(err), cudaGetErrorString(err),
+            call, file, line);
+}
+
+const char* cublas_status_name(cublasStatus_t status) {
+  switch (status) {
+    case CUBLAS_STATUS_SUCCESS:
+      return "CUBLAS_STATUS_SUCCESS";
+    case CUBLAS_STATUS_NOT_INITIALIZED:
+      return "CUBLAS_STATUS_NOT_INITIALIZED";
+    case CUBLAS_STATUS_ALLOC_FAILED:
+      return "CUBLAS_STATUS_ALLOC_FAILED";
+    case CUBLAS_STATUS_INVALID_VALUE:
+      return "CUBLAS_STATUS_INVALID_VALUE";
+    case CUBLAS_STATUS_ARCH_MISMATCH:
+      return "CUBLAS_STATUS_ARCH_MISMATCH";
+    case CUBLAS_STATUS_MAPPING_ERROR:
+      return "CUBLAS_STATUS_MAPPING_ERROR";
+    case CUBLAS_STATUS_EXECUTION_FAILED:
+      return "CUBLAS_STATUS_EXECUTION_FAILED";
+    case CUBLAS_STATUS_INTERNAL_ERROR:
+      return "CUBLAS_STATUS_INTERNAL_ERROR";
+    case CUBLAS_STATUS_NOT_SUPPORTED:
+      return "CUBLAS_STATUS_NOT_SUPPORTED";
+    case CUBLAS_STATUS_LICENSE_ERROR:
+      return "CUBLAS_STATUS_LICENSE_ERROR";
+  }
+  return "an unknown cuBLAS status";
+}
+
+void check_cublas(cublasStatus_t status, const char* call, const char* file, int line) {
+  if (status == CUBLAS_STATUS_SUCCESS) return;
+  KILN_FAIL("cuBLASLt error {} in {} at {}:{}", cublas_status_name(status), call, file, line);
+}
+
+FloatType float_type(DType dtype) {
+  switch (dtype) {
+    case DType::kF32:
+      return FloatType::kF32;
+    case DType::kF16:
+      return FloatType::kF16;
+    case DType::kBF16:
+      return FloatType::kBF16;
+    case DType::kI8:
+    case DType::kI32:
+    case DType::kI64:
+    case DType::kQ8B32:
+      break;
+  }
+  KILN_FAIL("the cuda kernels take f32, f16 or bf16 tensors, not {}", dtype_name(dtype));
+}
+
+IndexType index_type(DType dtype) {
+  switch (dtype) {
+    case DType::kI32:
+      return IndexType::kI32;
+    case DType::kI64:
+      return IndexType::kI64;
+    case DType::kF32:
+    case DType::kF16:
+    case DType::kBF16:
+    case DType::kI8:
+    case DType::kQ8B32:
+      break;
+  }
+  KILN_FAIL("the cuda kernels take i32 or i64 indices, not {}", dtype_name(dtype));
+}
+
+std::shared_ptr<void> CudaAllocator::allocate(size_t bytes) {
+  const size_t rounded = std::max<size_t>((bytes + 255) / 256 * 256, 256);
+  void* p = nullptr;
+  const cudaError_t err = cudaMalloc(&p, rounded);
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    size_t free_bytes = 0, total = 0;
+    cudaMemGetInfo(&free_bytes, &total);
+    KILN_FAIL("out of GPU memory allocating {} bytes ({} of {} bytes free): {}", rounded,
+              free_bytes, total, cudaGetErrorString(err));
+  }
+  KILN_CUDA_CHECK(cudaMemsetAsync(p, 0, rounded, stream_));
+  KILN_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  return std::shared_ptr<void>(p, [](void* q) { cudaFree(q); });
+}
+
+Tensor CudaAllocator::upload(const Tensor& source) {
+  KILN_CHECK(source.defined(), "cannot upload an undefined tensor to the GPU");
+  Tensor t = tensor(source.dtype(), source.shape());
+  if (source.nbytes() > 0) {
+    KILN_CUDA_CHECK(
+        cudaMemcpyAsync(t.raw(), source.raw(), source.nbytes(), cudaMemcpyDefault, stream_));
+    KILN_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
+  return t;
+}
+
+Tensor CudaAllocator::to_host(const Tensor& t) {
+  if (t.device() == Device::kCpu) return t.clone();
+  Tensor host = Tensor::empty(t.dtype(), t.shape());
+  if (t.nbytes() > 0) {
+    KILN_CUDA_CHECK(
+        cudaMemcpyAsync(host.raw(), t.raw(), t.nbytes(), cudaMemcpyDeviceToHost, stream_));
+    KILN_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
+  return host;
+}
+
+void CudaAllocator::copy_to_host(const Tensor& t, void* dst) {
+  if (t.device() == Device::kCpu) {
+    std::memcpy(dst, t.raw(), t.nbytes());
+    return;
+  }
+  if (t.nbytes() == 0) return;
+  KILN_CUDA_CHECK(cudaMemcpyAsync(dst, t.raw(), t.nbytes(), cudaMemcpyDeviceToHost, stream_));
+  KILN_CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+void CudaContext::argmax_rows(const Tensor& logits, std::span<int64_t> out) {
+  KILN_CHECK(logits.device() == Device::kCuda && logits.rank() == 2 &&
+                 static_cast<size_t>(logits.dim(0)) == out.size(),
+             "argmax_rows: {} logits {} for {} rows", kiln::device_name(logits.device()),
+             shape_str(logits.shape()), out.size());
+  if (out.empty()) return;
+  if (out.size() > argmax_capacity_) {
+    argmax_capacity_ = std::max<size_t>(out.size(), 256);
+    argmax_device_ = allocator_.allocate(argmax_capacity_ * sizeof(long long));
+  }
+  auto* ids = static_cast<long long*>(argmax_device_.get());
+  launch_argmax_rows(float_type(logits.dtype()), logits.raw(), logits.dim(0), logits.dim(1), ids,
+                     stream_);
+  static_assert(sizeof(long long) == sizeof(int64_t));
+  KILN_CUDA_CHECK(cudaMemcpyAsync(out.data(), ids, out.size() * sizeof(long long),
+                                  cudaMemcpyDeviceToHost, stream_));
+  KILN_CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+CudaContext::CudaContext(Context& host) : host_(host) {
+  int count = 0;
+  const cudaError_t err = cudaGetDeviceCount(&count);
+  if (err != cudaSuccess) cudaGetLastError();
+  KILN_CHECK_USAGE(err == cudaSuccess && count > 0, "device cuda: no CUDA GPU is visible ({})",
+                   err == cudaSuccess ? "0 devices" : cudaGetErrorString(err));
+  KILN_CUDA_CHECK(cudaSetDevice(device_));
+  cudaDeviceProp prop{};
+  KILN_CUDA_CHECK(cudaGetDeviceProperties(&prop, device_));
+  sm_ = prop.major * 10 + prop.minor;
+  device_name_ = prop.name;
+  KILN_CHECK_USAGE(sm_ >= 80, "device cuda: {} is sm_{}; kiln's CUDA kernels need sm_80 or newer",
+                   device_name_, sm_);
+  profile_ = std::getenv("KILN_CUDA_PROFILE") != nullptr;
+  tune_gemms_ = std::getenv("KILN_CUDA_TUNE_GEMM") != nullptr;
+  KILN_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  allocator_ = CudaAllocator(stream_);
+  KILN_CUBLAS_CHECK(cublasLtCreate(&blas_));
+  KILN_CUDA_CHECK(cudaMalloc(&blas_workspace_, kBlasWorkspaceBytes));
+  KILN_CUDA_CHECK(cudaMalloc(&status_, sizeof(DeviceStatus)));
+  KILN_CUDA_CHECK(cudaMemset(status_, 0, sizeof(DeviceStatus)));
+}
+
+CudaContext::~CudaContext() {
+  weights_.clear();
+  if (stream_ != nullptr) cudaStreamSynchronize(stream_);
+  cudaFree(step_device_);
+  cudaFreeHost(step_host_);
+  cudaFree(status_);
+  cudaFree(blas_workspace_);
+  if (blas_ != nullptr) cublasLtDestroy(blas_);
+  if (stream_ != nullptr) cudaStreamDestroy(stream_);
+}
+
+void CudaContext::finish_step(const Graph& graph) {
+  DeviceStatus st{};
+  KILN_CUDA_CHECK(cudaMemcpyAsync(&st, status_, sizeof(st), cudaMemcpyDeviceToHost, stream_));
+  KILN_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  KILN_CUDA_CHECK(cudaGetLastError());
+  if (st.code == kStatusOk) return;
+  KILN_CUDA_CHECK(cudaMemsetAsync(status_, 0, sizeof(DeviceStatus), stream_));
+  KILN_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  const std::string node = st.node >= 0 && st.node < static_cast<int>(graph.nodes.size())
+                               ? graph.nodes[st.node].name
+                               : "?";
+  switch (st.code) {
+    case kStatusTokenId:
+      KILN_FAIL("node '{}': token id {} is outside the vocabulary [0, {})", node, st.value,
+                st.limit);
+    case kStatusGatherRow:
+      KILN_FAIL("node '{}': row {} out of range [0, {})", node, st.value, st.limit);
+    case kStatusKvBlock:
+      KILN_FAIL("node '{}': the block table names KV block {}, the storage holds {}", node,
+                st.value, st.limit);
+    default:
+      KILN_FAIL("node '{}': the GPU reported error {}", node, st.code);
+  }
+}
+
+void CudaContext::upload_step(const StepLayout& layout) {
+  const int seqs = layout.num_seqs();
+  const int64_t tokens = layout.total_tokens();
+  int cross_layers = 0;
+  for (const CrossKv* c : layout.cross)
+    if (c != nullptr) cross_layers = std::max(cross_layers, static_cast<int>(c->keys.size()));
+  // Layout of the buffer: pointers first (8-byte aligned), then the int arrays.
+  const size_t pointers = static_cast<size_t>(seqs) * cross_layers * 2;
+  const size_t ints = static_cast<size_t>(seqs + 1) + seqs + static_cast<size_t>(tokens) +
+                      layout.block_table.size() + seqs;
+  const size_t bytes = pointers * sizeof(void*) + ints * sizeof(int);
+  if (bytes > step_capacity_) {
+    const size_t grown = std::max<size_t>(bytes * 2, 4096);
+    if (step_device_ != nullptr) {
+      KILN_CUDA_CHECK(cudaStreamSynchronize(stream_));
+      cudaFree(step_device_);
+      cudaFreeHost(step_host_);
+      step_device_ = step_host_ = nullptr;
+    }
+    KILN_CUDA_CHECK(cudaMalloc(&step_device_, grown));
+    KILN_CUDA_CHECK(cudaMallocHost(&step_host_, grown));
+    step_capacity_ = grown;
+  } else {
+    // The previous step's copy may still be reading the pinned buffer.
+    KILN_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
+  auto** ptr = static_cast<const void**>(step_host_);
+  for (int s = 0; s < seqs; ++s)
+    for (int l = 0; l < cross_layers; ++l) {
+      const CrossKv* c = layout.cross[s];
+      const bool has = c != nullptr && l < static_cast<int>(c->keys.size());
+      ptr[static_cast<size_t>(s) * cross_layers + l] = has ? c->keys[l].raw() : nullptr;
+      ptr[pointers / 2 + static_cast<size_t>(s) * cross_layers + l] =
+          has ? c->values[l].raw() : nullptr;
+    }
+  int* ints_host = reinterpret_cast<int*>(ptr + pointers);
+  int* at = ints_host;
+  const size_t begin_off = 0;
+  at = std::copy(layout.token_begin.begin(), layout.token_begin.end(), at);
+  const size_t past_off = static_cast<size_t>(at - ints_host);
+  at = std::copy(layout.past_len.begin(), layout.past_len.end(), at);
+  const size_t seq_off = static_cast<size_t>(at - ints_host);
+  for (int s = 0; s < seqs; ++s)
+    for (int64_t r = layout.token_begin[s]; r < layout.token_begin[s + 1]; ++r) *at++ = s;
+  const size_t table_off = static_cast<size_t>(at - ints_host);
+  at = std::copy(layout.block_table.begin(), layout.block_table.end(), at);
+  const size_t cross_off = static_cast<size_t>(at - ints_host);
+  for (int s = 0; s < seqs; ++s)
+    *at++ = layout.cross[s] != nullptr ? static_cast<int>(layout.cross[s]->length()) : 0;
+  KILN_CUDA_CHECK(
+      cudaMemcpyAsync(step_device_, step_host_, bytes, cudaMemcpyHostToDevice, stream_));
+  const void* const* dptr = static_cast<const void* const*>(step_device_);
+  const int* dints = reinterpret_cast<const int*>(dptr + pointers);
+  step_.num_seqs = seqs;
+  step_.max_blocks = layout.max_blocks;
+  step_.token_begin = dints + begin_off;
+  step_.past_len = dints + past_off;
+  step_.token_seq = dints + seq_off;
+  step_.block_table = dints + table_off;
+  step_.cross_len = dints + cross_off;
+  step_.cross_layers = cross_layers;
+  step_.cross_k = dptr;
+  step_.cross_v = dptr + pointers / 2;
+}
+
+Tensor CudaContext::device_weight(const Tensor& host) {
+  if (host.device() == Device::kCuda) return host;
+  auto it = weights_.find(host.raw());
+  if (it != weights_.end() && it->second.first.nbytes() == host.nbytes() &&
+      it->second.first.dtype() == host.dtype())
+    return Tensor::view(host.dtype(), host.shape(), it->second.second.raw(),
+                        std::make_shared<Tensor>(it->second.second), Device::kCuda);
+  Tensor device = allocator_.upload(host);
+  weights_[host.raw()] = {host, device};
+  return device;
+}
+
+}  // namespace kiln::cuda

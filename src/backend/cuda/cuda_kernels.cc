@@ -1,0 +1,179 @@
+// The CUDA kernel table, and the node kernels that are one launch each (everything but Linear
+// and Attention): they check what the host knows and enqueue the launchers of kernels.cuh.
+#include "backend/cuda/cuda_kernels.h"
+
+namespace kiln::cuda {
+namespace {
+
+ActFn act_fn(Activation a) {
+  switch (a) {
+    case Activation::kRelu:
+      return ActFn::kRelu;
+    case Activation::kGeluTanh:
+      return ActFn::kGeluTanh;
+    case Activation::kGeluExact:
+      return ActFn::kGeluExact;
+    case Activation::kSilu:
+      return ActFn::kSilu;
+  }
+  KILN_FAIL("unknown activation {}", static_cast<int>(a));
+}
+
+struct Launch {
+  const Node& node;
+  const KernelArgs& args;
+  CudaContext& ctx;
+  int index;
+  cudaStream_t stream() const { return ctx.stream(); }
+};
+using LaunchFn = void (*)(const Launch&);
+
+class FnKernel final : public CudaKernel {
+ public:
+  FnKernel(const Node& node, CudaContext& ctx, LaunchFn fn) : CudaKernel(node, ctx), fn_(fn) {}
+  void run(const KernelArgs& args) override {
+    for (const Tensor& t : args.in)
+      KILN_CHECK(!t.defined() || t.device() == Device::kCuda,
+                 "node '{}': an input is in {} memory, the cuda kernels read device memory",
+                 node_.name, device_name(t.device()));
+    fn_(Launch{node_, args, ctx_, node_index_});
+  }
+
+ private:
+  LaunchFn fn_;
+};
+
+// table [vocab, d], ids [n] -> [n, d]
+void embedding(const Launch& l) {
+  const Tensor& table = l.args.in[0];
+  const Tensor& ids = l.args.in[1];
+  launch_embedding(float_type(table.dtype()), table.raw(), table.dim(0), table.dim(1),
+                   index_type(ids.dtype()), ids.raw(), ids.dim(0), l.args.out[0].raw(),
+                   l.ctx.status(), l.index, l.stream());
+}
+
+// x [n, d], rows [r] -> [r, d]
+void gather_rows(const Launch& l) {
+  const Tensor& x = l.args.in[0];
+  const Tensor& rows = l.args.in[1];
+  launch_gather_rows(float_type(x.dtype()), x.raw(), x.dim(0), x.dim(1), index_type(rows.dtype()),
+                     rows.raw(), rows.dim(0), l.args.out[0].raw(), l.ctx.status(), l.index,
+                     l.stream());
+}
+
+// a, b [n, d] -> [n, d]
+void add(const Launch& l) {
+  Tensor& y = l.args.out[0];
+  launch_binary(BinaryOp::kAdd, float_type(y.dtype()), l.args.in[0].raw(), l.args.in[1].raw(),
+                y.raw(), y.numel(), l.stream());
+}
+
+void mul(const Launch& l) {
+  Tensor& y = l.args.out[0];
+  launch_binary(BinaryOp::kMul, float_type(y.dtype()), l.args.in[0].raw(), l.args.in[1].raw(),
+                y.raw(), y.numel(), l.stream());
+}
+
+// x -> x * scale
+void scale(const Launch& l) {
+  Tensor& y = l.args.out[0];
+  launch_scale(float_type(y.dtype()), l.args.in[0].raw(), l.node.attr<ScaleAttrs>().scale, y.raw(),
+               y.numel(), l.stream());
+}
+
+// x -> x as CastAttrs::to
+void cast(const Launch& l) {
+  Tensor& y = l.args.out[0];
+  launch_cast(float_type(l.args.in[0].dtype()), float_type(y.dtype()), l.args.in[0].raw(), y.raw(),
+              y.numel(), l.stream());
+}
+
+// x -> act(x)
+void activation(const Launch& l) {
+  Tensor& y = l.args.out[0];
+  launch_activation(act_fn(l.node.attr<ActivationAttrs>().activation), float_type(y.dtype()),
+                    l.args.in[0].raw(), y.raw(), y.numel(), l.stream());
+}
+
+// gate, up [n, f] -> act(gate) * up
+void gated_activation(const Launch& l) {
+  Tensor& y = l.args.out[0];
+  launch_gated(act_fn(l.node.attr<ActivationAttrs>().activation), float_type(y.dtype()),
+               l.args.in[0].raw(), l.args.in[1].raw(), y.raw(), y.numel(), l.stream());
+}
+
+// x [n, d] -> softmax over d
+void softmax(const Launch& l) {
+  Tensor& y = l.args.out[0];
+  const int64_t d = y.dim(-1);
+  launch_softmax(float_type(y.dtype()), l.args.in[0].raw(), y.raw(), d > 0 ? y.numel() / d : 0, d,
+                 l.stream());
+}
+
+// x [n, d], w [d] -> [n, d]
+void rms_norm(const Launch& l) {
+  Tensor& y = l.args.out[0];
+  const int64_t d = y.dim(-1);
+  launch_rms_norm(float_type(y.dtype()), float_type(l.args.in[1].dtype()), l.args.in[0].raw(),
+                  l.args.in[1].raw(), y.raw(), d > 0 ? y.numel() / d : 0, d,
+                  static_cast<float>(l.node.attr<NormAttrs>().eps), l.stream());
+}
+
+// x [n, d], w [d], b [d] -> [n, d]
+void layer_norm(const Launch& l) {
+  Tensor& y = l.args.out[0];
+  const int64_t d = y.dim(-1);
+  KILN_CHECK(l.args.in[1].dtype() == l.args.in[2].dtype(),
+             "node '{}': the cuda layer norm takes weight and bias of one dtype", l.node.name);
+  launch_layer_norm(float_type(y.dtype()), float_type(l.args.in[1].dtype()), l.args.in[0].raw(),
+                    l.args.in[1].raw(), l.args.in[2].raw(), y.raw(), d > 0 ? y.numel() / d : 0, d,
+                    static_cast<float>(l.node.attr<NormAttrs>().eps), l.stream());
+}
+
+// a, b [n, d], w [d] -> (a + b, rmsnorm(a + b) * w)
+void add_rms_norm(const Launch& l) {
+  Tensor& sum = l.args.out[0];
+  const int64_t d = sum.dim(-1);
+  launch_add_rms_norm(float_type(sum.dtype()), float_type(l.args.in[2].dtype()), l.args.in[0].raw(),
+                      l.args.in[1].raw(), l.args.in[2].raw(), sum.raw(), l.args.out[1].raw(),
+                      d > 0 ? sum.numel() / d : 0, d,
+                      static_cast<float>(l.node.attr<NormAttrs>().eps), l.stream());
+}
+
+}  // namespace
+
+void register_kernels(KernelRegistry& r, CudaContext& ctx) {
+  constexpr DType kFloats[] = {DType::kF32, DType::kF16, DType::kBF16};
+  auto add_fn = [&](OpKind op, DType act, DType weight, const char* name, LaunchFn fn) {
+    r.add(KernelKey{op, act, weight, Device::kCuda, Isa::kSm90}, name,
+          [&ctx, fn](const Node& node) { return std::make_unique<FnKernel>(node, ctx, fn); });
+  };
+  for (DType t : kFloats) {
+    add_fn(OpKind::kEmbedding, t, t, "cuda embedding gather", embedding);
+    add_fn(OpKind::kGatherRows, t, t, "cuda gather rows", gather_rows);
+    add_fn(OpKind::kAdd, t, t, "cuda add", add);
+    add_fn(OpKind::kMul, t, t, "cuda mul", mul);
+    add_fn(OpKind::kScale, t, t, "cuda scale", scale);
+    add_fn(OpKind::kActivation, t, t, "cuda activation", activation);
+    add_fn(OpKind::kGatedActivation, t, t, "cuda gated activation", gated_activation);
+    add_fn(OpKind::kSoftmax, t, t, "cuda softmax (fp32)", softmax);
+    r.add(KernelKey{OpKind::kLinear, t, t, Device::kCuda, Isa::kSm90},
+          t == DType::kF32 ? "cublaslt linear (fp32)" : "cublaslt linear (fp32 accumulation)",
+          [&ctx](const Node& node) { return make_linear_kernel(node, ctx); });
+    // Norm weights in the activations' type, or kept in f32.
+    const std::vector<DType> norm_weights =
+        t == DType::kF32 ? std::vector<DType>{t} : std::vector<DType>{t, DType::kF32};
+    for (DType w : norm_weights) {
+      add_fn(OpKind::kRmsNorm, t, w, "cuda rms norm", rms_norm);
+      add_fn(OpKind::kLayerNorm, t, w, "cuda layer norm", layer_norm);
+      add_fn(OpKind::kAddRmsNorm, t, w, "cuda add + rms norm", add_rms_norm);
+      r.add(KernelKey{OpKind::kAttention, t, w, Device::kCuda, Isa::kSm90},
+            "cuda paged attention (online softmax)",
+            [&ctx](const Node& node) { return make_attention_kernel(node, ctx); });
+    }
+    // Casts between any two float types, of activations or of weights.
+    for (DType from : kFloats) add_fn(OpKind::kCast, t, from, "cuda cast", cast);
+  }
+}
+
+}  // namespace kiln::cuda

@@ -1,0 +1,29 @@
+// The CUDA kernel table and the node kernels' shared base. Kernels run on the context's stream;
+// host-side checks (shapes, dtypes, the step's cross K/V) throw before anything is enqueued.
+#pragma once
+
+#include "backend/cuda/cuda_context.h"
+#include "backend/kernel.h"
+
+namespace kiln::cuda {
+
+class CudaKernel : public Kernel {
+ public:
+  CudaKernel(const Node& node, CudaContext& ctx) : node_(node), ctx_(ctx) {}
+  void prepare(const Graph& graph) override {
+    node_index_ = static_cast<int>(&node_ - graph.nodes.data());
+  }
+
+ protected:
+  const Node& node_;
+  CudaContext& ctx_;
+  int node_index_ = -1;
+};
+
+std::unique_ptr<Kernel> make_linear_kernel(const Node& node, CudaContext& ctx);
+std::unique_ptr<Kernel> make_attention_kernel(const Node& node, CudaContext& ctx);
+
+// Registers every CUDA kernel (the single dispatch point of the CUDA backend), bound to `ctx`.
+void register_kernels(KernelRegistry& registry, CudaContext& ctx);
+
+}  // namespace kiln::cuda

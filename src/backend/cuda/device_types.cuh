@@ -1,0 +1,129 @@
+// Device-side helpers shared by the .cu files: element loads and stores for the three float
+// types (round to nearest even on store), the activation functions with HuggingFace's formulas,
+// dispatch from FloatType to a C++ type, and block reductions.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "backend/cuda/kernels.cuh"
+
+namespace kiln::cuda {
+
+__device__ __forceinline__ float to_float(float x) { return x; }
+__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
+__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+
+template <typename T>
+__device__ __forceinline__ T from_float(float x);
+template <>
+__device__ __forceinline__ float from_float<float>(float x) {
+  return x;
+}
+template <>
+__device__ __forceinline__ __half from_float<__half>(float x) {
+  return __float2half_rn(x);
+}
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
+  return __float2bfloat16_rn(x);
+}
+
+// x as T would store it, back in float.
+template <typename T>
+__device__ __forceinline__ float round_as(float x) {
+  return to_float(from_float<T>(x));
+}
+
+__device__ __forceinline__ float apply_act(ActFn act, float x) {
+  switch (act) {
+    case ActFn::kRelu:
+      return x > 0.0f ? x : 0.0f;
+    case ActFn::kGeluTanh:
+      return 0.5f * x * (1.0f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)));
+    case ActFn::kGeluExact:
+      return 0.5f * x * (1.0f + erff(x * 0.7071067811865476f));
+    case ActFn::kSilu:
+      return x / (1.0f + expf(-x));
+  }
+  return x;
+}
+
+// Calls f(T{}) with the C++ type of t.
+template <typename F>
+void dispatch_float(FloatType t, F&& f) {
+  switch (t) {
+    case FloatType::kF32:
+      f(float{});
+      return;
+    case FloatType::kF16:
+      f(__half{});
+      return;
+    case FloatType::kBF16:
+      f(__nv_bfloat16{});
+      return;
+  }
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// Sum over a block of at most 1024 threads (blockDim.x a multiple of 32); every thread gets it.
+__device__ __forceinline__ float block_sum(float v) {
+  __shared__ float partial[32];
+  __shared__ float total;
+  v = warp_sum(v);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  if (lane == 0) partial[warp] = v;
+  __syncthreads();
+  if (warp == 0) {
+    float s = lane < (blockDim.x >> 5) ? partial[lane] : 0.0f;
+    s = warp_sum(s);
+    if (lane == 0) total = s;
+  }
+  __syncthreads();
+  const float result = total;
+  __syncthreads();
+  return result;
+}
+
+__device__ __forceinline__ float block_max(float v) {
+  __shared__ float partial[32];
+  __shared__ float total;
+  v = warp_max(v);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  if (lane == 0) partial[warp] = v;
+  __syncthreads();
+  if (warp == 0) {
+    float s = lane < (blockDim.x >> 5) ? partial[lane] : -INFINITY;
+    s = warp_max(s);
+    if (lane == 0) total = s;
+  }
+  __syncthreads();
+  const float result = total;
+  __syncthreads();
+  return result;
+}
+
+// Records the first error of a step.
+__device__ __forceinline__ void report(DeviceStatus* status, int code, int node, long long value,
+                                       long long limit) {
+  if (atomicCAS(&status->code, 0, code) == 0) {
+    status->node = node;
+    status->value = value;
+    status->limit = limit;
+  }
+}
+
+inline unsigned grid_for(int64_t n, int threads) {
+  const int64_t blocks = (n + threads - 1) / threads;
+  return static_cast<unsigned>(blocks < 65535 * 16 ? blocks : 65535 * 16);
+}
+
+}  // namespace kiln::cuda

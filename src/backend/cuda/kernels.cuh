@@ -1,0 +1,142 @@
+// Launchers of kiln's own CUDA kernels. This header is shared by the .cu files (nvcc, C++17) and
+// the backend's C++20 sources, so it includes no other kiln header: tensors cross it as raw
+// device pointers with their element types. Every launcher enqueues on `stream` and returns;
+// kernels that can meet bad data (token ids, rows, block tables) record it in the DeviceStatus
+// instead of reading out of bounds, and the executor turns it into a kiln::Error after the step.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace kiln::cuda {
+
+enum class FloatType : int { kF32, kF16, kBF16 };
+enum class IndexType : int { kI32, kI64 };
+// The same functions as kiln::Activation, in its order.
+enum class ActFn : int { kRelu, kGeluTanh, kGeluExact, kSilu };
+enum class BinaryOp : int { kAdd, kMul };
+
+// What a kernel found wrong; the first error wins.
+enum StatusCode : int {
+  kStatusOk = 0,
+  kStatusTokenId = 1,
+  kStatusGatherRow = 2,
+  kStatusKvBlock = 3
+};
+struct DeviceStatus {
+  int code;
+  int node;         // index of the node in its graph
+  long long value;  // the offending id / row / block
+  long long limit;  // the bound it broke
+};
+
+// table [vocab, d], ids [n] -> out [n, d]
+void launch_embedding(FloatType t, const void* table, int64_t vocab, int64_t d, IndexType it,
+                      const void* ids, int64_t n, void* out, DeviceStatus* status, int node,
+                      cudaStream_t stream);
+// x [rows_in, d], rows [r] -> out [r, d]
+void launch_gather_rows(FloatType t, const void* x, int64_t rows_in, int64_t d, IndexType it,
+                        const void* rows, int64_t r, void* out, DeviceStatus* status, int node,
+                        cudaStream_t stream);
+// y = a op b, n elements
+void launch_binary(BinaryOp op, FloatType t, const void* a, const void* b, void* y, int64_t n,
+                   cudaStream_t stream);
+// y = x * s
+void launch_scale(FloatType t, const void* x, float s, void* y, int64_t n, cudaStream_t stream);
+// y = x converted (round to nearest even)
+void launch_cast(FloatType from, FloatType to, const void* x, void* y, int64_t n,
+                 cudaStream_t stream);
+// y = act(x) (y may be x)
+void launch_activation(ActFn act, FloatType t, const void* x, void* y, int64_t n,
+                       cudaStream_t stream);
+// y[r, c] = act(round(y[r, c] + bias[c])) for a [rows, cols] linear output (in place);
+// has_act false: bias only. bias may be null (activation only).
+void launch_bias_activation(FloatType t, void* y, FloatType bias_t, const void* bias, int64_t rows,
+                            int64_t cols, bool has_act, ActFn act, cudaStream_t stream);
+// y = round(act(gate)) * up
+void launch_gated(ActFn act, FloatType t, const void* gate, const void* up, void* y, int64_t n,
+                  cudaStream_t stream);
+
+// x [rows, d], w [d] -> y [rows, d]
+void launch_rms_norm(FloatType t, FloatType wt, const void* x, const void* w, void* y, int64_t rows,
+                     int64_t d, float eps, cudaStream_t stream);
+// x [rows, d], w [d], b [d] -> y [rows, d]
+void launch_layer_norm(FloatType t, FloatType wt, const void* x, const void* w, const void* b,
+                       void* y, int64_t rows, int64_t d, float eps, cudaStream_t stream);
+// a, b [rows, d], w [d] -> sum = a + b (rounded), y = rmsnorm(sum) * w
+void launch_add_rms_norm(FloatType t, FloatType wt, const void* a, const void* b, const void* w,
+                         void* sum, void* y, int64_t rows, int64_t d, float eps,
+                         cudaStream_t stream);
+// x [rows, d] -> softmax over d in fp32
+void launch_softmax(FloatType t, const void* x, void* y, int64_t rows, int64_t d,
+                    cudaStream_t stream);
+
+// The step's layout in device memory (uploaded once per step by the executor).
+struct DeviceStep {
+  int num_seqs;
+  int max_blocks;
+  const int* token_begin;      // [seqs + 1]
+  const int* past_len;         // [seqs]
+  const int* token_seq;        // [tokens]: the sequence of each row
+  const int* block_table;      // [seqs, max_blocks]
+  const int* cross_len;        // [seqs]
+  int cross_layers;            // width of the cross pointer tables
+  const void* const* cross_k;  // [seqs, cross_layers]
+  const void* const* cross_v;  // [seqs, cross_layers]
+};
+
+// The paged KV storage as kernels see it: a block b holds, per layer, block_size key rows then
+// block_size value rows of row_width elements; block_base[b] is its first byte.
+struct DeviceKv {
+  char* const* block_base;  // [capacity]
+  int64_t capacity;
+  int block_size;
+  int64_t row_width;
+  int64_t layer_bytes;  // bytes of one layer's keys (or values) in a block
+  FloatType type;
+};
+
+enum class AttnKind : int { kEncoderSelf, kCachedSelf, kCross };
+enum class AttnBias : int { kNone, kT5Relative, kAlibi };
+
+struct AttentionParams {
+  AttnKind kind;
+  AttnBias bias;
+  int layer;
+  int heads;
+  int head_dim;
+  bool causal;
+  float scale;
+  FloatType act;  // q, k, v, y (and cross K/V)
+  const void* q;
+  const void* k;
+  const void* v;
+  int64_t q_stride;   // elements per row of q
+  int64_t kv_stride;  // elements per row of k and v
+  void* y;            // [tokens, heads * head_dim]
+  int64_t tokens;
+  // T5: table [buckets, heads] and the bucket of each distance (bucket_of[n], n < bucket_len
+  // covers every distance; larger distances use the last entry), one table for keys after the
+  // query and one for keys before it.
+  const void* rel_table;
+  FloatType table_type;
+  const int* bucket_after;
+  const int* bucket_before;
+  int bucket_len;
+  DeviceStep step;
+  DeviceKv kv;
+  DeviceStatus* status;
+  int node;
+};
+// out[r] = the first index of the largest value of row r of x [rows, cols] (greedy decoding:
+// only token ids leave the GPU).
+void launch_argmax_rows(FloatType t, const void* x, int64_t rows, int64_t cols, long long* out,
+                        cudaStream_t stream);
+
+// Appends this step's K/V rows to the cache (kCachedSelf), then attends.
+void launch_attention(const AttentionParams& p, cudaStream_t stream);
+// Largest head_dim launch_attention handles.
+inline constexpr int kMaxHeadDim = 256;
+
+}  // namespace kiln::cuda

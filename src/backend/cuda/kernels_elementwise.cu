@@ -1,0 +1,223 @@
+// Elementwise and row-copy kernels: embedding, gather rows, add/mul/scale, cast, activations
+// (plain, gated, and the bias + activation that follows a cuBLASLt GEMM). Every element is
+// computed in fp32 from its own inputs and rounded once, to nearest even, into the output type.
+#include "backend/cuda/device_types.cuh"
+
+namespace kiln::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+
+template <typename I>
+__device__ __forceinline__ long long index_at(const void* p, int64_t i) {
+  return static_cast<long long>(static_cast<const I*>(p)[i]);
+}
+
+// One block per output row; the rows are plain copies of table rows.
+template <typename T, typename I>
+__global__ void copy_rows_kernel(const T* src, int64_t src_rows, int64_t d, const void* index,
+                                 T* out, DeviceStatus* status, int code, int node) {
+  const int64_t r = blockIdx.x;
+  const long long id = index_at<I>(index, r);
+  if (id < 0 || id >= src_rows) {
+    if (threadIdx.x == 0) report(status, code, node, id, src_rows);
+    return;
+  }
+  const T* s = src + id * d;
+  T* o = out + r * d;
+  for (int64_t c = threadIdx.x; c < d; c += blockDim.x) o[c] = s[c];
+}
+
+template <typename T>
+void copy_rows(const void* src, int64_t src_rows, int64_t d, IndexType it, const void* index,
+               int64_t n, void* out, DeviceStatus* status, int code, int node, cudaStream_t s) {
+  if (n == 0) return;
+  const int threads = d >= 256 ? 256 : 64;
+  if (it == IndexType::kI64)
+    copy_rows_kernel<T, long long><<<static_cast<unsigned>(n), threads, 0, s>>>(
+        static_cast<const T*>(src), src_rows, d, index, static_cast<T*>(out), status, code, node);
+  else
+    copy_rows_kernel<T, int><<<static_cast<unsigned>(n), threads, 0, s>>>(
+        static_cast<const T*>(src), src_rows, d, index, static_cast<T*>(out), status, code, node);
+}
+
+template <typename T>
+__global__ void binary_kernel(BinaryOp op, const T* a, const T* b, T* y, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const float x = to_float(a[i]), z = to_float(b[i]);
+    y[i] = from_float<T>(op == BinaryOp::kAdd ? x + z : x * z);
+  }
+}
+
+template <typename T>
+__global__ void scale_kernel(const T* x, float s, T* y, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x)
+    y[i] = from_float<T>(to_float(x[i]) * s);
+}
+
+template <typename From, typename To>
+__global__ void cast_kernel(const From* x, To* y, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x)
+    y[i] = from_float<To>(to_float(x[i]));
+}
+
+template <typename T>
+__global__ void activation_kernel(ActFn act, const T* x, T* y, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x)
+    y[i] = from_float<T>(apply_act(act, to_float(x[i])));
+}
+
+template <typename T, typename B>
+__global__ void bias_activation_kernel(T* y, const B* bias, int64_t rows, int64_t cols,
+                                       bool has_act, ActFn act) {
+  const int64_t n = rows * cols;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    float v = to_float(y[i]);
+    if (bias != nullptr) v = round_as<T>(v + to_float(bias[i % cols]));
+    if (has_act) v = apply_act(act, v);
+    y[i] = from_float<T>(v);
+  }
+}
+
+template <typename T>
+__global__ void gated_kernel(ActFn act, const T* gate, const T* up, T* y, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x)
+    y[i] = from_float<T>(round_as<T>(apply_act(act, to_float(gate[i]))) * to_float(up[i]));
+}
+
+template <typename T>
+__global__ void argmax_kernel(const T* x, int64_t cols, long long* out) {
+  const T* row = x + blockIdx.x * cols;
+  float best = -INFINITY;
+  long long at = -1;
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+    const float v = to_float(row[c]);
+    if (at < 0 || v > best) {  // strided ascending scan: the first maximum of this thread
+      best = v;
+      at = c;
+    }
+  }
+  __shared__ float best_v[1024];
+  __shared__ long long best_i[1024];
+  best_v[threadIdx.x] = best;
+  best_i[threadIdx.x] = at;
+  __syncthreads();
+  for (int s = blockDim.x / 2; s > 0; s >>= 1) {
+    if (threadIdx.x < s) {
+      const float v = best_v[threadIdx.x + s];
+      const long long i = best_i[threadIdx.x + s];
+      const long long mine = best_i[threadIdx.x];
+      if (i >= 0 &&
+          (mine < 0 || v > best_v[threadIdx.x] || (v == best_v[threadIdx.x] && i < mine))) {
+        best_v[threadIdx.x] = v;
+        best_i[threadIdx.x] = i;
+      }
+    }
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) out[blockIdx.x] = best_i[0];
+}
+
+}  // namespace
+
+void launch_argmax_rows(FloatType t, const void* x, int64_t rows, int64_t cols, long long* out,
+                        cudaStream_t stream) {
+  if (rows == 0) return;
+  dispatch_float(t, [&](auto tag) {
+    using T = decltype(tag);
+    argmax_kernel<T>
+        <<<static_cast<unsigned>(rows), 1024, 0, stream>>>(static_cast<const T*>(x), cols, out);
+  });
+}
+
+void launch_embedding(FloatType t, const void* table, int64_t vocab, int64_t d, IndexType it,
+                      const void* ids, int64_t n, void* out, DeviceStatus* status, int node,
+                      cudaStream_t stream) {
+  dispatch_float(t, [&](auto tag) {
+    copy_rows<decltype(tag)>(table, vocab, d, it, ids, n, out, status, kStatusTokenId, node,
+                             stream);
+  });
+}
+
+void launch_gather_rows(FloatType t, const void* x, int64_t rows_in, int64_t d, IndexType it,
+                        const void* rows, int64_t r, void* out, DeviceStatus* status, int node,
+                        cudaStream_t stream) {
+  dispatch_float(t, [&](auto tag) {
+    copy_rows<decltype(tag)>(x, rows_in, d, it, rows, r, out, status, kStatusGatherRow, node,
+                             stream);
+  });
+}
+
+void launch_binary(BinaryOp op, FloatType t, const void* a, const void* b, void* y, int64_t n,
+                   cudaStream_t stream) {
+  if (n == 0) return;
+  dispatch_float(t, [&](auto tag) {
+    using T = decltype(tag);
+    binary_kernel<T><<<grid_for(n, kThreads), kThreads, 0, stream>>>(
+        op, static_cast<const T*>(a), static_cast<const T*>(b), static_cast<T*>(y), n);
+  });
+}
+
+void launch_scale(FloatType t, const void* x, float s, void* y, int64_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  dispatch_float(t, [&](auto tag) {
+    using T = decltype(tag);
+    scale_kernel<T><<<grid_for(n, kThreads), kThreads, 0, stream>>>(static_cast<const T*>(x), s,
+                                                                    static_cast<T*>(y), n);
+  });
+}
+
+void launch_cast(FloatType from, FloatType to, const void* x, void* y, int64_t n,
+                 cudaStream_t stream) {
+  if (n == 0) return;
+  dispatch_float(from, [&](auto from_tag) {
+    dispatch_float(to, [&](auto to_tag) {
+      using F = decltype(from_tag);
+      using T = decltype(to_tag);
+      cast_kernel<F, T><<<grid_for(n, kThreads), kThreads, 0, stream>>>(static_cast<const F*>(x),
+                                                                        static_cast<T*>(y), n);
+    });
+  });
+}
+
+void launch_activation(ActFn act, FloatType t, const void* x, void* y, int64_t n,
+                       cudaStream_t stream) {
+  if (n == 0) return;
+  dispatch_float(t, [&](auto tag) {
+    using T = decltype(tag);
+    activation_kernel<T><<<grid_for(n, kThreads), kThreads, 0, stream>>>(
+        act, static_cast<const T*>(x), static_cast<T*>(y), n);
+  });
+}
+
+void launch_bias_activation(FloatType t, void* y, FloatType bias_t, const void* bias, int64_t rows,
+                            int64_t cols, bool has_act, ActFn act, cudaStream_t stream) {
+  const int64_t n = rows * cols;
+  if (n == 0) return;
+  dispatch_float(t, [&](auto tag) {
+    dispatch_float(bias_t, [&](auto bias_tag) {
+      using T = decltype(tag);
+      using B = decltype(bias_tag);
+      bias_activation_kernel<T, B><<<grid_for(n, kThreads), kThreads, 0, stream>>>(
+          static_cast<T*>(y), static_cast<const B*>(bias), rows, cols, has_act, act);
+    });
+  });
+}
+
+void launch_gated(ActFn act, FloatType t, const void* gate, const void* up, void* y, int64_t n,
+                  cudaStream_t stream) {
+  if (n == 0) return;
+  dispatch_float(t, [&](auto tag) {
+    using T = decltype(tag);
+    gated_kernel<T><<<grid_for(n, kThreads), kThreads, 0, stream>>>(
+        act, static_cast<const T*>(gate), static_cast<const T*>(up), static_cast<T*>(y), n);
+  });
+}
+
+}  // namespace kiln::cuda

@@ -1,0 +1,131 @@
+// Row kernels: RMSNorm (T5: no mean, no bias), LayerNorm, the fused residual add + RMSNorm and
+// softmax. One block per row; statistics accumulate in fp32 over the row's values as stored.
+#include "backend/cuda/device_types.cuh"
+
+namespace kiln::cuda {
+namespace {
+
+int threads_for(int64_t d) {
+  if (d >= 1024) return 1024;
+  if (d >= 256) return 256;
+  return 64;
+}
+
+template <typename T, typename W>
+__global__ void rms_norm_kernel(const T* x, const W* w, T* y, int64_t d, float eps) {
+  const T* xr = x + blockIdx.x * d;
+  T* yr = y + blockIdx.x * d;
+  float sum_sq = 0.0f;
+  for (int64_t i = threadIdx.x; i < d; i += blockDim.x) {
+    const float v = to_float(xr[i]);
+    sum_sq += v * v;
+  }
+  const float inv_rms = rsqrtf(block_sum(sum_sq) / static_cast<float>(d) + eps);
+  for (int64_t i = threadIdx.x; i < d; i += blockDim.x)
+    yr[i] = from_float<T>(to_float(w[i]) * (to_float(xr[i]) * inv_rms));
+}
+
+template <typename T, typename W>
+__global__ void add_rms_norm_kernel(const T* a, const T* b, const W* w, T* sum, T* y, int64_t d,
+                                    float eps) {
+  const int64_t base = blockIdx.x * d;
+  float sum_sq = 0.0f;
+  for (int64_t i = threadIdx.x; i < d; i += blockDim.x) {
+    // The norm reads the sum as stored (rounded to T), as the unfused pair would.
+    const T s = from_float<T>(to_float(a[base + i]) + to_float(b[base + i]));
+    sum[base + i] = s;
+    const float v = to_float(s);
+    sum_sq += v * v;
+  }
+  const float inv_rms = rsqrtf(block_sum(sum_sq) / static_cast<float>(d) + eps);
+  // Each thread reads back only the elements it wrote.
+  for (int64_t i = threadIdx.x; i < d; i += blockDim.x)
+    y[base + i] = from_float<T>(to_float(w[i]) * (to_float(sum[base + i]) * inv_rms));
+}
+
+template <typename T, typename W>
+__global__ void layer_norm_kernel(const T* x, const W* w, const W* b, T* y, int64_t d, float eps) {
+  const T* xr = x + blockIdx.x * d;
+  T* yr = y + blockIdx.x * d;
+  float s = 0.0f;
+  for (int64_t i = threadIdx.x; i < d; i += blockDim.x) s += to_float(xr[i]);
+  const float mean = block_sum(s) / static_cast<float>(d);
+  float var = 0.0f;
+  for (int64_t i = threadIdx.x; i < d; i += blockDim.x) {
+    const float c = to_float(xr[i]) - mean;
+    var += c * c;
+  }
+  const float inv_std = rsqrtf(block_sum(var) / static_cast<float>(d) + eps);
+  for (int64_t i = threadIdx.x; i < d; i += blockDim.x)
+    yr[i] = from_float<T>((to_float(xr[i]) - mean) * inv_std * to_float(w[i]) + to_float(b[i]));
+}
+
+template <typename T>
+__global__ void softmax_kernel(const T* x, T* y, int64_t d) {
+  const T* xr = x + blockIdx.x * d;
+  T* yr = y + blockIdx.x * d;
+  float mx = -INFINITY;
+  for (int64_t i = threadIdx.x; i < d; i += blockDim.x) mx = fmaxf(mx, to_float(xr[i]));
+  mx = block_max(mx);
+  float sum = 0.0f;
+  for (int64_t i = threadIdx.x; i < d; i += blockDim.x) sum += expf(to_float(xr[i]) - mx);
+  const float inv = 1.0f / block_sum(sum);
+  for (int64_t i = threadIdx.x; i < d; i += blockDim.x)
+    yr[i] = from_float<T>(expf(to_float(xr[i]) - mx) * inv);
+}
+
+}  // namespace
+
+void launch_rms_norm(FloatType t, FloatType wt, const void* x, const void* w, void* y, int64_t rows,
+                     int64_t d, float eps, cudaStream_t stream) {
+  if (rows == 0) return;
+  dispatch_float(t, [&](auto tag) {
+    dispatch_float(wt, [&](auto wtag) {
+      using T = decltype(tag);
+      using W = decltype(wtag);
+      rms_norm_kernel<T, W><<<static_cast<unsigned>(rows), threads_for(d), 0, stream>>>(
+          static_cast<const T*>(x), static_cast<const W*>(w), static_cast<T*>(y), d, eps);
+    });
+  });
+}
+
+void launch_layer_norm(FloatType t, FloatType wt, const void* x, const void* w, const void* b,
+                       void* y, int64_t rows, int64_t d, float eps, cudaStream_t stream) {
+  if (rows == 0) return;
+  dispatch_float(t, [&](auto tag) {
+    dispatch_float(wt, [&](auto wtag) {
+      using T = decltype(tag);
+      using W = decltype(wtag);
+      layer_norm_kernel<T, W><<<static_cast<unsigned>(rows), threads_for(d), 0, stream>>>(
+          static_cast<const T*>(x), static_cast<const W*>(w), static_cast<const W*>(b),
+          static_cast<T*>(y), d, eps);
+    });
+  });
+}
+
+void launch_add_rms_norm(FloatType t, FloatType wt, const void* a, const void* b, const void* w,
+                         void* sum, void* y, int64_t rows, int64_t d, float eps,
+                         cudaStream_t stream) {
+  if (rows == 0) return;
+  dispatch_float(t, [&](auto tag) {
+    dispatch_float(wt, [&](auto wtag) {
+      using T = decltype(tag);
+      using W = decltype(wtag);
+      add_rms_norm_kernel<T, W><<<static_cast<unsigned>(rows), threads_for(d), 0, stream>>>(
+          static_cast<const T*>(a), static_cast<const T*>(b), static_cast<const W*>(w),
+          static_cast<T*>(sum), static_cast<T*>(y), d, eps);
+    });
+  });
+}
+
+void launch_softmax(FloatType t, const void* x, void* y, int64_t rows, int64_t d,
+                    cudaStream_t stream) {
+  if (rows == 0) return;
+  dispatch_float(t, [&](auto tag) {
+    using T = decltype(tag);
+    softmax_kernel<T><<<static_cast<unsigned>(rows), threads_for(d), 0, stream>>>(
+        static_cast<const T*>(x), static_cast<T*>(y), d);
+  });
+}
+
+}  // namespace kiln::cuda
