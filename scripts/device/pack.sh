@@ -19,8 +19,13 @@ for lib in $(ldd "$BUILD/kiln" "$BUILD/tests/kiln_tests" | awk '/=> \//{print $3
     *) cp -L "$lib" "$STAGE/lib/" ;;
   esac
 done
+# The fixture models' own files travel in the working tree (models/); only what the repo copy
+# lacks (HF's reference outputs) goes in the bundle, and cuda_tests.sh joins the two.
 for model in t5-tiny bloom-tiny; do
-  cp -r "$FIXTURES/$model" "$STAGE/fixtures/"
+  mkdir -p "$STAGE/fixtures/$model"
+  for f in "$FIXTURES/$model"/*; do
+    cmp -s "$f" "$ROOT/models/$model/$(basename "$f")" || cp "$f" "$STAGE/fixtures/$model/"
+  done
 done
 cp -r "$FIXTURES/data" "$STAGE/fixtures/"
 mkdir -p "$DEST"

@@ -55,6 +55,8 @@ class Backend {
   virtual Device device() const = 0;
   virtual std::string describe() const = 0;
   virtual bool supports_precision(Precision precision) const = 0;
+  // What ModelIR::target names this backend's hardware ("sm_90"); empty when it runs any plan.
+  virtual std::string target() const { return {}; }
   // Empty when a kernel exists for the node; otherwise why not.
   virtual std::string unsupported_reason(const Graph& graph, const Node& node) const = 0;
   bool supports_op(const Graph& graph, const Node& node) const {
@@ -65,9 +67,15 @@ class Backend {
   virtual Allocator& allocator() = 0;
   virtual std::unique_ptr<KvStorage> create_kv_storage(const KvGeometry& geometry) = 0;
   // Greedy decoding without copying logits: out[r] = the first index of the largest value of
-  // row r of `logits` [rows, vocab] (f32), computed where the logits live. False when this
-  // backend has no such kernel (the caller reads the logits on the host).
-  virtual bool argmax_rows(const Tensor& logits, std::span<int64_t> out) { return false; }
+  // row r of `logits` [rows, vocab] (f32), computed where the logits live, never one of
+  // `banned` in the rows where banned_rows[r] is non-zero (EOS before min_new_tokens; empty:
+  // no bans). False when this backend has no such kernel or cannot ban that many ids (the
+  // caller reads the logits on the host).
+  virtual bool argmax_rows(const Tensor& logits, std::span<int64_t> out,
+                           std::span<const int64_t> banned = {},
+                           std::span<const uint8_t> banned_rows = {}) {
+    return false;
+  }
 };
 
 // Empty when this build can run plans for the device at the precision; otherwise why not. The

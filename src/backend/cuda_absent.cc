@@ -11,6 +11,8 @@ CudaInfo query_cuda() {
   return info;
 }
 
+std::string cuda_build_target() { return {}; }
+
 double measure_cuda_bandwidth_gbps(size_t, int) { return 0.0; }
 
 long long cuda_memory_used_bytes() { return -1; }

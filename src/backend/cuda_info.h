@@ -11,9 +11,15 @@ struct CudaInfo {
   bool compiled = false;
   int device_count = 0;
   std::string first_device;  // name and compute capability of device 0
+  int first_sm = 0;          // device 0's compute capability (90 for sm_90), 0 without one
+  int compiled_sm = 0;       // the lowest architecture kiln's CUDA kernels were compiled for
   std::string error;         // why no device was found, when compiled
 };
 CudaInfo query_cuda();
+
+// The architecture a CUDA plan built on this machine is for: "sm_" + GPU 0's compute capability,
+// or, without a GPU, the one kiln's kernels were compiled for. Empty without CUDA support.
+std::string cuda_build_target();
 
 // GPU 0's memory bandwidth as kiln measures it: the best of `passes` device-to-device copies of
 // `bytes`, timed with CUDA events, counting the bytes read and written (1e9 bytes per second).

@@ -6,6 +6,58 @@
 
 namespace kiln {
 
+StepShape bind_step_inputs(const Graph& graph, const ShapeProfile& profile,
+                           std::span<const Tensor> inputs) {
+  KILN_CHECK(inputs.size() == graph.inputs.size(), "graph '{}': {} inputs fed, expected {}",
+             graph.name, inputs.size(), graph.inputs.size());
+  StepShape shape;
+  Bindings& bindings = shape.bindings;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const Value& v = graph.values[graph.inputs[i]];
+    const Tensor& t = inputs[i];
+    KILN_CHECK(t.defined() && t.dtype() == v.dtype, "graph '{}': input '{}' is {}, expected {}",
+               graph.name, v.name, t.defined() ? dtype_name(t.dtype()) : "missing",
+               dtype_name(v.dtype));
+    KILN_CHECK(t.rank() == static_cast<int>(v.shape.size()),
+               "graph '{}': input '{}' has shape {}, expected {}", graph.name, v.name,
+               shape_str(t.shape()), sym_shape_str(v.shape));
+    for (size_t d = 0; d < v.shape.size(); ++d) {
+      if (v.shape[d].is_symbolic()) {
+        auto [pos, fresh] = bindings.emplace(v.shape[d].symbol, t.shape()[d]);
+        KILN_CHECK(fresh || pos->second == t.shape()[d],
+                   "graph '{}': input '{}' binds '{}' = {}, but another input bound it to {}",
+                   graph.name, v.name, v.shape[d].symbol, t.shape()[d], pos->second);
+      } else {
+        KILN_CHECK(t.shape()[d] == v.shape[d].value,
+                   "graph '{}': input '{}' has shape {}, expected {}", graph.name, v.name,
+                   shape_str(t.shape()), sym_shape_str(v.shape));
+      }
+    }
+  }
+  // Graphs without a ragged token dimension (tests, fixed shapes) use the largest bucket.
+  auto tokens = bindings.find("tokens");
+  shape.tokens = tokens != bindings.end() ? tokens->second : profile.max_step_tokens;
+  KILN_CHECK(shape.tokens > 0, "graph '{}': a step needs at least one token", graph.name);
+  shape.bucket = profile.bucket_for(shape.tokens);
+  const Bindings limits = profile.bucket_bindings(shape.bucket);
+  for (const auto& [symbol, value] : bindings) {
+    auto cap = limits.find(symbol);
+    KILN_CHECK(cap != limits.end() && value <= cap->second,
+               "graph '{}': '{}' = {} exceeds the plan's limit of {}", graph.name, symbol, value,
+               cap == limits.end() ? 0 : cap->second);
+  }
+  return shape;
+}
+
+void check_step_layout(const Graph& graph, const StepContext* step, int64_t step_tokens) {
+  KILN_CHECK(step != nullptr && step->layout != nullptr,
+             "graph '{}': attention needs the step's layout", graph.name);
+  KILN_CHECK(step->layout->total_tokens() == step_tokens,
+             "graph '{}': step layout covers {} tokens, the inputs hold {}", graph.name,
+             step->layout->total_tokens(), step_tokens);
+  step->layout->check(step->kv ? step->kv->geometry().block_size : 0);
+}
+
 GraphExecutor::GraphExecutor(const Graph& graph, const ShapeProfile& profile, Allocator& allocator,
                              ThreadPool* pool, std::vector<std::unique_ptr<Kernel>> kernels,
                              std::vector<std::string> kernel_names)
@@ -23,14 +75,10 @@ GraphExecutor::GraphExecutor(const Graph& graph, const ShapeProfile& profile, Al
   for (const Node& n : graph_.nodes) has_attention_ |= n.op == OpKind::kAttention;
 }
 
-Bindings GraphExecutor::bucket_bindings(const ShapeProfile& profile, int64_t bucket) {
-  return profile.bucket_bindings(bucket);
-}
-
 GraphExecutor::Arena& GraphExecutor::arena_for(int64_t bucket) {
   auto it = arenas_.find(bucket);
   if (it != arenas_.end()) return it->second;
-  const Bindings bindings = bucket_bindings(profile_, bucket);
+  const Bindings bindings = profile_.bucket_bindings(bucket);
   const WorkspaceLayout layout = workspace_layout(graph_, bindings);
   int64_t scratch = 0;
   for (const auto& k : kernels_) scratch = std::max(scratch, k->workspace_bytes(bindings));
@@ -50,52 +98,12 @@ int64_t GraphExecutor::workspace_bytes() const {
 
 std::span<const Tensor> GraphExecutor::execute(std::span<const Tensor> inputs,
                                                const StepContext* step) {
-  KILN_CHECK(inputs.size() == graph_.inputs.size(), "graph '{}': {} inputs fed, expected {}",
-             graph_.name, inputs.size(), graph_.inputs.size());
-  Bindings bindings;
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    const int id = graph_.inputs[i];
-    const Value& v = graph_.values[id];
-    const Tensor& t = inputs[i];
-    KILN_CHECK(t.defined() && t.dtype() == v.dtype, "graph '{}': input '{}' is {}, expected {}",
-               graph_.name, v.name, t.defined() ? dtype_name(t.dtype()) : "missing",
-               dtype_name(v.dtype));
-    KILN_CHECK(t.rank() == static_cast<int>(v.shape.size()),
-               "graph '{}': input '{}' has shape {}, expected {}", graph_.name, v.name,
-               shape_str(t.shape()), sym_shape_str(v.shape));
-    for (size_t d = 0; d < v.shape.size(); ++d) {
-      if (v.shape[d].is_symbolic()) {
-        auto [pos, fresh] = bindings.emplace(v.shape[d].symbol, t.shape()[d]);
-        KILN_CHECK(fresh || pos->second == t.shape()[d],
-                   "graph '{}': input '{}' binds '{}' = {}, but another input bound it to {}",
-                   graph_.name, v.name, v.shape[d].symbol, t.shape()[d], pos->second);
-      } else {
-        KILN_CHECK(t.shape()[d] == v.shape[d].value,
-                   "graph '{}': input '{}' has shape {}, expected {}", graph_.name, v.name,
-                   shape_str(t.shape()), sym_shape_str(v.shape));
-      }
-    }
-    values_[id] = t;
-  }
-  // Graphs without a ragged token dimension (tests, fixed shapes) use the largest bucket.
-  auto tokens = bindings.find("tokens");
-  const int64_t step_tokens = tokens != bindings.end() ? tokens->second : profile_.max_step_tokens;
-  KILN_CHECK(step_tokens > 0, "graph '{}': a step needs at least one token", graph_.name);
-  const int64_t bucket = profile_.bucket_for(step_tokens);
-  const Bindings limits = bucket_bindings(profile_, bucket);
-  for (const auto& [symbol, value] : bindings) {
-    auto cap = limits.find(symbol);
-    KILN_CHECK(cap != limits.end() && value <= cap->second,
-               "graph '{}': '{}' = {} exceeds the plan's limit of {}", graph_.name, symbol, value,
-               cap == limits.end() ? 0 : cap->second);
-  }
+  const StepShape shape = bind_step_inputs(graph_, profile_, inputs);
+  const Bindings& bindings = shape.bindings;
+  const int64_t bucket = shape.bucket;
+  for (size_t i = 0; i < inputs.size(); ++i) values_[graph_.inputs[i]] = inputs[i];
   if (has_attention_) {
-    KILN_CHECK(step != nullptr && step->layout != nullptr,
-               "graph '{}': attention needs the step's layout", graph_.name);
-    KILN_CHECK(step->layout->total_tokens() == step_tokens,
-               "graph '{}': step layout covers {} tokens, the inputs hold {}", graph_.name,
-               step->layout->total_tokens(), step_tokens);
-    step->layout->check(step->kv ? step->kv->geometry().block_size : 0);
+    check_step_layout(graph_, step, shape.tokens);
     if (step->kv && !step->layout->copies.empty()) step->kv->copy_blocks(step->layout->copies);
   }
   Arena& arena = arena_for(bucket);

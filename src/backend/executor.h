@@ -10,6 +10,24 @@
 
 namespace kiln {
 
+// What one step's inputs say about its shapes: the symbol bindings, the token count and the
+// workspace bucket that holds it.
+struct StepShape {
+  Bindings bindings;
+  int64_t tokens = 0;
+  int64_t bucket = 0;
+};
+
+// Checks every input against the graph's declared dtype and shape, binds the symbolic dims
+// (consistently across inputs), picks the bucket and checks every binding against the plan's
+// limits for it. Shared by every backend's executor so that bad inputs get the same errors.
+StepShape bind_step_inputs(const Graph& graph, const ShapeProfile& profile,
+                           std::span<const Tensor> inputs);
+
+// Checks that a step running attention has a layout covering `step_tokens` tokens whose block
+// references fit the KV storage.
+void check_step_layout(const Graph& graph, const StepContext* step, int64_t step_tokens);
+
 class GraphExecutor final : public Executable {
  public:
   // `kernels` holds one prepared kernel per node, in node order.
@@ -20,10 +38,6 @@ class GraphExecutor final : public Executable {
   std::span<const Tensor> execute(std::span<const Tensor> inputs, const StepContext* step) override;
   int64_t workspace_bytes() const override;
   std::vector<std::string> kernel_names() const override { return kernel_names_; }
-
-  // The bindings a bucket's workspace is sized for: tokens = the bucket, rows = at most the
-  // profile's batch (every logits row is one sequence's last token).
-  static Bindings bucket_bindings(const ShapeProfile& profile, int64_t bucket);
 
  private:
   struct Arena {

@@ -17,6 +17,14 @@ ModelIR build_model(const std::string& hf_dir, const BuildOptions& options, cons
                    "the plan's batch size must be in 1..1024, got {}", options.max_batch);
   ModelIR model = import_hf_model(hf_dir, log);
   model.device = options.device;
+  if (model.device == Device::kCuda) {
+    model.target = cuda_build_target();
+    const CudaInfo gpu = query_cuda();
+    log.info("target {} ({})", model.target,
+             gpu.first_sm > 0
+                 ? gpu.first_device
+                 : "no GPU visible: the architecture kiln's CUDA kernels are built for");
+  }
   model.precision = options.precision;
   model.prompt_template = options.prompt_template;
   ShapeProfile& p = model.profile;

@@ -66,6 +66,10 @@ struct ModelIR {
   Device device = Device::kCpu;
   Precision precision = Precision::kFp32;
   std::vector<PrecisionNote> precision_notes;  // empty for fp32 plans
+  // The hardware the plan was built for, where it matters ("sm_90" for CUDA plans: the GPU
+  // architecture its kernels and tactics were chosen for); empty when any machine of the device
+  // runs it. A backend refuses a plan whose target it is not.
+  std::string target;
   std::vector<Graph> graphs;
 
   bool has_graph(const std::string& name) const;

@@ -4,7 +4,16 @@
 // fp32, norms and softmax compute their statistics in fp32, attention keeps scores and its online
 // softmax in fp32. Runs after constant folding (weights are concrete) and before plan_memory
 // (buffer sizes depend on the types).
+//
+// fp16 T5 overflows: on real Flan-T5 checkpoints the FFN output projection `wo` and the residual
+// stream exceed fp16's 65504. In fp16 graphs with RMSNorm (the T5 family), the residual stream
+// stays f32 as HuggingFace keeps it: the `wo` Linears (f32 weights, as HF's
+// _keep_in_fp32_modules), the residual adds and the norms compute in f32, and Casts move values
+// between the f32 stream and the fp16 layers around it (a norm's output is cast to fp16 for the
+// Linears that read it, an fp16 attention output to f32 for the add). The build log says so.
 #include <algorithm>
+#include <map>
+#include <string>
 
 #include "passes/pass.h"
 
@@ -12,6 +21,70 @@ namespace kiln {
 namespace {
 
 bool is_float(DType d) { return d == DType::kF32 || d == DType::kF16 || d == DType::kBF16; }
+
+bool is_wo(const Graph& g, const Node& n) {
+  if (n.op != OpKind::kLinear || n.inputs.size() < 2 || n.inputs[1] < 0) return false;
+  const std::string& w = g.values[n.inputs[1]].name;
+  const std::string suffix = ".wo.weight";
+  return w.size() >= suffix.size() &&
+         w.compare(w.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+// The nodes of the f32 residual stream: norms, `wo` Linears, and the adds and row gathers that
+// read the stream.
+std::vector<bool> residual_nodes(const Graph& g) {
+  std::vector<bool> wide(g.nodes.size(), false);
+  std::vector<bool> wide_value(g.values.size(), false);
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    const Node& n = g.nodes[i];
+    bool w = n.op == OpKind::kRmsNorm || n.op == OpKind::kAddRmsNorm || is_wo(g, n);
+    // Adds and row gathers of the stream stay in it (a gather of the last rows before the
+    // final norm must not round the stream to fp16).
+    if (n.op == OpKind::kAdd || n.op == OpKind::kGatherRows)
+      for (int in : n.inputs) w = w || (in >= 0 && wide_value[in]);
+    wide[i] = w;
+    if (w)
+      for (int out : n.outputs) wide_value[out] = true;
+  }
+  return wide;
+}
+
+// Gives every node its inputs in the type it computes in (f32 for `wide` nodes, `narrow` for
+// the others) through Casts inserted before it, one per value and type. Returns the casts made.
+int insert_casts(Graph& g, const std::vector<bool>& wide, DType narrow) {
+  std::vector<Node> nodes;
+  std::map<std::pair<int, DType>, int> cast_of;
+  int casts = 0;
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    Node n = std::move(g.nodes[i]);
+    const DType want = wide[i] ? DType::kF32 : narrow;
+    if (n.op != OpKind::kCast) {
+      for (size_t k = 0; k < n.inputs.size(); ++k) {
+        const int in = n.inputs[k];
+        if (in < 0 || g.values[in].kind != ValueKind::kActivation) continue;
+        const DType have = g.values[in].dtype;
+        if (!is_float(have) || have == want) continue;
+        auto [it, fresh] = cast_of.emplace(std::make_pair(in, want), -1);
+        if (fresh) {
+          Value v = g.values[in];
+          v.name = g.values[in].name + "." + std::string(dtype_name(want));
+          v.dtype = want;
+          v.producer = static_cast<int>(nodes.size());
+          it->second = static_cast<int>(g.values.size());
+          g.values.push_back(std::move(v));
+          nodes.push_back(
+              Node{OpKind::kCast, g.values[it->second].name, {in}, {it->second}, CastAttrs{want}});
+          ++casts;
+        }
+        n.inputs[k] = it->second;
+      }
+    }
+    for (int out : n.outputs) g.values[out].producer = static_cast<int>(nodes.size());
+    nodes.push_back(std::move(n));
+  }
+  g.nodes = std::move(nodes);
+  return casts;
+}
 
 }  // namespace
 
@@ -31,9 +104,41 @@ int narrow_graph(Graph& graph, Precision precision, const Logger& log) {
       KILN_FAIL("graph '{}': narrow_graph handles fp32, fp16 and bf16, not {}", graph.name,
                 precision_name(precision));
   }
+  // fp16 T5: the residual stream's nodes stay f32 (bf16 has f32's range).
+  bool has_rms = false;
+  for (const Node& n : graph.nodes)
+    has_rms |= n.op == OpKind::kRmsNorm || n.op == OpKind::kAddRmsNorm;
+  std::vector<bool> wide(graph.nodes.size(), false);
+  if (narrow == DType::kF16 && has_rms) wide = residual_nodes(graph);
+  std::vector<bool> keep(graph.values.size(), false);  // values that stay f32
+  int kept_weights = 0;
+  for (size_t i = 0; i < graph.nodes.size(); ++i) {
+    if (!wide[i]) continue;
+    const Node& n = graph.nodes[i];
+    for (int out : n.outputs) keep[out] = true;
+    if (n.op == OpKind::kLinear)
+      for (size_t k = 1; k < n.inputs.size(); ++k)
+        if (n.inputs[k] >= 0 && !keep[n.inputs[k]]) {
+          keep[n.inputs[k]] = true;
+          ++kept_weights;
+        }
+  }
   int weights = 0, activations = 0;
-  for (Value& v : graph.values) {
-    if (!is_float(v.dtype) || v.dtype == narrow) continue;
+  for (size_t id = 0; id < graph.values.size(); ++id) {
+    Value& v = graph.values[id];
+    if (!is_float(v.dtype)) continue;
+    if (keep[id]) {
+      if (v.kind == ValueKind::kWeight && v.dtype != DType::kF32) {
+        KILN_CHECK(v.layout.plain(),
+                   "graph '{}': weight '{}' is packed ({}); assign precision "
+                   "before packing",
+                   graph.name, v.name, v.layout.packing);
+        v.data = v.data.to(DType::kF32);
+      }
+      v.dtype = DType::kF32;
+      continue;
+    }
+    if (v.dtype == narrow) continue;
     switch (v.kind) {
       case ValueKind::kWeight:
         KILN_CHECK(v.layout.plain(),
@@ -54,6 +159,15 @@ int narrow_graph(Graph& graph, Precision precision, const Logger& log) {
   }
   for (Node& n : graph.nodes)
     if (n.op == OpKind::kCast) n.attr<CastAttrs>().to = graph.values[n.outputs[0]].dtype;
+  const int stream_nodes = static_cast<int>(std::count(wide.begin(), wide.end(), true));
+  if (stream_nodes > 0) {
+    const int casts = insert_casts(graph, wide, narrow);
+    log.info(
+        "graph '{}': fp16 overflows on T5's residual stream: kept {} nodes (norms, residual "
+        "adds, the FFN output projections wo) and {} wo weights in f32, with {} casts between "
+        "them and the fp16 layers",
+        graph.name, stream_nodes, kept_weights, casts);
+  }
   // The logits output, computed in the narrow type, widened to f32 by one Cast.
   const int logits = graph.find_value("logits");
   const auto out = std::find(graph.outputs.begin(), graph.outputs.end(), logits);

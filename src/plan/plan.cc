@@ -101,6 +101,7 @@ void write_plan(const std::string& path, const ModelIR& model, const PlanBuildIn
       {"graphs", graphs},
       {"blobs", blob_table},
   };
+  if (!model.target.empty()) header["target"] = model.target;
   const std::string header_text = header.dump();
   const size_t data_start = align_up(kPlanFixedHeader + header_text.size());
   const uint64_t checksum =
@@ -206,6 +207,8 @@ ModelIR read_plan(const std::string& path, const Logger& log) {
         model.precision_notes.push_back({n.at("graph").get<std::string>(),
                                          n.at("weight").get<std::string>(),
                                          n.at("reason").get<std::string>()});
+    // Plans written before targets were recorded run anywhere their device does.
+    if (h.contains("target")) model.target = h.at("target").get<std::string>();
     model.desc = desc_from_json(h.at("model"), path + " (model)");
     model.profile = profile_from_json(h.at("profile"), path + " (profile)");
     model.source_config_json = h.at("source_config").dump(2);

@@ -19,6 +19,12 @@ CompiledModel::CompiledModel(Context& ctx, ModelIR model) : ctx_(ctx), model_(st
   KILN_CHECK_USAGE(backend_->supports_precision(model_.precision),
                    "the {} backend does not run {} models", device_name(model_.device),
                    precision_name(model_.precision));
+  KILN_CHECK_USAGE(model_.target.empty() || model_.target == backend_->target(),
+                   "the plan was built for {}, but this {} is {}: rebuild it on this machine "
+                   "(kiln build --device {})",
+                   model_.target, backend_->describe(),
+                   backend_->target().empty() ? "another target" : backend_->target(),
+                   device_name(model_.device));
   const Graph& dec = model_.graph(kDecoderGraph);
   decoder_ = backend_->compile(dec, model_.profile);
   decoder_io_.input_ids = dec.input_index("input_ids");

@@ -376,14 +376,19 @@ void Scheduler::run_decoder(const std::vector<Request*>& batch, bool apply_copie
   // Logits in device memory: greedy rows cross as token ids (argmax on the device); rows that
   // sample, search beams or mask EOS copy their own logits row.
   row_argmax_.assign(rows_.size(), -1);
-  const bool on_device = model_.backend().argmax_rows(logits, row_argmax_);
+  // Greedy rows still below min_new_tokens may not pick EOS: the device argmax skips it there.
+  ban_eos_.assign(rows_.size(), 0);
+  for (Request* r : batch)
+    for (const Beam& b : r->beams)
+      if (b.row >= 0 && b.generated < r->params.min_new_tokens) ban_eos_[b.row] = 1;
+  const bool on_device = model_.backend().argmax_rows(logits, row_argmax_, eos_ids_, ban_eos_);
   if (!on_device) row_argmax_.assign(rows_.size(), -1);
   const int64_t vocab = logits.dim(1);
   Allocator& memory = model_.backend().allocator();
   for (Request* r : batch) {
     const bool plain_greedy = on_device && !r->params.do_sample && r->params.num_beams <= 1;
     for (Beam& b : r->beams) {
-      if (b.row < 0 || (plain_greedy && b.generated >= r->params.min_new_tokens)) continue;
+      if (b.row < 0 || plain_greedy) continue;
       row_argmax_[b.row] = -1;
       memory.copy_to_host(logits.slice_rows(b.row, b.row + 1), logits_.data() + b.row * vocab);
     }

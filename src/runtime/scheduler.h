@@ -119,7 +119,8 @@ class Scheduler {
   std::vector<int64_t> ids_, rows_;
   // Device backends: each row's argmax computed on the device (-1: read logits_ instead).
   std::vector<int64_t> row_argmax_;
-  std::vector<float> logits_;  // [rows, vocab] copied out of the decoder's workspace
+  std::vector<uint8_t> ban_eos_;  // per logits row: EOS may not be picked (min_new_tokens)
+  std::vector<float> logits_;     // [rows, vocab] copied out of the decoder's workspace
 };
 
 }  // namespace kiln

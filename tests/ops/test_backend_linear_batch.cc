@@ -8,6 +8,7 @@
 
 #include "../models/graph_runner.h"
 #include "backend_ops.h"
+#include "graph/builder.h"
 
 namespace kiln::test {
 namespace {
@@ -49,6 +50,44 @@ TEST(BackendOps, LinearRowsDoNotDependOnTheirBatch) {
     ++checked;
   }
   EXPECT_GT(checked, 0) << "the CPU backend promises batch invariance";
+}
+
+// A residual Add after a Linear (BLOOM's attention output and FFN down projections), which the
+// CUDA backend fuses into the Linear, against the reference backend: both operand orders, with
+// and without bias, few rows (kiln's GEMV) and many (cuBLASLt), every float dtype; and not fused
+// when the Linear's output is also read elsewhere (a graph output here).
+TEST(BackendOps, LinearThenResidualAddMatchesReference) {
+  const int64_t in = 64, out = 48;
+  const std::unique_ptr<Backend> reference = reference_backend();
+  int compared = 0;
+  for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16})
+    for (int variant = 0; variant < 4; ++variant) {
+      const bool bias = variant & 1, residual_first = variant & 2;
+      Gen g(dtype, dtype, 11 + variant);
+      GraphBuilder b("linear_residual");
+      const int x = b.input("x", dtype, {kTokens, Dim::of(in)});
+      const int r = b.input("r", dtype, {kTokens, Dim::of(out)});
+      const int o = b.linear(x, b.weight("w", g.random({out, in})),
+                             bias ? b.weight("b", g.random({out})) : -1, "fc");
+      b.output(residual_first ? b.add(r, o, "residual") : b.add(o, r, "residual"), "y");
+      if (variant == 3) b.output(o, "fc_out");  // read twice: the add stays a node
+      const Graph graph = b.finish();
+      for (int64_t n : {3, 70}) {
+        const Scenario sc =
+            one_step(graph, {{"x", g.random({n, in}, -2, 2)}, {"r", g.random({n, out}, -2, 2)}});
+        const ScenarioOutputs ref = run_scenario(*reference, sc);
+        for (NamedBackend& nb : available_backends()) {
+          if (!unsupported(*nb.backend, graph).empty()) continue;  // CPU: f32 activations only
+          const ScenarioOutputs got = run_scenario(*nb.backend, sc);
+          for (size_t k = 0; k < ref[0].size(); ++k)
+            expect_matches(got[0][k], ref[0][k], Check{},
+                           nb.name + " " + std::string(dtype_name(dtype)) + " variant " +
+                               std::to_string(variant) + " rows " + std::to_string(n));
+          ++compared;
+        }
+      }
+    }
+  EXPECT_GT(compared, 0);
 }
 
 }  // namespace

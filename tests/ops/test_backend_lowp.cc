@@ -137,6 +137,9 @@ TEST_P(LowPrecisionOps, EveryCpuFamilyMatchesReference) {
   std::vector<NamedBackend> backends = available_backends();
   ASSERT_FALSE(backends.empty());
   for (NamedBackend& b : backends) {
+    // Narrow weights under f32 activations are the CPU's storage precisions; CUDA plans narrow
+    // activations too (narrow_graph) and are tested by the CUDA precision tests.
+    if (b.backend->device() != Device::kCpu) continue;
     ASSERT_EQ(unsupported(*b.backend, scenario.graph), "") << b.name;
     const ScenarioOutputs got = run_scenario(*b.backend, scenario);
     expect_matches(got[0][0], ref[0][0], check, b.name);

@@ -657,6 +657,17 @@ TEST(BackendOps, ArgmaxRowsOnTheDeviceTakesTheFirstMaximum) {
     std::vector<int64_t> got(rows, -1);
     if (!nb.backend->argmax_rows(logits, got)) continue;  // host backends read logits directly
     EXPECT_EQ(got, expected) << nb.name;
+    // Banned ids (EOS before min_new_tokens) are skipped in flagged rows only: row 1's tie
+    // moves to column 500, row 3 to its best column but the last; rows 0, 2, 4 are unflagged.
+    const std::vector<int64_t> banned = {10, cols - 1, 0};
+    const std::vector<uint8_t> flagged = {0, 1, 0, 1, 0};
+    std::vector<int64_t> banned_expected = expected;
+    banned_expected[1] = 500;
+    banned_expected[3] = 1;
+    for (int64_t c = 2; c < cols - 1; ++c)
+      if (c != 10 && v[3 * cols + c] > v[3 * cols + banned_expected[3]]) banned_expected[3] = c;
+    ASSERT_TRUE(nb.backend->argmax_rows(logits, got, banned, flagged)) << nb.name;
+    EXPECT_EQ(got, banned_expected) << nb.name;
     ++checked;
   }
   if (checked == 0) GTEST_SKIP() << "no backend here computes argmax on a device (CUDA does)";

@@ -35,7 +35,7 @@ TEST(Executor, WorkspacesAreAllocatedOncePerBucketAndReused) {
   EXPECT_EQ(dec.workspace_bytes(), 0) << "nothing before the first step";
   const void* first = step(3);
   const int64_t small = dec.workspace_bytes();
-  const Bindings b16 = GraphExecutor::bucket_bindings(ir.profile, 16);
+  const Bindings b16 = ir.profile.bucket_bindings(16);
   EXPECT_EQ(small, workspace_layout(ir.graph(kDecoderGraph), b16).bytes)
       << "the 16-token bucket's arena is exactly the planned workspace";
   EXPECT_EQ(step(16), first) << "same bucket: same arena, same addresses";

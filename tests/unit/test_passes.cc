@@ -179,6 +179,58 @@ TEST(Passes, FuseAddRmsNormFiresOnT5) {
   }
 }
 
+// CUDA fp16 plans of T5 keep the residual stream in f32 (issue 9: fp16 T5 overflows): the
+// wo Linears compute in f32 with f32 weights, norms and residual adds read and write f32, every
+// other Linear stays fp16, casts join them, and the graph still verifies. bf16 and BLOOM
+// (LayerNorm) narrow everything.
+TEST(Passes, NarrowGraphKeepsT5ResidualStreamF32InFp16) {
+  auto narrowed = [](const char* model, Precision precision) {
+    BuildOptions o;
+    o.device = Device::kCuda;
+    o.precision = precision;
+    return build_model(fixture(model), o, kQuiet);
+  };
+  const ModelIR t5 = narrowed("t5-tiny", Precision::kFp16);
+  for (const Graph& g : t5.graphs) {
+    int wo = 0, narrow_linears = 0, casts = 0;
+    for (const Node& n : g.nodes) {
+      const DType out = g.values[n.outputs[0]].dtype;
+      if (n.op == OpKind::kLinear) {
+        const std::string& w = g.values[n.inputs[1]].name;
+        const bool is_wo = w.find(".wo.") != std::string::npos;
+        wo += is_wo;
+        narrow_linears += !is_wo;
+        EXPECT_EQ(out, is_wo ? DType::kF32 : DType::kF16) << n.name;
+        EXPECT_EQ(g.values[n.inputs[1]].dtype, out) << n.name << " weight";
+        EXPECT_EQ(g.values[n.inputs[0]].dtype, out) << n.name << " input";
+      }
+      if (n.op == OpKind::kAddRmsNorm || n.op == OpKind::kRmsNorm) {
+        for (int o : n.outputs) {
+          EXPECT_EQ(g.values[o].dtype, DType::kF32) << n.name;
+        }
+        EXPECT_EQ(g.values[n.inputs[0]].dtype, DType::kF32) << n.name;
+      }
+      casts += n.op == OpKind::kCast;
+    }
+    EXPECT_GT(narrow_linears, 0) << g.name;
+    EXPECT_GT(casts, 0) << g.name;
+    if (g.name == kDecoderGraph || g.name == kEncoderGraph) {
+      EXPECT_GT(wo, 0) << g.name;
+    }
+    verify_graph(g);
+  }
+  for (const ModelIR& m :
+       {narrowed("t5-tiny", Precision::kBf16), narrowed("bloom-tiny", Precision::kFp16)}) {
+    for (const Graph& g : m.graphs) {
+      for (const Value& v : g.values) {
+        if (v.kind != ValueKind::kInput && v.name != "logits") {
+          EXPECT_NE(v.dtype, DType::kF32) << m.desc.architecture << " " << v.name;
+        }
+      }
+    }
+  }
+}
+
 // A norm weight computed by a node (a Cast of an fp16 weight, as the BLOOM frontend makes, left
 // unfolded when fold_constants is off) that the builder placed after the residual Add.
 TEST(Passes, FuseAddRmsNormKeepsTopologicalOrderWhenTheNormWeightIsComputed) {

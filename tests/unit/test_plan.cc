@@ -175,6 +175,48 @@ TEST_F(PlanTest, BadInputOtherDeviceIsRefused) {
   expect_plan_error(tmp("tpu.plan"), "unknown device 'tpu'");
 }
 
+TEST_F(PlanTest, CudaPlansRecordTheirGpuArchitecture) {
+  if (!query_cuda().compiled) GTEST_SKIP() << "built without CUDA";
+  Logger quiet(LogLevel::kError);
+  BuildOptions o;
+  o.device = Device::kCuda;
+  o.precision = Precision::kFp16;
+  write_plan(tmp("arch.plan"), build_model(fixture("bloom-tiny"), o, quiet),
+             PlanBuildInfo{fixture("bloom-tiny"), {}}, quiet);
+  const std::string target = read_plan(tmp("arch.plan"), quiet).target;
+  // The visible GPU's architecture, else the one the kernels were compiled for (sm_90 here).
+  const CudaInfo info = query_cuda();
+  EXPECT_EQ(target, "sm_" + std::to_string(info.first_sm > 0 ? info.first_sm : info.compiled_sm));
+  EXPECT_EQ(target.rfind("sm_", 0), 0u) << target;
+  // CPU plans run on any CPU of the device and name no target.
+  EXPECT_FALSE(split_plan(slurp(tmp("bloom-tiny.plan"))).header.contains("target"));
+}
+
+TEST_F(PlanTest, BadInputPlanForAnotherTargetIsRefused) {
+  PlanParts p = split_plan(slurp(tmp("bloom-tiny.plan")));
+  p.header["target"] = "sm_75";
+  spit(tmp("other-target.plan"), join_plan(p));
+  // A CPU backend runs no sm_75 plan; on a GPU machine a cuda plan for another architecture is
+  // refused the same way.
+  auto expect_refused = [&](const std::string& path) {
+    try {
+      CompiledModel::load_plan(ctx_, path);
+      ADD_FAILURE() << "plan " << path << " for sm_75 was accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("the plan was built for sm_75"), std::string::npos)
+          << e.what();
+      EXPECT_NE(std::string(e.what()).find("rebuild it on this machine"), std::string::npos)
+          << e.what();
+    }
+  };
+  expect_refused(tmp("other-target.plan"));
+  if (query_cuda().device_count > 0 && query_cuda().first_sm != 75) {
+    p.header["device"] = "cuda";
+    spit(tmp("other-target-cuda.plan"), join_plan(p));
+    expect_refused(tmp("other-target-cuda.plan"));
+  }
+}
+
 TEST_F(PlanTest, BadInputNotAPlan) {
   spit(tmp("empty.plan"), "");
   expect_plan_error(tmp("empty.plan"), "not a kiln plan");

@@ -114,11 +114,26 @@ __global__ void append_kernel(AttentionParams p) {
 // Keys are scored a tile at a time: every thread scores whole keys (q from shared memory, the
 // key row read in one pass), the block takes the tile's max and sum (online softmax across
 // tiles, in fp32), then the threads split the head dimension and the tile's keys to accumulate
-// probability-weighted values. Decode steps (one query row, a short context) keep every thread
-// busy instead of walking the keys one after another.
+// probability-weighted values: each thread owns W consecutive dimensions (one 16-byte load when
+// rows allow, W = 1 otherwise) of every parts-th key, and issues kValueUnroll loads before it
+// uses them, so a decode step waits for memory a few times per tile rather than once per key.
 constexpr int kTile = 1024;
+constexpr int kValueUnroll = 4;
 
-template <typename T>
+// W elements of a value row as floats.
+template <typename T, int W>
+__device__ __forceinline__ void load_values(const T* p, float (&out)[W]) {
+  if constexpr (W == 1) {
+    out[0] = to_float(__ldg(p));
+  } else {
+    const uint4 raw = __ldg(reinterpret_cast<const uint4*>(p));
+    const T* e = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+    for (int u = 0; u < W; ++u) out[u] = to_float(e[u]);
+  }
+}
+
+template <typename T, int W>
 __global__ void attention_kernel(AttentionParams p) {
   const int64_t row = blockIdx.x;
   const int h = blockIdx.y;
@@ -138,19 +153,24 @@ __global__ void attention_kernel(AttentionParams p) {
 
   __shared__ float q_s[kMaxHeadDim];
   __shared__ float score_s[kTile];
-  __shared__ const T* value_s[kTile];       // each key's value row, resolved once while scoring
-  __shared__ float partial_s[kMaxHeadDim];  // parts * dh <= the block's threads <= 256
+  __shared__ const T* value_s[kTile];   // each key's value row, resolved once while scoring
+  __shared__ float partial_s[256 * W];  // parts * dh = (threads / (dh / W)) * dh <= 256 * W
   __shared__ int bad_block;
   const T* qr = static_cast<const T*>(p.q) + row * p.q_stride + head_off;
   for (int d = tid; d < dh; d += threads) q_s[d] = to_float(qr[d]);
   if (tid == 0) bad_block = 0;
   __syncthreads();
   const float slope = p.bias == AttnBias::kAlibi ? alibi_slope(h, p.heads) : 0.0f;
-  // The value threads: thread tid accumulates dimension tid % dh over keys part, part + parts, ...
-  const int parts = threads / dh > 0 ? threads / dh : 1;
-  const int vd = tid % dh, part = tid / dh;
-  const bool value_thread = part < parts && tid < parts * dh;
-  float m_run = -INFINITY, l_run = 0.0f, acc = 0.0f;
+  // The value threads: thread tid accumulates dimensions vd .. vd + W - 1 over keys part,
+  // part + parts, ...
+  const int lanes = dh / W;  // threads per key (<= threads: dh <= the block's threads)
+  const int parts = threads / lanes;
+  const int vd = (tid % lanes) * W, part = tid / lanes;
+  const bool value_thread = part < parts;
+  float m_run = -INFINITY, l_run = 0.0f;
+  float acc[W];
+#pragma unroll
+  for (int u = 0; u < W; ++u) acc[u] = 0.0f;
   for (int64_t tile0 = 0; tile0 < visible; tile0 += kTile) {
     const int n = static_cast<int>(min(static_cast<int64_t>(kTile), visible - tile0));
     float local_max = -INFINITY;
@@ -188,14 +208,37 @@ __global__ void attention_kernel(AttentionParams p) {
     }
     const float tile_sum = block_sum(local_sum);  // its barriers publish score_s
     l_run = l_run * correction + tile_sum;
-    acc *= correction;
-    if (value_thread)
-      for (int j = part; j < n; j += parts) acc += score_s[j] * to_float(value_s[j][head_off + vd]);
+#pragma unroll
+    for (int u = 0; u < W; ++u) acc[u] *= correction;
+    if (value_thread) {
+      int j = part;
+      for (; j + (kValueUnroll - 1) * parts < n; j += kValueUnroll * parts) {
+        float v[kValueUnroll][W];
+#pragma unroll
+        for (int k = 0; k < kValueUnroll; ++k)
+          load_values<T, W>(value_s[j + k * parts] + head_off + vd, v[k]);
+#pragma unroll
+        for (int k = 0; k < kValueUnroll; ++k) {
+          const float pk = score_s[j + k * parts];
+#pragma unroll
+          for (int u = 0; u < W; ++u) acc[u] += pk * v[k][u];
+        }
+      }
+      for (; j < n; j += parts) {
+        float v[W];
+        load_values<T, W>(value_s[j] + head_off + vd, v);
+        const float pj = score_s[j];
+#pragma unroll
+        for (int u = 0; u < W; ++u) acc[u] += pj * v[u];
+      }
+    }
     m_run = m_new;
     __syncthreads();  // score_s is rewritten by the next tile
   }
   // Sum the parts of each dimension, in a fixed order.
-  if (value_thread) partial_s[part * dh + vd] = acc;
+  if (value_thread)
+#pragma unroll
+    for (int u = 0; u < W; ++u) partial_s[part * dh + vd + u] = acc[u];
   __syncthreads();
   T* yr = static_cast<T*>(p.y) + row * static_cast<int64_t>(p.heads) * dh + head_off;
   for (int d = tid; d < dh; d += threads) {
@@ -211,7 +254,21 @@ void launch_typed(const AttentionParams& p, cudaStream_t stream) {
   if (p.kind == AttnKind::kCachedSelf)
     append_kernel<T><<<static_cast<unsigned>(p.tokens), 128, 0, stream>>>(p);
   const dim3 grid(static_cast<unsigned>(p.tokens), static_cast<unsigned>(p.heads));
-  attention_kernel<T><<<grid, p.head_dim <= 128 ? 128 : 256, 0, stream>>>(p);
+  const int threads = p.head_dim <= 128 ? 128 : 256;
+  constexpr int kVec = 16 / static_cast<int>(sizeof(T));
+  // 16-byte value loads need every value row's head slice 16-byte aligned: the head dimension
+  // and the row strides in whole chunks (the buffers themselves are 256-byte aligned).
+  const int64_t row_elems = p.kind == AttnKind::kCachedSelf ? p.kv.row_width
+                            : p.kind == AttnKind::kCross
+                                ? static_cast<int64_t>(p.heads) * p.head_dim
+                                : p.kv_stride;
+  const bool vec =
+      p.head_dim % kVec == 0 && row_elems % kVec == 0 &&
+      (p.kind != AttnKind::kEncoderSelf || (reinterpret_cast<uintptr_t>(p.v) & 15) == 0);
+  if (vec)
+    attention_kernel<T, kVec><<<grid, threads, 0, stream>>>(p);
+  else
+    attention_kernel<T, 1><<<grid, threads, 0, stream>>>(p);
 }
 
 }  // namespace

@@ -2,6 +2,9 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <map>
+#include <mutex>
+#include <string_view>
 #include <vector>
 
 namespace kiln::cuda {
@@ -77,29 +80,89 @@ IndexType index_type(DType dtype) {
   KILN_FAIL("the cuda kernels take i32 or i64 indices, not {}", dtype_name(dtype));
 }
 
-std::shared_ptr<void> CudaAllocator::allocate(size_t bytes) {
-  const size_t rounded = std::max<size_t>((bytes + 255) / 256 * 256, 256);
-  void* p = nullptr;
-  const cudaError_t err = cudaMalloc(&p, rounded);
-  if (err != cudaSuccess) {
-    cudaGetLastError();
-    size_t free_bytes = 0, total = 0;
-    cudaMemGetInfo(&free_bytes, &total);
-    KILN_FAIL("out of GPU memory allocating {} bytes ({} of {} bytes free): {}", rounded,
-              free_bytes, total, cudaGetErrorString(err));
+struct CudaAllocator::Cache {
+  std::mutex mutex;
+  std::multimap<size_t, void*> free;  // by block size
+  size_t bytes = 0;
+  ~Cache() { release(); }
+  void release() {
+    for (auto& [size, p] : free) cudaFree(p);
+    free.clear();
+    bytes = 0;
   }
-  KILN_CUDA_CHECK(cudaMemsetAsync(p, 0, rounded, stream_));
+};
+
+CudaAllocator::CudaAllocator(cudaStream_t stream)
+    : stream_(stream), cache_(std::make_shared<Cache>()) {}
+
+size_t CudaAllocator::cached_bytes() const {
+  std::lock_guard<std::mutex> lock(cache_->mutex);
+  return cache_->bytes;
+}
+
+std::shared_ptr<void> CudaAllocator::allocate_raw(size_t bytes) {
+  const size_t rounded = std::max<size_t>((bytes + 255) / 256 * 256, 256);
+  std::shared_ptr<Cache> cache = cache_;
+  void* p = nullptr;
+  size_t size = rounded;
+  {
+    std::lock_guard<std::mutex> lock(cache->mutex);
+    // The smallest cached block that fits, if it wastes at most half of itself.
+    auto it = cache->free.lower_bound(rounded);
+    if (it != cache->free.end() && it->first <= 2 * rounded) {
+      size = it->first;
+      p = it->second;
+      cache->bytes -= size;
+      cache->free.erase(it);
+    }
+  }
+  if (p == nullptr) {
+    cudaError_t err = cudaMalloc(&p, rounded);
+    if (err == cudaErrorMemoryAllocation) {
+      cudaGetLastError();
+      {
+        std::lock_guard<std::mutex> lock(cache->mutex);
+        cache->release();
+      }
+      err = cudaMalloc(&p, rounded);
+    }
+    if (err != cudaSuccess) {
+      cudaGetLastError();
+      size_t free_bytes = 0, total = 0;
+      cudaMemGetInfo(&free_bytes, &total);
+      KILN_FAIL("out of GPU memory allocating {} bytes ({} of {} bytes free): {}", rounded,
+                free_bytes, total, cudaGetErrorString(err));
+    }
+  }
+  return std::shared_ptr<void>(p, [cache, size](void* q) {
+    if (size <= kMaxCachedBlock) {
+      std::lock_guard<std::mutex> lock(cache->mutex);
+      if (cache->bytes + size <= kMaxCachedBytes) {
+        cache->free.emplace(size, q);
+        cache->bytes += size;
+        return;
+      }
+    }
+    cudaFree(q);
+  });
+}
+
+std::shared_ptr<void> CudaAllocator::allocate(size_t bytes) {
+  std::shared_ptr<void> p = allocate_raw(bytes);
+  KILN_CUDA_CHECK(cudaMemsetAsync(p.get(), 0, std::max<size_t>(bytes, 1), stream_));
   KILN_CUDA_CHECK(cudaStreamSynchronize(stream_));
-  return std::shared_ptr<void>(p, [](void* q) { cudaFree(q); });
+  return p;
 }
 
 Tensor CudaAllocator::upload(const Tensor& source) {
   KILN_CHECK(source.defined(), "cannot upload an undefined tensor to the GPU");
-  Tensor t = tensor(source.dtype(), source.shape());
-  if (source.nbytes() > 0) {
-    KILN_CUDA_CHECK(
-        cudaMemcpyAsync(t.raw(), source.raw(), source.nbytes(), cudaMemcpyDefault, stream_));
-    KILN_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  const size_t bytes = source.nbytes();
+  std::shared_ptr<void> memory = allocate_raw(std::max<size_t>(bytes, 1));
+  Tensor t = Tensor::view(source.dtype(), source.shape(), memory.get(), memory, Device::kCuda);
+  if (bytes > 0) {
+    KILN_CUDA_CHECK(cudaMemcpyAsync(t.raw(), source.raw(), bytes, cudaMemcpyDefault, stream_));
+    // A host source may be freed when this returns; a device one is read in stream order.
+    if (source.device() != Device::kCuda) KILN_CUDA_CHECK(cudaStreamSynchronize(stream_));
   }
   return t;
 }
@@ -125,19 +188,35 @@ void CudaAllocator::copy_to_host(const Tensor& t, void* dst) {
   KILN_CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
 
-void CudaContext::argmax_rows(const Tensor& logits, std::span<int64_t> out) {
+void CudaContext::argmax_rows(const Tensor& logits, std::span<int64_t> out,
+                              std::span<const int64_t> banned,
+                              std::span<const uint8_t> banned_rows) {
   KILN_CHECK(logits.device() == Device::kCuda && logits.rank() == 2 &&
                  static_cast<size_t>(logits.dim(0)) == out.size(),
              "argmax_rows: {} logits {} for {} rows", kiln::device_name(logits.device()),
              shape_str(logits.shape()), out.size());
+  KILN_CHECK(banned.size() <= static_cast<size_t>(BannedIds::kMax) &&
+                 (banned_rows.empty() || banned_rows.size() == out.size()),
+             "argmax_rows: {} banned ids (at most {}), {} row flags for {} rows", banned.size(),
+             BannedIds::kMax, banned_rows.size(), out.size());
   if (out.empty()) return;
   if (out.size() > argmax_capacity_) {
     argmax_capacity_ = std::max<size_t>(out.size(), 256);
-    argmax_device_ = allocator_.allocate(argmax_capacity_ * sizeof(long long));
+    // The ids, then one flag byte per row.
+    argmax_device_ = allocator_.allocate(argmax_capacity_ * (sizeof(long long) + 1));
   }
   auto* ids = static_cast<long long*>(argmax_device_.get());
-  launch_argmax_rows(float_type(logits.dtype()), logits.raw(), logits.dim(0), logits.dim(1), ids,
-                     stream_);
+  unsigned char* flags = nullptr;
+  BannedIds ban{};
+  if (!banned.empty() && !banned_rows.empty()) {
+    flags = reinterpret_cast<unsigned char*>(ids + argmax_capacity_);
+    KILN_CUDA_CHECK(cudaMemcpyAsync(flags, banned_rows.data(), banned_rows.size(),
+                                    cudaMemcpyHostToDevice, stream_));
+    ban.count = static_cast<int>(banned.size());
+    for (size_t i = 0; i < banned.size(); ++i) ban.id[i] = banned[i];
+  }
+  launch_argmax_rows(float_type(logits.dtype()), logits.raw(), logits.dim(0), logits.dim(1), ban,
+                     flags, ids, stream_);
   static_assert(sizeof(long long) == sizeof(int64_t));
   KILN_CUDA_CHECK(cudaMemcpyAsync(out.data(), ids, out.size() * sizeof(long long),
                                   cudaMemcpyDeviceToHost, stream_));
@@ -154,13 +233,20 @@ CudaContext::CudaContext(Context& host) : host_(host) {
   cudaDeviceProp prop{};
   KILN_CUDA_CHECK(cudaGetDeviceProperties(&prop, device_));
   sm_ = prop.major * 10 + prop.minor;
+  sms_ = prop.multiProcessorCount;
   device_name_ = prop.name;
   KILN_CHECK_USAGE(sm_ >= 80, "device cuda: {} is sm_{}; kiln's CUDA kernels need sm_80 or newer",
                    device_name_, sm_);
   profile_ = std::getenv("KILN_CUDA_PROFILE") != nullptr;
   tune_gemms_ = std::getenv("KILN_CUDA_TUNE_GEMM") != nullptr;
+  auto off = [](const char* name) {
+    const char* v = std::getenv(name);
+    return v != nullptr && std::string_view(v) == "0";
+  };
+  use_gemv_ = !off("KILN_CUDA_GEMV");
+  use_graphs_ = !off("KILN_CUDA_GRAPHS");
   KILN_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-  allocator_ = CudaAllocator(stream_);
+  allocator_ = CudaAllocator(stream_);  // the cache of the placeholder is empty
   KILN_CUBLAS_CHECK(cublasLtCreate(&blas_));
   KILN_CUDA_CHECK(cudaMalloc(&blas_workspace_, kBlasWorkspaceBytes));
   KILN_CUDA_CHECK(cudaMalloc(&status_, sizeof(DeviceStatus)));
@@ -209,10 +295,15 @@ void CudaContext::upload_step(const StepLayout& layout) {
   int cross_layers = 0;
   for (const CrossKv* c : layout.cross)
     if (c != nullptr) cross_layers = std::max(cross_layers, static_cast<int>(c->keys.size()));
+  // The block table's row stride only grows (in powers of two), so that a decode step's device
+  // layout keeps the same addresses and widths from one step to the next while its sequences
+  // grow: a CUDA graph captured for it stays valid.
+  while (block_stride_ < layout.max_blocks) block_stride_ = std::max(2 * block_stride_, 16);
+  const int stride = block_stride_;
   // Layout of the buffer: pointers first (8-byte aligned), then the int arrays.
   const size_t pointers = static_cast<size_t>(seqs) * cross_layers * 2;
   const size_t ints = static_cast<size_t>(seqs + 1) + seqs + static_cast<size_t>(tokens) +
-                      layout.block_table.size() + seqs;
+                      static_cast<size_t>(seqs) * stride + seqs;
   const size_t bytes = pointers * sizeof(void*) + ints * sizeof(int);
   if (bytes > step_capacity_) {
     const size_t grown = std::max<size_t>(bytes * 2, 4096);
@@ -248,7 +339,11 @@ void CudaContext::upload_step(const StepLayout& layout) {
   for (int s = 0; s < seqs; ++s)
     for (int64_t r = layout.token_begin[s]; r < layout.token_begin[s + 1]; ++r) *at++ = s;
   const size_t table_off = static_cast<size_t>(at - ints_host);
-  at = std::copy(layout.block_table.begin(), layout.block_table.end(), at);
+  for (int s = 0; s < seqs; ++s) {
+    const std::span<const int32_t> row = layout.blocks(s);
+    at = std::copy(row.begin(), row.end(), at);
+    at = std::fill_n(at, stride - static_cast<int>(row.size()), -1);
+  }
   const size_t cross_off = static_cast<size_t>(at - ints_host);
   for (int s = 0; s < seqs; ++s)
     *at++ = layout.cross[s] != nullptr ? static_cast<int>(layout.cross[s]->length()) : 0;
@@ -257,7 +352,7 @@ void CudaContext::upload_step(const StepLayout& layout) {
   const void* const* dptr = static_cast<const void* const*>(step_device_);
   const int* dints = reinterpret_cast<const int*>(dptr + pointers);
   step_.num_seqs = seqs;
-  step_.max_blocks = layout.max_blocks;
+  step_.max_blocks = stride;
   step_.token_begin = dints + begin_off;
   step_.past_len = dints + past_off;
   step_.token_seq = dints + seq_off;

@@ -26,19 +26,34 @@ void check_cublas(cublasStatus_t status, const char* call, const char* file, int
 FloatType float_type(DType dtype);
 IndexType index_type(DType dtype);
 
-// Device memory; allocations are zero-filled and freed when the last tensor lets go.
+// Device memory; allocations are zero-filled and given back when the last tensor lets go. Blocks
+// up to kMaxCachedBlock bytes go to a cache instead of cudaFree (which waits for the whole device)
+// and serve later requests of up to their size, so that per-request buffers (a T5 request's
+// cross K/V, 2 x layers copies) cost no cudaMalloc once the cache is warm. The cache holds at
+// most kMaxCachedBytes and is emptied when the GPU runs out of memory. Work on the one stream
+// is ordered, so a block freed while kernels still read it is only reused by later work.
 class CudaAllocator final : public Allocator {
  public:
-  explicit CudaAllocator(cudaStream_t stream) : stream_(stream) {}
+  explicit CudaAllocator(cudaStream_t stream);
   Device device() const override { return Device::kCuda; }
   std::shared_ptr<void> allocate(size_t bytes) override;
-  // Host or device tensors (contiguous) to a new device tensor.
+  // Host or device tensors (contiguous) to a new device tensor. A device source is copied on
+  // the stream without waiting for it.
   Tensor upload(const Tensor& source) override;
   Tensor to_host(const Tensor& t) override;
   void copy_to_host(const Tensor& t, void* dst) override;
+  // Bytes held in the cache, free for reuse.
+  size_t cached_bytes() const;
+
+  static constexpr size_t kMaxCachedBlock = 64u << 20;
+  static constexpr size_t kMaxCachedBytes = 2ull << 30;
 
  private:
+  struct Cache;
+  // Uninitialized device memory of at least `bytes`.
+  std::shared_ptr<void> allocate_raw(size_t bytes);
   cudaStream_t stream_;
+  std::shared_ptr<Cache> cache_;
 };
 
 class CudaContext {
@@ -56,12 +71,18 @@ class CudaContext {
   CudaAllocator& allocator() { return allocator_; }
   const std::string& device_name() const { return device_name_; }
   int sm() const { return sm_; }
+  int multiprocessors() const { return sms_; }
   // KILN_CUDA_PROFILE set (read once): executors time every node with CUDA events and log the
   // totals per kernel when they are destroyed.
   bool profile() const { return profile_; }
   // KILN_CUDA_TUNE_GEMM set (read once): Linear kernels time cuBLASLt's candidate algorithms
   // at first use instead of taking the heuristic's first.
   bool tune_gemms() const { return tune_gemms_; }
+  // KILN_CUDA_GEMV=0: few-row Linears run on cuBLASLt too instead of kiln's GEMV (for A/B runs).
+  bool use_gemv() const { return use_gemv_; }
+  // KILN_CUDA_GRAPHS=0: decode steps are launched kernel by kernel instead of replayed from a
+  // captured CUDA graph (for A/B runs and debugging).
+  bool use_graphs() const { return use_graphs_; }
 
   DeviceStatus* status() { return status_; }
   // Waits for the stream, then throws if a kernel reported bad data (naming the node of
@@ -70,10 +91,16 @@ class CudaContext {
 
   // Uploads the step's layout (one copy) and makes it the current one kernels read.
   void upload_step(const StepLayout& layout);
+  // The device buffer the current step's layout is in (its address changes only when a step
+  // needs more room than any before).
+  const void* step_buffer() const { return step_device_; }
   const DeviceStep& step() const { return step_; }
 
   // Row argmax of device logits into `out` (one small copy back).
-  void argmax_rows(const Tensor& logits, std::span<int64_t> out);
+  // Row argmax of device logits into `out` (one small copy back), skipping `banned` ids in the
+  // rows flagged by `banned_rows` (empty: none); at most BannedIds::kMax ids.
+  void argmax_rows(const Tensor& logits, std::span<int64_t> out,
+                   std::span<const int64_t> banned = {}, std::span<const uint8_t> banned_rows = {});
 
   // The device copy of a weight, uploaded once per backend (graphs that share a weight share
   // the copy).
@@ -84,6 +111,9 @@ class CudaContext {
   Context& host_;
   int device_ = 0;
   int sm_ = 0;
+  int sms_ = 0;
+  bool use_gemv_ = true;
+  bool use_graphs_ = true;
   bool profile_ = false;
   bool tune_gemms_ = false;
   std::string device_name_;
@@ -97,6 +127,7 @@ class CudaContext {
   void* step_host_ = nullptr;
   void* step_device_ = nullptr;
   size_t step_capacity_ = 0;
+  int block_stride_ = 0;
   DeviceStep step_{};
   // Keyed by the host bytes; the host tensor is kept so that its address is not reused.
   std::map<const void*, std::pair<Tensor, Tensor>> weights_;

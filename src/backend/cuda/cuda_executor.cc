@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <chrono>
 
+#include "backend/cuda/cuda_kv_storage.h"
+#include "backend/executor.h"
 #include "graph/workspace.h"
 
 namespace kiln::cuda {
@@ -16,19 +18,28 @@ int64_t aligned(int64_t bytes) {
 
 CudaExecutor::CudaExecutor(const Graph& graph, const ShapeProfile& profile, CudaContext& ctx,
                            std::vector<std::unique_ptr<Kernel>> kernels,
-                           std::vector<std::string> names)
+                           std::vector<std::string> names, std::vector<NodeRewrite> rewrites)
     : graph_(graph),
       profile_(profile),
       ctx_(ctx),
       kernels_(std::move(kernels)),
-      kernel_names_(std::move(names)) {
+      kernel_names_(std::move(names)),
+      rewrites_(std::move(rewrites)) {
+  if (rewrites_.empty()) rewrites_.resize(graph_.nodes.size());
+  KILN_CHECK(rewrites_.size() == graph_.nodes.size(), "graph '{}': {} rewrites for {} nodes",
+             graph_.name, rewrites_.size(), graph_.nodes.size());
   KILN_CHECK(kernels_.size() == graph_.nodes.size(), "graph '{}': {} kernels for {} nodes",
              graph_.name, kernels_.size(), graph_.nodes.size());
   values_.resize(graph_.values.size());
   for (size_t i = 0; i < graph_.values.size(); ++i)
     if (graph_.values[i].kind == ValueKind::kWeight)
       values_[i] = ctx_.device_weight(graph_.values[i].data);
-  for (const Node& n : graph_.nodes) has_attention_ |= n.op == OpKind::kAttention;
+  for (const Node& n : graph_.nodes) {
+    if (n.op != OpKind::kAttention) continue;
+    has_attention_ = true;
+    const AttentionAttrs& a = n.attr<AttentionAttrs>();
+    if (a.kind == AttentionKind::kCross) cross_layers_ = std::max(cross_layers_, a.layer + 1);
+  }
   if (ctx_.profile()) {
     events_.resize(graph_.nodes.size() + 1);
     for (cudaEvent_t& e : events_) KILN_CUDA_CHECK(cudaEventCreate(&e));
@@ -36,6 +47,8 @@ CudaExecutor::CudaExecutor(const Graph& graph, const ShapeProfile& profile, Cuda
 }
 
 CudaExecutor::~CudaExecutor() {
+  for (auto& [key, g] : graphs_)
+    if (g.exec != nullptr) cudaGraphExecDestroy(g.exec);
   for (cudaEvent_t e : events_) cudaEventDestroy(e);
   if (steps_ == 0) return;
   std::vector<std::pair<double, std::string>> by_time;
@@ -82,57 +95,79 @@ int64_t CudaExecutor::workspace_bytes() const {
   return total;
 }
 
-Bindings CudaExecutor::bind_inputs(std::span<const Tensor> inputs) const {
-  KILN_CHECK(inputs.size() == graph_.inputs.size(), "graph '{}': {} inputs fed, expected {}",
-             graph_.name, inputs.size(), graph_.inputs.size());
-  Bindings bindings;
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    const Value& v = graph_.values[graph_.inputs[i]];
-    const Tensor& t = inputs[i];
-    KILN_CHECK(t.defined() && t.dtype() == v.dtype, "graph '{}': input '{}' is {}, expected {}",
-               graph_.name, v.name, t.defined() ? dtype_name(t.dtype()) : "missing",
-               dtype_name(v.dtype));
-    KILN_CHECK(t.rank() == static_cast<int>(v.shape.size()),
-               "graph '{}': input '{}' has shape {}, expected {}", graph_.name, v.name,
-               shape_str(t.shape()), sym_shape_str(v.shape));
-    for (size_t d = 0; d < v.shape.size(); ++d) {
-      if (v.shape[d].is_symbolic()) {
-        auto [pos, fresh] = bindings.emplace(v.shape[d].symbol, t.shape()[d]);
-        KILN_CHECK(fresh || pos->second == t.shape()[d],
-                   "graph '{}': input '{}' binds '{}' = {}, but another input bound it to {}",
-                   graph_.name, v.name, v.shape[d].symbol, t.shape()[d], pos->second);
-      } else {
-        KILN_CHECK(t.shape()[d] == v.shape[d].value,
-                   "graph '{}': input '{}' has shape {}, expected {}", graph_.name, v.name,
-                   shape_str(t.shape()), sym_shape_str(v.shape));
-      }
+void CudaExecutor::run_nodes(char* scratch, const StepContext* step) {
+  KernelArgs args;
+  args.scratch = scratch;
+  args.step = step;
+  for (size_t n = 0; n < graph_.nodes.size(); ++n) {
+    const Node& node = graph_.nodes[n];
+    const NodeRewrite& rw = rewrites_[n];
+    if (rw.skip) {
+      if (!events_.empty()) KILN_CUDA_CHECK(cudaEventRecord(events_[n], ctx_.stream()));
+      continue;
     }
+    node_in_.clear();
+    node_out_.clear();
+    for (int id : node.inputs) node_in_.push_back(id >= 0 ? values_[id] : Tensor());
+    if (!rw.extra_inputs.empty()) {
+      node_in_.resize(std::max(node_in_.size(), NodeRewrite::kFusedInputAt));
+      for (int id : rw.extra_inputs) node_in_.push_back(values_[id]);
+    }
+    for (int id : rw.outputs.empty() ? node.outputs : rw.outputs) node_out_.push_back(values_[id]);
+    args.in = node_in_;
+    args.out = node_out_;
+    if (!events_.empty()) KILN_CUDA_CHECK(cudaEventRecord(events_[n], ctx_.stream()));
+    kernels_[n]->run(args);
   }
-  return bindings;
+}
+
+void CudaExecutor::run_graph(const GraphKey& key, char* scratch, const StepContext* step) {
+  StepGraph& g = graphs_[key];
+  if (g.exec == nullptr && g.runs++ == 0) {
+    // The first run is eager: kernels make their lazy state (cuBLASLt plans) outside a capture.
+    run_nodes(scratch, step);
+    return;
+  }
+  if (g.exec == nullptr) {
+    cudaStream_t stream = ctx_.stream();
+    KILN_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    try {
+      run_nodes(scratch, step);
+    } catch (...) {
+      cudaGraph_t broken = nullptr;
+      cudaStreamEndCapture(stream, &broken);
+      if (broken != nullptr) cudaGraphDestroy(broken);
+      cudaGetLastError();
+      throw;
+    }
+    cudaGraph_t captured = nullptr;
+    cudaError_t err = cudaStreamEndCapture(stream, &captured);
+    if (err == cudaSuccess) err = cudaGraphInstantiate(&g.exec, captured, 0);
+    if (captured != nullptr) cudaGraphDestroy(captured);
+    if (err != cudaSuccess) {
+      // Something in a kernel cannot be captured: this executor stays eager. Nothing of the
+      // capture ran, so the step runs now.
+      cudaGetLastError();
+      g.exec = nullptr;
+      graphs_off_ = true;
+      ctx_.host().log().warn("graph '{}': CUDA graph capture failed ({}); running eagerly",
+                             graph_.name, cudaGetErrorString(err));
+      run_nodes(scratch, step);
+      return;
+    }
+    ctx_.host().log().debug("graph '{}': captured a CUDA graph for {} tokens, {} sequences",
+                            graph_.name, key.tokens, key.seqs);
+  }
+  KILN_CUDA_CHECK(cudaGraphLaunch(g.exec, ctx_.stream()));
 }
 
 std::span<const Tensor> CudaExecutor::execute(std::span<const Tensor> inputs,
                                               const StepContext* step) {
-  const Bindings bindings = bind_inputs(inputs);
-  // Graphs without a ragged token dimension (tests, fixed shapes) use the largest bucket.
-  auto tokens = bindings.find("tokens");
-  const int64_t step_tokens = tokens != bindings.end() ? tokens->second : profile_.max_step_tokens;
-  KILN_CHECK(step_tokens > 0, "graph '{}': a step needs at least one token", graph_.name);
-  const int64_t bucket = profile_.bucket_for(step_tokens);
-  const Bindings limits = profile_.bucket_bindings(bucket);
-  for (const auto& [symbol, value] : bindings) {
-    auto cap = limits.find(symbol);
-    KILN_CHECK(cap != limits.end() && value <= cap->second,
-               "graph '{}': '{}' = {} exceeds the plan's limit of {}", graph_.name, symbol, value,
-               cap == limits.end() ? 0 : cap->second);
-  }
+  const StepShape shape = bind_step_inputs(graph_, profile_, inputs);
+  const Bindings& bindings = shape.bindings;
+  const int64_t bucket = shape.bucket;
   if (has_attention_) {
-    KILN_CHECK(step != nullptr && step->layout != nullptr,
-               "graph '{}': attention needs the step's layout", graph_.name);
-    KILN_CHECK(step->layout->total_tokens() == step_tokens,
-               "graph '{}': step layout covers {} tokens, the inputs hold {}", graph_.name,
-               step->layout->total_tokens(), step_tokens);
-    step->layout->check(step->kv ? step->kv->geometry().block_size : 0);
+    check_step_layout(graph_, step, shape.tokens);
     KILN_CHECK(step->kv == nullptr || step->kv->device() == Device::kCuda,
                "graph '{}': the KV storage is in {} memory, the cuda kernels read device memory",
                graph_.name, device_name(step->kv->device()));
@@ -141,17 +176,22 @@ std::span<const Tensor> CudaExecutor::execute(std::span<const Tensor> inputs,
   }
   Arena& arena = arena_for(bucket);
   char* base = static_cast<char*>(arena.memory.get());
+  // Profiling times every node with events between launches: eager (timings then include the
+  // host's launch gaps; ncu gives kernel-only times).
+  const bool graphed =
+      ctx_.use_graphs() && !graphs_off_ && events_.empty() && shape.tokens <= kMaxGraphTokens;
   for (size_t i = 0; i < inputs.size(); ++i) {
     const int id = graph_.inputs[i];
     const Tensor& t = inputs[i];
-    if (t.device() == Device::kCuda) {
+    // A graph replays with the addresses it was captured with: device inputs are copied into
+    // the arena too.
+    if (t.device() == Device::kCuda && !graphed) {
       values_[id] = t;
       continue;
     }
     char* dst = base + arena.input_offset[i];
     if (t.nbytes() > 0)
-      KILN_CUDA_CHECK(
-          cudaMemcpyAsync(dst, t.raw(), t.nbytes(), cudaMemcpyHostToDevice, ctx_.stream()));
+      KILN_CUDA_CHECK(cudaMemcpyAsync(dst, t.raw(), t.nbytes(), cudaMemcpyDefault, ctx_.stream()));
     values_[id] = Tensor::view(t.dtype(), t.shape(), dst, arena.memory, Device::kCuda);
   }
   for (size_t id = 0; id < graph_.values.size(); ++id) {
@@ -161,19 +201,34 @@ std::span<const Tensor> CudaExecutor::execute(std::span<const Tensor> inputs,
                      base + arena.offset[id], arena.memory, Device::kCuda);
   }
   const auto wall0 = std::chrono::steady_clock::now();
-  KernelArgs args;
-  args.scratch = base + arena.scratch_offset;
-  args.step = step;
-  for (size_t n = 0; n < graph_.nodes.size(); ++n) {
-    const Node& node = graph_.nodes[n];
-    node_in_.clear();
-    node_out_.clear();
-    for (int id : node.inputs) node_in_.push_back(id >= 0 ? values_[id] : Tensor());
-    for (int id : node.outputs) node_out_.push_back(values_[id]);
-    args.in = node_in_;
-    args.out = node_out_;
-    if (!events_.empty()) KILN_CUDA_CHECK(cudaEventRecord(events_[n], ctx_.stream()));
-    kernels_[n]->run(args);
+  if (graphed) {
+    GraphKey key;
+    key.tokens = shape.tokens;
+    if (has_attention_) {
+      const StepLayout& layout = *step->layout;
+      key.seqs = layout.num_seqs();
+      key.max_blocks = ctx_.step().max_blocks;
+      key.cross_layers = ctx_.step().cross_layers;
+      key.step_buffer = ctx_.step_buffer();
+      // The checks the attention kernels make on the host, which a replay skips.
+      for (int s = 0; s < layout.num_seqs() && cross_layers_ > 0; ++s) {
+        const CrossKv* c = layout.cross[s];
+        KILN_CHECK(c != nullptr && static_cast<int>(c->keys.size()) >= cross_layers_ &&
+                       static_cast<int>(c->values.size()) >= cross_layers_,
+                   "graph '{}': sequence {} has no cross K/V for its {} cross-attention layers",
+                   graph_.name, s, cross_layers_);
+      }
+      if (step->kv != nullptr) {
+        auto* kv = dynamic_cast<CudaKvStorage*>(step->kv);
+        KILN_CHECK(kv != nullptr, "graph '{}': the KV storage is not in CUDA memory", graph_.name);
+        const DeviceKv view = kv->device_view();
+        key.kv_blocks = view.block_base;
+        key.kv_capacity = view.capacity;
+      }
+    }
+    run_graph(key, base + arena.scratch_offset, step);
+  } else {
+    run_nodes(base + arena.scratch_offset, step);
   }
   if (!events_.empty())
     KILN_CUDA_CHECK(cudaEventRecord(events_[graph_.nodes.size()], ctx_.stream()));
@@ -181,7 +236,10 @@ std::span<const Tensor> CudaExecutor::execute(std::span<const Tensor> inputs,
   if (!events_.empty()) {
     for (size_t n = 0; n < graph_.nodes.size(); ++n) {
       float ms = 0.0f;
-      KILN_CUDA_CHECK(cudaEventElapsedTime(&ms, events_[n], events_[n + 1]));
+      if (cudaEventElapsedTime(&ms, events_[n], events_[n + 1]) != cudaSuccess) {
+        cudaGetLastError();  // an event a graph did not record this step: not counted
+        continue;
+      }
       kernel_ms_[kernel_names_[n] + " -> " +
                  sym_shape_str(graph_.values[graph_.nodes[n].outputs[0]].shape)] += ms;
     }

@@ -4,6 +4,13 @@
 // are copied into a staging area of the bucket's arena; the step's layout goes to the device in
 // one copy; after the kernels the stream is drained and any bad data a kernel reported becomes
 // a kiln::Error. Outputs are device tensors, valid until the next execute().
+//
+// Steps of up to kMaxGraphTokens tokens (decode steps) are replayed from CUDA graphs: the second
+// time a step of the same shape runs (same token and sequence counts, same device layout buffer
+// and KV storage), its kernels are captured into a graph, and from then on the step is one
+// graph launch instead of a launch per node. Everything a replay reads that changes per step
+// (inputs, the step's layout, the KV block tables) lives at fixed device addresses, and the
+// host-side checks the kernels would make are made here before each replay.
 #pragma once
 
 #include <map>
@@ -14,10 +21,22 @@
 
 namespace kiln::cuda {
 
+// A backend-level fusion of one node: values appended to its inputs (at kFusedInputAt: a
+// Linear's residual), the outputs it writes instead of its own (the fused Add's), or skipped
+// (an Add fused into the Linear before it). The graph itself is not changed.
+struct NodeRewrite {
+  static constexpr size_t kFusedInputAt = 4;
+  std::vector<int> extra_inputs;
+  std::vector<int> outputs;
+  bool skip = false;
+};
+
 class CudaExecutor final : public Executable {
  public:
+  // `rewrites`: empty, or one per node.
   CudaExecutor(const Graph& graph, const ShapeProfile& profile, CudaContext& ctx,
-               std::vector<std::unique_ptr<Kernel>> kernels, std::vector<std::string> names);
+               std::vector<std::unique_ptr<Kernel>> kernels, std::vector<std::string> names,
+               std::vector<NodeRewrite> rewrites = {});
   ~CudaExecutor() override;
 
   std::span<const Tensor> execute(std::span<const Tensor> inputs, const StepContext* step) override;
@@ -33,18 +52,42 @@ class CudaExecutor final : public Executable {
     int64_t bytes = 0;
   };
   Arena& arena_for(int64_t bucket);
-  Bindings bind_inputs(std::span<const Tensor> inputs) const;
+  // Enqueues every node's kernel on the stream.
+  void run_nodes(char* scratch, const StepContext* step);
+
+  // What a captured step depends on besides its arena (fixed per token count).
+  struct GraphKey {
+    int64_t tokens = 0;
+    int seqs = 0;
+    int max_blocks = 0;
+    int cross_layers = 0;
+    const void* step_buffer = nullptr;
+    const void* kv_blocks = nullptr;
+    int64_t kv_capacity = 0;
+    auto operator<=>(const GraphKey&) const = default;
+  };
+  struct StepGraph {
+    int runs = 0;  // eager runs so far (captured at the second)
+    cudaGraphExec_t exec = nullptr;
+  };
+  static constexpr int64_t kMaxGraphTokens = 64;
+  // Runs the step from its graph (capturing it when due); false when it ran eagerly.
+  void run_graph(const GraphKey& key, char* scratch, const StepContext* step);
 
   const Graph& graph_;
   ShapeProfile profile_;
   CudaContext& ctx_;
   std::vector<std::unique_ptr<Kernel>> kernels_;
   std::vector<std::string> kernel_names_;
+  std::vector<NodeRewrite> rewrites_;
   std::map<int64_t, Arena> arenas_;
   std::vector<Tensor> values_;
   std::vector<Tensor> outputs_;
   std::vector<Tensor> node_in_, node_out_;
   bool has_attention_ = false;
+  int cross_layers_ = 0;  // layers of cross K/V the graph's cross attention reads
+  std::map<GraphKey, StepGraph> graphs_;
+  bool graphs_off_ = false;  // a capture failed: eager from then on
   // Profiling (CudaContext::profile()): an event before every node and after the last, and the
   // milliseconds each kernel name took over every step; the wall time of whole steps.
   std::vector<cudaEvent_t> events_;

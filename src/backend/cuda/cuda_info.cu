@@ -8,6 +8,10 @@ namespace kiln {
 CudaInfo query_cuda() {
   CudaInfo info;
   info.compiled = true;
+#ifdef __CUDA_ARCH_LIST__
+  constexpr int kArchs[] = {__CUDA_ARCH_LIST__};  // e.g. 900 for sm_90
+  info.compiled_sm = kArchs[0] / 10;
+#endif
   int count = 0;
   const cudaError_t err = cudaGetDeviceCount(&count);
   if (err != cudaSuccess) {
@@ -18,10 +22,18 @@ CudaInfo query_cuda() {
   if (count > 0) {
     cudaDeviceProp prop{};
     if (cudaGetDeviceProperties(&prop, 0) == cudaSuccess)
+      info.first_sm = prop.major * 10 + prop.minor;
+    if (info.first_sm > 0)
       info.first_device = std::string(prop.name) + " (sm_" + std::to_string(prop.major) +
                           std::to_string(prop.minor) + ")";
   }
   return info;
+}
+
+std::string cuda_build_target() {
+  const CudaInfo info = query_cuda();
+  const int sm = info.first_sm > 0 ? info.first_sm : info.compiled_sm;
+  return sm > 0 ? "sm_" + std::to_string(sm) : std::string();
 }
 
 double measure_cuda_bandwidth_gbps(size_t bytes, int passes) {

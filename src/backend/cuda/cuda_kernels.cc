@@ -158,12 +158,12 @@ void register_kernels(KernelRegistry& r, CudaContext& ctx) {
     add_fn(OpKind::kGatedActivation, t, t, "cuda gated activation", gated_activation);
     add_fn(OpKind::kSoftmax, t, t, "cuda softmax (fp32)", softmax);
     r.add(KernelKey{OpKind::kLinear, t, t, Device::kCuda, Isa::kSm90},
-          t == DType::kF32 ? "cublaslt linear (fp32)" : "cublaslt linear (fp32 accumulation)",
+          t == DType::kF32 ? "cuda linear (fp32; gemv / cublaslt)"
+                           : "cuda linear (fp32 accumulation; gemv / cublaslt)",
           [&ctx](const Node& node) { return make_linear_kernel(node, ctx); });
-    // Norm weights in the activations' type, or kept in f32.
-    const std::vector<DType> norm_weights =
-        t == DType::kF32 ? std::vector<DType>{t} : std::vector<DType>{t, DType::kF32};
-    for (DType w : norm_weights) {
+    // Norm weights of any float type (fp16 T5 plans norm the f32 residual stream with fp16
+    // weights); attention's position-bias table likewise.
+    for (DType w : kFloats) {
       add_fn(OpKind::kRmsNorm, t, w, "cuda rms norm", rms_norm);
       add_fn(OpKind::kLayerNorm, t, w, "cuda layer norm", layer_norm);
       add_fn(OpKind::kAddRmsNorm, t, w, "cuda add + rms norm", add_rms_norm);

@@ -1,4 +1,6 @@
-// Linear on cuBLASLt: y [n, out] = x [n, in] · w [out, in]^T (+ bias) (then the fused
+// Linear: up to kGemvMaxRows rows (decode) on kiln's GEMV (gemv.cu), which streams the weights
+// at HBM speed where cuBLASLt's GEMMs spend 10-50 us on a single row; more rows on cuBLASLt:
+// y [n, out] = x [n, in] · w [out, in]^T (+ bias) (then the fused
 // activation). Row-major y is column-major y^T [out, n] = w · x^T, so A = w (transposed),
 // B = x. fp16/bf16 multiply with fp32 accumulation; fp32 stays fp32 (no TF32). The bias rides
 // on cuBLASLt's bias epilogue when it has the output's type; the activation (and a bias of
@@ -7,6 +9,7 @@
 // the first time that count runs.
 #include <map>
 
+#include "backend/cuda/cuda_executor.h"
 #include "backend/cuda/cuda_kernels.h"
 
 namespace kiln::cuda {
@@ -67,6 +70,7 @@ class LinearKernel final : public CudaKernel {
     const bool has_bias = node_.inputs.size() > 2 && node_.inputs[2] >= 0;
     bias_in_epilogue_ = has_bias && graph.values[node_.inputs[2]].dtype == dtype_;
     bias_after_ = has_bias && !bias_in_epilogue_;
+    gemv_split_ = gemv_split(float_type(dtype_), in_, out_, ctx_.multiprocessors());
 
     KILN_CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc_, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     const cublasOperation_t trans_a = CUBLAS_OP_T, trans_b = CUBLAS_OP_N;
@@ -97,16 +101,37 @@ class LinearKernel final : public CudaKernel {
                dtype_name(x.dtype()), shape_str(x.shape()), in_, dtype_name(dtype_));
     const int64_t n = x.numel() / in_;
     if (n == 0) return;
+    const bool has_bias = bias_in_epilogue_ || bias_after_;
+    // A residual add the backend fused into this Linear (NodeRewrite): y = this + residual.
+    const Tensor* residual =
+        args.in.size() > NodeRewrite::kFusedInputAt && args.in[NodeRewrite::kFusedInputAt].defined()
+            ? &args.in[NodeRewrite::kFusedInputAt]
+            : nullptr;
+    KILN_CHECK(residual == nullptr ||
+                   (residual->dtype() == dtype_ && residual->numel() == n * out_ && !activation_),
+               "node '{}': a fused residual must be a {} [{}, {}] tensor, after no activation",
+               node_.name, dtype_name(dtype_), n, out_);
+    if (n <= kGemvMaxRows && ctx_.use_gemv() &&
+        gemv_fits(float_type(dtype_), x.raw(), w.raw(), in_)) {
+      const Tensor* bias = has_bias ? &args.in[2] : nullptr;
+      launch_gemv(float_type(dtype_), x.raw(), w.raw(), float_type(bias ? bias->dtype() : dtype_),
+                  bias ? bias->raw() : nullptr, residual ? residual->raw() : nullptr, y.raw(), n,
+                  in_, out_, gemv_split_, activation_.has_value(),
+                  linear_act(activation_.value_or(Activation::kRelu)), ctx_.stream());
+      return;
+    }
     if (bias_in_epilogue_) {
       const void* bias = args.in[2].raw();
       KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
                                                        &bias, sizeof(bias)));
     }
     const Plan& plan = plan_for(n, x.raw(), w.raw(), y.raw());
-    const float alpha = 1.0f, beta = 0.0f;
+    // D = w·x + beta·C (+ bias): C is the fused residual, or y itself with beta 0.
+    const float alpha = 1.0f, beta = residual ? 1.0f : 0.0f;
+    const void* c = residual ? residual->raw() : y.raw();
     KILN_CUBLAS_CHECK(cublasLtMatmul(
-        ctx_.blas(), desc_, &alpha, w.raw(), a_, x.raw(), plan.b, &beta, y.raw(), plan.c, y.raw(),
-        plan.c, &plan.algo, ctx_.blas_workspace(), ctx_.blas_workspace_bytes(), ctx_.stream()));
+        ctx_.blas(), desc_, &alpha, w.raw(), a_, x.raw(), plan.b, &beta, c, plan.c, y.raw(), plan.c,
+        &plan.algo, ctx_.blas_workspace(), ctx_.blas_workspace_bytes(), ctx_.stream()));
     if (bias_after_ || activation_) {
       const Tensor* bias = bias_after_ ? &args.in[2] : nullptr;
       launch_bias_activation(float_type(dtype_), y.raw(),
@@ -199,6 +224,7 @@ class LinearKernel final : public CudaKernel {
   DType dtype_ = DType::kF32;
   std::optional<Activation> activation_;
   bool bias_in_epilogue_ = false, bias_after_ = false;
+  int gemv_split_ = 1;
   cublasLtMatmulDesc_t desc_ = nullptr;
   cublasLtMatrixLayout_t a_ = nullptr;
   std::map<int64_t, Plan> plans_;

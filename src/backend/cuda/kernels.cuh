@@ -54,6 +54,17 @@ void launch_activation(ActFn act, FloatType t, const void* x, void* y, int64_t n
 // has_act false: bias only. bias may be null (activation only).
 void launch_bias_activation(FloatType t, void* y, FloatType bias_t, const void* bias, int64_t rows,
                             int64_t cols, bool has_act, ActFn act, cudaStream_t stream);
+// The few-row Linear of decode steps (gemv.cu): y [n, out] = act(round(x [n, in] · w [out,
+// in]^T + bias)) (+ residual [n, out], rounded again, when not null), n <= kGemvMaxRows, fp32
+// accumulation, weights streamed with 16-byte loads.
+// gemv_fits says whether the operands allow it (rows of whole 16-byte chunks, aligned);
+// gemv_split how many warps share a feature's row so that `out` features fill `sms` SMs.
+inline constexpr int kGemvMaxRows = 8;
+bool gemv_fits(FloatType t, const void* x, const void* w, int64_t in);
+int gemv_split(FloatType t, int64_t in, int64_t out, int sms);
+void launch_gemv(FloatType t, const void* x, const void* w, FloatType bias_t, const void* bias,
+                 const void* residual, void* y, int64_t n, int64_t in, int64_t out, int split,
+                 bool has_act, ActFn act, cudaStream_t stream);
 // y = round(act(gate)) * up
 void launch_gated(ActFn act, FloatType t, const void* gate, const void* up, void* y, int64_t n,
                   cudaStream_t stream);
@@ -129,9 +140,17 @@ struct AttentionParams {
   DeviceStatus* status;
   int node;
 };
+// Token ids greedy decoding may not pick in some rows (EOS before min_new_tokens).
+struct BannedIds {
+  static constexpr int kMax = 8;
+  int count;
+  long long id[kMax];
+};
 // out[r] = the first index of the largest value of row r of x [rows, cols] (greedy decoding:
-// only token ids leave the GPU).
-void launch_argmax_rows(FloatType t, const void* x, int64_t rows, int64_t cols, long long* out,
+// only token ids leave the GPU), skipping banned.id[] in the rows r where ban_row[r] is non-zero
+// (ban_row may be null: no row bans).
+void launch_argmax_rows(FloatType t, const void* x, int64_t rows, int64_t cols,
+                        const BannedIds& banned, const unsigned char* ban_row, long long* out,
                         cudaStream_t stream);
 
 // Appends this step's K/V rows to the cache (kCachedSelf), then attends.

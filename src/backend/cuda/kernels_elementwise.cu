@@ -92,11 +92,16 @@ __global__ void gated_kernel(ActFn act, const T* gate, const T* up, T* y, int64_
 }
 
 template <typename T>
-__global__ void argmax_kernel(const T* x, int64_t cols, long long* out) {
+__global__ void argmax_kernel(const T* x, int64_t cols, BannedIds banned,
+                              const unsigned char* ban_row, long long* out) {
   const T* row = x + blockIdx.x * cols;
+  const int bans = ban_row != nullptr && ban_row[blockIdx.x] != 0 ? banned.count : 0;
   float best = -INFINITY;
   long long at = -1;
   for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+    bool skip = false;
+    for (int b = 0; b < bans; ++b) skip |= banned.id[b] == c;
+    if (skip) continue;
     const float v = to_float(row[c]);
     if (at < 0 || v > best) {  // strided ascending scan: the first maximum of this thread
       best = v;
@@ -126,13 +131,14 @@ __global__ void argmax_kernel(const T* x, int64_t cols, long long* out) {
 
 }  // namespace
 
-void launch_argmax_rows(FloatType t, const void* x, int64_t rows, int64_t cols, long long* out,
+void launch_argmax_rows(FloatType t, const void* x, int64_t rows, int64_t cols,
+                        const BannedIds& banned, const unsigned char* ban_row, long long* out,
                         cudaStream_t stream) {
   if (rows == 0) return;
   dispatch_float(t, [&](auto tag) {
     using T = decltype(tag);
-    argmax_kernel<T>
-        <<<static_cast<unsigned>(rows), 1024, 0, stream>>>(static_cast<const T*>(x), cols, out);
+    argmax_kernel<T><<<static_cast<unsigned>(rows), 1024, 0, stream>>>(static_cast<const T*>(x),
+                                                                       cols, banned, ban_row, out);
   });
 }
 

@@ -1,0 +1,175 @@
+// The Linear of decode steps: y [n, out] = x [n, in] · w [out, in]^T for a few rows (n <=
+// kGemvMaxRows). Such a product reads every weight once and does little arithmetic with it, so
+// its speed is the speed at which the weights stream from HBM: each warp reads its feature's
+// weight row with 16-byte loads, several in flight per lane, and multiplies them into all n rows
+// at once (x is small and stays in L1/L2). When there are too few features to fill the GPU
+// (out = 1024 on a 132-SM chip), `split` warps share a feature, each over an interleaved part of
+// its row, and their sums are added in a fixed order. Bias and activation ride on the store.
+#include "backend/cuda/device_types.cuh"
+
+namespace kiln::cuda {
+namespace {
+
+constexpr int kWarps = 8;   // per block
+constexpr int kUnroll = 4;  // 16-byte weight loads in flight per lane
+
+// The 16 bytes at p as floats (8 halves, 8 bf16 or 4 floats).
+template <typename T>
+struct Vec {
+  static constexpr int kN = 16 / static_cast<int>(sizeof(T));
+};
+
+template <typename T>
+__device__ __forceinline__ void unpack(const uint4& raw, float (&out)[Vec<T>::kN]) {
+  if constexpr (sizeof(T) == 4) {
+    out[0] = __uint_as_float(raw.x);
+    out[1] = __uint_as_float(raw.y);
+    out[2] = __uint_as_float(raw.z);
+    out[3] = __uint_as_float(raw.w);
+  } else {
+    const T* e = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+    for (int u = 0; u < Vec<T>::kN; ++u) out[u] = to_float(e[u]);
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ float dot16(const uint4& w, const uint4& x) {
+  float wf[Vec<T>::kN], xf[Vec<T>::kN];
+  unpack<T>(w, wf);
+  unpack<T>(x, xf);
+  float s = 0.0f;
+#pragma unroll
+  for (int u = 0; u < Vec<T>::kN; ++u) s = fmaf(wf[u], xf[u], s);
+  return s;
+}
+
+template <typename T, typename B, int N>
+__global__ void __launch_bounds__(kWarps * 32)
+    gemv_kernel(const uint4* __restrict__ x, const uint4* __restrict__ w,
+                const B* __restrict__ bias, const T* residual, T* y, int64_t chunks, int64_t out,
+                int split, bool has_act, ActFn act) {
+  __shared__ float partial_s[kWarps][N];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int features_per_block = kWarps / split;
+  const int sub = warp % split;  // this warp's part of its feature's row
+  const int64_t f = static_cast<int64_t>(blockIdx.x) * features_per_block + warp / split;
+  float acc[N];
+#pragma unroll
+  for (int r = 0; r < N; ++r) acc[r] = 0.0f;
+  if (f < out) {
+    const uint4* wr = w + f * chunks;
+    const int64_t stride = 32 * static_cast<int64_t>(split);
+    int64_t c = sub * 32 + lane;
+    for (; c + (kUnroll - 1) * stride < chunks; c += kUnroll * stride) {
+      uint4 wv[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) wv[u] = __ldcs(wr + c + u * stride);
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u)
+#pragma unroll
+        for (int r = 0; r < N; ++r)
+          acc[r] += dot16<T>(wv[u], __ldg(x + r * chunks + c + u * stride));
+    }
+    for (; c < chunks; c += stride) {
+      const uint4 wv = __ldcs(wr + c);
+#pragma unroll
+      for (int r = 0; r < N; ++r) acc[r] += dot16<T>(wv, __ldg(x + r * chunks + c));
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < N; ++r) acc[r] = warp_sum(acc[r]);
+  if (split > 1) {
+    if (lane == 0)
+#pragma unroll
+      for (int r = 0; r < N; ++r) partial_s[warp][r] = acc[r];
+    __syncthreads();
+    if (sub != 0) return;
+#pragma unroll
+    for (int r = 0; r < N; ++r) {
+      float s = 0.0f;
+      for (int k = 0; k < split; ++k) s += partial_s[warp + k][r];
+      acc[r] = s;
+    }
+  }
+  if (f >= out || lane >= N) return;
+  // Lane r stores row r.
+  float v = 0.0f;
+#pragma unroll
+  for (int r = 0; r < N; ++r)
+    if (r == lane) v = acc[r];
+  if (bias != nullptr) v += to_float(bias[f]);
+  v = round_as<T>(v);
+  if (has_act) v = apply_act(act, v);
+  const int64_t at = static_cast<int64_t>(lane) * out + f;
+  // A fused residual add rounds like the Add it replaces: (residual + round(y)), rounded.
+  if (residual != nullptr) v = round_as<T>(v) + to_float(residual[at]);
+  y[at] = from_float<T>(v);
+}
+
+template <typename T, typename B, int N>
+void launch_n(const void* x, const void* w, const void* bias, const void* residual, void* y,
+              int64_t in, int64_t out, int split, bool has_act, ActFn act, cudaStream_t stream) {
+  const int64_t chunks = in / Vec<T>::kN;
+  const int64_t per_block = kWarps / split;
+  const auto blocks = static_cast<unsigned>((out + per_block - 1) / per_block);
+  gemv_kernel<T, B, N><<<blocks, kWarps * 32, 0, stream>>>(
+      static_cast<const uint4*>(x), static_cast<const uint4*>(w), static_cast<const B*>(bias),
+      static_cast<const T*>(residual), static_cast<T*>(y), chunks, out, split, has_act, act);
+}
+
+template <typename T, typename B>
+void launch_rows(int64_t n, const void* x, const void* w, const void* bias, const void* residual,
+                 void* y, int64_t in, int64_t out, int split, bool has_act, ActFn act,
+                 cudaStream_t stream) {
+  switch (n) {
+    case 1:
+      return launch_n<T, B, 1>(x, w, bias, residual, y, in, out, split, has_act, act, stream);
+    case 2:
+      return launch_n<T, B, 2>(x, w, bias, residual, y, in, out, split, has_act, act, stream);
+    case 3:
+      return launch_n<T, B, 3>(x, w, bias, residual, y, in, out, split, has_act, act, stream);
+    case 4:
+      return launch_n<T, B, 4>(x, w, bias, residual, y, in, out, split, has_act, act, stream);
+    case 5:
+      return launch_n<T, B, 5>(x, w, bias, residual, y, in, out, split, has_act, act, stream);
+    case 6:
+      return launch_n<T, B, 6>(x, w, bias, residual, y, in, out, split, has_act, act, stream);
+    case 7:
+      return launch_n<T, B, 7>(x, w, bias, residual, y, in, out, split, has_act, act, stream);
+    default:
+      return launch_n<T, B, 8>(x, w, bias, residual, y, in, out, split, has_act, act, stream);
+  }
+}
+
+}  // namespace
+
+bool gemv_fits(FloatType t, const void* x, const void* w, int64_t in) {
+  const int64_t elem = t == FloatType::kF32 ? 4 : 2;
+  return in > 0 && (in * elem) % 16 == 0 && (reinterpret_cast<uintptr_t>(x) & 15) == 0 &&
+         (reinterpret_cast<uintptr_t>(w) & 15) == 0;
+}
+
+int gemv_split(FloatType t, int64_t in, int64_t out, int sms) {
+  const int64_t chunks = in * (t == FloatType::kF32 ? 4 : 2) / 16;
+  // Enough warps to keep every SM's load units busy (about 32 resident warps per SM), but no
+  // more warps on a feature than leave each lane at least one load.
+  int split = 1;
+  while (split < kWarps && out * split < 32LL * sms && chunks >= 64LL * split) split *= 2;
+  return split;
+}
+
+void launch_gemv(FloatType t, const void* x, const void* w, FloatType bias_t, const void* bias,
+                 const void* residual, void* y, int64_t n, int64_t in, int64_t out, int split,
+                 bool has_act, ActFn act, cudaStream_t stream) {
+  if (n <= 0 || out <= 0) return;
+  dispatch_float(t, [&](auto tag) {
+    dispatch_float(bias_t, [&](auto bias_tag) {
+      using T = decltype(tag);
+      using B = decltype(bias_tag);
+      launch_rows<T, B>(n, x, w, bias, residual, y, in, out, split, has_act, act, stream);
+    });
+  });
+}
+
+}  // namespace kiln::cuda
