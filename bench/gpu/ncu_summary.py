@@ -10,9 +10,11 @@ rows = [r for r in csv.DictReader(l for l in open(sys.argv[1]) if l.startswith('
 steps = int(sys.argv[2]) if len(sys.argv) > 2 else 0
 groups = collections.defaultdict(list)
 for r in rows:
-    scale = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3}.get(r["Metric Unit"], 1.0)
-    name = r["Kernel Name"].split("(")[0].split("<")[0][-40:]
-    groups[(name, r["Grid Size"], r["Block Size"])].append(float(r["Metric Value"]) * scale)
+    scale = {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3,
+             "msecond": 1e3}.get(r["Metric Unit"], 1.0)
+    name = r["Kernel Name"].replace("void ", "").replace("(anonymous namespace)::", "")
+    name = name.split("<")[0].split("(")[0][-40:]
+    groups[(name, r["Grid Size"], r["Block Size"])].append(float(r["Metric Value"].replace(",", "")) * scale)
 total = sum(sum(v) for v in groups.values())
 print(f"{len(rows)} kernels, {total:.1f} us in all")
 print(f"{'kernel':40} {'grid':>16} {'block':>12} {'launches':>8} {'mean us':>8} {'total us':>9}")

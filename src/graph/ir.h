@@ -59,8 +59,9 @@ struct Value {
 enum class OpKind : uint8_t {
   kEmbedding,        // (table [vocab, d], ids [n] i64, scales? [vocab]) -> [n, d];
                      // scales (f32) only, and always, for i8 tables (rows come out f32)
-  kLinear,           // (x [n, in], w [out, in], bias? [out], scales? [out]) -> [n, out];
-                     // LinearAttrs. scales (f32) only, and always, for i8 weights
+  kLinear,           // (x [n, in], w [out, in], bias? [out], scales? [out], residual? [n, out])
+                     // -> [n, out]; LinearAttrs. scales (f32) only, and always, for i8
+                     // weights; residual (fuse_linear_residual, CUDA plans): added last
   kAdd,              // (a [n, d], b [n, d]) -> [n, d]
   kMul,              // (a [n, d], b [n, d]) -> [n, d]
   kScale,            // (x) -> x * ScaleAttrs::scale
@@ -75,6 +76,8 @@ enum class OpKind : uint8_t {
   kAddRmsNorm,       // fused (a, b, w) -> (a + b, rmsnorm(a + b)): residual add + norm
 };
 inline constexpr int kNumOpKinds = 14;
+// The input of a Linear holding a fused residual (added after bias and rounding).
+inline constexpr size_t kLinearResidual = 4;
 
 struct Node {
   OpKind op;

@@ -94,6 +94,13 @@ std::vector<ValueType> infer_linear(const Graph& g, const Node& n) {
   }
   SymShape out = x.shape;
   out.back() = w.shape[0];
+  if (has_in(n, kLinearResidual)) {
+    const Value& r = in(g, n, kLinearResidual);
+    KILN_CHECK(r.dtype == x.dtype && r.shape == out && !n.attr<LinearAttrs>().activation,
+               "node '{}' (Linear): residual '{}' is {} {}, expected {} {} (and no activation)",
+               n.name, r.name, dtype_name(r.dtype), sym_shape_str(r.shape), dtype_name(x.dtype),
+               sym_shape_str(out));
+  }
   return {{x.dtype, out}};
 }
 
@@ -191,7 +198,7 @@ std::vector<ValueType> infer_add_rms_norm(const Graph& g, const Node& n) {
 // Indexed by OpKind (checked below).
 constexpr std::array<OpSchema, kNumOpKinds> kSchemas = {{
     {OpKind::kEmbedding, "Embedding", 2, 3, 1, AttrKind::kNone, infer_embedding},
-    {OpKind::kLinear, "Linear", 2, 4, 1, AttrKind::kLinear, infer_linear},
+    {OpKind::kLinear, "Linear", 2, 5, 1, AttrKind::kLinear, infer_linear},
     {OpKind::kAdd, "Add", 2, 2, 1, AttrKind::kNone, infer_binary},
     {OpKind::kMul, "Mul", 2, 2, 1, AttrKind::kNone, infer_binary},
     {OpKind::kScale, "Scale", 1, 1, 1, AttrKind::kScale, infer_unary},

@@ -32,6 +32,9 @@ void compact_values(Graph& graph);
 // removed nodes get producer -1 (callers re-point or drop them).
 void remove_nodes(Graph& graph, const std::vector<bool>& erase);
 
+// CUDA plans: y = Add(r, Linear(x)) -> Linear(x, ..., residual = r). Returns the adds fused.
+int fuse_linear_residual(Graph& graph, const Logger& log);
+
 // CUDA fp16 / bf16 plans: float weights and activations in that type, logits widened to f32 by
 // a Cast (the CPU keeps f32 activations and narrows only weight storage: assign_precision).
 int narrow_graph(Graph& graph, Precision precision, const Logger& log);

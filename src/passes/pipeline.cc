@@ -11,6 +11,7 @@ void optimize_model(ModelIR& model, const PassOptions& options, const Logger& lo
       fuse_linear_activation(g, log);
       fuse_add_rms_norm(g, log);
     }
+    if (options.fuse && model.device == Device::kCuda) fuse_linear_residual(g, log);
     if (model.device == Device::kCuda)
       narrow_graph(g, model.precision, log);
     else

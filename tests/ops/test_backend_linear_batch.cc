@@ -9,6 +9,8 @@
 #include "../models/graph_runner.h"
 #include "backend_ops.h"
 #include "graph/builder.h"
+#include "graph/verifier.h"
+#include "passes/pass.h"
 
 namespace kiln::test {
 namespace {
@@ -52,13 +54,15 @@ TEST(BackendOps, LinearRowsDoNotDependOnTheirBatch) {
   EXPECT_GT(checked, 0) << "the CPU backend promises batch invariance";
 }
 
-// A residual Add after a Linear (BLOOM's attention output and FFN down projections), which the
-// CUDA backend fuses into the Linear, against the reference backend: both operand orders, with
-// and without bias, few rows (kiln's GEMV) and many (cuBLASLt), every float dtype; and not fused
+// fuse_linear_residual (CUDA plans): the residual Add after a Linear (BLOOM's attention output
+// and FFN down projections) folded into the Linear gives the unfused graph's numbers on the
+// reference backend and on every backend that runs it: both operand orders, with and without
+// bias, few rows (CUDA's GEMV) and many (cuBLASLt), every float dtype; and nothing is fused
 // when the Linear's output is also read elsewhere (a graph output here).
-TEST(BackendOps, LinearThenResidualAddMatchesReference) {
+TEST(BackendOps, LinearWithFusedResidualMatchesTheUnfusedGraph) {
   const int64_t in = 64, out = 48;
   const std::unique_ptr<Backend> reference = reference_backend();
+  const Logger quiet(LogLevel::kSilent);
   int compared = 0;
   for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16})
     for (int variant = 0; variant < 4; ++variant) {
@@ -71,23 +75,50 @@ TEST(BackendOps, LinearThenResidualAddMatchesReference) {
                              bias ? b.weight("b", g.random({out})) : -1, "fc");
       b.output(residual_first ? b.add(r, o, "residual") : b.add(o, r, "residual"), "y");
       if (variant == 3) b.output(o, "fc_out");  // read twice: the add stays a node
-      const Graph graph = b.finish();
+      const Graph plain = b.finish();
+      Graph fused = plain;
+      EXPECT_EQ(fuse_linear_residual(fused, quiet), variant == 3 ? 0 : 1) << variant;
+      verify_graph(fused);
       for (int64_t n : {3, 70}) {
-        const Scenario sc =
-            one_step(graph, {{"x", g.random({n, in}, -2, 2)}, {"r", g.random({n, out}, -2, 2)}});
-        const ScenarioOutputs ref = run_scenario(*reference, sc);
-        for (NamedBackend& nb : available_backends()) {
-          if (!unsupported(*nb.backend, graph).empty()) continue;  // CPU: f32 activations only
-          const ScenarioOutputs got = run_scenario(*nb.backend, sc);
-          for (size_t k = 0; k < ref[0].size(); ++k)
-            expect_matches(got[0][k], ref[0][k], Check{},
-                           nb.name + " " + std::string(dtype_name(dtype)) + " variant " +
+        const std::map<std::string, Tensor> feed = {{"x", g.random({n, in}, -2, 2)},
+                                                    {"r", g.random({n, out}, -2, 2)}};
+        const ScenarioOutputs ref = run_scenario(*reference, one_step(plain, feed));
+        std::vector<std::pair<std::string, ScenarioOutputs>> got;
+        got.emplace_back("reference", run_scenario(*reference, one_step(fused, feed)));
+        for (NamedBackend& nb : available_backends())
+          if (unsupported(*nb.backend, fused).empty())  // the CPU runs no fused residual
+            got.emplace_back(nb.name, run_scenario(*nb.backend, one_step(fused, feed)));
+        for (const auto& [name, outs] : got)
+          for (size_t k = 0; k < ref[0].size(); ++k) {
+            expect_matches(outs[0][k], ref[0][k], Check{},
+                           name + " " + std::string(dtype_name(dtype)) + " variant " +
                                std::to_string(variant) + " rows " + std::to_string(n));
-          ++compared;
-        }
+            ++compared;
+          }
       }
     }
   EXPECT_GT(compared, 0);
+}
+
+// The CPU refuses a fused residual instead of ignoring it.
+TEST(BackendOps, BadInputCpuRefusesAFusedResidual) {
+  Gen g(DType::kF32, DType::kF32, 3);
+  GraphBuilder b("linear_residual");
+  const int x = b.input("x", DType::kF32, {kTokens, Dim::of(8)});
+  const int r = b.input("r", DType::kF32, {kTokens, Dim::of(4)});
+  b.output(b.add(b.linear(x, b.weight("w", g.random({4, 8})), -1, "fc"), r, "residual"), "y");
+  Graph fused = b.finish();
+  ASSERT_EQ(fuse_linear_residual(fused, Logger(LogLevel::kSilent)), 1);
+  for (NamedBackend& nb : available_backends()) {
+    if (nb.backend->device() != Device::kCpu) continue;
+    EXPECT_NE(unsupported(*nb.backend, fused).find("fused residual"), std::string::npos);
+    try {
+      nb.backend->compile(fused, test_profile());
+      ADD_FAILURE() << nb.name << " compiled a fused residual";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("fused residual"), std::string::npos) << e.what();
+    }
+  }
 }
 
 }  // namespace

@@ -179,6 +179,25 @@ TEST(Passes, FuseAddRmsNormFiresOnT5) {
   }
 }
 
+// CUDA plans of BLOOM fold both residual adds of every layer into the Linear before them; T5's
+// adds are already fused with their norms (AddRMSNorm); CPU plans keep their adds.
+TEST(Passes, FuseLinearResidualFiresOnBloomCudaPlans) {
+  auto built = [](const char* model, Device device) {
+    BuildOptions o;
+    o.device = device;
+    return build_model(fixture(model), o, kQuiet);
+  };
+  const ModelIR bloom = built("bloom-tiny", Device::kCuda);
+  const Graph& dec = bloom.graph(kDecoderGraph);
+  int fused = 0;
+  for (const Node& n : dec.nodes)
+    fused += n.op == OpKind::kLinear && n.inputs.size() > kLinearResidual &&
+             n.inputs[kLinearResidual] >= 0;
+  EXPECT_EQ(fused, 2 * bloom.desc.cache_layers);
+  EXPECT_EQ(count_ops(dec, OpKind::kAdd), 0);
+  EXPECT_GT(count_ops(built("bloom-tiny", Device::kCpu).graph(kDecoderGraph), OpKind::kAdd), 0);
+}
+
 // CUDA fp16 plans of T5 keep the residual stream in f32 (issue 9: fp16 T5 overflows): the
 // wo Linears compute in f32 with f32 weights, norms and residual adds read and write f32, every
 // other Linear stays fp16, casts join them, and the graph still verifies. bf16 and BLOOM

@@ -101,6 +101,9 @@ class CpuBackend final : public Backend {
     return false;
   }
   std::string unsupported_reason(const Graph& graph, const Node& node) const override {
+    if (node.op == OpKind::kLinear && node.inputs.size() > kLinearResidual &&
+        node.inputs[kLinearResidual] >= 0)
+      return "the cpu linears take no fused residual (a CUDA plan's fusion)";
     const KernelKey key = kernel_key(graph, node, Device::kCpu, isa_);
     if (cpu_registry().find(key) != nullptr) return {};
     return fmt::format("no cpu kernel for {}", describe_key(key));
@@ -109,6 +112,9 @@ class CpuBackend final : public Backend {
     std::vector<std::unique_ptr<Kernel>> kernels;
     std::vector<std::string> names;
     for (const Node& n : graph.nodes) {
+      const std::string why = unsupported_reason(graph, n);
+      KILN_CHECK(why.empty(), "graph '{}': node '{}' is not supported on cpu: {}", graph.name,
+                 n.name, why);
       const KernelKey key = kernel_key(graph, n, Device::kCpu, isa_);
       const KernelRegistry::Entry* e = cpu_registry().find(key);
       KILN_CHECK(e != nullptr, "graph '{}': node '{}' is not supported on cpu: no kernel for {}",

@@ -18,16 +18,12 @@ int64_t aligned(int64_t bytes) {
 
 CudaExecutor::CudaExecutor(const Graph& graph, const ShapeProfile& profile, CudaContext& ctx,
                            std::vector<std::unique_ptr<Kernel>> kernels,
-                           std::vector<std::string> names, std::vector<NodeRewrite> rewrites)
+                           std::vector<std::string> names)
     : graph_(graph),
       profile_(profile),
       ctx_(ctx),
       kernels_(std::move(kernels)),
-      kernel_names_(std::move(names)),
-      rewrites_(std::move(rewrites)) {
-  if (rewrites_.empty()) rewrites_.resize(graph_.nodes.size());
-  KILN_CHECK(rewrites_.size() == graph_.nodes.size(), "graph '{}': {} rewrites for {} nodes",
-             graph_.name, rewrites_.size(), graph_.nodes.size());
+      kernel_names_(std::move(names)) {
   KILN_CHECK(kernels_.size() == graph_.nodes.size(), "graph '{}': {} kernels for {} nodes",
              graph_.name, kernels_.size(), graph_.nodes.size());
   values_.resize(graph_.values.size());
@@ -101,19 +97,10 @@ void CudaExecutor::run_nodes(char* scratch, const StepContext* step) {
   args.step = step;
   for (size_t n = 0; n < graph_.nodes.size(); ++n) {
     const Node& node = graph_.nodes[n];
-    const NodeRewrite& rw = rewrites_[n];
-    if (rw.skip) {
-      if (!events_.empty()) KILN_CUDA_CHECK(cudaEventRecord(events_[n], ctx_.stream()));
-      continue;
-    }
     node_in_.clear();
     node_out_.clear();
     for (int id : node.inputs) node_in_.push_back(id >= 0 ? values_[id] : Tensor());
-    if (!rw.extra_inputs.empty()) {
-      node_in_.resize(std::max(node_in_.size(), NodeRewrite::kFusedInputAt));
-      for (int id : rw.extra_inputs) node_in_.push_back(values_[id]);
-    }
-    for (int id : rw.outputs.empty() ? node.outputs : rw.outputs) node_out_.push_back(values_[id]);
+    for (int id : node.outputs) node_out_.push_back(values_[id]);
     args.in = node_in_;
     args.out = node_out_;
     if (!events_.empty()) KILN_CUDA_CHECK(cudaEventRecord(events_[n], ctx_.stream()));

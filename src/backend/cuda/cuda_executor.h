@@ -21,22 +21,10 @@
 
 namespace kiln::cuda {
 
-// A backend-level fusion of one node: values appended to its inputs (at kFusedInputAt: a
-// Linear's residual), the outputs it writes instead of its own (the fused Add's), or skipped
-// (an Add fused into the Linear before it). The graph itself is not changed.
-struct NodeRewrite {
-  static constexpr size_t kFusedInputAt = 4;
-  std::vector<int> extra_inputs;
-  std::vector<int> outputs;
-  bool skip = false;
-};
-
 class CudaExecutor final : public Executable {
  public:
-  // `rewrites`: empty, or one per node.
   CudaExecutor(const Graph& graph, const ShapeProfile& profile, CudaContext& ctx,
-               std::vector<std::unique_ptr<Kernel>> kernels, std::vector<std::string> names,
-               std::vector<NodeRewrite> rewrites = {});
+               std::vector<std::unique_ptr<Kernel>> kernels, std::vector<std::string> names);
   ~CudaExecutor() override;
 
   std::span<const Tensor> execute(std::span<const Tensor> inputs, const StepContext* step) override;
@@ -79,7 +67,6 @@ class CudaExecutor final : public Executable {
   CudaContext& ctx_;
   std::vector<std::unique_ptr<Kernel>> kernels_;
   std::vector<std::string> kernel_names_;
-  std::vector<NodeRewrite> rewrites_;
   std::map<int64_t, Arena> arenas_;
   std::vector<Tensor> values_;
   std::vector<Tensor> outputs_;

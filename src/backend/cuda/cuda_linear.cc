@@ -9,7 +9,6 @@
 // the first time that count runs.
 #include <map>
 
-#include "backend/cuda/cuda_executor.h"
 #include "backend/cuda/cuda_kernels.h"
 
 namespace kiln::cuda {
@@ -102,11 +101,10 @@ class LinearKernel final : public CudaKernel {
     const int64_t n = x.numel() / in_;
     if (n == 0) return;
     const bool has_bias = bias_in_epilogue_ || bias_after_;
-    // A residual add the backend fused into this Linear (NodeRewrite): y = this + residual.
-    const Tensor* residual =
-        args.in.size() > NodeRewrite::kFusedInputAt && args.in[NodeRewrite::kFusedInputAt].defined()
-            ? &args.in[NodeRewrite::kFusedInputAt]
-            : nullptr;
+    // A residual add fused into this Linear (fuse_linear_residual): y = this + residual.
+    const Tensor* residual = args.in.size() > kLinearResidual && args.in[kLinearResidual].defined()
+                                 ? &args.in[kLinearResidual]
+                                 : nullptr;
     KILN_CHECK(residual == nullptr ||
                    (residual->dtype() == dtype_ && residual->numel() == n * out_ && !activation_),
                "node '{}': a fused residual must be a {} [{}, {}] tensor, after no activation",

@@ -91,42 +91,56 @@ __global__ void gated_kernel(ActFn act, const T* gate, const T* up, T* y, int64_
     y[i] = from_float<T>(round_as<T>(apply_act(act, to_float(gate[i]))) * to_float(up[i]));
 }
 
+// Greedy argmax, spread over the GPU: block (c, r) scans chunk c of row r and folds its best
+// (value, index) into out[r] with one 64-bit atomicMax on a key that orders by value, then by
+// lower index (the first maximum wins, as a sequential scan's would); argmax_decode turns keys
+// back into indices. One block per row would read a 250880-entry row at one SM's speed.
+constexpr int kArgmaxChunk = 4096;
+
+__device__ __forceinline__ unsigned long long argmax_key(float v, long long index) {
+  unsigned int u = __float_as_uint(v);
+  u = (u & 0x80000000u) ? ~u : (u | 0x80000000u);  // order-preserving for every non-NaN float
+  return (static_cast<unsigned long long>(u) << 32) |
+         (0xFFFFFFFFull - static_cast<unsigned long long>(index));
+}
+
 template <typename T>
 __global__ void argmax_kernel(const T* x, int64_t cols, BannedIds banned,
-                              const unsigned char* ban_row, long long* out) {
-  const T* row = x + blockIdx.x * cols;
-  const int bans = ban_row != nullptr && ban_row[blockIdx.x] != 0 ? banned.count : 0;
-  float best = -INFINITY;
-  long long at = -1;
-  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+                              const unsigned char* ban_row, unsigned long long* keys) {
+  const int64_t r = blockIdx.y;
+  const T* row = x + r * cols;
+  const int bans = ban_row != nullptr && ban_row[r] != 0 ? banned.count : 0;
+  const int64_t begin = static_cast<int64_t>(blockIdx.x) * kArgmaxChunk;
+  const int64_t end = min(cols, begin + kArgmaxChunk);
+  unsigned long long best = 0;
+  for (int64_t c = begin + threadIdx.x; c < end; c += blockDim.x) {
     bool skip = false;
     for (int b = 0; b < bans; ++b) skip |= banned.id[b] == c;
     if (skip) continue;
-    const float v = to_float(row[c]);
-    if (at < 0 || v > best) {  // strided ascending scan: the first maximum of this thread
-      best = v;
-      at = c;
-    }
+    const unsigned long long k = argmax_key(to_float(row[c]), c);
+    best = k > best ? k : best;
   }
-  __shared__ float best_v[1024];
-  __shared__ long long best_i[1024];
-  best_v[threadIdx.x] = best;
-  best_i[threadIdx.x] = at;
+  for (int o = 16; o > 0; o >>= 1) {
+    const unsigned long long other = __shfl_xor_sync(0xffffffffu, best, o);
+    best = other > best ? other : best;
+  }
+  __shared__ unsigned long long warp_best[32];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  if (lane == 0) warp_best[warp] = best;
   __syncthreads();
-  for (int s = blockDim.x / 2; s > 0; s >>= 1) {
-    if (threadIdx.x < s) {
-      const float v = best_v[threadIdx.x + s];
-      const long long i = best_i[threadIdx.x + s];
-      const long long mine = best_i[threadIdx.x];
-      if (i >= 0 &&
-          (mine < 0 || v > best_v[threadIdx.x] || (v == best_v[threadIdx.x] && i < mine))) {
-        best_v[threadIdx.x] = v;
-        best_i[threadIdx.x] = i;
-      }
-    }
-    __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int w = 1; w < static_cast<int>(blockDim.x >> 5); ++w)
+      best = warp_best[w] > best ? warp_best[w] : best;
+    if (best != 0) atomicMax(keys + r, best);
   }
-  if (threadIdx.x == 0) out[blockIdx.x] = best_i[0];
+}
+
+__global__ void argmax_decode(unsigned long long* keys, int64_t rows) {
+  const int64_t r = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (r >= rows) return;
+  const unsigned long long k = keys[r];
+  reinterpret_cast<long long*>(keys)[r] =
+      k == 0 ? -1 : static_cast<long long>(0xFFFFFFFFull - (k & 0xFFFFFFFFull));
 }
 
 }  // namespace
@@ -135,11 +149,16 @@ void launch_argmax_rows(FloatType t, const void* x, int64_t rows, int64_t cols,
                         const BannedIds& banned, const unsigned char* ban_row, long long* out,
                         cudaStream_t stream) {
   if (rows == 0) return;
+  auto* keys = reinterpret_cast<unsigned long long*>(out);
+  cudaMemsetAsync(keys, 0, static_cast<size_t>(rows) * sizeof(unsigned long long), stream);
+  const dim3 grid(static_cast<unsigned>((cols + kArgmaxChunk - 1) / kArgmaxChunk),
+                  static_cast<unsigned>(rows));
   dispatch_float(t, [&](auto tag) {
     using T = decltype(tag);
-    argmax_kernel<T><<<static_cast<unsigned>(rows), 1024, 0, stream>>>(static_cast<const T*>(x),
-                                                                       cols, banned, ban_row, out);
+    argmax_kernel<T>
+        <<<grid, 256, 0, stream>>>(static_cast<const T*>(x), cols, banned, ban_row, keys);
   });
+  argmax_decode<<<grid_for(rows, 256), 256, 0, stream>>>(keys, rows);
 }
 
 void launch_embedding(FloatType t, const void* table, int64_t vocab, int64_t d, IndexType it,

@@ -58,6 +58,7 @@ void linear(const Node& node, const KernelArgs& args) {
   const Tensor& w = args.in[1];
   const bool has_bias = args.in.size() > 2 && args.in[2].defined();
   const bool has_scales = args.in.size() > 3 && args.in[3].defined();
+  const bool has_residual = args.in.size() > kLinearResidual && args.in[kLinearResidual].defined();
   Tensor& y = args.out[0];
   const int64_t in = w.dim(1), out = w.dim(0), n = x.numel() / in;
   const std::optional<Activation> act = node.attr<LinearAttrs>().activation;
@@ -69,6 +70,8 @@ void linear(const Node& node, const KernelArgs& args) {
       if (has_scales) acc *= at(args.in[3], o);
       if (has_bias) acc += at(args.in[2], o);
       if (act) acc = activation(*act, round_to(y.dtype(), acc));
+      // A fused residual add rounds as the Add it replaces: residual + (the Linear's output).
+      if (has_residual) acc = at(args.in[kLinearResidual], t * out + o) + round_to(y.dtype(), acc);
       put(y, t * out + o, acc);
     }
 }
