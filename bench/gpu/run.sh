@@ -66,7 +66,7 @@ bench_model() {  # preset family synth-dtype precision
   done
   if [ "$NCU" = 1 ] && command -v ncu >/dev/null; then
     echo "== ncu $preset $prec batch 1 (prompt 78, 16 new tokens)" >>"$LOG"
-    ncu --csv --metrics gpu__time_duration.sum "$KILN" bench --plan "$plan" --input-len 78 \
+    ncu --csv --clock-control none --cache-control none --metrics gpu__time_duration.sum "$KILN" bench --plan "$plan" --input-len 78 \
       --output-len 16 --runs 1 --warmup 0 --batch 1 >"$OUT/ncu-$preset.csv" 2>/dev/null
     python3 "$HERE/ncu_summary.py" "$OUT/ncu-$preset.csv" 15 >>"$LOG" 2>&1
   fi
