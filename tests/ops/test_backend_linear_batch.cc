@@ -100,6 +100,42 @@ TEST(BackendOps, LinearWithFusedResidualMatchesTheUnfusedGraph) {
   EXPECT_GT(compared, 0);
 }
 
+// Decode-sized linears (CUDA's GEMV: up to 8 rows, four features per warp, warps sharing a row
+// when features are few) against the reference: feature counts that are not a multiple of four,
+// long rows split across warps, with and without bias and activation, every float dtype.
+TEST(BackendOps, FewRowLinearsMatchReference) {
+  const std::unique_ptr<Backend> reference = reference_backend();
+  struct Shape2 {
+    int64_t in, out;
+  };
+  int compared = 0;
+  for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16})
+    for (const Shape2 sh : {Shape2{64, 37}, Shape2{2048, 64}, Shape2{256, 1030}, Shape2{512, 3}})
+      for (int64_t n : {1, 3, 8}) {
+        Gen g(dtype, dtype, static_cast<uint32_t>(sh.in + sh.out + n));
+        GraphBuilder b("gemv");
+        const int x = b.input("x", dtype, {kTokens, Dim::of(sh.in)});
+        const bool extras = n == 3;
+        const int y = b.linear(x, b.weight("w", g.random({sh.out, sh.in})),
+                               extras ? b.weight("b", g.random({sh.out})) : -1, "fc");
+        b.output(y, "y");
+        Graph graph = b.finish();
+        // The activation in the Linear's epilogue, as fuse_linear_activation leaves it.
+        if (extras) graph.nodes.back().attr<LinearAttrs>().activation = Activation::kGeluTanh;
+        const Scenario sc = one_step(graph, {{"x", g.random({n, sh.in}, -2, 2)}});
+        const ScenarioOutputs ref = run_scenario(*reference, sc);
+        for (NamedBackend& nb : available_backends()) {
+          if (!unsupported(*nb.backend, graph).empty()) continue;
+          expect_matches(run_scenario(*nb.backend, sc)[0][0], ref[0][0], Check{},
+                         nb.name + " " + std::string(dtype_name(dtype)) + " [" + std::to_string(n) +
+                             ", " + std::to_string(sh.in) + "] x [" + std::to_string(sh.out) +
+                             ", " + std::to_string(sh.in) + "]^T");
+          ++compared;
+        }
+      }
+  EXPECT_GT(compared, 0);
+}
+
 // The CPU refuses a fused residual instead of ignoring it.
 TEST(BackendOps, BadInputCpuRefusesAFusedResidual) {
   Gen g(DType::kF32, DType::kF32, 3);

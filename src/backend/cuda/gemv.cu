@@ -1,17 +1,19 @@
 // The Linear of decode steps: y [n, out] = x [n, in] · w [out, in]^T for a few rows (n <=
 // kGemvMaxRows). Such a product reads every weight once and does little arithmetic with it, so
-// its speed is the speed at which the weights stream from HBM: each warp reads its feature's
-// weight row with 16-byte loads, several in flight per lane, and multiplies them into all n rows
-// at once (x is small and stays in L1/L2). When there are too few features to fill the GPU
-// (out = 1024 on a 132-SM chip), `split` warps share a feature, each over an interleaved part of
-// its row, and their sums are added in a fixed order. Bias and activation ride on the store.
+// its speed is the speed at which the weights stream from HBM: each warp reads four features'
+// weight rows with 16-byte loads, eight in flight per lane, and multiplies them into all n rows
+// at once (x is small and stays in L1/L2; each x chunk it loads serves the four rows). When
+// there are too few features to fill the GPU (out = 1024 on a 132-SM chip), `split` warps share
+// a group of features, each over an interleaved part of the rows, and their sums are added in a
+// fixed order. Bias, activation and a fused residual ride on the store.
 #include "backend/cuda/device_types.cuh"
 
 namespace kiln::cuda {
 namespace {
 
-constexpr int kWarps = 8;   // per block
-constexpr int kUnroll = 4;  // 16-byte weight loads in flight per lane
+constexpr int kWarps = 8;     // per block
+constexpr int kFeatures = 4;  // features (weight rows) per warp: each x chunk serves 4 rows
+constexpr int kUnroll = 2;    // chunk positions per iteration: 2 x 4 weight loads in flight
 
 // The 16 bytes at p as floats (8 halves, 8 bf16 or 4 floats).
 template <typename T>
@@ -49,59 +51,86 @@ __global__ void __launch_bounds__(kWarps * 32)
     gemv_kernel(const uint4* __restrict__ x, const uint4* __restrict__ w,
                 const B* __restrict__ bias, const T* residual, T* y, int64_t chunks, int64_t out,
                 int split, bool has_act, ActFn act) {
-  __shared__ float partial_s[kWarps][N];
+  __shared__ float partial_s[kWarps][kFeatures][N];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int features_per_block = kWarps / split;
-  const int sub = warp % split;  // this warp's part of its feature's row
-  const int64_t f = static_cast<int64_t>(blockIdx.x) * features_per_block + warp / split;
-  float acc[N];
+  const int groups_per_block = kWarps / split;
+  const int sub = warp % split;  // this warp's part of its features' rows
+  const int64_t f0 =
+      (static_cast<int64_t>(blockIdx.x) * groups_per_block + warp / split) * kFeatures;
+  float acc[kFeatures][N];
 #pragma unroll
-  for (int r = 0; r < N; ++r) acc[r] = 0.0f;
-  if (f < out) {
-    const uint4* wr = w + f * chunks;
-    const int64_t stride = 32 * static_cast<int64_t>(split);
-    int64_t c = sub * 32 + lane;
+  for (int k = 0; k < kFeatures; ++k)
+#pragma unroll
+    for (int r = 0; r < N; ++r) acc[k][r] = 0.0f;
+  // Rows past `out` (the last group) read row out - 1 again and are never stored.
+  const uint4* wr[kFeatures];
+#pragma unroll
+  for (int k = 0; k < kFeatures; ++k) wr[k] = w + min(f0 + k, out - 1) * chunks;
+  const int64_t stride = 32 * static_cast<int64_t>(split);
+  int64_t c = sub * 32 + lane;
+  if (f0 < out) {
     for (; c + (kUnroll - 1) * stride < chunks; c += kUnroll * stride) {
-      uint4 wv[kUnroll];
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) wv[u] = __ldcs(wr + c + u * stride);
+      uint4 wv[kUnroll][kFeatures];
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u)
 #pragma unroll
-        for (int r = 0; r < N; ++r)
-          acc[r] += dot16<T>(wv[u], __ldg(x + r * chunks + c + u * stride));
+        for (int k = 0; k < kFeatures; ++k) wv[u][k] = __ldcs(wr[k] + c + u * stride);
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u)
+#pragma unroll
+        for (int r = 0; r < N; ++r) {
+          const uint4 xv = __ldg(x + r * chunks + c + u * stride);
+#pragma unroll
+          for (int k = 0; k < kFeatures; ++k) acc[k][r] += dot16<T>(wv[u][k], xv);
+        }
     }
     for (; c < chunks; c += stride) {
-      const uint4 wv = __ldcs(wr + c);
+      uint4 wv[kFeatures];
 #pragma unroll
-      for (int r = 0; r < N; ++r) acc[r] += dot16<T>(wv, __ldg(x + r * chunks + c));
+      for (int k = 0; k < kFeatures; ++k) wv[k] = __ldcs(wr[k] + c);
+#pragma unroll
+      for (int r = 0; r < N; ++r) {
+        const uint4 xv = __ldg(x + r * chunks + c);
+#pragma unroll
+        for (int k = 0; k < kFeatures; ++k) acc[k][r] += dot16<T>(wv[k], xv);
+      }
     }
   }
 #pragma unroll
-  for (int r = 0; r < N; ++r) acc[r] = warp_sum(acc[r]);
+  for (int k = 0; k < kFeatures; ++k)
+#pragma unroll
+    for (int r = 0; r < N; ++r) acc[k][r] = warp_sum(acc[k][r]);
   if (split > 1) {
     if (lane == 0)
 #pragma unroll
-      for (int r = 0; r < N; ++r) partial_s[warp][r] = acc[r];
+      for (int k = 0; k < kFeatures; ++k)
+#pragma unroll
+        for (int r = 0; r < N; ++r) partial_s[warp][k][r] = acc[k][r];
     __syncthreads();
     if (sub != 0) return;
 #pragma unroll
-    for (int r = 0; r < N; ++r) {
-      float s = 0.0f;
-      for (int k = 0; k < split; ++k) s += partial_s[warp + k][r];
-      acc[r] = s;
-    }
+    for (int k = 0; k < kFeatures; ++k)
+#pragma unroll
+      for (int r = 0; r < N; ++r) {
+        float s = 0.0f;
+        for (int p = 0; p < split; ++p) s += partial_s[warp + p][k][r];
+        acc[k][r] = s;
+      }
   }
-  if (f >= out || lane >= N) return;
-  // Lane r stores row r.
+  // Lane k * N + r stores row r of feature f0 + k.
+  const int kk = lane / N, rr = lane % N;
+  if (kk >= kFeatures || f0 + kk >= out) return;
   float v = 0.0f;
 #pragma unroll
-  for (int r = 0; r < N; ++r)
-    if (r == lane) v = acc[r];
+  for (int k = 0; k < kFeatures; ++k)
+#pragma unroll
+    for (int r = 0; r < N; ++r)
+      if (k == kk && r == rr) v = acc[k][r];
+  const int64_t f = f0 + kk;
   if (bias != nullptr) v += to_float(bias[f]);
   v = round_as<T>(v);
   if (has_act) v = apply_act(act, v);
-  const int64_t at = static_cast<int64_t>(lane) * out + f;
+  const int64_t at = static_cast<int64_t>(rr) * out + f;
   // A fused residual add rounds like the Add it replaces: (residual + round(y)), rounded.
   if (residual != nullptr) v = round_as<T>(v) + to_float(residual[at]);
   y[at] = from_float<T>(v);
@@ -111,8 +140,9 @@ template <typename T, typename B, int N>
 void launch_n(const void* x, const void* w, const void* bias, const void* residual, void* y,
               int64_t in, int64_t out, int split, bool has_act, ActFn act, cudaStream_t stream) {
   const int64_t chunks = in / Vec<T>::kN;
+  const int64_t groups = (out + kFeatures - 1) / kFeatures;
   const int64_t per_block = kWarps / split;
-  const auto blocks = static_cast<unsigned>((out + per_block - 1) / per_block);
+  const auto blocks = static_cast<unsigned>((groups + per_block - 1) / per_block);
   gemv_kernel<T, B, N><<<blocks, kWarps * 32, 0, stream>>>(
       static_cast<const uint4*>(x), static_cast<const uint4*>(w), static_cast<const B*>(bias),
       static_cast<const T*>(residual), static_cast<T*>(y), chunks, out, split, has_act, act);
@@ -154,8 +184,9 @@ int gemv_split(FloatType t, int64_t in, int64_t out, int sms) {
   const int64_t chunks = in * (t == FloatType::kF32 ? 4 : 2) / 16;
   // Enough warps to keep every SM's load units busy (about 32 resident warps per SM), but no
   // more warps on a feature than leave each lane at least one load.
+  const int64_t groups = (out + kFeatures - 1) / kFeatures;
   int split = 1;
-  while (split < kWarps && out * split < 32LL * sms && chunks >= 64LL * split) split *= 2;
+  while (split < kWarps && groups * split < 32LL * sms && chunks >= 64LL * split) split *= 2;
   return split;
 }
 
