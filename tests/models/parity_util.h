@@ -37,6 +37,17 @@ inline double relative_error(const Tensor& got, const Tensor& ref) {
   return max_ref == 0.0 ? max_diff : max_diff / max_ref;
 }
 
+// Cosine similarity of two rows of n floats (precision checks of logits).
+inline double cosine(const float* a, const float* b, int64_t n) {
+  double ab = 0, aa = 0, bb = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    ab += double(a[i]) * b[i];
+    aa += double(a[i]) * a[i];
+    bb += double(b[i]) * b[i];
+  }
+  return ab / std::sqrt(aa * bb);
+}
+
 // One row of a fixture model's tokenizer_reference.jsonl: a text and HF's ids for it.
 struct ReferenceRow {
   std::string text;

@@ -26,17 +26,6 @@ struct PrecisionCase {
   Precision precision;
 };
 
-// Cosine similarity of two rows of n floats.
-double cosine(const float* a, const float* b, int64_t n) {
-  double ab = 0, aa = 0, bb = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    ab += double(a[i]) * b[i];
-    aa += double(a[i]) * a[i];
-    bb += double(b[i]) * b[i];
-  }
-  return ab / std::sqrt(aa * bb);
-}
-
 class CudaPrecision : public testing::TestWithParam<PrecisionCase> {
  protected:
   void SetUp() override {

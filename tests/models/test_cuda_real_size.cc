@@ -20,16 +20,6 @@
 namespace kiln::test {
 namespace {
 
-double cosine(const float* a, const float* b, int64_t n) {
-  double ab = 0, aa = 0, bb = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    ab += double(a[i]) * b[i];
-    aa += double(a[i]) * a[i];
-    bb += double(b[i]) * b[i];
-  }
-  return ab / std::sqrt(aa * bb);
-}
-
 TEST(CudaRealSize, LogitsMatchHuggingFaceOnTheSameWeights) {
   const char* dir = std::getenv("KILN_HF_REAL_SIZE");
   if (dir == nullptr)
