@@ -122,9 +122,14 @@ TEST_P(Precisions, LogitsStayCloseToFp32) {
     const double err = relative_error(low.logits, full.logits);
     worst = std::max(worst, err);
     EXPECT_LE(err, GetParam().max_logit_error) << k;
-    // One token per step through the KV cache gives the same numbers as the one-pass forward.
+    // One token per step through the KV cache gives the same numbers as the one-pass forward,
+    // except where the one pass multiplies through oneDNN's bf16 matmul (bf16 plans, >= 64
+    // rows): that rounds the activations to bf16 too, so the two differ by up to the bf16 bound.
     const Forward stepped = run_forward(*engine_, prompt, seq, true);
-    EXPECT_LE(relative_error(stepped.logits, low.logits), 1e-5) << k;
+    const bool bf16_gemm = GetParam().precision == Precision::kBf16 && seq.size() >= 64;
+    EXPECT_LE(relative_error(stepped.logits, low.logits),
+              bf16_gemm ? GetParam().max_logit_error : 1e-5)
+        << k;
   }
   std::cout << "  [" << precision_name(GetParam().precision)
             << ": worst max |logits - fp32| / max |fp32| = " << worst << "]\n";

@@ -13,6 +13,7 @@
 
 #include "backend/cpu/kernels.h"
 #include "backend/cpu/simd.h"
+#include "backend/cpu/vector_math.h"
 #include "graph/position_bias.h"
 
 namespace kiln::cpu {
@@ -60,6 +61,60 @@ void paged_rows(KeyRows& r, KvStorage* cache, int layer, std::span<const int32_t
     for (int64_t i = 0; i < bs && b * bs + i < len; ++i) {
       r.keys[b * bs + i] = kb + i * width;
       r.values[b * bs + i] = vb + i * width;
+    }
+  }
+}
+
+// Rows of the KV cache are a page apart (the hardware prefetcher stops at each), and in decode
+// they come from memory (the weights streamed since evicted them): the slices an item reads are
+// requested this many rows ahead.
+constexpr int64_t kRowsAhead = 4;
+
+inline void prefetch_slice(const float* p, int64_t floats) {
+  const char* c = reinterpret_cast<const char*>(p);
+  for (int64_t b = 0; b < floats * static_cast<int64_t>(sizeof(float)); b += 64)
+    _mm_prefetch(c + b, _MM_HINT_T0);
+}
+
+// p[j] = e^(p[j] - mx) for j < n; returns their sum (eight lane sums added in a fixed order,
+// then the tail).
+float exp_shifted(float* p, int64_t n, float mx) {
+  const __m256 m = _mm256_set1_ps(mx);
+  __m256 sum = _mm256_setzero_ps();
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8) {
+    const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(p + j), m));
+    _mm256_storeu_ps(p + j, e);
+    sum = _mm256_add_ps(sum, e);
+  }
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, sum);
+  float total = hsum(*reinterpret_cast<const V8*>(lanes));
+  for (; j < n; ++j) total += (p[j] = std::exp(p[j] - mx));
+  return total;
+}
+
+// acc[(h - h0) * dh + d] = sum_j p[(h - h0) * ldp + j] * values[j][h * dh + d] for the heads
+// [h0, h0 + nh), j in index order, value row by value row (each read once, contiguously).
+void weighted_sum(const float* p, int64_t ldp, const float* const* values, int64_t h0, int64_t nh,
+                  int64_t dh, int64_t n, float* acc) {
+  std::fill(acc, acc + nh * dh, 0.0f);
+  const int64_t vec_end = dh / 8 * 8;
+  for (int64_t j = 0; j < n; ++j) {
+    if (j + kRowsAhead < n) prefetch_slice(values[j + kRowsAhead] + h0 * dh, nh * dh);
+    const float* vr = values[j] + h0 * dh;
+    for (int64_t h = 0; h < nh; ++h) {
+      const float w = p[h * ldp + j];
+      const V8 wv = {w, w, w, w, w, w, w, w};
+      float* ah = acc + h * dh;
+      const float* vh = vr + h * dh;
+      int64_t d = 0;
+      for (; d < vec_end; d += 8) {
+        V8 r = load8(ah + d);
+        r += wv * load8(vh + d);
+        std::memcpy(ah + d, &r, sizeof(r));
+      }
+      for (; d < dh; ++d) ah[d] += w * vh[d];
     }
   }
 }
@@ -132,62 +187,72 @@ void attention(const Node& node, std::span<const Tensor> in, std::span<Tensor> o
     }
   }
 
-  // Work items: (sequence, head, block of queries), so one long prompt still spreads over every
-  // thread; each query row is computed entirely by one item, in a fixed order.
+  // Work items: (sequence, group of heads, block of queries), so one long prompt still spreads
+  // over every thread. A group's heads are adjacent columns, so an item reads one contiguous
+  // slice of each key and value row (in decode the cache comes from memory: the weights streamed
+  // since evicted it). Each (query, head) is computed by one item in a fixed order, whatever the
+  // grouping, so results depend neither on the batch nor on the thread count.
   constexpr int64_t kQueryBlock = 32;
+  const int64_t group = std::max<int64_t>(1, H / env.pool.size());
+  const int64_t groups = (H + group - 1) / group;
   std::vector<int64_t> first_item(static_cast<size_t>(nseq) + 1, 0);
   for (int s = 0; s < nseq; ++s)
-    first_item[s + 1] = first_item[s] + H * ((L.num_tokens(s) + kQueryBlock - 1) / kQueryBlock);
+    first_item[s + 1] =
+        first_item[s] + groups * ((L.num_tokens(s) + kQueryBlock - 1) / kQueryBlock);
   env.pool.parallel_for(first_item[nseq], 1, [&](int64_t w0, int64_t w1) {
-    std::vector<float> scores;
-    std::vector<float> acc(static_cast<size_t>(dh));
+    std::vector<float> scores, acc;
     int s = 0;
     for (int64_t work = w0; work < w1; ++work) {
       while (work >= first_item[s + 1]) ++s;
       const int64_t local = work - first_item[s];
       const int64_t blocks = (L.num_tokens(s) + kQueryBlock - 1) / kQueryBlock;
-      const int64_t h = local / blocks;
+      const int64_t h0 = local / blocks * group, h1 = std::min(H, h0 + group), nh = h1 - h0;
       const int64_t q0 = (local % blocks) * kQueryBlock;
       const int64_t q1 = std::min(L.num_tokens(s), q0 + kQueryBlock);
       const int64_t token_begin = L.token_begin[s];
       const int64_t past = a.kind == AttentionKind::kCachedSelf ? L.past_len[s] : 0;
       const KeyRows& kv = rows[s];
       const int64_t key_len = static_cast<int64_t>(kv.keys.size());
-      const int64_t off = h * dh;
-      scores.resize(static_cast<size_t>(key_len));
+      scores.resize(static_cast<size_t>(nh * key_len));
+      acc.resize(static_cast<size_t>(nh * dh));
       for (int64_t i = q0; i < q1; ++i) {
         const int64_t qpos = past + i;
-        const float* qr = q + (token_begin + i) * q_stride + off;
+        const float* qr = q + (token_begin + i) * q_stride;
         const int64_t visible = a.causal ? std::min(key_len, qpos + 1) : key_len;
-        float mx = -INFINITY;
+        // Raw scores, key row by key row: scores[(h - h0) * key_len + j].
         for (int64_t j = 0; j < visible; ++j) {
-          float sc = dot(qr, kv.keys[j] + off, dh) * a.scale;
-          switch (a.bias) {
-            case PositionBias::kNone:
-              break;
-            case PositionBias::kT5Relative:
-              sc += rel_table[t5_relative_bucket(j - qpos, a.bidirectional_buckets, a.num_buckets,
-                                                 a.max_distance) *
-                                  H +
-                              h];
-              break;
-            case PositionBias::kAlibi:
-              sc += slopes[h] * static_cast<float>(j);
-              break;
+          if (j + kRowsAhead < visible) prefetch_slice(kv.keys[j + kRowsAhead] + h0 * dh, nh * dh);
+          const float* kr = kv.keys[j];
+          for (int64_t h = h0; h < h1; ++h)
+            scores[(h - h0) * key_len + j] = dot(qr + h * dh, kr + h * dh, dh);
+        }
+        for (int64_t h = h0; h < h1; ++h) {
+          float* sc = scores.data() + (h - h0) * key_len;
+          float mx = -INFINITY;
+          for (int64_t j = 0; j < visible; ++j) {
+            float v = sc[j] * a.scale;
+            switch (a.bias) {
+              case PositionBias::kNone:
+                break;
+              case PositionBias::kT5Relative:
+                v += rel_table[t5_relative_bucket(j - qpos, a.bidirectional_buckets, a.num_buckets,
+                                                  a.max_distance) *
+                                   H +
+                               h];
+                break;
+              case PositionBias::kAlibi:
+                v += slopes[h] * static_cast<float>(j);
+                break;
+            }
+            sc[j] = v;
+            mx = std::max(mx, v);
           }
-          scores[j] = sc;
-          mx = std::max(mx, sc);
+          // Probabilities, normalized in place.
+          const float inv = 1.0f / exp_shifted(sc, visible, mx);
+          for (int64_t j = 0; j < visible; ++j) sc[j] *= inv;
         }
-        float sum = 0.0f;
-        for (int64_t j = 0; j < visible; ++j) sum += (scores[j] = std::exp(scores[j] - mx));
-        const float inv = 1.0f / sum;
-        std::fill(acc.begin(), acc.end(), 0.0f);
-        for (int64_t j = 0; j < visible; ++j) {
-          const float p = scores[j] * inv;
-          const float* vr = kv.values[j] + off;
-          for (int64_t d = 0; d < dh; ++d) acc[d] += p * vr[d];
-        }
-        std::memcpy(y + (token_begin + i) * width + off, acc.data(), dh * sizeof(float));
+        weighted_sum(scores.data(), key_len, kv.values.data(), h0, nh, dh, visible, acc.data());
+        std::memcpy(y + (token_begin + i) * width + h0 * dh, acc.data(), nh * dh * sizeof(float));
       }
     }
   });

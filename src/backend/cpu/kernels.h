@@ -41,9 +41,6 @@ void layer_norm(const Node&, std::span<const Tensor>, std::span<Tensor>, const K
 void add_rms_norm(const Node&, std::span<const Tensor>, std::span<Tensor>, const KernelEnv&);
 void attention(const Node&, std::span<const Tensor>, std::span<Tensor>, const KernelEnv&);
 
-// Scalar activation functions with HuggingFace's formulas (gelu_new: tanh approximation).
-float apply_activation(Activation act, float x);
-
 // Registers every CPU kernel (the single dispatch point of the CPU backend).
 void register_kernels(KernelRegistry& registry);
 

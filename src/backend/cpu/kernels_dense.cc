@@ -8,6 +8,7 @@
 
 #include "backend/cpu/kernels.h"
 #include "backend/cpu/simd.h"
+#include "backend/cpu/vector_math.h"
 
 namespace kiln::cpu {
 
@@ -124,12 +125,9 @@ void linear_with(const Tiles& tiles, const Node& node, std::span<const Tensor> i
   const auto epilogue = [&](int64_t t, int64_t o0, int64_t o1) {
     if (bias == nullptr && !act) return;
     float* yr = yp + t * m;
-    for (int64_t o = o0; o < o1; ++o) {
-      float v = yr[o];
-      if (bias) v += bias[o];
-      if (act) v = apply_activation(*act, v);
-      yr[o] = v;
-    }
+    if (bias)
+      for (int64_t o = o0; o < o1; ++o) yr[o] += bias[o];
+    if (act) apply_activation(*act, yr + o0, yr + o0, o1 - o0);
   };
   if (n >= kGemmRows) {
     // Prefill: oneDNN's GEMM, one single-threaded call per pool thread on its own slice of the

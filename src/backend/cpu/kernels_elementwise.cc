@@ -2,25 +2,9 @@
 #include <cmath>
 
 #include "backend/cpu/kernels.h"
+#include "backend/cpu/vector_math.h"
 
 namespace kiln::cpu {
-
-float apply_activation(Activation act, float x) {
-  switch (act) {
-    case Activation::kRelu:
-      return x > 0.0f ? x : 0.0f;
-    case Activation::kGeluTanh: {
-      // HF NewGELUActivation: 0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 x^3)))
-      constexpr float kC = 0.7978845608028654f;
-      return 0.5f * x * (1.0f + std::tanh(kC * (x + 0.044715f * x * x * x)));
-    }
-    case Activation::kGeluExact:
-      return 0.5f * x * (1.0f + std::erf(x * 0.70710678118654752f));
-    case Activation::kSilu:
-      return x / (1.0f + std::exp(-x));
-  }
-  return x;
-}
 
 namespace {
 template <typename F>
@@ -53,12 +37,16 @@ void scale(const Node& node, std::span<const Tensor> in, std::span<Tensor> out,
   map_rows(env, in[0].numel(), [&](int64_t i) { y[i] = x[i] * s; });
 }
 
+// Activations run vectorized (vector_math.h) over chunks of at least this many elements each.
+constexpr int64_t kActivationGrain = 16384;
+
 void activation(const Node& node, std::span<const Tensor> in, std::span<Tensor> out,
                 const KernelEnv& env) {
   const float* x = in[0].data<float>();
   float* y = out[0].data<float>();
   const Activation a = node.attr<ActivationAttrs>().activation;
-  map_rows(env, in[0].numel(), [&](int64_t i) { y[i] = apply_activation(a, x[i]); });
+  env.pool.parallel_for(in[0].numel(), kActivationGrain,
+                        [&](int64_t b, int64_t e) { apply_activation(a, x + b, y + b, e - b); });
 }
 
 // gate [n, f], up [n, f] -> act(gate) * up
@@ -68,7 +56,9 @@ void gated_activation(const Node& node, std::span<const Tensor> in, std::span<Te
   const float* u = in[1].data<float>();
   float* y = out[0].data<float>();
   const Activation a = node.attr<ActivationAttrs>().activation;
-  map_rows(env, in[0].numel(), [&](int64_t i) { y[i] = apply_activation(a, g[i]) * u[i]; });
+  env.pool.parallel_for(in[0].numel(), kActivationGrain, [&](int64_t b, int64_t e) {
+    apply_gated_activation(a, g + b, u + b, y + b, e - b);
+  });
 }
 
 // x [n, d] -> softmax over d, accumulated in fp32

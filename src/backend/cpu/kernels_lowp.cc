@@ -17,6 +17,8 @@
 #include <vector>
 
 #include "backend/cpu/kernels.h"
+#include "backend/cpu/onednn_bf16.h"
+#include "backend/cpu/vector_math.h"
 #include "core/half.h"
 
 // GCC 12 reports the _mm512_undefined_* placeholders inside its own AVX-512 widening
@@ -150,6 +152,33 @@ constexpr int64_t kWidenOnceRows = 4;
 // Output features per parallel work item.
 constexpr int64_t kBlock = 16;
 
+// From this many input rows (prefill), bf16 plans multiply through oneDNN's bf16 matmul: the
+// activations are rounded to bf16 (as bf16 inference does; accumulation stays f32), and a row's
+// result may then differ in the last bits with the rows around it, as in the fp32 sgemm path.
+constexpr int64_t kBf16GemmRows = 64;
+
+// x [n, k] f32, w [m, k] bf16 -> y [n, m]: x rounded to bf16 once, then one single-threaded
+// oneDNN matmul per pool thread on its slice of the output features, then bias and activation.
+void linear_bf16_gemm(const float* xp, int64_t n, int64_t k, const uint16_t* wp, int64_t m,
+                      const float* bias, std::optional<Activation> act, float* yp,
+                      const KernelEnv& env) {
+  std::vector<uint16_t> xb(static_cast<size_t>(n * k));
+  env.pool.parallel_for(n, 8, [&](int64_t r0, int64_t r1) {
+    for (int64_t i = r0 * k; i < r1 * k; ++i) xb[i] = float_to_bf16(xp[i]);
+  });
+  constexpr int64_t kAlign = 64;
+  env.pool.parallel_for((m + kAlign - 1) / kAlign, 1, [&](int64_t c0, int64_t c1) {
+    const int64_t o0 = c0 * kAlign, o1 = std::min(m, c1 * kAlign);
+    onednn_matmul_bf16(xb.data(), n, k, wp + o0 * k, o1 - o0, yp + o0, m);
+    for (int64_t t = 0; t < n; ++t) {
+      float* yr = yp + t * m;
+      if (bias)
+        for (int64_t o = o0; o < o1; ++o) yr[o] += bias[o];
+      if (act) apply_activation(*act, yr + o0, yr + o0, o1 - o0);
+    }
+  });
+}
+
 template <class W>
 struct Dot4 {
   void (*narrow)(const float*, const typename W::T* const*, int64_t, float*);
@@ -175,6 +204,12 @@ void linear_narrow(Dot4<W> dot, const Node& node, std::span<const Tensor> in, st
   const T* wp = static_cast<const T*>(w.raw());
   float* yp = out[0].data<float>();
   const std::optional<Activation> act = node.attr<LinearAttrs>().activation;
+  if constexpr (std::is_same_v<W, Bf16Weights>) {
+    if (n >= kBf16GemmRows && !onednn_bf16_matmul_impl().empty()) {
+      linear_bf16_gemm(xp, n, k, wp, m, bias, act, yp, env);
+      return;
+    }
+  }
   const bool widen_once = n >= kWidenOnceRows;
   const int64_t blocks = (m + kBlock - 1) / kBlock;
   env.pool.parallel_for(blocks, 1, [&](int64_t b0, int64_t b1) {
@@ -205,11 +240,13 @@ void linear_narrow(Dot4<W> dot, const Node& node, std::span<const Tensor> in, st
             float v = s[r];
             if (scales) v *= scales[o + r];
             if (bias) v += bias[o + r];
-            if (act) v = apply_activation(*act, v);
             yr[o + r] = v;
           }
         }
       }
+      if (act)
+        for (int64_t t = 0; t < n; ++t)
+          apply_activation(*act, yp + t * m + o0, yp + t * m + o0, o1 - o0);
     }
   });
 }

@@ -65,10 +65,11 @@ std::vector<Spec> t5_specs(const SynthPreset& p) {
   // scaling (tied lm_head) logits then have unit scale too.
   s.push_back({"shared.weight", {p.vocab, d}, {1.0f, 0}});
   auto attention = [&](const std::string& pre, bool bias_table) {
-    // T5 does not scale its attention scores by 1/sqrt(d_kv); like HF's T5 initialisation, q
-    // carries that factor, so that scores have unit scale. Without it the softmax of a random
-    // model is nearly one-hot, and 48 such layers amplify rounding differences until fp32
-    // engines disagree in the second digit and bf16 loses the logits' direction.
+    // T5 does not scale its attention scores by d_kv^-0.5; HF's T5 initialization folds that
+    // scale into q instead (std (d_model * d_kv)^-0.5). Without it the scores of unit-scale q and
+    // k have a standard deviation of sqrt(d_kv) = 8, every softmax is nearly one-hot, and the
+    // last bits of any weight decide which key wins: a chaotic model on which no two precisions
+    // (or summation orders) agree.
     s.push_back({pre + ".q.weight", {inner, d}, fan_in(d * p.d_kv)});
     for (const char* m : {"k", "v"})
       s.push_back({pre + "." + m + ".weight", {inner, d}, fan_in(d)});
