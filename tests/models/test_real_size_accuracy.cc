@@ -32,17 +32,6 @@ std::string case_name(const testing::TestParamInfo<RealSizeCase>& info) {
   return p;
 }
 
-// cos(a, b) over one row of logits.
-double cosine(const float* a, const float* b, int64_t n) {
-  double ab = 0.0, aa = 0.0, bb = 0.0;
-  for (int64_t i = 0; i < n; ++i) {
-    ab += static_cast<double>(a[i]) * b[i];
-    aa += static_cast<double>(a[i]) * a[i];
-    bb += static_cast<double>(b[i]) * b[i];
-  }
-  return ab / std::sqrt(aa * bb);
-}
-
 std::string synthesized(const std::string& preset) {
   const std::string dir = std::string(KILN_TEST_TMP) + "/real_size_" + preset;
   if (!std::filesystem::exists(dir + "/model.safetensors")) {
