@@ -64,6 +64,20 @@ FloatType float_type(DType dtype) {
   KILN_FAIL("the cuda kernels take f32, f16 or bf16 tensors, not {}", dtype_name(dtype));
 }
 
+ActFn act_fn(Activation a) {
+  switch (a) {
+    case Activation::kRelu:
+      return ActFn::kRelu;
+    case Activation::kGeluTanh:
+      return ActFn::kGeluTanh;
+    case Activation::kGeluExact:
+      return ActFn::kGeluExact;
+    case Activation::kSilu:
+      return ActFn::kSilu;
+  }
+  KILN_FAIL("unknown activation {}", static_cast<int>(a));
+}
+
 IndexType index_type(DType dtype) {
   switch (dtype) {
     case DType::kI32:

@@ -25,6 +25,8 @@ void check_cublas(cublasStatus_t status, const char* call, const char* file, int
 // The kernel-side element type of a float dtype; throws for others.
 FloatType float_type(DType dtype);
 IndexType index_type(DType dtype);
+// The kernel-side function of a kiln::Activation.
+ActFn act_fn(Activation a);
 
 // Device memory; allocations are zero-filled and given back when the last tensor lets go. Blocks
 // up to kMaxCachedBlock bytes go to a cache instead of cudaFree (which waits for the whole device)

@@ -5,20 +5,6 @@
 namespace kiln::cuda {
 namespace {
 
-ActFn act_fn(Activation a) {
-  switch (a) {
-    case Activation::kRelu:
-      return ActFn::kRelu;
-    case Activation::kGeluTanh:
-      return ActFn::kGeluTanh;
-    case Activation::kGeluExact:
-      return ActFn::kGeluExact;
-    case Activation::kSilu:
-      return ActFn::kSilu;
-  }
-  KILN_FAIL("unknown activation {}", static_cast<int>(a));
-}
-
 struct Launch {
   const Node& node;
   const KernelArgs& args;

@@ -26,20 +26,6 @@ cudaDataType_t cuda_type(DType dtype) {
   return CUDA_R_32F;
 }
 
-ActFn linear_act(Activation a) {
-  switch (a) {
-    case Activation::kRelu:
-      return ActFn::kRelu;
-    case Activation::kGeluTanh:
-      return ActFn::kGeluTanh;
-    case Activation::kGeluExact:
-      return ActFn::kGeluExact;
-    case Activation::kSilu:
-      return ActFn::kSilu;
-  }
-  return ActFn::kRelu;
-}
-
 class LinearKernel final : public CudaKernel {
  public:
   using CudaKernel::CudaKernel;
@@ -115,7 +101,7 @@ class LinearKernel final : public CudaKernel {
       launch_gemv(float_type(dtype_), x.raw(), w.raw(), float_type(bias ? bias->dtype() : dtype_),
                   bias ? bias->raw() : nullptr, residual ? residual->raw() : nullptr, y.raw(), n,
                   in_, out_, gemv_split_, activation_.has_value(),
-                  linear_act(activation_.value_or(Activation::kRelu)), ctx_.stream());
+                  act_fn(activation_.value_or(Activation::kRelu)), ctx_.stream());
       return;
     }
     if (bias_in_epilogue_) {
@@ -135,7 +121,7 @@ class LinearKernel final : public CudaKernel {
       launch_bias_activation(float_type(dtype_), y.raw(),
                              bias ? float_type(bias->dtype()) : float_type(dtype_),
                              bias ? bias->raw() : nullptr, n, out_, activation_.has_value(),
-                             linear_act(activation_.value_or(Activation::kRelu)), ctx_.stream());
+                             act_fn(activation_.value_or(Activation::kRelu)), ctx_.stream());
     }
   }
 
