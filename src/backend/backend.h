@@ -7,6 +7,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "backend/cuda_info.h"
 #include "backend/kernel.h"
@@ -49,6 +50,15 @@ class Executable {
   virtual std::vector<std::string> kernel_names() const = 0;
 };
 
+// What Backend::top_k_rows returns: row-major [rows, k] ids and values (id -1 and value -inf
+// past the end of a row with fewer than k allowed ids), and one log-normaliser per row.
+struct TopKRows {
+  int k = 0;
+  std::vector<int64_t> ids;
+  std::vector<float> values;
+  std::vector<float> log_norm;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -74,6 +84,18 @@ class Backend {
   virtual bool argmax_rows(const Tensor& logits, std::span<int64_t> out,
                            std::span<const int64_t> banned = {},
                            std::span<const uint8_t> banned_rows = {}) {
+    return false;
+  }
+  // Sampling and beam search without copying logits: for every row r of `logits` [rows, vocab]
+  // (f32), the k best ids by logits[r][id] / temperature[r] (temperature empty: 1), best first
+  // with ties to the lower id, never one of `banned` where banned_rows[r] is non-zero, and the
+  // row's log-normaliser log(sum_id exp(logits[r][id])) over every id, unscaled. False when this
+  // backend has no such kernel or k or the bans are beyond it (the caller reads the logits).
+  // The largest k top_k_rows takes (0: none).
+  virtual int max_top_k() const { return 0; }
+  virtual bool top_k_rows(const Tensor& logits, int k, std::span<const float> temperature,
+                          std::span<const int64_t> banned, std::span<const uint8_t> banned_rows,
+                          TopKRows* out) {
     return false;
   }
 };

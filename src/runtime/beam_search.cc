@@ -62,21 +62,19 @@ bool BeamSearch::no_improvement_possible() const {
   return !(best_possible > finished_.back().score);
 }
 
+size_t BeamSearch::candidates_per_row() const {
+  // Enough candidates that num_beams of them survive even when every running beam's best
+  // tokens are all EOS ids.
+  return std::max<size_t>(2, 1 + eos_ids_.size()) * static_cast<size_t>(num_beams_);
+}
+
 std::vector<BeamContinuation> BeamSearch::step(std::span<const float> log_probs, int64_t vocab) {
   KILN_CHECK(!done_, "beam search: step() after the search finished");
   KILN_CHECK(vocab > 0 && log_probs.size() == running_.size() * static_cast<size_t>(vocab),
              "beam search: expected {} rows of {} log-probabilities, got {} values",
              running_.size(), vocab, log_probs.size());
-  const size_t nb = static_cast<size_t>(num_beams_);
-  // Enough candidates that num_beams of them survive even when every running beam's best
-  // tokens are all EOS ids.
-  const size_t keep = std::max<size_t>(2, 1 + eos_ids_.size()) * nb;
-  struct Candidate {
-    float score;  // running sum of log-probabilities including this token
-    int beam;
-    int64_t token;
-  };
-  std::vector<Candidate> cands;
+  const size_t keep = candidates_per_row();
+  std::vector<std::vector<TokenLogProb>> rows(running_.size());
   std::vector<int64_t> idx(static_cast<size_t>(vocab));
   for (size_t bi = 0; bi < running_.size(); ++bi) {
     const std::span<const float> row =
@@ -90,10 +88,28 @@ std::vector<BeamContinuation> BeamSearch::step(std::span<const float> log_probs,
           return row[static_cast<size_t>(a)] > row[static_cast<size_t>(b)] ||
                  (row[static_cast<size_t>(a)] == row[static_cast<size_t>(b)] && a < b);
         });
-    for (size_t j = 0; j < k; ++j) {
+    for (size_t j = 0; j < k; ++j) rows[bi].push_back({idx[j], row[static_cast<size_t>(idx[j])]});
+  }
+  return step(std::span<const std::vector<TokenLogProb>>(rows));
+}
+
+std::vector<BeamContinuation> BeamSearch::step(std::span<const std::vector<TokenLogProb>> rows) {
+  KILN_CHECK(!done_, "beam search: step() after the search finished");
+  KILN_CHECK(rows.size() == running_.size(), "beam search: {} candidate rows for {} beams",
+             rows.size(), running_.size());
+  const size_t nb = static_cast<size_t>(num_beams_);
+  const size_t keep = candidates_per_row();
+  struct Candidate {
+    float score;  // running sum of log-probabilities including this token
+    int beam;
+    int64_t token;
+  };
+  std::vector<Candidate> cands;
+  for (size_t bi = 0; bi < running_.size(); ++bi) {
+    const size_t k = std::min(keep, rows[bi].size());
+    for (size_t j = 0; j < k; ++j)
       cands.push_back(
-          {running_[bi].score + row[static_cast<size_t>(idx[j])], static_cast<int>(bi), idx[j]});
-    }
+          {running_[bi].score + rows[bi][j].log_prob, static_cast<int>(bi), rows[bi][j].token});
   }
   std::stable_sort(cands.begin(), cands.end(),
                    [](const Candidate& a, const Candidate& b) { return a.score > b.score; });

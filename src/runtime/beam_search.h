@@ -57,6 +57,16 @@ class BeamSearch {
   // beam's next-token logits. Returns the next running beams, best first, as continuations of the
   // current ones; empty once done().
   std::vector<BeamContinuation> step(std::span<const float> log_probs, int64_t vocab);
+  // How many of each row's best tokens step() looks at (the K above).
+  size_t candidates_per_row() const;
+  // The same step from each running beam's best tokens only: rows[b] holds at least
+  // min(candidates_per_row(), vocab) (token, log-probability) pairs of running beam b, best first,
+  // ties to the lower id (what a backend's top_k_rows returns, less the row's log-normaliser).
+  struct TokenLogProb {
+    int64_t token;
+    float log_prob;
+  };
+  std::vector<BeamContinuation> step(std::span<const std::vector<TokenLogProb>> rows);
 
   bool done() const { return done_; }
   // The best finished hypothesis; only once done().

@@ -37,10 +37,21 @@ int64_t sample_token(std::span<const float> logits, const GenerationParams& p,
                    [&](int64_t a, int64_t b) { return scaled[a] > scaled[b]; });
   size_t keep = n;
   if (p.top_k > 0) keep = std::min(keep, static_cast<size_t>(p.top_k));
-  const float mx = scaled[order[0]];
+  std::vector<float> best(keep);
+  for (size_t i = 0; i < keep; ++i) best[i] = scaled[order[i]];
+  return sample_sorted(best, std::span<const int64_t>(order.data(), keep), p, rng);
+}
+
+int64_t sample_sorted(std::span<const float> scaled, std::span<const int64_t> ids,
+                      const GenerationParams& p, std::mt19937_64& rng) {
+  KILN_CHECK(!scaled.empty() && scaled.size() == ids.size(), "sampling from {} values and {} ids",
+             scaled.size(), ids.size());
+  size_t keep = scaled.size();
+  if (p.top_k > 0) keep = std::min(keep, static_cast<size_t>(p.top_k));
+  const float mx = scaled[0];
   std::vector<double> probs(keep);
   double total = 0.0;
-  for (size_t i = 0; i < keep; ++i) total += (probs[i] = std::exp(scaled[order[i]] - mx));
+  for (size_t i = 0; i < keep; ++i) total += (probs[i] = std::exp(scaled[i] - mx));
   if (p.top_p < 1.0f) {
     // Keep the smallest prefix whose probability mass reaches top_p (at least one token).
     double mass = 0.0;
@@ -58,9 +69,9 @@ int64_t sample_token(std::span<const float> logits, const GenerationParams& p,
   double r = uniform(rng);
   for (size_t i = 0; i < keep; ++i) {
     r -= probs[i];
-    if (r < 0.0) return order[i];
+    if (r < 0.0) return ids[i];
   }
-  return order[keep - 1];
+  return ids[keep - 1];
 }
 
 void validate(const GenerationParams& p) {

@@ -15,6 +15,11 @@ namespace kiln {
 int64_t argmax(std::span<const float> logits);
 int64_t sample_token(std::span<const float> logits, const GenerationParams& params,
                      std::mt19937_64& rng);
+// The same draw from a row's best candidates, already divided by the temperature and in the
+// order sample_token sorts them (descending, ties to the lower id): at least top_k of them when
+// top_k > 0, else the whole row. What a backend's top_k_rows returns.
+int64_t sample_sorted(std::span<const float> scaled, std::span<const int64_t> ids,
+                      const GenerationParams& params, std::mt19937_64& rng);
 // log_softmax in fp32.
 void log_softmax(std::span<const float> logits, std::vector<float>* out);
 

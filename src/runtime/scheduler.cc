@@ -369,6 +369,7 @@ void Scheduler::run_decoder(const std::vector<Request*>& batch, bool apply_copie
   const Tensor& logits = out[io.logits];
   logits_.resize(static_cast<size_t>(logits.numel()));
   row_argmax_.clear();
+  row_topk_.clear();
   if (logits.device() == Device::kCpu) {
     std::memcpy(logits_.data(), logits.data<float>(), logits.nbytes());
     return;
@@ -381,18 +382,55 @@ void Scheduler::run_decoder(const std::vector<Request*>& batch, bool apply_copie
   for (Request* r : batch)
     for (const Beam& b : r->beams)
       if (b.row >= 0 && b.generated < r->params.min_new_tokens) ban_eos_[b.row] = 1;
-  const bool on_device = model_.backend().argmax_rows(logits, row_argmax_, eos_ids_, ban_eos_);
+  Backend& backend = model_.backend();
+  const bool on_device = backend.argmax_rows(logits, row_argmax_, eos_ids_, ban_eos_);
   if (!on_device) row_argmax_.assign(rows_.size(), -1);
+  // Sampling with top-k and beam search need only each row's best few tokens: the device picks
+  // them (after the temperature, with the EOS ban) and they cross instead of the row.
+  int k = 0;
+  row_temperature_.assign(rows_.size(), 1.0f);
+  for (Request* r : batch) {
+    const int want = device_candidates(*r);
+    if (want == 0) continue;
+    k = std::max(k, want);
+    for (const Beam& b : r->beams)
+      if (b.row >= 0 && r->params.do_sample) row_temperature_[b.row] = r->params.temperature;
+  }
+  const bool topk =
+      k > 0 && backend.top_k_rows(logits, k, row_temperature_, eos_ids_, ban_eos_, &topk_);
+  row_topk_.assign(rows_.size(), 0);
   const int64_t vocab = logits.dim(1);
-  Allocator& memory = model_.backend().allocator();
+  Allocator& memory = backend.allocator();
   for (Request* r : batch) {
     const bool plain_greedy = on_device && !r->params.do_sample && r->params.num_beams <= 1;
+    const bool candidates = topk && device_candidates(*r) > 0;
     for (Beam& b : r->beams) {
       if (b.row < 0 || plain_greedy) continue;
       row_argmax_[b.row] = -1;
+      if (candidates) {
+        row_topk_[b.row] = 1;
+        continue;
+      }
       memory.copy_to_host(logits.slice_rows(b.row, b.row + 1), logits_.data() + b.row * vocab);
     }
   }
+}
+
+// How many of a row's best tokens decide the request's next token (0: it needs the whole row).
+int Scheduler::device_candidates(const Request& r) const {
+  int k = 0;
+  if (r.params.num_beams > 1)
+    k = static_cast<int>(std::max<size_t>(2, 1 + eos_ids_.size())) * r.params.num_beams;
+  else if (r.params.do_sample)
+    k = r.params.top_k;  // 0: no top-k, the whole row
+  return k <= model_.backend().max_top_k() ? k : 0;
+}
+
+// Row `row`'s device candidates, cut where the row ran out of allowed ids.
+static size_t candidate_count(const TopKRows& t, int64_t row) {
+  size_t n = 0;
+  while (n < static_cast<size_t>(t.k) && t.ids[static_cast<size_t>(row * t.k) + n] >= 0) ++n;
+  return n;
 }
 
 std::vector<GenerationEvent> Scheduler::step() {
@@ -481,9 +519,18 @@ void Scheduler::advance(Request& r, std::vector<GenerationEvent>& events) {
     for (int64_t eos : eos_ids_) row[eos] = -INFINITY;
   const bool device_argmax =
       b.row < static_cast<int64_t>(row_argmax_.size()) && row_argmax_[b.row] >= 0;
-  const int64_t token = r.params.do_sample ? sample_token(row, r.params, r.rng)
-                        : device_argmax    ? row_argmax_[b.row]
-                                           : argmax(row);
+  const bool device_topk = b.row < static_cast<int64_t>(row_topk_.size()) && row_topk_[b.row];
+  int64_t token;
+  if (r.params.do_sample && device_topk) {
+    const size_t at = static_cast<size_t>(b.row * topk_.k);
+    const size_t n = candidate_count(topk_, b.row);
+    token = sample_sorted(std::span<const float>(topk_.values.data() + at, n),
+                          std::span<const int64_t>(topk_.ids.data() + at, n), r.params, r.rng);
+  } else {
+    token = r.params.do_sample ? sample_token(row, r.params, r.rng)
+            : device_argmax    ? row_argmax_[b.row]
+                               : argmax(row);
+  }
   if (is_eos(token) && !r.params.ignore_eos) {
     finish(r, GenerationResult{r.generated_tokens(), FinishReason::kEos, 0.0f}, events);
     return;
@@ -507,6 +554,23 @@ void Scheduler::advance_beams(Request& r, std::vector<GenerationEvent>& events) 
   }
   BeamSearch& search = *r.beam_search;
   const int64_t vocab = model_.desc().vocab_size;
+  bool device_topk = true;
+  for (const Beam& beam : r.beams)
+    device_topk &= beam.row < static_cast<int64_t>(row_topk_.size()) && row_topk_[beam.row];
+  if (device_topk) {
+    // The device's best tokens per beam: log-probabilities are logits less the log-normaliser;
+    // EOS below min_new_tokens was skipped there.
+    std::vector<std::vector<BeamSearch::TokenLogProb>> rows(r.beams.size());
+    for (size_t bi = 0; bi < r.beams.size(); ++bi) {
+      const int64_t row = r.beams[bi].row;
+      const size_t at = static_cast<size_t>(row * topk_.k);
+      for (size_t j = 0; j < candidate_count(topk_, row); ++j)
+        rows[bi].push_back({topk_.ids[at + j], topk_.values[at + j] - topk_.log_norm[row]});
+    }
+    continue_beams(r, search.step(std::span<const std::vector<BeamSearch::TokenLogProb>>(rows)),
+                   events);
+    return;
+  }
   const size_t width = static_cast<size_t>(vocab);
   std::vector<float> log_probs(r.beams.size() * width), lp;
   for (size_t bi = 0; bi < r.beams.size(); ++bi) {
@@ -517,7 +581,14 @@ void Scheduler::advance_beams(Request& r, std::vector<GenerationEvent>& events) 
       for (int64_t eos : eos_ids_) lp[eos] = -INFINITY;
     std::copy(lp.begin(), lp.end(), log_probs.begin() + static_cast<ptrdiff_t>(bi * width));
   }
-  const std::vector<BeamContinuation> next = search.step(log_probs, vocab);
+  continue_beams(r, search.step(log_probs, vocab), events);
+}
+
+// The beams after a search step: the finished request, or the next running beams (each forks
+// its parent's KV blocks).
+void Scheduler::continue_beams(Request& r, const std::vector<BeamContinuation>& next,
+                               std::vector<GenerationEvent>& events) {
+  const BeamSearch& search = *r.beam_search;
   if (search.done()) {
     const BeamHypothesis& best = search.best();
     finish(r,

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "kiln/generate.h"
+#include "runtime/beam_search.h"
 #include "runtime/compiled_model.h"
 #include "runtime/kv_cache.h"
 
@@ -92,6 +93,9 @@ class Scheduler {
   void run_decoder(const std::vector<Request*>& batch, bool apply_copies);
   void advance(Request& r, std::vector<GenerationEvent>& events);
   void advance_beams(Request& r, std::vector<GenerationEvent>& events);
+  void continue_beams(Request& r, const std::vector<BeamContinuation>& next,
+                      std::vector<GenerationEvent>& events);
+  int device_candidates(const Request& r) const;
   void finish(Request& r, GenerationResult result, std::vector<GenerationEvent>& events);
   void fail(Request& r, const std::string& message, std::vector<GenerationEvent>& events);
   void release(Request& r);
@@ -120,7 +124,12 @@ class Scheduler {
   // Device backends: each row's argmax computed on the device (-1: read logits_ instead).
   std::vector<int64_t> row_argmax_;
   std::vector<uint8_t> ban_eos_;  // per logits row: EOS may not be picked (min_new_tokens)
-  std::vector<float> logits_;     // [rows, vocab] copied out of the decoder's workspace
+  // Device backends: each row's best tokens for sampling and beam search (top_k_rows), valid in
+  // the rows where row_topk_ is non-zero (else read logits_).
+  TopKRows topk_;
+  std::vector<uint8_t> row_topk_;
+  std::vector<float> row_temperature_;
+  std::vector<float> logits_;  // [rows, vocab] copied out of the decoder's workspace
 };
 
 }  // namespace kiln

@@ -6,8 +6,11 @@
 // not be normalised: beam search only adds and compares them.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <map>
+#include <random>
+#include <span>
 #include <utility>
 #include <vector>
 
@@ -298,6 +301,52 @@ TEST(BeamSearchBadUse, WrongRowsAndUseAfterDone) {
   ASSERT_TRUE(search.done());
   EXPECT_THROW(search.step(dense({{2, -0.1f}}), kVocab), Error);
   EXPECT_THROW(search.running_tokens(0), Error);
+}
+
+// A device hands beam search each row's best candidates_per_row() tokens instead of the row
+// (Backend::top_k_rows): the search must take the same steps and end with the same hypotheses
+// as from the dense rows, ties included, over a random model with coarse (tied) log-probs.
+TEST(BeamSearchCandidates, BestTokensPerRowStepAsTheWholeRows) {
+  constexpr int64_t vocab = 40;
+  std::mt19937 rng(3);
+  std::uniform_int_distribution<int> level(-40, 0);
+  for (int trial = 0; trial < 20; ++trial) {
+    GenerationParams p = beams(1 + trial % 4, 3 + trial % 5, trial % 3 == 0 ? -0.5 : 1.0,
+                               static_cast<EarlyStopping>(trial % 3));
+    BeamSearch dense_search(p, {kEos, 7}), sparse_search(p, {kEos, 7});
+    while (!dense_search.done()) {
+      ASSERT_FALSE(sparse_search.done());
+      ASSERT_EQ(dense_search.num_running(), sparse_search.num_running());
+      std::vector<float> rows;
+      std::vector<std::vector<BeamSearch::TokenLogProb>> best;
+      for (int b = 0; b < dense_search.num_running(); ++b) {
+        std::vector<BeamSearch::TokenLogProb> row;
+        for (int64_t t = 0; t < vocab; ++t) {
+          const float lp = level(rng) * 0.25f;
+          rows.push_back(lp);
+          row.push_back({t, lp});
+        }
+        std::stable_sort(row.begin(), row.end(),
+                         [](const auto& a, const auto& c) { return a.log_prob > c.log_prob; });
+        row.resize(sparse_search.candidates_per_row());
+        best.push_back(std::move(row));
+      }
+      const auto want = dense_search.step(rows, vocab);
+      const auto got =
+          sparse_search.step(std::span<const std::vector<BeamSearch::TokenLogProb>>(best));
+      ASSERT_EQ(want.size(), got.size()) << trial;
+      for (size_t i = 0; i < want.size(); ++i) {
+        EXPECT_EQ(want[i].parent, got[i].parent) << trial;
+        EXPECT_EQ(want[i].token, got[i].token) << trial;
+      }
+    }
+    ASSERT_TRUE(sparse_search.done());
+    ASSERT_EQ(dense_search.finished().size(), sparse_search.finished().size());
+    for (size_t i = 0; i < dense_search.finished().size(); ++i) {
+      EXPECT_EQ(dense_search.finished()[i].tokens, sparse_search.finished()[i].tokens) << trial;
+      EXPECT_EQ(dense_search.finished()[i].score, sparse_search.finished()[i].score) << trial;
+    }
+  }
 }
 
 }  // namespace

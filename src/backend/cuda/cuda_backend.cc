@@ -63,6 +63,17 @@ class CudaBackend final : public Backend {
     return true;
   }
 
+  int max_top_k() const override { return CudaContext::kMaxTopK; }
+  bool top_k_rows(const Tensor& logits, int k, std::span<const float> temperature,
+                  std::span<const int64_t> banned, std::span<const uint8_t> banned_rows,
+                  TopKRows* out) override {
+    if (logits.device() != Device::kCuda || k < 1 || k > CudaContext::kMaxTopK ||
+        banned.size() > BannedIds::kMax)
+      return false;
+    cuda_->top_k_rows(logits, k, temperature, banned, banned_rows, out);
+    return true;
+  }
+
  private:
   Context& ctx_;
   std::unique_ptr<CudaContext> cuda_;

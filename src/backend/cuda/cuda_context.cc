@@ -1,5 +1,7 @@
 #include "backend/cuda/cuda_context.h"
 
+#include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -235,6 +237,66 @@ void CudaContext::argmax_rows(const Tensor& logits, std::span<int64_t> out,
   KILN_CUDA_CHECK(cudaMemcpyAsync(out.data(), ids, out.size() * sizeof(long long),
                                   cudaMemcpyDeviceToHost, stream_));
   KILN_CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+void CudaContext::top_k_rows(const Tensor& logits, int k, std::span<const float> temperature,
+                             std::span<const int64_t> banned, std::span<const uint8_t> banned_rows,
+                             TopKRows* out) {
+  const size_t rows = logits.rank() == 2 ? static_cast<size_t>(logits.dim(0)) : 0;
+  KILN_CHECK(logits.device() == Device::kCuda && logits.rank() == 2 && k >= 1 && k <= kMaxTopK,
+             "top_k_rows: {} logits {}, k {} (1..{})", kiln::device_name(logits.device()),
+             shape_str(logits.shape()), k, kMaxTopK);
+  KILN_CHECK((temperature.empty() || temperature.size() == rows) &&
+                 banned.size() <= static_cast<size_t>(BannedIds::kMax) &&
+                 (banned_rows.empty() || banned_rows.size() == rows),
+             "top_k_rows: {} temperatures, {} banned ids (at most {}), {} row flags for {} rows",
+             temperature.size(), banned.size(), BannedIds::kMax, banned_rows.size(), rows);
+  out->k = k;
+  out->ids.assign(rows * static_cast<size_t>(k), -1);
+  out->values.assign(rows * static_cast<size_t>(k), -INFINITY);
+  out->log_norm.assign(rows, 0.0f);
+  if (rows == 0) return;
+  const bool ban = !banned.empty() && !banned_rows.empty();
+  auto align = [](size_t n) { return (n + 255) / 256 * 256; };
+  // Inputs (temperatures, row flags), scratch, then the results in one piece to copy back.
+  const size_t in_bytes = align(rows * sizeof(float) + rows);
+  const size_t scratch_bytes = align(topk_scratch_bytes(logits.dim(0), logits.dim(1), k));
+  const size_t result_bytes =
+      rows * static_cast<size_t>(k) * (sizeof(float) + sizeof(int)) + rows * sizeof(float);
+  if (in_bytes + scratch_bytes + result_bytes > topk_capacity_) {
+    topk_capacity_ = in_bytes + scratch_bytes + result_bytes;
+    topk_device_ = allocator_.allocate(topk_capacity_);
+  }
+  auto* base = static_cast<unsigned char*>(topk_device_.get());
+  topk_host_.resize(std::max(in_bytes, result_bytes));
+  if (!temperature.empty()) std::memcpy(topk_host_.data(), temperature.data(), rows * 4);
+  if (ban) std::memcpy(topk_host_.data() + rows * sizeof(float), banned_rows.data(), rows);
+  if (!temperature.empty() || ban)
+    KILN_CUDA_CHECK(cudaMemcpyAsync(base, topk_host_.data(), rows * sizeof(float) + rows,
+                                    cudaMemcpyHostToDevice, stream_));
+  BannedIds ids{};
+  if (ban) {
+    ids.count = static_cast<int>(banned.size());
+    for (size_t i = 0; i < banned.size(); ++i) ids.id[i] = banned[i];
+  }
+  unsigned char* result = base + in_bytes + scratch_bytes;
+  auto* values = reinterpret_cast<float*>(result);
+  auto* columns = reinterpret_cast<int*>(values + rows * k);
+  auto* log_norm = reinterpret_cast<float*>(columns + rows * k);
+  launch_topk_rows(float_type(logits.dtype()), logits.raw(), logits.dim(0), logits.dim(1), k,
+                   temperature.empty() ? nullptr : reinterpret_cast<const float*>(base), ids,
+                   ban ? base + rows * sizeof(float) : nullptr, base + in_bytes, values, columns,
+                   log_norm, stream_);
+  KILN_CUDA_CHECK(cudaGetLastError());
+  KILN_CUDA_CHECK(
+      cudaMemcpyAsync(topk_host_.data(), result, result_bytes, cudaMemcpyDeviceToHost, stream_));
+  KILN_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  const size_t n = rows * static_cast<size_t>(k);
+  std::memcpy(out->values.data(), topk_host_.data(), n * sizeof(float));
+  const auto* host_columns = reinterpret_cast<const int*>(topk_host_.data() + n * sizeof(float));
+  for (size_t i = 0; i < n; ++i) out->ids[i] = host_columns[i];
+  std::memcpy(out->log_norm.data(), topk_host_.data() + n * (sizeof(float) + sizeof(int)),
+              rows * sizeof(float));
 }
 
 CudaContext::CudaContext(Context& host) : host_(host) {

@@ -98,11 +98,15 @@ class CudaContext {
   const void* step_buffer() const { return step_device_; }
   const DeviceStep& step() const { return step_; }
 
-  // Row argmax of device logits into `out` (one small copy back).
   // Row argmax of device logits into `out` (one small copy back), skipping `banned` ids in the
   // rows flagged by `banned_rows` (empty: none); at most BannedIds::kMax ids.
   void argmax_rows(const Tensor& logits, std::span<int64_t> out,
                    std::span<const int64_t> banned = {}, std::span<const uint8_t> banned_rows = {});
+  // Backend::top_k_rows on the device (select.cu): k <= kMaxTopK, at most BannedIds::kMax ids.
+  static constexpr int kMaxTopK = 256;
+  void top_k_rows(const Tensor& logits, int k, std::span<const float> temperature,
+                  std::span<const int64_t> banned, std::span<const uint8_t> banned_rows,
+                  TopKRows* out);
 
   // The device copy of a weight, uploaded once per backend (graphs that share a weight share
   // the copy).
@@ -135,6 +139,11 @@ class CudaContext {
   std::map<const void*, std::pair<Tensor, Tensor>> weights_;
   std::shared_ptr<void> argmax_device_;
   size_t argmax_capacity_ = 0;
+  // Device memory of top_k_rows: its inputs, scratch and results, grown when a call needs more.
+  std::shared_ptr<void> topk_device_;
+  size_t topk_capacity_ = 0;
+  // Host staging of its results.
+  std::vector<unsigned char> topk_host_;
 };
 
 }  // namespace kiln::cuda

@@ -152,6 +152,16 @@ struct BannedIds {
 void launch_argmax_rows(FloatType t, const void* x, int64_t rows, int64_t cols,
                         const BannedIds& banned, const unsigned char* ban_row, long long* out,
                         cudaStream_t stream);
+// The k best columns of each row r of x [rows, cols] (select.cu), for sampling and beam search:
+// values[r*k + j] = x[r][c] / temperature[r] (temperature null: no scaling) of the j-th best c,
+// best first, ties to the lower column, with banned.id[] skipped where ban_row[r] is non-zero;
+// columns[r*k + j] = c (-1 past the end of a row with fewer than k columns); and log_norm[r] =
+// log(sum_c exp(x[r][c])) over every column, unscaled. scratch holds topk_scratch_bytes().
+size_t topk_scratch_bytes(int64_t rows, int64_t cols, int k);
+void launch_topk_rows(FloatType t, const void* x, int64_t rows, int64_t cols, int k,
+                      const float* temperature, const BannedIds& banned,
+                      const unsigned char* ban_row, void* scratch, float* values, int* columns,
+                      float* log_norm, cudaStream_t stream);
 
 // Appends this step's K/V rows to the cache (kCachedSelf), then attends.
 void launch_attention(const AttentionParams& p, cudaStream_t stream);

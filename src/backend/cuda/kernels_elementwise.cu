@@ -91,75 +91,7 @@ __global__ void gated_kernel(ActFn act, const T* gate, const T* up, T* y, int64_
     y[i] = from_float<T>(round_as<T>(apply_act(act, to_float(gate[i]))) * to_float(up[i]));
 }
 
-// Greedy argmax, spread over the GPU: block (c, r) scans chunk c of row r and folds its best
-// (value, index) into out[r] with one 64-bit atomicMax on a key that orders by value, then by
-// lower index (the first maximum wins, as a sequential scan's would); argmax_decode turns keys
-// back into indices. One block per row would read a 250880-entry row at one SM's speed.
-constexpr int kArgmaxChunk = 4096;
-
-__device__ __forceinline__ unsigned long long argmax_key(float v, long long index) {
-  unsigned int u = __float_as_uint(v);
-  u = (u & 0x80000000u) ? ~u : (u | 0x80000000u);  // order-preserving for every non-NaN float
-  return (static_cast<unsigned long long>(u) << 32) |
-         (0xFFFFFFFFull - static_cast<unsigned long long>(index));
-}
-
-template <typename T>
-__global__ void argmax_kernel(const T* x, int64_t cols, BannedIds banned,
-                              const unsigned char* ban_row, unsigned long long* keys) {
-  const int64_t r = blockIdx.y;
-  const T* row = x + r * cols;
-  const int bans = ban_row != nullptr && ban_row[r] != 0 ? banned.count : 0;
-  const int64_t begin = static_cast<int64_t>(blockIdx.x) * kArgmaxChunk;
-  const int64_t end = min(cols, begin + kArgmaxChunk);
-  unsigned long long best = 0;
-  for (int64_t c = begin + threadIdx.x; c < end; c += blockDim.x) {
-    bool skip = false;
-    for (int b = 0; b < bans; ++b) skip |= banned.id[b] == c;
-    if (skip) continue;
-    const unsigned long long k = argmax_key(to_float(row[c]), c);
-    best = k > best ? k : best;
-  }
-  for (int o = 16; o > 0; o >>= 1) {
-    const unsigned long long other = __shfl_xor_sync(0xffffffffu, best, o);
-    best = other > best ? other : best;
-  }
-  __shared__ unsigned long long warp_best[32];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  if (lane == 0) warp_best[warp] = best;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    for (int w = 1; w < static_cast<int>(blockDim.x >> 5); ++w)
-      best = warp_best[w] > best ? warp_best[w] : best;
-    if (best != 0) atomicMax(keys + r, best);
-  }
-}
-
-__global__ void argmax_decode(unsigned long long* keys, int64_t rows) {
-  const int64_t r = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (r >= rows) return;
-  const unsigned long long k = keys[r];
-  reinterpret_cast<long long*>(keys)[r] =
-      k == 0 ? -1 : static_cast<long long>(0xFFFFFFFFull - (k & 0xFFFFFFFFull));
-}
-
 }  // namespace
-
-void launch_argmax_rows(FloatType t, const void* x, int64_t rows, int64_t cols,
-                        const BannedIds& banned, const unsigned char* ban_row, long long* out,
-                        cudaStream_t stream) {
-  if (rows == 0) return;
-  auto* keys = reinterpret_cast<unsigned long long*>(out);
-  cudaMemsetAsync(keys, 0, static_cast<size_t>(rows) * sizeof(unsigned long long), stream);
-  const dim3 grid(static_cast<unsigned>((cols + kArgmaxChunk - 1) / kArgmaxChunk),
-                  static_cast<unsigned>(rows));
-  dispatch_float(t, [&](auto tag) {
-    using T = decltype(tag);
-    argmax_kernel<T>
-        <<<grid, 256, 0, stream>>>(static_cast<const T*>(x), cols, banned, ban_row, keys);
-  });
-  argmax_decode<<<grid_for(rows, 256), 256, 0, stream>>>(keys, rows);
-}
 
 void launch_embedding(FloatType t, const void* table, int64_t vocab, int64_t d, IndexType it,
                       const void* ids, int64_t n, void* out, DeviceStatus* status, int node,

@@ -1,0 +1,110 @@
+// Token selection where the logits live (Backend::top_k_rows): each row's best ids after the
+// temperature, with bans, ties and short rows, and the row's log-normaliser, against a host
+// computation (std::stable_sort, as the sampler sorts; log-sum-exp in double).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "backend_ops.h"
+
+namespace kiln::test {
+namespace {
+
+struct Expected {
+  std::vector<int64_t> ids;
+  std::vector<float> values;
+  double log_norm;
+};
+
+Expected host_top_k(std::span<const float> row, int k, float temperature,
+                    std::span<const int64_t> banned) {
+  std::vector<float> scaled(row.begin(), row.end());
+  for (float& v : scaled) v /= temperature;
+  std::vector<int64_t> order;
+  for (int64_t c = 0; c < static_cast<int64_t>(row.size()); ++c)
+    if (std::find(banned.begin(), banned.end(), c) == banned.end()) order.push_back(c);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int64_t a, int64_t b) { return scaled[a] > scaled[b]; });
+  Expected e;
+  for (int j = 0; j < k; ++j) {
+    const bool in = j < static_cast<int>(order.size());
+    e.ids.push_back(in ? order[j] : -1);
+    e.values.push_back(in ? scaled[order[j]] : -INFINITY);
+  }
+  double mx = -INFINITY, sum = 0.0;
+  for (float v : row) mx = std::max(mx, static_cast<double>(v));
+  for (float v : row) sum += std::exp(v - mx);
+  e.log_norm = mx + std::log(sum);
+  return e;
+}
+
+void check_top_k(int64_t rows, int64_t cols, int k, uint32_t seed) {
+  Gen g(DType::kF32, DType::kF32, seed);
+  std::vector<float> v = g.floats(rows * cols, -8, 8);
+  // Coarse values make ties across chunks of the device kernel (4096 columns each).
+  for (float& x : v) x = std::round(x * 4.0f) / 4.0f;
+  const std::vector<float> temperature = {1.0f, 0.7f, 1.3f, 0.3f, 2.0f, 1.0f};
+  const std::vector<int64_t> banned = {3, cols - 1, 4100 % cols};
+  std::vector<uint8_t> flagged(static_cast<size_t>(rows), 0);
+  for (int64_t r = 0; r < rows; r += 2) flagged[r] = 1;
+  int checked = 0;
+  for (NamedBackend& nb : available_backends()) {
+    if (nb.backend->max_top_k() < k) continue;  // host backends read logits directly
+    const Tensor logits = nb.backend->allocator().upload(Tensor::from_vector(v, {rows, cols}));
+    const std::span<const float> temps(temperature.data(), static_cast<size_t>(rows));
+    TopKRows got;
+    ASSERT_TRUE(nb.backend->top_k_rows(logits, k, temps, banned, flagged, &got)) << nb.name;
+    ASSERT_EQ(got.k, k);
+    for (int64_t r = 0; r < rows; ++r) {
+      const std::span<const float> row(v.data() + r * cols, static_cast<size_t>(cols));
+      const Expected e =
+          host_top_k(row, k, temperature[r],
+                     flagged[r] ? std::span<const int64_t>(banned) : std::span<const int64_t>());
+      const std::vector<int64_t> ids(got.ids.begin() + r * k, got.ids.begin() + (r + 1) * k);
+      const std::vector<float> values(got.values.begin() + r * k, got.values.begin() + (r + 1) * k);
+      EXPECT_EQ(ids, e.ids) << nb.name << " row " << r;
+      EXPECT_EQ(values, e.values) << nb.name << " row " << r;
+      EXPECT_NEAR(got.log_norm[r], e.log_norm, 1e-5 * std::abs(e.log_norm)) << nb.name << r;
+    }
+    // Without temperatures and bans: plain logits; k = 1 is the argmax.
+    TopKRows plain;
+    ASSERT_TRUE(nb.backend->top_k_rows(logits, 1, {}, {}, {}, &plain)) << nb.name;
+    std::vector<int64_t> argmax(static_cast<size_t>(rows), -1);
+    if (nb.backend->argmax_rows(logits, argmax)) {
+      EXPECT_EQ(plain.ids, argmax) << nb.name;
+    }
+    for (int64_t r = 0; r < rows; ++r) {
+      const std::span<const float> row(v.data() + r * cols, static_cast<size_t>(cols));
+      EXPECT_EQ(plain.values[r], *std::max_element(row.begin(), row.end())) << nb.name << r;
+    }
+    ++checked;
+  }
+  if (checked == 0) GTEST_SKIP() << "no backend here selects tokens on a device (CUDA does)";
+}
+
+TEST(BackendOps, TopKRowsOnTheDeviceMatchTheSamplersOrder) {
+  check_top_k(6, 10000, 50, 11);  // three chunks, ties across them
+}
+
+TEST(BackendOps, TopKRowsBeamWidthOverAWideRow) {
+  check_top_k(4, 250880, 8, 12);  // bloom's vocabulary, 2 x 4 beams
+}
+
+TEST(BackendOps, TopKRowsShorterThanKEndWithNoIds) {
+  check_top_k(3, 40, 64, 13);  // 40 columns, some banned: the rest of the 64 are -1
+}
+
+TEST(BackendOps, TopKRowsAtTheLargestK) {
+  for (NamedBackend& nb : available_backends()) {
+    const int k = nb.backend->max_top_k();
+    if (k == 0) continue;
+    check_top_k(2, 5000, k, 14);
+    return;
+  }
+  GTEST_SKIP() << "no backend here selects tokens on a device (CUDA does)";
+}
+
+}  // namespace
+}  // namespace kiln::test
