@@ -74,6 +74,9 @@ class Backend {
   }
   // Throws naming the first unsupported node. The graph must outlive the executable.
   virtual std::unique_ptr<Executable> compile(const Graph& graph, const ShapeProfile& profile) = 0;
+  // Build-time tactic selection: times kernel variants at the profile's shapes on this device
+  // and records the choices in the graph's nodes (stored in the plan). Default: none.
+  virtual void select_tactics(Graph& graph, const ShapeProfile& profile) {}
   virtual Allocator& allocator() = 0;
   virtual std::unique_ptr<KvStorage> create_kv_storage(const KvGeometry& geometry) = 0;
   // Greedy decoding without copying logits: out[r] = the first index of the largest value of

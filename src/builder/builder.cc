@@ -15,6 +15,11 @@ ModelIR build_model(const std::string& hf_dir, const BuildOptions& options, cons
                    options.max_input_tokens);
   KILN_CHECK_USAGE(options.max_batch >= 1 && options.max_batch <= 1024,
                    "the plan's batch size must be in 1..1024, got {}", options.max_batch);
+  KILN_CHECK_USAGE(
+      !options.tf32 || (options.device == Device::kCuda && options.precision == Precision::kFp32),
+      "--tf32 is for --device cuda --precision fp32 (TF32 tensor cores run fp32 "
+      "GEMMs with 10-bit mantissas); got --device {} --precision {}",
+      device_name(options.device), precision_name(options.precision));
   ModelIR model = import_hf_model(hf_dir, log);
   model.device = options.device;
   if (model.device == Device::kCuda) {
@@ -55,7 +60,33 @@ ModelIR build_model(const std::string& hf_dir, const BuildOptions& options, cons
         assign_precision(g, model.precision, &model.precision_notes, log);
     }
   }
+  if (options.tf32) {
+    int linears = 0;
+    for (Graph& g : model.graphs)
+      for (Node& n : g.nodes)
+        if (n.op == OpKind::kLinear && g.values[n.outputs[0]].dtype == DType::kF32) {
+          n.attr<LinearAttrs>().tf32 = true;
+          ++linears;
+        }
+    log.info(
+        "tf32: {} fp32 linears may use TF32 tensor cores (about 1e-3 relative error; "
+        "norms, softmax and accumulation stay fp32)",
+        linears);
+  }
   return model;
+}
+
+void select_tactics(ModelIR& model, Context& ctx) {
+  if (model.device != Device::kCuda) return;
+  const CudaInfo gpu = query_cuda();
+  if (gpu.device_count == 0) {
+    ctx.log().info(
+        "tactics: no GPU visible, so none are timed: kernels are chosen when the plan loads "
+        "(GEMV for up to 8 rows, cuBLASLt's heuristic above). Build on the GPU to time them.");
+    return;
+  }
+  const std::unique_ptr<Backend> backend = make_backend(ctx, Device::kCuda);
+  for (Graph& g : model.graphs) backend->select_tactics(g, model.profile);
 }
 
 std::unique_ptr<CompiledModel> compile_model_dir(Context& ctx, const std::string& hf_dir,

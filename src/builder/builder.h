@@ -19,11 +19,17 @@ struct BuildOptions {
   int64_t max_input_tokens = 0;  // 0: the model's positions (T5 512, BLOOM 2048)
   int64_t max_batch = 256;       // most sequences (logits rows) per step the plan is sized for
   bool optimize = true;          // run the pass pipeline
+  bool tf32 = false;             // cuda fp32: GEMMs may use TF32 tensor cores (--tf32)
 };
 
 // Imports an HF checkpoint directory and runs the pass pipeline (what `kiln build` does before
 // writing the plan). Unsupported targets are refused before any work, naming why.
 ModelIR build_model(const std::string& hf_dir, const BuildOptions& options, const Logger& log);
+
+// Tactic selection for CUDA plans (`kiln build --device cuda`): every Linear's kernel and
+// cuBLASLt algorithm per row count, timed on the visible GPU and stored in the model. Logs and
+// does nothing without a GPU (kernels are then chosen at run time) or for CPU plans.
+void select_tactics(ModelIR& model, Context& ctx);
 
 // build_model, then compile for this context (`kiln run --model`, the quick path).
 std::unique_ptr<CompiledModel> compile_model_dir(Context& ctx, const std::string& hf_dir,

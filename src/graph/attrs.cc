@@ -81,7 +81,15 @@ namespace {
 struct Summary {
   std::string operator()(const NoAttrs&) const { return {}; }
   std::string operator()(const LinearAttrs& a) const {
-    return a.activation ? fmt::format(" act={}", activation_name(*a.activation)) : std::string();
+    std::string s =
+        a.activation ? fmt::format(" act={}", activation_name(*a.activation)) : std::string();
+    if (a.tf32) s += " tf32";
+    if (!a.tactics.empty()) {
+      s += " tactics=";
+      for (const LinearTactic& t : a.tactics)
+        s += fmt::format("{}{}:{}", &t == &a.tactics.front() ? "" : ",", t.rows, t.kernel);
+    }
+    return s;
   }
   std::string operator()(const ScaleAttrs& a) const { return fmt::format(" scale={}", a.scale); }
   std::string operator()(const NormAttrs& a) const { return fmt::format(" eps={}", a.eps); }
@@ -101,7 +109,13 @@ struct Summary {
 struct ToJson {
   json operator()(const NoAttrs&) const { return json::object(); }
   json operator()(const LinearAttrs& a) const {
-    return a.activation ? json{{"activation", activation_name(*a.activation)}} : json::object();
+    json j = json::object();
+    if (a.activation) j["activation"] = activation_name(*a.activation);
+    if (a.tf32) j["tf32"] = true;
+    for (const LinearTactic& t : a.tactics)
+      j["tactics"].push_back(
+          {{"rows", t.rows}, {"kernel", t.kernel}, {"algo", t.algo}, {"us", t.us}});
+    return j;
   }
   json operator()(const ScaleAttrs& a) const { return {{"scale", a.scale}}; }
   json operator()(const NormAttrs& a) const { return {{"eps", a.eps}}; }
@@ -156,6 +170,20 @@ OpAttrs attrs_from_json(const json& j, AttrKind kind, const std::string& source)
     case AttrKind::kLinear: {
       LinearAttrs a;
       if (j.contains("activation")) a.activation = activation_from(j.at("activation"), source);
+      if (j.contains("tf32")) a.tf32 = j.at("tf32").get<bool>();
+      if (j.contains("tactics")) {
+        int64_t last = 0;
+        for (const json& t : j.at("tactics")) {
+          LinearTactic tactic{t.at("rows").get<int64_t>(), t.at("kernel").get<std::string>(),
+                              t.at("algo").get<std::string>(), t.at("us").get<float>()};
+          KILN_CHECK(tactic.rows > last && (tactic.kernel == "gemv" || tactic.kernel == "cublaslt"),
+                     "{}: invalid linear tactic (rows {} after {}, kernel '{}'): rows ascend, "
+                     "kernels are gemv or cublaslt",
+                     source, tactic.rows, last, tactic.kernel);
+          last = tactic.rows;
+          a.tactics.push_back(std::move(tactic));
+        }
+      }
       return a;
     }
     case AttrKind::kScale:

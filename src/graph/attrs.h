@@ -9,6 +9,7 @@
 #include <string>
 #include <string_view>
 #include <variant>
+#include <vector>
 
 #include "core/dtype.h"
 
@@ -33,8 +34,20 @@ struct NoAttrs {
 };
 
 // Linear: an activation applied to the output, when a fusion put one there.
+// A Linear kernel chosen by timing at build time (`kiln build --device cuda`, TensorRT's tactic
+// selection) for steps of up to `rows` rows (down to the next smaller tactic's rows + 1).
+struct LinearTactic {
+  int64_t rows = 0;
+  std::string kernel;  // "gemv" (kiln's) or "cublaslt"
+  std::string algo;    // cublaslt: "<cuBLASLt version>:<hex of cublasLtMatmulAlgo_t>"
+  float us = 0.0f;     // its measured time
+  bool operator==(const LinearTactic&) const = default;
+};
+
 struct LinearAttrs {
   std::optional<Activation> activation;
+  bool tf32 = false;  // fp32 GEMMs may use TF32 tensor cores (`kiln build --tf32`, CUDA only)
+  std::vector<LinearTactic> tactics;  // ascending rows; empty: the backend's own choice
   bool operator==(const LinearAttrs&) const = default;
 };
 

@@ -338,6 +338,13 @@ Graph rich_graph() {
   fuse_linear_activation(g, quiet);
   fuse_add_rms_norm(g, quiet);
   plan_memory(g, quiet, {{"tokens", 8}, {"rows", 2}});
+  // Build-time choices a CUDA plan stores on its Linears (cuda_tactics.cc).
+  for (Node& n : g.nodes)
+    if (n.name == "up") {
+      LinearAttrs& a = n.attr<LinearAttrs>();
+      a.tf32 = true;
+      a.tactics = {{1, "gemv", "", 3.5f}, {64, "cublaslt", "130100:00ab", 9.25f}};
+    }
   return g;
 }
 
@@ -451,6 +458,12 @@ TEST_F(BadInputGraphJson, BadEnums) {
   expect_rejected([&](Json& j) { j["values"][0]["kind"] = "constant"; }, "constant");
   expect_rejected([&](Json& j) { j["values"][0]["kind"] = 0; });
   expect_rejected([&](Json& j) { j["values"][0]["dtype"] = "complex64"; });
+  // Tactics: rows ascend and kernels are known.
+  expect_rejected([&](Json& j) { node(j, "up")["attrs"]["tactics"][1]["rows"] = 1; }, "tactic");
+  expect_rejected([&](Json& j) { node(j, "up")["attrs"]["tactics"][0]["kernel"] = "magic"; },
+                  "magic");
+  expect_rejected([&](Json& j) { node(j, "up")["attrs"]["tactics"][0].erase("us"); });
+  expect_rejected([&](Json& j) { node(j, "up")["attrs"]["tf32"] = "yes"; });
   // A node holding another op's attributes (a Linear's on an RMSNorm) is refused by name.
   expect_rejected([&](Json& j) { node(j, "ln")["attrs"] = {{"activation", "relu"}}; });
 }

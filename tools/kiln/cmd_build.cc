@@ -18,6 +18,7 @@ Runner add_build(CLI::App& app) {
     std::vector<std::string> profiles;
     std::string calib;
     int64_t max_input_tokens = 0;
+    bool tf32 = false, no_tune = false;
   };
   auto o = std::make_shared<Opts>();
   CLI::App* cmd = app.add_subcommand("build", "Compile a HuggingFace checkpoint into a plan");
@@ -28,7 +29,10 @@ Runner add_build(CLI::App& app) {
            "Examples:\n"
            "  kiln build --model models/t5-tiny -o t5.plan\n"
            "  kiln build --model models/bloom-tiny --prompt-template \"{prompt} =\" -o bloom.plan\n"
-           "  kiln build --model models/t5-tiny --precision bf16 -o t5-bf16.plan");
+           "  kiln build --model models/t5-tiny --precision bf16 -o t5-bf16.plan\n"
+           "  kiln build --model models/bloom-tiny --device cuda --precision fp16 -o bloom.plan\n"
+           "On a GPU, a cuda build times each Linear's kernel variants (kiln's GEMV, cuBLASLt's\n"
+           "algorithms) at the plan's row counts and stores the fastest (--no-tune skips it).");
   cmd->add_option("--model", o->model,
                   "HuggingFace checkpoint directory (config.json, "
                   "model.safetensors or sharded index, tokenizer)");
@@ -48,6 +52,12 @@ Runner add_build(CLI::App& app) {
                            "longest prompt the plan accepts (default: the model's positions, T5 "
                            "512, BLOOM 2048)"),
            1, kMaxInputTokensLimit);
+  cmd->add_flag("--tf32", o->tf32,
+                "cuda fp32 plans: let GEMMs use TF32 tensor cores (faster prefill, about 1e-3 "
+                "relative error instead of fp32's 1e-6)");
+  cmd->add_flag("--no-tune", o->no_tune,
+                "cuda plans: skip timing kernel variants on this GPU (faster build; kernels are "
+                "then chosen by heuristics when the plan loads)");
   one_value(cmd->add_option("--profile", o->profiles, "shape profiles (not built yet)"));
   cmd->add_option("--calib", o->calib, "INT8 calibration prompts (not built yet)");
   return [o](const GlobalOptions& g) {
@@ -77,10 +87,15 @@ Runner add_build(CLI::App& app) {
     const auto t0 = std::chrono::steady_clock::now();
     if (!o->prompt_template.empty()) bo.prompt_template = o->prompt_template;
     bo.max_input_tokens = o->max_input_tokens;
+    bo.tf32 = o->tf32;
     ModelIR model;
     {
       Activity activity(ctx->log(), "building " + o->model);
       model = build_model(o->model, bo, ctx->log());
+    }
+    if (bo.device == Device::kCuda && !o->no_tune) {
+      Activity activity(ctx->log(), "timing kernel variants on the GPU");
+      select_tactics(model, *ctx);
     }
     PlanBuildInfo info;
     info.source = o->model;

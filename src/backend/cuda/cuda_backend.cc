@@ -52,6 +52,9 @@ class CudaBackend final : public Backend {
     return std::make_unique<CudaExecutor>(graph, profile, *cuda_, std::move(kernels),
                                           std::move(names));
   }
+  void select_tactics(Graph& graph, const ShapeProfile& profile) override {
+    select_linear_tactics(graph, profile, *cuda_);
+  }
   Allocator& allocator() override { return cuda_->allocator(); }
   std::unique_ptr<KvStorage> create_kv_storage(const KvGeometry& geometry) override {
     return std::make_unique<CudaKvStorage>(*cuda_, geometry);

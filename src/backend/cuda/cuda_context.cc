@@ -314,7 +314,6 @@ CudaContext::CudaContext(Context& host) : host_(host) {
   KILN_CHECK_USAGE(sm_ >= 80, "device cuda: {} is sm_{}; kiln's CUDA kernels need sm_80 or newer",
                    device_name_, sm_);
   profile_ = std::getenv("KILN_CUDA_PROFILE") != nullptr;
-  tune_gemms_ = std::getenv("KILN_CUDA_TUNE_GEMM") != nullptr;
   auto off = [](const char* name) {
     const char* v = std::getenv(name);
     return v != nullptr && std::string_view(v) == "0";

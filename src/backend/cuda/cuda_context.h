@@ -73,13 +73,11 @@ class CudaContext {
   CudaAllocator& allocator() { return allocator_; }
   const std::string& device_name() const { return device_name_; }
   int sm() const { return sm_; }
+  int device_index() const { return device_; }
   int multiprocessors() const { return sms_; }
   // KILN_CUDA_PROFILE set (read once): executors time every node with CUDA events and log the
   // totals per kernel when they are destroyed.
   bool profile() const { return profile_; }
-  // KILN_CUDA_TUNE_GEMM set (read once): Linear kernels time cuBLASLt's candidate algorithms
-  // at first use instead of taking the heuristic's first.
-  bool tune_gemms() const { return tune_gemms_; }
   // KILN_CUDA_GEMV=0: few-row Linears run on cuBLASLt too instead of kiln's GEMV (for A/B runs).
   bool use_gemv() const { return use_gemv_; }
   // KILN_CUDA_GRAPHS=0: decode steps are launched kernel by kernel instead of replayed from a
@@ -121,7 +119,6 @@ class CudaContext {
   bool use_gemv_ = true;
   bool use_graphs_ = true;
   bool profile_ = false;
-  bool tune_gemms_ = false;
   std::string device_name_;
   cudaStream_t stream_ = nullptr;
   cublasLtHandle_t blas_ = nullptr;

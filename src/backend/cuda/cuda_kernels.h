@@ -22,6 +22,14 @@ class CudaKernel : public Kernel {
 
 std::unique_ptr<Kernel> make_linear_kernel(const Node& node, CudaContext& ctx);
 std::unique_ptr<Kernel> make_attention_kernel(const Node& node, CudaContext& ctx);
+// Times a Linear node's candidate kernels (GEMV, cuBLASLt's algorithms) at each row count on
+// its own weights and returns the fastest per count (cuda_linear.cc).
+std::vector<LinearTactic> time_linear_tactics(const Graph& graph, const Node& node,
+                                              CudaContext& ctx, std::span<const int64_t> rows);
+
+// Times every Linear of `graph` at the row counts `profile` can run and stores the fastest
+// kernel per count in its LinearAttrs::tactics (cuda_tactics.cc).
+void select_linear_tactics(Graph& graph, const ShapeProfile& profile, CudaContext& ctx);
 
 // Registers every CUDA kernel (the single dispatch point of the CUDA backend), bound to `ctx`.
 void register_kernels(KernelRegistry& registry, CudaContext& ctx);

@@ -2,11 +2,14 @@
 // at HBM speed where cuBLASLt's GEMMs spend 10-50 us on a single row; more rows on cuBLASLt:
 // y [n, out] = x [n, in] · w [out, in]^T (+ bias) (then the fused
 // activation). Row-major y is column-major y^T [out, n] = w · x^T, so A = w (transposed),
-// B = x. fp16/bf16 multiply with fp32 accumulation; fp32 stays fp32 (no TF32). The bias rides
-// on cuBLASLt's bias epilogue when it has the output's type; the activation (and a bias of
-// another type) is one elementwise kernel after the GEMM. One algorithm per token count:
-// cuBLASLt's heuristic's first, or (KILN_CUDA_TUNE_GEMM) the fastest of its candidates timed
-// the first time that count runs.
+// B = x. fp16/bf16 multiply with fp32 accumulation; fp32 stays fp32 unless the node allows TF32
+// (`kiln build --tf32`). The bias rides on cuBLASLt's bias epilogue when it has the output's
+// type; the activation (and a bias of another type) is one elementwise kernel after the GEMM.
+// Which kernel and cuBLASLt algorithm run for n rows: the node's tactics, timed at build time
+// (time_linear_tactics, below), or without them GEMV up to kGemvMaxRows and cuBLASLt's
+// heuristic's first algorithm above.
+#include <algorithm>
+#include <cstdio>
 #include <map>
 
 #include "backend/cuda/cuda_kernels.h"
@@ -57,7 +60,11 @@ class LinearKernel final : public CudaKernel {
     bias_after_ = has_bias && !bias_in_epilogue_;
     gemv_split_ = gemv_split(float_type(dtype_), in_, out_, ctx_.multiprocessors());
 
-    KILN_CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc_, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    const LinearAttrs& attrs = node_.attr<LinearAttrs>();
+    tactics_ = attrs.tactics;
+    const cublasComputeType_t compute =
+        dtype_ == DType::kF32 && attrs.tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+    KILN_CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc_, compute, CUDA_R_32F));
     const cublasOperation_t trans_a = CUBLAS_OP_T, trans_b = CUBLAS_OP_N;
     KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_TRANSA, &trans_a,
                                                      sizeof(trans_a)));
@@ -95,46 +102,165 @@ class LinearKernel final : public CudaKernel {
                    (residual->dtype() == dtype_ && residual->numel() == n * out_ && !activation_),
                "node '{}': a fused residual must be a {} [{}, {}] tensor, after no activation",
                node_.name, dtype_name(dtype_), n, out_);
-    if (n <= kGemvMaxRows && ctx_.use_gemv() &&
-        gemv_fits(float_type(dtype_), x.raw(), w.raw(), in_)) {
-      const Tensor* bias = has_bias ? &args.in[2] : nullptr;
-      launch_gemv(float_type(dtype_), x.raw(), w.raw(), float_type(bias ? bias->dtype() : dtype_),
-                  bias ? bias->raw() : nullptr, residual ? residual->raw() : nullptr, y.raw(), n,
-                  in_, out_, gemv_split_, activation_.has_value(),
-                  act_fn(activation_.value_or(Activation::kRelu)), ctx_.stream());
+    Operands o{x.raw(), w.raw(), has_bias ? &args.in[2] : nullptr,
+               residual ? residual->raw() : nullptr, y.raw()};
+    const bool gemv_ok = n <= kGemvMaxRows && ctx_.use_gemv() &&
+                         gemv_fits(float_type(dtype_), x.raw(), w.raw(), in_);
+    const LinearTactic* tactic = tactic_for(n);
+    if (gemv_ok && (tactic == nullptr || tactic->kernel == "gemv")) {
+      launch_gemv_for(n, o);
       return;
     }
-    if (bias_in_epilogue_) {
-      const void* bias = args.in[2].raw();
-      KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
-                                                       &bias, sizeof(bias)));
+    const Plan& plan = plan_for(n, tactic);
+    launch_gemm(n, o, plan.algo, plan);
+  }
+
+  // Times the candidate kernels for each row count in `rows` on this node's weight (and bias):
+  // GEMV where it applies and cuBLASLt's heuristic's candidates, each run after flushing L2 (the
+  // weights stream from HBM, as in a real step), median of five. Returns the fastest per count.
+  std::vector<LinearTactic> time_tactics(std::span<const int64_t> rows, const Tensor& w,
+                                         const Tensor* bias, bool residual) {
+    const int64_t max_rows = *std::max_element(rows.begin(), rows.end());
+    auto buffer = [&](int64_t n) {
+      std::shared_ptr<void> p =
+          ctx_.allocator().allocate(dtype_bytes(dtype_, static_cast<size_t>(n)));
+      KILN_CUDA_CHECK(cudaMemsetAsync(p.get(), 0x3C, dtype_bytes(dtype_, static_cast<size_t>(n)),
+                                      ctx_.stream()));
+      return p;
+    };
+    const auto x = buffer(max_rows * in_), y = buffer(max_rows * out_);
+    const auto res = residual ? buffer(max_rows * out_) : nullptr;
+    int l2 = 0;
+    KILN_CUDA_CHECK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, ctx_.device_index()));
+    const size_t flush_bytes = 2 * static_cast<size_t>(std::max(l2, 1 << 20));
+    const auto flush = ctx_.allocator().allocate(flush_bytes);
+    cudaEvent_t start = nullptr, stop = nullptr;
+    KILN_CUDA_CHECK(cudaEventCreate(&start));
+    KILN_CUDA_CHECK(cudaEventCreate(&stop));
+    const Operands o{x.get(), w.raw(), bias, res.get(), y.get()};
+    // Median time of `launch` in microseconds; infinity when it fails.
+    auto time = [&](auto&& launch) {
+      for (int i = 0; i < 2; ++i)
+        if (!launch()) return INFINITY;
+      std::vector<float> us;
+      for (int i = 0; i < 5; ++i) {
+        KILN_CUDA_CHECK(cudaMemsetAsync(flush.get(), i, flush_bytes, ctx_.stream()));
+        KILN_CUDA_CHECK(cudaEventRecord(start, ctx_.stream()));
+        launch();
+        KILN_CUDA_CHECK(cudaEventRecord(stop, ctx_.stream()));
+        KILN_CUDA_CHECK(cudaEventSynchronize(stop));
+        float ms = 0.0f;
+        KILN_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+        us.push_back(ms * 1000.0f);
+      }
+      std::nth_element(us.begin(), us.begin() + 2, us.end());
+      return us[2];
+    };
+    std::vector<LinearTactic> out;
+    for (int64_t n : rows) {
+      LinearTactic best{n, "", "", INFINITY};
+      if (n <= kGemvMaxRows && gemv_fits(float_type(dtype_), x.get(), w.raw(), in_)) {
+        best = {n, "gemv", "", time([&] {
+                  launch_gemv_for(n, o);
+                  return true;
+                })};
+      }
+      const Plan& plan = plan_for(n, nullptr);
+      for (const cublasLtMatmulAlgo_t& algo : plan.candidates) {
+        const float us = time([&] { return launch_gemm(n, o, algo, plan, false); });
+        if (us < best.us) best = {n, "cublaslt", algo_string(algo), us};
+      }
+      KILN_CHECK(!best.kernel.empty(),
+                 "node '{}': no kernel ran a {} linear of [{}, {}] x [{}, {}]^T", node_.name,
+                 dtype_name(dtype_), n, in_, out_, in_);
+      out.push_back(best);
     }
-    const Plan& plan = plan_for(n, x.raw(), w.raw(), y.raw());
-    // D = w·x + beta·C (+ bias): C is the fused residual, or y itself with beta 0.
-    const float alpha = 1.0f, beta = residual ? 1.0f : 0.0f;
-    const void* c = residual ? residual->raw() : y.raw();
-    KILN_CUBLAS_CHECK(cublasLtMatmul(
-        ctx_.blas(), desc_, &alpha, w.raw(), a_, x.raw(), plan.b, &beta, c, plan.c, y.raw(), plan.c,
-        &plan.algo, ctx_.blas_workspace(), ctx_.blas_workspace_bytes(), ctx_.stream()));
-    if (bias_after_ || activation_) {
-      const Tensor* bias = bias_after_ ? &args.in[2] : nullptr;
-      launch_bias_activation(float_type(dtype_), y.raw(),
-                             bias ? float_type(bias->dtype()) : float_type(dtype_),
-                             bias ? bias->raw() : nullptr, n, out_, activation_.has_value(),
-                             act_fn(activation_.value_or(Activation::kRelu)), ctx_.stream());
-    }
+    cudaEventDestroy(start);
+    cudaEventDestroy(stop);
+    KILN_CUDA_CHECK(cudaStreamSynchronize(ctx_.stream()));
+    return out;
   }
 
  private:
   struct Plan {
     cublasLtMatrixLayout_t b = nullptr, c = nullptr;
     cublasLtMatmulAlgo_t algo{};
+    std::vector<cublasLtMatmulAlgo_t> candidates;  // the heuristic's, best first
+  };
+  struct Operands {
+    const void* x;
+    const void* w;
+    const Tensor* bias;
+    const void* residual;
+    void* y;
   };
 
-  // The algorithm for n rows: cuBLASLt's heuristic proposes up to kCandidates, and each is
-  // timed (CUDA events, after a warm-up) on this node's own operands the first time n rows
-  // run; the fastest is kept (TensorRT's tactic selection, at run time).
-  const Plan& plan_for(int64_t n, const void* x, const void* w, void* y) {
+  // The tactic of the smallest tuned row count >= n (else the largest); null without tactics.
+  const LinearTactic* tactic_for(int64_t n) const {
+    if (tactics_.empty()) return nullptr;
+    for (const LinearTactic& t : tactics_)
+      if (t.rows >= n) return &t;
+    return &tactics_.back();
+  }
+
+  void launch_gemv_for(int64_t n, const Operands& o) {
+    launch_gemv(float_type(dtype_), o.x, o.w, float_type(o.bias ? o.bias->dtype() : dtype_),
+                o.bias ? o.bias->raw() : nullptr, o.residual, o.y, n, in_, out_, gemv_split_,
+                activation_.has_value(), act_fn(activation_.value_or(Activation::kRelu)),
+                ctx_.stream());
+  }
+
+  // D = w·x + beta·C (+ bias), C the fused residual or y itself with beta 0; then the bias of
+  // another type and the activation. False (checked: throws) when cuBLASLt refuses.
+  bool launch_gemm(int64_t n, const Operands& o, const cublasLtMatmulAlgo_t& algo, const Plan& plan,
+                   bool checked = true) {
+    if (bias_in_epilogue_) {
+      const void* bias = o.bias->raw();
+      KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                                                       &bias, sizeof(bias)));
+    }
+    const float alpha = 1.0f, beta = o.residual ? 1.0f : 0.0f;
+    const void* c = o.residual ? o.residual : o.y;
+    const cublasStatus_t st = cublasLtMatmul(
+        ctx_.blas(), desc_, &alpha, o.w, a_, o.x, plan.b, &beta, c, plan.c, o.y, plan.c, &algo,
+        ctx_.blas_workspace(), ctx_.blas_workspace_bytes(), ctx_.stream());
+    if (!checked && st != CUBLAS_STATUS_SUCCESS) return false;
+    KILN_CUBLAS_CHECK(st);
+    if (bias_after_ || activation_) {
+      const Tensor* bias = bias_after_ ? o.bias : nullptr;
+      launch_bias_activation(float_type(dtype_), o.y,
+                             bias ? float_type(bias->dtype()) : float_type(dtype_),
+                             bias ? bias->raw() : nullptr, n, out_, activation_.has_value(),
+                             act_fn(activation_.value_or(Activation::kRelu)), ctx_.stream());
+    }
+    return true;
+  }
+
+  // "<cuBLASLt version>:<hex>": an algorithm is only meaningful to the cuBLASLt that made it.
+  static std::string algo_string(const cublasLtMatmulAlgo_t& algo) {
+    std::string s = std::to_string(cublasLtGetVersion()) + ":";
+    char hex[3];
+    for (uint64_t word : algo.data)
+      for (int byte = 0; byte < 8; ++byte) {
+        std::snprintf(hex, sizeof(hex), "%02x", static_cast<unsigned>((word >> (8 * byte)) & 0xFF));
+        s += hex;
+      }
+    return s;
+  }
+  static bool parse_algo(const std::string& s, cublasLtMatmulAlgo_t* algo) {
+    const std::string prefix = std::to_string(cublasLtGetVersion()) + ":";
+    if (!s.starts_with(prefix) || s.size() != prefix.size() + 2 * sizeof(algo->data)) return false;
+    for (size_t i = 0; i < sizeof(algo->data); ++i) {
+      unsigned v = 0;
+      if (std::sscanf(s.c_str() + prefix.size() + 2 * i, "%2x", &v) != 1) return false;
+      algo->data[i / 8] = (i % 8 == 0 ? 0 : algo->data[i / 8]) | (uint64_t{v} << (8 * (i % 8)));
+    }
+    return true;
+  }
+
+  // The cuBLASLt layouts and algorithm for n rows: the tactic's algorithm when it was timed by
+  // this cuBLASLt and it accepts n rows, else the heuristic's first (kept per n).
+  const Plan& plan_for(int64_t n, const LinearTactic* tactic) {
     auto it = plans_.find(n);
     if (it != plans_.end()) return it->second;
     Plan p;
@@ -162,46 +288,25 @@ class LinearKernel final : public CudaKernel {
           "({})",
           node_.name, dtype_name(dtype_), n, in_, out_, in_, cublas_status_name(st));
     }
+    for (int i = 0; i < found; ++i)
+      if (results[i].state == CUBLAS_STATUS_SUCCESS) p.candidates.push_back(results[i].algo);
     p.algo = results[0].algo;
-    // Timing the candidates on a warm L2 (the node's weights stay cached across repetitions)
-    // picked slower algorithms than the heuristic's first for decode, where weights stream from
-    // HBM; until the timing flushes L2 between repetitions, it is opt-in.
-    if (found > 1 && ctx_.tune_gemms()) {
-      cudaEvent_t start = nullptr, stop = nullptr;
-      KILN_CUDA_CHECK(cudaEventCreate(&start));
-      KILN_CUDA_CHECK(cudaEventCreate(&stop));
-      const float alpha = 1.0f, beta = 0.0f;
-      float best = 0.0f, first = 0.0f;
-      int chosen = 0;
-      for (int i = 0; i < found; ++i) {
-        auto launch = [&] {
-          return cublasLtMatmul(ctx_.blas(), desc_, &alpha, w, a_, x, p.b, &beta, y, p.c, y, p.c,
-                                &results[i].algo, ctx_.blas_workspace(),
-                                ctx_.blas_workspace_bytes(), ctx_.stream());
-        };
-        if (results[i].state != CUBLAS_STATUS_SUCCESS || launch() != CUBLAS_STATUS_SUCCESS)
-          continue;
-        KILN_CUDA_CHECK(cudaEventRecord(start, ctx_.stream()));
-        for (int r = 0; r < 5; ++r) KILN_CUBLAS_CHECK(launch());
-        KILN_CUDA_CHECK(cudaEventRecord(stop, ctx_.stream()));
-        KILN_CUDA_CHECK(cudaEventSynchronize(stop));
-        float ms = 0.0f;
-        KILN_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-        if (i == 0) first = ms;
-        if (i == 0 || ms < best) {
-          best = ms;
-          chosen = i;
-        }
+    cublasLtMatmulAlgo_t tuned{};
+    cublasLtMatmulHeuristicResult_t check{};
+    if (tactic != nullptr && tactic->kernel == "cublaslt") {
+      if (parse_algo(tactic->algo, &tuned) &&
+          cublasLtMatmulAlgoCheck(ctx_.blas(), desc_, a_, p.b, p.c, p.c, &tuned, &check) ==
+              CUBLAS_STATUS_SUCCESS &&
+          check.workspaceSize <= ws) {
+        p.algo = tuned;
+      } else {
+        ctx_.host().log().debug(
+            "node '{}': {} rows: the plan's cuBLASLt algorithm does not apply here (timed by "
+            "another cuBLASLt, or not for this row count): the heuristic's first runs",
+            node_.name, n);
       }
-      cudaEventDestroy(start);
-      cudaEventDestroy(stop);
-      p.algo = results[chosen].algo;
-      ctx_.host().log().debug(
-          "node '{}': {} rows: cuBLASLt algorithm {} of {} ({:.1f} us; the heuristic's first "
-          "{:.1f} us)",
-          node_.name, n, chosen, found, best * 1000.0f / 5, first * 1000.0f / 5);
     }
-    return plans_.emplace(n, p).first->second;
+    return plans_.emplace(n, std::move(p)).first->second;
   }
 
   int64_t in_ = 0, out_ = 0;
@@ -211,6 +316,7 @@ class LinearKernel final : public CudaKernel {
   int gemv_split_ = 1;
   cublasLtMatmulDesc_t desc_ = nullptr;
   cublasLtMatrixLayout_t a_ = nullptr;
+  std::vector<LinearTactic> tactics_;
   std::map<int64_t, Plan> plans_;
 };
 
@@ -218,6 +324,17 @@ class LinearKernel final : public CudaKernel {
 
 std::unique_ptr<Kernel> make_linear_kernel(const Node& node, CudaContext& ctx) {
   return std::make_unique<LinearKernel>(node, ctx);
+}
+
+std::vector<LinearTactic> time_linear_tactics(const Graph& graph, const Node& node,
+                                              CudaContext& ctx, std::span<const int64_t> rows) {
+  LinearKernel kernel(node, ctx);
+  kernel.prepare(graph);
+  const Tensor w = ctx.device_weight(graph.values[node.inputs[1]].data);
+  const bool has_bias = node.inputs.size() > 2 && node.inputs[2] >= 0;
+  const Tensor bias = has_bias ? ctx.device_weight(graph.values[node.inputs[2]].data) : Tensor();
+  const bool residual = node.inputs.size() > kLinearResidual && node.inputs[kLinearResidual] >= 0;
+  return kernel.time_tactics(rows, w, has_bias ? &bias : nullptr, residual);
 }
 
 }  // namespace kiln::cuda

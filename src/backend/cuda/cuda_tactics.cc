@@ -1,0 +1,74 @@
+// Tactic selection at build time (`kiln build --device cuda`, like TensorRT's): every Linear of a
+// graph gets, per row count the plan's profile can run, the kernel and cuBLASLt algorithm that
+// was fastest when timed on this GPU on the node's own weights. Linears of one signature (shape,
+// dtypes, bias, activation, residual, TF32) share one timing. The plan stores the choices and
+// the build log prints them.
+#include <algorithm>
+#include <map>
+
+#include "backend/cuda/cuda_kernels.h"
+
+namespace kiln::cuda {
+
+namespace {
+
+// Row counts a Linear over `symbol` rows meets: decode's few rows (where GEMV competes with
+// cuBLASLt) and each workspace bucket's bound.
+std::vector<int64_t> tactic_rows(const std::string& symbol, const ShapeProfile& profile) {
+  std::vector<int64_t> rows = {1, 2, 4, 8};
+  for (int64_t bucket : profile.token_buckets) {
+    const auto bound = profile.bucket_bindings(bucket);
+    const auto it = bound.find(symbol);
+    if (it != bound.end()) rows.push_back(it->second);
+  }
+  const auto bound = profile.bucket_bindings(profile.token_buckets.back());
+  const auto cap = bound.find(symbol);
+  if (cap != bound.end()) std::erase_if(rows, [&](int64_t r) { return r > cap->second; });
+  std::sort(rows.begin(), rows.end());
+  rows.erase(std::unique(rows.begin(), rows.end()), rows.end());
+  return rows;
+}
+
+std::string describe(const LinearTactic& t) {
+  return t.kernel == "gemv" ? fmt::format("{}: gemv {:.1f} us", t.rows, t.us)
+                            : fmt::format("{}: cublaslt {:.1f} us", t.rows, t.us);
+}
+
+}  // namespace
+
+void select_linear_tactics(Graph& graph, const ShapeProfile& profile, CudaContext& ctx) {
+  std::map<std::string, std::vector<int>> groups;  // signature -> nodes
+  for (size_t i = 0; i < graph.nodes.size(); ++i) {
+    const Node& n = graph.nodes[i];
+    if (n.op != OpKind::kLinear) continue;
+    const Value& x = graph.values[n.inputs[0]];
+    const Value& w = graph.values[n.inputs[1]];
+    const bool bias = n.inputs.size() > 2 && n.inputs[2] >= 0;
+    if (w.kind != ValueKind::kWeight ||
+        (bias && graph.values[n.inputs[2]].kind != ValueKind::kWeight))
+      continue;
+    if (x.shape.empty() || !x.shape[0].is_symbolic()) continue;
+    const LinearAttrs& a = n.attr<LinearAttrs>();
+    const std::string key = fmt::format(
+        "[{}] -> [{}] {}{}{}{}{} over {}", sym_shape_str(x.shape), w.shape[0].value,
+        dtype_name(w.dtype),
+        bias ? fmt::format(", {} bias", dtype_name(graph.values[n.inputs[2]].dtype)) : "",
+        a.activation ? fmt::format(", {}", activation_name(*a.activation)) : "",
+        n.inputs.size() > kLinearResidual && n.inputs[kLinearResidual] >= 0 ? ", residual" : "",
+        a.tf32 ? ", tf32" : "", x.shape[0].symbol);
+    groups[key].push_back(static_cast<int>(i));
+  }
+  for (const auto& [key, nodes] : groups) {
+    const Node& first = graph.nodes[nodes.front()];
+    const std::vector<int64_t> rows =
+        tactic_rows(graph.values[first.inputs[0]].shape[0].symbol, profile);
+    const std::vector<LinearTactic> tactics = time_linear_tactics(graph, first, ctx, rows);
+    std::string chosen;
+    for (const LinearTactic& t : tactics) chosen += (chosen.empty() ? "" : ", ") + describe(t);
+    ctx.host().log().info("tactics for {} linear{} {}: rows {}", nodes.size(),
+                          nodes.size() == 1 ? "" : "s", key, chosen);
+    for (int i : nodes) graph.nodes[i].attr<LinearAttrs>().tactics = tactics;
+  }
+}
+
+}  // namespace kiln::cuda
