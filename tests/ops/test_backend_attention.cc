@@ -301,6 +301,32 @@ std::vector<OpCase> attention_op_cases() {
                      c.block_size = 4;
                      return cached_scenario(g, c, kChunkedPrefill);
                    }});
+  // Decode over long contexts, where a GPU splits each (row, head) along the keys and joins the
+  // shares: one sequence of 1500 positions (prefilled in two chunks), then single tokens; a
+  // second sequence joins mid-way. fp32 sums over 1500 keys: 3e-5 of the largest output.
+  const Check long_sums{CheckKind::kMaxRelative, 3e-5};
+  for (DType dtype : {DType::kF32, DType::kF16})
+    cases.push_back({"Attention_cached_alibi_long_context_decode" + dtype_suffix(dtype),
+                     dtype,
+                     {dtype == DType::kF32 ? long_sums : check},
+                     [](Gen& g) {
+                       return cached_scenario(g, alibi_cached_packed(),
+                                              {{{}, {{0, 800}}},
+                                               {{}, {{0, 700}}},
+                                               {{}, {{0, 1}}},
+                                               {{}, {{0, 1}, {1, 300}}},
+                                               {{}, {{1, 1}, {0, 1}}}});
+                     }});
+  cases.push_back({"Attention_cached_t5_long_context_decode", DType::kF32, {check}, [](Gen& g) {
+                     return cached_scenario(g, t5_cached(),
+                                            {{{}, {{0, 1100}}}, {{}, {{0, 1}}}, {{}, {{0, 1}}}});
+                   }});
+  cases.push_back({"Attention_cross_long_encoder_decode", DType::kF32, {check}, [](Gen& g) {
+                     AttnConfig c;
+                     c.kind = AttentionKind::kCross;
+                     c.scale = 0.7f;
+                     return cross_scenario(g, c, {1200}, {1}, {3});
+                   }});
   for (DType dtype : {DType::kF32, DType::kF16})
     cases.push_back(
         {"Attention_cross_layer1_ragged" + dtype_suffix(dtype), dtype, {check}, [](Gen& g) {

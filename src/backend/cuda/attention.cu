@@ -133,10 +133,14 @@ __device__ __forceinline__ void load_values(const T* p, float (&out)[W]) {
   }
 }
 
+// Split along the keys (gridDim.z > 1, decode over long contexts): block z covers an equal
+// share of the visible keys and leaves its unnormalised (max, sum, weighted values) in
+// p.split_out for combine_kernel; with one split the block normalises and writes y itself.
 template <typename T, int W>
 __global__ void attention_kernel(AttentionParams p) {
   const int64_t row = blockIdx.x;
   const int h = blockIdx.y;
+  const int split = blockIdx.z, splits = gridDim.z;
   const int tid = threadIdx.x, threads = blockDim.x;
   const DeviceStep& st = p.step;
   const int s = st.token_seq[row];
@@ -171,8 +175,10 @@ __global__ void attention_kernel(AttentionParams p) {
   float acc[W];
 #pragma unroll
   for (int u = 0; u < W; ++u) acc[u] = 0.0f;
-  for (int64_t tile0 = 0; tile0 < visible; tile0 += kTile) {
-    const int n = static_cast<int>(min(static_cast<int64_t>(kTile), visible - tile0));
+  const int64_t share = (visible + splits - 1) / splits;
+  const int64_t first = min(visible, share * split), last = min(visible, first + share);
+  for (int64_t tile0 = first; tile0 < last; tile0 += kTile) {
+    const int n = static_cast<int>(min(static_cast<int64_t>(kTile), last - tile0));
     float local_max = -INFINITY;
     for (int j = tid; j < n; j += threads) {
       const int64_t key = tile0 + j;
@@ -240,6 +246,17 @@ __global__ void attention_kernel(AttentionParams p) {
 #pragma unroll
     for (int u = 0; u < W; ++u) partial_s[part * dh + vd + u] = acc[u];
   __syncthreads();
+  if (splits > 1) {
+    // (max, sum, dh weighted values) of this share of the keys.
+    float* out = p.split_out + ((row * p.heads + h) * splits + split) * (dh + 2);
+    if (tid == 0) out[0] = m_run, out[1] = l_run;
+    for (int d = tid; d < dh; d += threads) {
+      float v = 0.0f;
+      for (int k = 0; k < parts; ++k) v += partial_s[k * dh + d];
+      out[2 + d] = v;
+    }
+    return;
+  }
   T* yr = static_cast<T*>(p.y) + row * static_cast<int64_t>(p.heads) * dh + head_off;
   for (int d = tid; d < dh; d += threads) {
     float v = 0.0f;
@@ -248,12 +265,33 @@ __global__ void attention_kernel(AttentionParams p) {
   }
 }
 
+// Joins the splits of one (row, head): rescales each share's sums to the common max, in split
+// order.
+template <typename T>
+__global__ void combine_kernel(AttentionParams p, int splits) {
+  const int64_t row = blockIdx.x;
+  const int h = blockIdx.y, dh = p.head_dim;
+  const float* in = p.split_out + (row * p.heads + h) * splits * (dh + 2);
+  float m = -INFINITY;
+  for (int z = 0; z < splits; ++z) m = fmaxf(m, in[z * (dh + 2)]);
+  float l = 0.0f;
+  for (int z = 0; z < splits; ++z) l += in[z * (dh + 2) + 1] * expf(in[z * (dh + 2)] - m);
+  T* yr = static_cast<T*>(p.y) + (row * p.heads + h) * static_cast<int64_t>(dh);
+  for (int d = threadIdx.x; d < dh; d += blockDim.x) {
+    float v = 0.0f;
+    for (int z = 0; z < splits; ++z) v += in[z * (dh + 2) + 2 + d] * expf(in[z * (dh + 2)] - m);
+    yr[d] = from_float<T>(v / l);
+  }
+}
+
 template <typename T>
 void launch_typed(const AttentionParams& p, cudaStream_t stream) {
   if (p.tokens == 0) return;
   if (p.kind == AttnKind::kCachedSelf)
     append_kernel<T><<<static_cast<unsigned>(p.tokens), 128, 0, stream>>>(p);
-  const dim3 grid(static_cast<unsigned>(p.tokens), static_cast<unsigned>(p.heads));
+  const int splits = attention_splits(p.tokens, p.heads, p.key_class, p.split_capacity);
+  const dim3 grid(static_cast<unsigned>(p.tokens), static_cast<unsigned>(p.heads),
+                  static_cast<unsigned>(splits));
   const int threads = p.head_dim <= 128 ? 128 : 256;
   constexpr int kVec = 16 / static_cast<int>(sizeof(T));
   // 16-byte value loads need every value row's head slice 16-byte aligned: the head dimension
@@ -269,9 +307,23 @@ void launch_typed(const AttentionParams& p, cudaStream_t stream) {
     attention_kernel<T, kVec><<<grid, threads, 0, stream>>>(p);
   else
     attention_kernel<T, 1><<<grid, threads, 0, stream>>>(p);
+  if (splits > 1)
+    combine_kernel<T>
+        <<<dim3(grid.x, grid.y), p.head_dim <= 128 ? 128 : 256, 0, stream>>>(p, splits);
 }
 
 }  // namespace
+
+int attention_splits(int64_t tokens, int heads, int key_class, int64_t capacity) {
+  // Split only when the (row, head) blocks leave most SMs idle and the keys are many: each share
+  // keeps at least kSplitKeys keys. key_class is log2 of ceil(longest keys / kSplitKeys).
+  const int64_t blocks = tokens * heads;
+  int splits = 1;
+  while (splits < kMaxSplits && splits < (1 << key_class) && blocks * splits * 2 <= kSplitBlocks &&
+         blocks * splits * 2 <= capacity)
+    splits *= 2;
+  return splits;
+}
 
 void launch_attention(const AttentionParams& p, cudaStream_t stream) {
   dispatch_float(p.act, [&](auto tag) { launch_typed<decltype(tag)>(p, stream); });

@@ -154,6 +154,9 @@ class AttentionKernel final : public CudaKernel {
     p.step = ctx_.step();
     p.status = ctx_.status();
     p.node = node_index_;
+    p.key_class = ctx_.step_key_class();
+    p.split_out = ctx_.split_scratch();
+    p.split_capacity = kSplitBlocks;
     launch_attention(p, ctx_.stream());
   }
 

@@ -326,10 +326,16 @@ CudaContext::CudaContext(Context& host) : host_(host) {
   KILN_CUDA_CHECK(cudaMalloc(&blas_workspace_, kBlasWorkspaceBytes));
   KILN_CUDA_CHECK(cudaMalloc(&status_, sizeof(DeviceStatus)));
   KILN_CUDA_CHECK(cudaMemset(status_, 0, sizeof(DeviceStatus)));
+  split_scratch_ =
+      allocator_.allocate(static_cast<size_t>(kSplitBlocks) * (kMaxHeadDim + 2) * sizeof(float));
 }
 
 CudaContext::~CudaContext() {
   weights_.clear();
+  // Device buffers go back to the allocator while its stream exists.
+  argmax_device_.reset();
+  topk_device_.reset();
+  split_scratch_.reset();
   if (stream_ != nullptr) cudaStreamSynchronize(stream_);
   cudaFree(step_device_);
   cudaFreeHost(step_host_);
@@ -436,6 +442,12 @@ void CudaContext::upload_step(const StepLayout& layout) {
   step_.cross_layers = cross_layers;
   step_.cross_k = dptr;
   step_.cross_v = dptr + pointers / 2;
+  int64_t longest = 0;
+  for (int s = 0; s < seqs; ++s) {
+    longest = std::max(longest, layout.past_len[s] + layout.num_tokens(s));
+    if (layout.cross[s] != nullptr) longest = std::max(longest, layout.cross[s]->length());
+  }
+  step_key_class_ = attention_key_class(longest);
 }
 
 Tensor CudaContext::device_weight(const Tensor& host) {

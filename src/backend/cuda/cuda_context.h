@@ -95,6 +95,10 @@ class CudaContext {
   // needs more room than any before).
   const void* step_buffer() const { return step_device_; }
   const DeviceStep& step() const { return step_; }
+  // attention_key_class of the current step's longest key count (split-sequence decode), and
+  // the device memory of the splits' partial results (kSplitBlocks slots).
+  int step_key_class() const { return step_key_class_; }
+  float* split_scratch() const { return static_cast<float*>(split_scratch_.get()); }
 
   // Row argmax of device logits into `out` (one small copy back), skipping `banned` ids in the
   // rows flagged by `banned_rows` (empty: none); at most BannedIds::kMax ids.
@@ -132,6 +136,8 @@ class CudaContext {
   size_t step_capacity_ = 0;
   int block_stride_ = 0;
   DeviceStep step_{};
+  int step_key_class_ = 0;
+  std::shared_ptr<void> split_scratch_;
   // Keyed by the host bytes; the host tensor is kept so that its address is not reused.
   std::map<const void*, std::pair<Tensor, Tensor>> weights_;
   std::shared_ptr<void> argmax_device_;

@@ -196,6 +196,7 @@ std::span<const Tensor> CudaExecutor::execute(std::span<const Tensor> inputs,
       key.seqs = layout.num_seqs();
       key.max_blocks = ctx_.step().max_blocks;
       key.cross_layers = ctx_.step().cross_layers;
+      key.key_class = ctx_.step_key_class();
       key.step_buffer = ctx_.step_buffer();
       // The checks the attention kernels make on the host, which a replay skips.
       for (int s = 0; s < layout.num_seqs() && cross_layers_ > 0; ++s) {

@@ -49,6 +49,7 @@ class CudaExecutor final : public Executable {
     int seqs = 0;
     int max_blocks = 0;
     int cross_layers = 0;
+    int key_class = 0;  // split-sequence attention's launch shape depends on it
     const void* step_buffer = nullptr;
     const void* kv_blocks = nullptr;
     int64_t kv_capacity = 0;

@@ -139,7 +139,25 @@ struct AttentionParams {
   DeviceKv kv;
   DeviceStatus* status;
   int node;
+  // Split-sequence decode: key_class = attention_key_class(the step's longest key count);
+  // split_out holds split_capacity (row, head, split) partials of head_dim + 2 floats.
+  int key_class;
+  float* split_out;
+  int64_t split_capacity;
 };
+// Decode attention over long contexts splits each (row, head) along its keys: shares of at
+// least kSplitKeys keys, at most kMaxSplits of them, and only while the step's (row, head,
+// split) blocks stay under kSplitBlocks (enough to fill the GPU).
+inline constexpr int kSplitKeys = 256;
+inline constexpr int kMaxSplits = 16;
+inline constexpr int kSplitBlocks = 512;
+inline int attention_key_class(int64_t longest_keys) {
+  int c = 0;
+  while (c < 4 && (int64_t{kSplitKeys} << c) < longest_keys) ++c;
+  return c;
+}
+// The splits launch_attention uses for a step (1: none).
+int attention_splits(int64_t tokens, int heads, int key_class, int64_t capacity);
 // Token ids greedy decoding may not pick in some rows (EOS before min_new_tokens).
 struct BannedIds {
   static constexpr int kMax = 8;
