@@ -3,7 +3,9 @@
 # `kiln synth` (bloom-560m fp16, flan-t5-large), kiln plans, `kiln bench` and HuggingFace
 # transformers (eager) on the same weights, logs and a JSON summary in $OUT; batch-1 A/B runs
 # without CUDA graphs and without kiln's GEMV (KILN_CUDA_GRAPHS=0, KILN_CUDA_GEMV=0); the
-# real-size logits check against HF fp32 (bench/gpu/hf_real_logits.py + the CudaRealSize test).
+# real-size logits check against HF fp32 (bench/gpu/hf_real_logits.py + the CudaRealSize test);
+# plans built with --no-tune (build-time tactic selection off); a long-context run with and
+# without split-sequence attention (KILN_CUDA_SPLIT=0).
 # Run from the folder scripts/device/pack.sh filled (binaries and fixtures in bundle.tar.xz).
 # --ncu: also every kernel of a short batch-1 run timed by Nsight Compute (ncu_summary.py).
 # Usage: run.sh [--no-tests] [--no-hf] [--ncu] [--runs N] [--batches "1 16 64"]
@@ -58,6 +60,14 @@ bench_model() {  # preset family synth-dtype precision
     env "$ab=0" "$KILN" bench --plan "$plan" --input-len 78 --output-len 100 --runs "$RUNS" \
       --batch 1 2>&1 | grep -E "^ +[0-9]" >>"$LOG"
   done
+  # What build-time tactic selection is worth: the same plan built with --no-tune.
+  "$KILN" build --model "$dir" --device cuda --precision "$prec" --max-input-tokens 128 \
+    --no-tune -o "$plan.notune" >/dev/null 2>&1 &&
+    for b in 1 ${BATCHES##* }; do
+      echo "== A/B $preset $prec batch $b built with --no-tune" >>"$LOG"
+      "$KILN" bench --plan "$plan.notune" --input-len 78 --output-len 100 --runs "$RUNS" \
+        --batch "$b" 2>&1 | grep -E "^ +[0-9]" >>"$LOG"
+    done
   # Where the time goes: every node timed with CUDA events (batch 1 and the largest batch).
   for b in 1 ${BATCHES##* }; do
     echo "== profile $preset $prec batch $b" >>"$LOG"
@@ -77,6 +87,14 @@ bench_model() {  # preset family synth-dtype precision
 }
 bench_model bloom-560m bloom fp16 fp16
 bench_model flan-t5-large t5 fp32 bf16
+# Split-sequence decode attention over a long context: bloom-560m batch 1, prompt 3000.
+"$KILN" build --model /tmp/synth/bloom-560m --device cuda --precision fp16 \
+  --max-input-tokens 3200 -o /tmp/plans/bloom-long.plan >>"$LOG" 2>&1 &&
+  for split in 1 0; do
+    echo "== bloom-560m fp16 batch 1, prompt 3000, 100 new tokens, KILN_CUDA_SPLIT=$split" >>"$LOG"
+    KILN_CUDA_SPLIT=$split "$KILN" bench --plan /tmp/plans/bloom-long.plan --input-len 3000 \
+      --output-len 100 --runs "$RUNS" --batch 1 2>&1 | grep -E "^ +[0-9]" >>"$LOG"
+  done
 # Real sizes against HF fp32 on the same weights: fp32 logits within 1e-3, fp16/bf16 cosine.
 if [ "$TESTS" = 1 ]; then
   echo "== real-size logits against HF fp32" >>"$LOG"

@@ -320,6 +320,7 @@ CudaContext::CudaContext(Context& host) : host_(host) {
   };
   use_gemv_ = !off("KILN_CUDA_GEMV");
   use_graphs_ = !off("KILN_CUDA_GRAPHS");
+  use_splits_ = !off("KILN_CUDA_SPLIT");
   KILN_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   allocator_ = CudaAllocator(stream_);  // the cache of the placeholder is empty
   KILN_CUBLAS_CHECK(cublasLtCreate(&blas_));
@@ -447,7 +448,7 @@ void CudaContext::upload_step(const StepLayout& layout) {
     longest = std::max(longest, layout.past_len[s] + layout.num_tokens(s));
     if (layout.cross[s] != nullptr) longest = std::max(longest, layout.cross[s]->length());
   }
-  step_key_class_ = attention_key_class(longest);
+  step_key_class_ = use_splits_ ? attention_key_class(longest) : 0;
 }
 
 Tensor CudaContext::device_weight(const Tensor& host) {

@@ -83,6 +83,7 @@ class CudaContext {
   // KILN_CUDA_GRAPHS=0: decode steps are launched kernel by kernel instead of replayed from a
   // captured CUDA graph (for A/B runs and debugging).
   bool use_graphs() const { return use_graphs_; }
+  // KILN_CUDA_SPLIT=0: decode attention never splits along the keys (for A/B runs).
 
   DeviceStatus* status() { return status_; }
   // Waits for the stream, then throws if a kernel reported bad data (naming the node of
@@ -122,6 +123,7 @@ class CudaContext {
   int sms_ = 0;
   bool use_gemv_ = true;
   bool use_graphs_ = true;
+  bool use_splits_ = true;
   bool profile_ = false;
   std::string device_name_;
   cudaStream_t stream_ = nullptr;
