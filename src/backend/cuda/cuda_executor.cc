@@ -212,6 +212,8 @@ std::span<const Tensor> CudaExecutor::execute(std::span<const Tensor> inputs,
         const DeviceKv view = kv->device_view();
         key.kv_blocks = view.block_base;
         key.kv_capacity = view.capacity;
+        key.kv_block_size = view.block_size;
+        key.kv_layer_bytes = view.layer_bytes;
       }
     }
     run_graph(key, base + arena.scratch_offset, step);

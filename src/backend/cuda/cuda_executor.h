@@ -53,6 +53,10 @@ class CudaExecutor final : public Executable {
     const void* step_buffer = nullptr;
     const void* kv_blocks = nullptr;
     int64_t kv_capacity = 0;
+    // The storage's geometry is baked into the kernels too: a storage freed and another of
+    // another geometry allocated at the same address must not replay the old graph.
+    int kv_block_size = 0;
+    int64_t kv_layer_bytes = 0;
     auto operator<=>(const GraphKey&) const = default;
   };
   struct StepGraph {
