@@ -1,5 +1,6 @@
 // Attention over the step's ragged sequences (encoder self, cached self over the paged KV
-// storage, cross over the request's K/V), one block per (query row, head), keys a tile at a time
+// storage, which it also appends this step's K/V to, cross over the request's K/V), one block per
+// (query row, head) (and split, for long decodes), keys a tile at a time
 // with an online softmax across tiles (running max and sum in fp32, as flash attention does):
 // no score matrix beyond one tile in shared memory, K/V read once per (query, head). Position
 // bias is computed inside: T5's relative buckets from a per-node lookup table of distances,
@@ -26,6 +27,14 @@ __device__ __forceinline__ KeyRow<T> key_row(const AttentionParams& p, int s, in
               static_cast<const T*>(p.v) + r * p.kv_stride};
     }
     case AttnKind::kCachedSelf: {
+      // This step's own keys are read where the step computed them: the blocks that store them
+      // in the cache (split 0 of each (row, head)) run concurrently with the ones reading.
+      const int64_t past = st.past_len[s];
+      if (j >= past) {
+        const int64_t r = st.token_begin[s] + (j - past);
+        return {static_cast<const T*>(p.k) + r * p.kv_stride,
+                static_cast<const T*>(p.v) + r * p.kv_stride};
+      }
       const int b = st.block_table[static_cast<int64_t>(s) * st.max_blocks + j / p.kv.block_size];
       if (b < 0 || b >= p.kv.capacity) {
         report(p.status, kStatusKvBlock, p.node, b, p.kv.capacity);
@@ -87,30 +96,6 @@ __device__ __forceinline__ float dot_row(const float* q, const T* k, int dh) {
   return dot;
 }
 
-// This step's K/V rows into the sequence's cache blocks.
-template <typename T>
-__global__ void append_kernel(AttentionParams p) {
-  const int64_t r = blockIdx.x;
-  const DeviceStep& st = p.step;
-  const int s = st.token_seq[r];
-  const int64_t pos = st.past_len[s] + (r - st.token_begin[s]);
-  const int b = st.block_table[static_cast<int64_t>(s) * st.max_blocks + pos / p.kv.block_size];
-  if (b < 0 || b >= p.kv.capacity) {
-    if (threadIdx.x == 0) report(p.status, kStatusKvBlock, p.node, b, p.kv.capacity);
-    return;
-  }
-  const int64_t off = (pos % p.kv.block_size) * p.kv.row_width;
-  char* base = p.kv.block_base[b];
-  T* kd = reinterpret_cast<T*>(base + 2 * p.layer * p.kv.layer_bytes) + off;
-  T* vd = reinterpret_cast<T*>(base + (2 * p.layer + 1) * p.kv.layer_bytes) + off;
-  const T* ks = static_cast<const T*>(p.k) + r * p.kv_stride;
-  const T* vs = static_cast<const T*>(p.v) + r * p.kv_stride;
-  for (int64_t c = threadIdx.x; c < p.kv.row_width; c += blockDim.x) {
-    kd[c] = ks[c];
-    vd[c] = vs[c];
-  }
-}
-
 // Keys are scored a tile at a time: every thread scores whole keys (q from shared memory, the
 // key row read in one pass), the block takes the tile's max and sum (online softmax across
 // tiles, in fp32), then the threads split the head dimension and the tile's keys to accumulate
@@ -163,6 +148,25 @@ __global__ void attention_kernel(AttentionParams p) {
   const T* qr = static_cast<const T*>(p.q) + row * p.q_stride + head_off;
   for (int d = tid; d < dh; d += threads) q_s[d] = to_float(qr[d]);
   if (tid == 0) bad_block = 0;
+  if (p.kind == AttnKind::kCachedSelf && split == 0) {
+    // Store this row's key and value of head h in the sequence's cache block (the KV append,
+    // fused: no separate kernel per layer).
+    const int b = st.block_table[static_cast<int64_t>(s) * st.max_blocks + qpos / p.kv.block_size];
+    if (b < 0 || b >= p.kv.capacity) {
+      if (tid == 0) report(p.status, kStatusKvBlock, p.node, b, p.kv.capacity);
+    } else {
+      const int64_t off = (qpos % p.kv.block_size) * p.kv.row_width + head_off;
+      char* base = p.kv.block_base[b];
+      T* kd = reinterpret_cast<T*>(base + 2 * p.layer * p.kv.layer_bytes) + off;
+      T* vd = reinterpret_cast<T*>(base + (2 * p.layer + 1) * p.kv.layer_bytes) + off;
+      const T* ks = static_cast<const T*>(p.k) + row * p.kv_stride + head_off;
+      const T* vs = static_cast<const T*>(p.v) + row * p.kv_stride + head_off;
+      for (int d = tid; d < dh; d += threads) {
+        kd[d] = ks[d];
+        vd[d] = vs[d];
+      }
+    }
+  }
   __syncthreads();
   const float slope = p.bias == AttnBias::kAlibi ? alibi_slope(h, p.heads) : 0.0f;
   // The value threads: thread tid accumulates dimensions vd .. vd + W - 1 over keys part,
@@ -287,8 +291,6 @@ __global__ void combine_kernel(AttentionParams p, int splits) {
 template <typename T>
 void launch_typed(const AttentionParams& p, cudaStream_t stream) {
   if (p.tokens == 0) return;
-  if (p.kind == AttnKind::kCachedSelf)
-    append_kernel<T><<<static_cast<unsigned>(p.tokens), 128, 0, stream>>>(p);
   const int splits = attention_splits(p.tokens, p.heads, p.key_class, p.split_capacity);
   const dim3 grid(static_cast<unsigned>(p.tokens), static_cast<unsigned>(p.heads),
                   static_cast<unsigned>(splits));
@@ -300,9 +302,11 @@ void launch_typed(const AttentionParams& p, cudaStream_t stream) {
                             : p.kind == AttnKind::kCross
                                 ? static_cast<int64_t>(p.heads) * p.head_dim
                                 : p.kv_stride;
-  const bool vec =
-      p.head_dim % kVec == 0 && row_elems % kVec == 0 &&
-      (p.kind != AttnKind::kEncoderSelf || (reinterpret_cast<uintptr_t>(p.v) & 15) == 0);
+  // Cached self attention reads this step's own values from the step's rows (p.v) as well.
+  const bool step_rows_ok =
+      p.kind == AttnKind::kCross ||
+      (p.kv_stride % kVec == 0 && (reinterpret_cast<uintptr_t>(p.v) & 15) == 0);
+  const bool vec = p.head_dim % kVec == 0 && row_elems % kVec == 0 && step_rows_ok;
   if (vec)
     attention_kernel<T, kVec><<<grid, threads, 0, stream>>>(p);
   else

@@ -181,7 +181,8 @@ void launch_topk_rows(FloatType t, const void* x, int64_t rows, int64_t cols, in
                       const unsigned char* ban_row, void* scratch, float* values, int* columns,
                       float* log_norm, cudaStream_t stream);
 
-// Appends this step's K/V rows to the cache (kCachedSelf), then attends.
+// Attends; cached self attention also stores this step's K/V rows in the cache (in the same
+// kernel: its own keys it reads from the step's rows).
 void launch_attention(const AttentionParams& p, cudaStream_t stream);
 // Largest head_dim launch_attention handles.
 inline constexpr int kMaxHeadDim = 256;
