@@ -120,6 +120,11 @@ expect_exit 2 "temperature abc" -- "$KILN" run --plan "$TMP/short.plan" --prompt
 expect_in "$TMP/err" "--temperature: must be a number in 0..100, got abc" "names the range"
 expect_exit 2 "unknown early-stopping" -- "$KILN" run --plan "$TMP/short.plan" --prompt "copy: de" --beams 2 --early-stopping sometimes
 expect_in "$TMP/err" "early-stopping" "names the flag"
+# --tf32 is for cuda fp32 plans only: refused before any work, naming what it needs.
+expect_exit 2 "build --tf32 on the cpu" -- "$KILN" build --model "$FIXTURES/t5-tiny" --tf32 -o "$TMP/x.plan"
+expect_in "$TMP/err" "--tf32 is for --device cuda --precision fp32" "build --tf32 on the cpu"
+[ ! -e "$TMP/x.plan" ] || fail "build --tf32 on the cpu wrote a plan"
+
 # Item 7: a template needs {prompt}, on build, run and eval alike.
 expect_exit 2 "run: template without {prompt}" -- "$KILN" run --plan "$TMP/short.plan" --prompt "x" --prompt-template "no placeholder"
 expect_in "$TMP/err" "--prompt-template 'no placeholder': the template must contain {prompt}" "names the flag"

@@ -93,6 +93,8 @@ Runner add_build(CLI::App& app) {
       Activity activity(ctx->log(), "building " + o->model);
       model = build_model(o->model, bo, ctx->log());
     }
+    if (o->no_tune && bo.device != Device::kCuda)
+      ctx->log().warn("--no-tune has no effect: only cuda builds time kernel variants");
     if (bo.device == Device::kCuda && !o->no_tune) {
       Activity activity(ctx->log(), "timing kernel variants on the GPU");
       select_tactics(model, *ctx);
