@@ -9,6 +9,8 @@
 #include <string_view>
 #include <vector>
 
+#include "backend/cuda/cublaslt_loader.h"
+
 namespace kiln::cuda {
 
 void check_cuda(cudaError_t err, const char* call, const char* file, int line) {
@@ -321,6 +323,8 @@ CudaContext::CudaContext(Context& host) : host_(host) {
   use_gemv_ = !off("KILN_CUDA_GEMV");
   use_graphs_ = !off("KILN_CUDA_GRAPHS");
   use_splits_ = !off("KILN_CUDA_SPLIT");
+  const std::string no_blas = cublaslt_load_error();
+  KILN_CHECK_USAGE(no_blas.empty(), "device cuda: {}", no_blas);
   KILN_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   allocator_ = CudaAllocator(stream_);  // the cache of the placeholder is empty
   KILN_CUBLAS_CHECK(cublasLtCreate(&blas_));
