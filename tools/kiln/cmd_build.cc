@@ -30,7 +30,7 @@ Runner add_build(CLI::App& app) {
            "  kiln build --model models/t5-tiny -o t5.plan\n"
            "  kiln build --model models/bloom-tiny --prompt-template \"{prompt} =\" -o bloom.plan\n"
            "  kiln build --model models/t5-tiny --precision bf16 -o t5-bf16.plan\n"
-           "  kiln build --model models/bloom-tiny --device cuda --precision fp16 -o bloom.plan\n"
+           "  kiln build --model models/bloom-tiny --device cuda --precision fp16 -o bloom-gpu.plan\n"
            "On a GPU, a cuda build times each Linear's kernel variants (kiln's GEMV, cuBLASLt's\n"
            "algorithms) at the plan's row counts and stores the fastest (--no-tune skips it).");
   cmd->add_option("--model", o->model,
