@@ -50,7 +50,7 @@ bench_model() {  # preset family synth-dtype precision
   [ -d "$dir" ] || "$KILN" synth --preset "$preset" --dtype "$sdtype" -o "$dir" >>"$LOG" 2>&1
   local plan=/tmp/plans/$preset-$prec.plan
   "$KILN" build --model "$dir" --device cuda --precision "$prec" --max-input-tokens 128 \
-    -o "$plan" >>"$LOG" 2>&1 || { echo "build $preset $prec failed" | tee -a "$LOG"; return; }
+    --max-step-tokens 8192 -o "$plan" >>"$LOG" 2>&1 || { echo "build $preset $prec failed" | tee -a "$LOG"; return; }
   "$KILN" bench --plan "$plan" --input-len 78 --output-len 100 --runs "$RUNS" --sweep "$SWEEP" \
     --json >"$OUT/kiln-$preset-$prec.jsonl" 2>>"$LOG" || echo "bench $preset $prec failed" | tee -a "$LOG"
   cat "$OUT/kiln-$preset-$prec.jsonl" >>"$LOG"
@@ -62,7 +62,7 @@ bench_model() {  # preset family synth-dtype precision
   done
   # What build-time tactic selection is worth: the same plan built with --no-tune.
   "$KILN" build --model "$dir" --device cuda --precision "$prec" --max-input-tokens 128 \
-    --no-tune -o "$plan.notune" >/dev/null 2>&1 &&
+    --max-step-tokens 8192 --no-tune -o "$plan.notune" >/dev/null 2>&1 &&
     for b in 1 ${BATCHES##* }; do
       echo "== A/B $preset $prec batch $b built with --no-tune" >>"$LOG"
       "$KILN" bench --plan "$plan.notune" --input-len 78 --output-len 100 --runs "$RUNS" \

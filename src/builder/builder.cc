@@ -41,8 +41,25 @@ ModelIR build_model(const std::string& hf_dir, const BuildOptions& options, cons
              p.max_input_tokens);
   }
   // The encoder runs a whole prompt in one step, so a step must hold the longest prompt.
-  p.max_step_tokens = std::max<int64_t>(p.max_input_tokens, options.max_batch);
-  p.max_batch = options.max_batch;
+  KILN_CHECK_USAGE(options.max_step_tokens >= 0 && options.max_step_tokens <= 1 << 20,
+                   "--max-step-tokens must be in 1..{}, got {}", 1 << 20, options.max_step_tokens);
+  if (options.max_step_tokens > 0) {
+    p.max_step_tokens = std::max<int64_t>(options.max_step_tokens, p.max_input_tokens);
+    if (p.max_step_tokens > options.max_step_tokens)
+      log.info(
+          "max step tokens: {} (raised to the longest prompt: T5 encodes a prompt in one "
+          "step)",
+          p.max_step_tokens);
+  } else {
+    p.max_step_tokens = std::max<int64_t>(p.max_input_tokens, options.max_batch);
+    if (options.device == Device::kCuda)
+      p.max_step_tokens = std::max(p.max_step_tokens, kCudaStepTokens);
+  }
+  // A step gives each sequence at least one token.
+  p.max_batch = std::min(options.max_batch, p.max_step_tokens);
+  if (p.max_batch < options.max_batch)
+    log.info("max batch: {} (a step of {} tokens runs at most that many sequences)", p.max_batch,
+             p.max_step_tokens);
   p.token_buckets = ShapeProfile::default_buckets(p.max_step_tokens);
   if (options.optimize) {
     PassOptions passes;

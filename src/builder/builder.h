@@ -12,14 +12,21 @@
 
 namespace kiln {
 
+// The default step size of cuda plans: a batch of 64 prompts of 64 tokens prefills in one step.
+inline constexpr int64_t kCudaStepTokens = 4096;
+
 struct BuildOptions {
   Device device = Device::kCpu;
   Precision precision = Precision::kFp32;
   std::string prompt_template = "{prompt}";
   int64_t max_input_tokens = 0;  // 0: the model's positions (T5 512, BLOOM 2048)
   int64_t max_batch = 256;       // most sequences (logits rows) per step the plan is sized for
-  bool optimize = true;          // run the pass pipeline
-  bool tf32 = false;             // cuda fp32: GEMMs may use TF32 tensor cores (--tf32)
+  // Most tokens one step runs (prefill of several prompts at once); 0: the longest prompt or
+  // max_batch, whichever is more, and at least kCudaStepTokens on cuda (GPUs prefill best in
+  // large steps). Never below the longest prompt (T5 encodes a prompt in one step).
+  int64_t max_step_tokens = 0;
+  bool optimize = true;  // run the pass pipeline
+  bool tf32 = false;     // cuda fp32: GEMMs may use TF32 tensor cores (--tf32)
 };
 
 // Imports an HF checkpoint directory and runs the pass pipeline (what `kiln build` does before

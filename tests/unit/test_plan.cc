@@ -192,6 +192,32 @@ TEST_F(PlanTest, CudaPlansRecordTheirGpuArchitecture) {
   EXPECT_FALSE(split_plan(slurp(tmp("bloom-tiny.plan"))).header.contains("target"));
 }
 
+// kiln build --max-step-tokens: the profile's step size, never below the longest prompt; the
+// batch fits in a step; cuda plans default to kCudaStepTokens.
+TEST_F(PlanTest, StepTokensShapeTheProfile) {
+  Logger quiet(LogLevel::kError);
+  BuildOptions o;
+  o.max_input_tokens = 64;
+  o.max_step_tokens = 1000;
+  ShapeProfile p = build_model(fixture("bloom-tiny"), o, quiet).profile;
+  EXPECT_EQ(p.max_step_tokens, 1000);
+  EXPECT_EQ(p.token_buckets.back(), 1000);
+  EXPECT_EQ(p.max_batch, 256);
+  o.max_step_tokens = 8;  // below the longest prompt: raised to it; the batch to the step
+  p = build_model(fixture("bloom-tiny"), o, quiet).profile;
+  EXPECT_EQ(p.max_step_tokens, 64);
+  EXPECT_EQ(p.max_batch, 64);
+  o.max_step_tokens = -1;
+  EXPECT_THROW(build_model(fixture("bloom-tiny"), o, quiet), Error);
+  if (query_cuda().compiled) {
+    BuildOptions cuda;
+    cuda.device = Device::kCuda;
+    cuda.max_input_tokens = 64;
+    EXPECT_EQ(build_model(fixture("bloom-tiny"), cuda, quiet).profile.max_step_tokens,
+              kCudaStepTokens);
+  }
+}
+
 TEST_F(PlanTest, BadInputPlanForAnotherTargetIsRefused) {
   PlanParts p = split_plan(slurp(tmp("bloom-tiny.plan")));
   p.header["target"] = "sm_75";

@@ -17,22 +17,23 @@ Runner add_build(CLI::App& app) {
     std::string model, onnx, output, device = "cpu", precision = "fp32", prompt_template;
     std::vector<std::string> profiles;
     std::string calib;
-    int64_t max_input_tokens = 0;
+    int64_t max_input_tokens = 0, max_step_tokens = 0;
     bool tf32 = false, no_tune = false;
   };
   auto o = std::make_shared<Opts>();
   CLI::App* cmd = app.add_subcommand("build", "Compile a HuggingFace checkpoint into a plan");
-  describe(cmd,
-           "Import → passes (constant folding, dead-code elimination, fusions, memory planning) →\n"
-           "one versioned, mmap-able file. -o is checked before any work, and nothing is left\n"
-           "behind when the build fails.\n"
-           "Examples:\n"
-           "  kiln build --model models/t5-tiny -o t5.plan\n"
-           "  kiln build --model models/bloom-tiny --prompt-template \"{prompt} =\" -o bloom.plan\n"
-           "  kiln build --model models/t5-tiny --precision bf16 -o t5-bf16.plan\n"
-           "  kiln build --model models/bloom-tiny --device cuda --precision fp16 -o bloom-gpu.plan\n"
-           "On a GPU, a cuda build times each Linear's kernel variants (kiln's GEMV, cuBLASLt's\n"
-           "algorithms) at the plan's row counts and stores the fastest (--no-tune skips it).");
+  describe(
+      cmd,
+      "Import → passes (constant folding, dead-code elimination, fusions, memory planning) →\n"
+      "one versioned, mmap-able file. -o is checked before any work, and nothing is left\n"
+      "behind when the build fails.\n"
+      "Examples:\n"
+      "  kiln build --model models/t5-tiny -o t5.plan\n"
+      "  kiln build --model models/bloom-tiny --prompt-template \"{prompt} =\" -o bloom.plan\n"
+      "  kiln build --model models/t5-tiny --precision bf16 -o t5-bf16.plan\n"
+      "  kiln build --model models/bloom-tiny --device cuda --precision fp16 -o bloom-gpu.plan\n"
+      "On a GPU, a cuda build times each Linear's kernel variants (kiln's GEMV, cuBLASLt's\n"
+      "algorithms) at the plan's row counts and stores the fastest (--no-tune skips it).");
   cmd->add_option("--model", o->model,
                   "HuggingFace checkpoint directory (config.json, "
                   "model.safetensors or sharded index, tokenizer)");
@@ -52,6 +53,11 @@ Runner add_build(CLI::App& app) {
                            "longest prompt the plan accepts (default: the model's positions, T5 "
                            "512, BLOOM 2048)"),
            1, kMaxInputTokensLimit);
+  in_range(cmd->add_option("--max-step-tokens", o->max_step_tokens,
+                           "most tokens one step runs: prompts prefill together up to this many "
+                           "(default: the longest prompt or 256, and 4096 on cuda; never below "
+                           "the longest prompt). Activation workspaces are sized for it"),
+           1, 1 << 20);
   cmd->add_flag("--tf32", o->tf32,
                 "cuda fp32 plans: let GEMMs use TF32 tensor cores (faster prefill, about 1e-3 "
                 "relative error instead of fp32's 1e-6)");
@@ -88,6 +94,7 @@ Runner add_build(CLI::App& app) {
     if (!o->prompt_template.empty()) bo.prompt_template = o->prompt_template;
     bo.max_input_tokens = o->max_input_tokens;
     bo.tf32 = o->tf32;
+    bo.max_step_tokens = o->max_step_tokens;
     ModelIR model;
     {
       Activity activity(ctx->log(), "building " + o->model);
