@@ -55,6 +55,8 @@ ModelIR build_model(const std::string& hf_dir, const BuildOptions& options, cons
         assign_precision(g, model.precision, &model.precision_notes, log);
     }
   }
+  if (model.device == Device::kCpu && options.pack_for_cpu == CpuIsa::kAvx512)
+    pack_weights(model, log);
   return model;
 }
 

@@ -77,6 +77,9 @@ Runner add_build(CLI::App& app) {
     const auto t0 = std::chrono::steady_clock::now();
     if (!o->prompt_template.empty()) bo.prompt_template = o->prompt_template;
     bo.max_input_tokens = o->max_input_tokens;
+    // Weights packed for this machine's kernels (KILN_CPU_ISA=avx2 builds a plain plan that
+    // runs on any x86-64-v3 CPU).
+    bo.pack_for_cpu = ctx->cpu_isa();
     ModelIR model;
     {
       Activity activity(ctx->log(), "building " + o->model);

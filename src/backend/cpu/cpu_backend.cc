@@ -88,6 +88,9 @@ class CpuBackend final : public Backend {
   std::string describe() const override {
     return fmt::format("cpu ({} threads, {} kernels)", ctx_.pool().size(), isa_name(isa_));
   }
+  // Plans with weights packed for a kernel family name it ("avx512"); plain plans name none
+  // and run on any CPU.
+  std::string target() const override { return std::string(isa_name(isa_)); }
   bool supports_precision(Precision precision) const override {
     switch (precision) {
       case Precision::kFp32:
@@ -104,6 +107,15 @@ class CpuBackend final : public Backend {
     if (node.op == OpKind::kLinear && node.inputs.size() > kLinearResidual &&
         node.inputs[kLinearResidual] >= 0)
       return "the cpu linears take no fused residual (a CUDA plan's fusion)";
+    for (int id : node.inputs) {
+      if (id < 0 || graph.values[id].layout.plain()) continue;
+      const WeightLayout& l = graph.values[id].layout;
+      if (l.target != isa_name(isa_))
+        return fmt::format(
+            "weight '{}' is packed as {} for {}, but this CPU runs {} kernels; rebuild the plan on "
+            "this machine",
+            graph.values[id].name, l.packing, l.target, isa_name(isa_));
+    }
     const KernelKey key = kernel_key(graph, node, Device::kCpu, isa_);
     if (cpu_registry().find(key) != nullptr) return {};
     return fmt::format("no cpu kernel for {}", describe_key(key));
