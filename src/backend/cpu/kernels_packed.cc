@@ -18,6 +18,7 @@
 #include <cstring>
 #include <optional>
 #include <type_traits>
+#include <vector>
 
 #include "backend/cpu/kernels.h"
 #include "backend/cpu/vector_math.h"
@@ -86,20 +87,25 @@ KILN_TARGET_AVX512 __attribute__((always_inline)) inline void tile_step(__m512 (
                                                                         const typename W::T* w,
                                                                         int64_t panel, int64_t i) {
   __m512 wv[P];
+#pragma GCC unroll 16
   for (int p = 0; p < P; ++p) wv[p] = W::load16(w + p * panel + i * kPanelRows);
+#pragma GCC unroll 16
   for (int t = 0; t < T; ++t) {
-    const __m512 xb = _mm512_set1_ps(x[t * ldx + i]);
+    const __m512 xb = _mm512_set1_ps(x[i * ldx + t]);
+#pragma GCC unroll 16
     for (int p = 0; p < P; ++p) acc[t][p] = _mm512_fmadd_ps(xb, wv[p], acc[t][p]);
   }
 }
 
-// Rows [0, T) of x (ldx apart) × P full panels starting at output o (panel p at w + p·16·k):
-// y[t, o + 16p + j] for j < 16.
+// Rows [0, T) of x, interleaved (element i of row t at x[i·ldx + t]) × P full panels starting at
+// output o (panel p at w + p·16·k): y[t, o + 16p + j] for j < 16.
 template <class W, int T, int P>
 KILN_TARGET_AVX512 void tile(const float* x, int64_t ldx, const typename W::T* w, int64_t k,
                              int64_t o, const Epilogue& e) {
   __m512 acc[T][P];
+#pragma GCC unroll 16
   for (int t = 0; t < T; ++t)
+#pragma GCC unroll 16
     for (int p = 0; p < P; ++p) acc[t][p] = _mm512_setzero_ps();
   const int64_t panel = kPanelRows * k;
   // One cache line of each panel per outer step; the lines kPrefetchBytes ahead are requested
@@ -115,7 +121,9 @@ KILN_TARGET_AVX512 void tile(const float* x, int64_t ldx, const typename W::T* w
     for (int64_t u = 0; u < kLine; ++u) tile_step<W, T, P>(acc, x, ldx, w, panel, i + u);
   }
   for (; i < k; ++i) tile_step<W, T, P>(acc, x, ldx, w, panel, i);
+#pragma GCC unroll 16
   for (int t = 0; t < T; ++t)
+#pragma GCC unroll 16
     for (int p = 0; p < P; ++p)
       _mm512_storeu_ps(e.y + t * e.ldy + o + p * kPanelRows,
                        finish(acc[t][p], e, o + p * kPanelRows));
@@ -133,7 +141,7 @@ KILN_TARGET_AVX512 void narrow_tile(const float* x, int64_t ldx, const typename 
     for (int64_t j = 0; j < width; ++j) wide[j] = W::one(w[i * width + j]);
     const __m512 wv = _mm512_load_ps(wide);
     for (int t = 0; t < T; ++t)
-      acc[t] = _mm512_fmadd_ps(_mm512_set1_ps(x[t * ldx + i]), wv, acc[t]);
+      acc[t] = _mm512_fmadd_ps(_mm512_set1_ps(x[i * ldx + t]), wv, acc[t]);
   }
   alignas(64) float out[kPanelRows];
   for (int t = 0; t < T; ++t) {
@@ -151,15 +159,27 @@ KILN_TARGET_AVX512 void narrow_tile(const float* x, int64_t ldx, const typename 
 // weights, one broadcast), and at least 8 independent chains for a single row so that the
 // fused-multiply-add latency does not cap the speed at which the weights stream.
 constexpr int panels_for(int rows) {
-  return rows == 1 ? 4 : rows == 2 ? 8 : rows == 3 ? 6 : rows <= 6 ? 4 : 3;
+  return rows == 1    ? 4
+         : rows == 2  ? 8
+         : rows == 3  ? 6
+         : rows <= 6  ? 4
+         : rows <= 9  ? 3
+         : rows <= 14 ? 2
+                      : 1;
 }
 constexpr int kMaxTileRows = 8;
 
 // Every (rows, panels) tile a call can use: a call picks P = panels_for(its tile rows), and its
 // last row tile may be shorter than the others with the same P.
-constexpr int kPanelChoices[] = {1, 3, 4, 6, 8};
+constexpr int kPanelChoices[] = {1, 2, 3, 4, 6, 8};
+constexpr int kNumPanelChoices = 6;
 constexpr int panel_choice(int panels) {
-  return panels == 1 ? 0 : panels == 3 ? 1 : panels == 4 ? 2 : panels == 6 ? 3 : 4;
+  return panels == 1   ? 0
+         : panels == 2 ? 1
+         : panels == 3 ? 2
+         : panels == 4 ? 3
+         : panels == 6 ? 4
+                       : 5;
 }
 
 template <class W>
@@ -168,7 +188,7 @@ struct TileSet {
                         const Epilogue&);
   using Narrow = void (*)(const float*, int64_t, const typename W::T*, int64_t, int64_t, int64_t,
                           const Epilogue&);
-  Full full[kMaxTileRows + 1][5];  // [rows][panel_choice(P)]
+  Full full[kMaxTileRows + 1][kNumPanelChoices];  // [rows][panel_choice(P)]
   Narrow narrow[kMaxTileRows + 1];
 };
 
@@ -187,6 +207,7 @@ constexpr void fill_row(TileSet<W>& s) {
   s.full[T][2] = pick_tile<W, T, kPanelChoices[2]>();
   s.full[T][3] = pick_tile<W, T, kPanelChoices[3]>();
   s.full[T][4] = pick_tile<W, T, kPanelChoices[4]>();
+  s.full[T][5] = pick_tile<W, T, kPanelChoices[5]>();
   s.narrow[T] = narrow_tile<W, T>;
 }
 
@@ -199,15 +220,26 @@ constexpr TileSet<W> make_tiles(std::integer_sequence<int, T...>) {
 template <class W>
 constexpr TileSet<W> kTiles = make_tiles<W>(std::make_integer_sequence<int, kMaxTileRows>{});
 
-// x [n, k], w [m, k] packed, y [n, m]: rows in tiles of up to 8, spread evenly (16 rows: two of
-// 8); each thread takes a contiguous range of panel groups and runs every row tile over a group
-// while its weights are in cache.
+// x [n, k], w [m, k] packed, y [n, m]: rows in tiles of up to kMaxTileRows, spread evenly; each
+// thread takes a contiguous range of panel groups and runs every row tile over a group while its
+// weights are in cache. Several rows are first interleaved into `xt` ([n, k] floats), tile by
+// tile (element i of a tile's row t at i·rows + t): rows k floats apart would all fall into the
+// same L1 sets (k a multiple of 1024), which at 16 rows made the broadcasts miss L1 every time.
 template <class W>
 void packed_linear(const float* xp, int64_t n, int64_t k, const typename W::T* wp, int64_t m,
-                   const Epilogue& e, std::optional<Activation> act, ThreadPool& pool) {
+                   const Epilogue& e, std::optional<Activation> act, float* xt, ThreadPool& pool) {
   const int64_t row_tiles = (n + kMaxTileRows - 1) / kMaxTileRows;
   const int tile_rows = static_cast<int>((n + row_tiles - 1) / row_tiles);
   const TileSet<W>& tiles = kTiles<W>;
+  if (n > 1)
+    pool.parallel_for(row_tiles, 1, [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) {
+        const int64_t t0 = r * tile_rows, rows = std::min<int64_t>(tile_rows, n - t0);
+        float* dst = xt + t0 * k;
+        for (int64_t t = 0; t < rows; ++t)
+          for (int64_t i = 0; i < k; ++i) dst[i * rows + t] = xp[(t0 + t) * k + i];
+      }
+    });
   const int group = panels_for(tile_rows);
   const int64_t panels = (m + kPanelRows - 1) / kPanelRows;
   const int64_t groups = (panels + group - 1) / group;
@@ -216,21 +248,22 @@ void packed_linear(const float* xp, int64_t n, int64_t k, const typename W::T* w
       const int64_t p0 = g * group, p1 = std::min(panels, p0 + group);
       for (int64_t t = 0; t < n; t += tile_rows) {
         const int rows = static_cast<int>(std::min<int64_t>(tile_rows, n - t));
-        const float* x = xp + t * k;
+        const float* x = n > 1 ? xt + t * k : xp;
+        const int64_t ldx = n > 1 ? rows : 1;
         Epilogue et = e;
         et.y = e.y + t * e.ldy;
         const bool whole = p1 - p0 == group && p1 * kPanelRows <= m;
         if (whole) {
-          tiles.full[rows][panel_choice(group)](x, k, wp + p0 * kPanelRows * k, k, p0 * kPanelRows,
-                                                et);
+          tiles.full[rows][panel_choice(group)](x, ldx, wp + p0 * kPanelRows * k, k,
+                                                p0 * kPanelRows, et);
           continue;
         }
         for (int64_t p = p0; p < p1; ++p) {
           const int64_t o = p * kPanelRows, width = std::min(kPanelRows, m - o);
           if (width == kPanelRows)
-            tiles.full[rows][0](x, k, wp + o * k, k, o, et);
+            tiles.full[rows][0](x, ldx, wp + o * k, k, o, et);
           else
-            tiles.narrow[rows](x, k, wp + o * k, k, o, width, et);
+            tiles.narrow[rows](x, ldx, wp + o * k, k, o, width, et);
         }
       }
       if (act) {
@@ -249,6 +282,7 @@ class PackedLinear final : public Kernel {
   explicit PackedLinear(const Node& node) : node_(node) {}
 
   void prepare(const Graph& graph) override {
+    x_shape_ = graph.values[node_.inputs[0]].shape;
     const Value& w = graph.values[node_.inputs[1]];
     KILN_CHECK(w.kind == ValueKind::kWeight && w.data.defined() && w.data.rank() == 2,
                "node '{}': the avx512 Linear needs a constant 2-d weight", node_.name);
@@ -263,6 +297,14 @@ class PackedLinear final : public Kernel {
     weight_ = Tensor::empty(plain.dtype(), plain.shape());
     pack_panel16(plain.raw(), weight_.raw(), plain.dim(0), plain.dim(1),
                  dtype_bytes(plain.dtype(), 1));
+  }
+
+  // The interleaved input rows: as many floats as the input.
+  int64_t workspace_bytes(const Bindings& bindings) const override {
+    const Shape shape = resolve_shape(x_shape_, bindings);
+    int64_t floats = 1;
+    for (int64_t d : shape) floats *= d;
+    return floats * static_cast<int64_t>(sizeof(float));
   }
 
   void run(const KernelArgs& args) override {
@@ -280,12 +322,19 @@ class PackedLinear final : public Kernel {
     const int64_t m = weight_.dim(0), k = weight_.dim(1);
     const int64_t n = x.numel() / k;
     const Epilogue e{args.out[0].data<float>(), m, scales, bias};
+    std::vector<float> own;  // callers without a workspace (micro-benchmarks)
+    float* xt = static_cast<float*>(args.scratch);
+    if (xt == nullptr && n > 1) {
+      own.resize(static_cast<size_t>(n * k));
+      xt = own.data();
+    }
     packed_linear<W>(x.data<float>(), n, k, static_cast<const typename W::T*>(weight_.raw()), m, e,
-                     node_.attr<LinearAttrs>().activation, *args.pool);
+                     node_.attr<LinearAttrs>().activation, xt, *args.pool);
   }
 
  private:
   const Node& node_;
+  SymShape x_shape_;
   Tensor weight_;  // panel16: the plan's mapping, or packed here
 };
 
