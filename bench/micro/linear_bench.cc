@@ -1,5 +1,6 @@
-// Linear (x [n, k] · w[m, k]ᵀ) on the CPU at real model sizes: kiln's Linear kernel (tiles below
-// 64 rows, oneDNN per pool thread from there) against oneDNN's own OpenMP sgemm on the same
+// Linear (x [n, k] · w[m, k]ᵀ) on the CPU at real model sizes: kiln's Linear kernel (on AVX-512
+// the packed register-blocked kernel for every n; AVX2: tiles below 64 rows, oneDNN from there)
+// against oneDNN's own OpenMP sgemm on the same
 // buffers, for decode (n = 1..16) and prefill (n = 78..1024) shapes. Reports GFLOP/s and, for small
 // n, the weight-streaming bandwidth in GB/s; compare with `kiln bench`'s measured read bandwidth.
 // Run: build/kiln_linear_bench [--benchmark_filter=...]
@@ -12,15 +13,18 @@
 
 #include "backend/cpu/kernels.h"
 #include "core/cpu_features.h"
+#include "core/dtype.h"
 
 namespace {
 
 using namespace kiln;
 
+// x [n, k] f32, w [m, k] of `wt` (random values of sensible scale; i8 with unit scales), as
+// the one-node graph the kernel is prepared from.
 struct Problem {
-  Tensor x, w, y;
-  Node node;
-  Problem(int64_t n, int64_t k, int64_t m)
+  Tensor x, w, y, scales;
+  Graph graph;
+  Problem(int64_t n, int64_t k, int64_t m, DType wt = DType::kF32)
       : x(Tensor::empty(DType::kF32, {n, k})),
         w(Tensor::empty(DType::kF32, {m, k})),
         y(Tensor::empty(DType::kF32, {n, m})) {
@@ -28,9 +32,31 @@ struct Problem {
     std::uniform_real_distribution<float> u(-1.f, 1.f);
     for (int64_t i = 0; i < x.numel(); ++i) x.data<float>()[i] = u(rng);
     for (int64_t i = 0; i < w.numel(); ++i) w.data<float>()[i] = u(rng) * 0.05f;
+    if (wt == DType::kI8) {
+      Tensor q = Tensor::empty(DType::kI8, {m, k});
+      for (int64_t i = 0; i < w.numel(); ++i)
+        q.data<int8_t>()[i] = static_cast<int8_t>(w.data<float>()[i] * 2000);
+      w = q;
+      scales = Tensor::empty(DType::kF32, {m});
+      for (int64_t i = 0; i < m; ++i) scales.data<float>()[i] = 1.f;
+    } else if (wt != DType::kF32) {
+      Tensor h = Tensor::empty(wt, {m, k});
+      dtype_traits(wt).from_float(w.data<float>(), h.raw(), static_cast<size_t>(w.numel()));
+      w = h;
+    }
+    graph.values.resize(4);
+    graph.values[0] = Value{"x", DType::kF32, {Dim::sym("tokens"), Dim::of(k)}};
+    graph.values[1] = Value{"w", wt, {Dim::of(m), Dim::of(k)}, ValueKind::kWeight, -1, w};
+    graph.values[2] = Value{"y", DType::kF32, {Dim::sym("tokens"), Dim::of(m)}};
+    graph.values[3] = Value{"scales", DType::kF32, {Dim::of(m)}, ValueKind::kWeight, -1, scales};
+    Node node;
     node.op = OpKind::kLinear;
     node.name = "bench";
     node.attrs = LinearAttrs{};
+    node.inputs = {0, 1, -1};
+    if (wt == DType::kI8) node.inputs.push_back(3);
+    node.outputs = {2};
+    graph.nodes.push_back(node);
   }
 };
 
@@ -41,29 +67,38 @@ ThreadPool& pool() {
   return p;
 }
 
-void report(benchmark::State& state, int64_t n, int64_t k, int64_t m) {
-  const double flops = 2.0 * n * k * m, bytes = 4.0 * k * m;
+void report(benchmark::State& state, int64_t n, int64_t k, int64_t m, size_t elem = 4) {
+  const double flops = 2.0 * n * k * m, bytes = static_cast<double>(elem) * k * m;
   state.counters["GFLOP/s"] =
       benchmark::Counter(flops, benchmark::Counter::kIsIterationInvariantRate);
   state.counters["weight_GB/s"] =
       benchmark::Counter(bytes, benchmark::Counter::kIsIterationInvariantRate);
 }
 
+// kiln's Linear as the CPU backend runs it: the AVX-512 kernel over panel16-packed weights
+// (packed once, when prepared), or the AVX2 tiles. range(3): 0 f32, 1 bf16, 2 i8 weights.
 void BM_kiln(benchmark::State& state) {
   const int64_t n = state.range(0), k = state.range(1), m = state.range(2);
-  Problem p(n, k, m);
-  const Tensor in[] = {p.x, p.w};
-  Tensor out[] = {p.y};
-  const cpu::KernelEnv env{pool(), nullptr};
+  const DType wt = state.range(3) == 0   ? DType::kF32
+                   : state.range(3) == 1 ? DType::kBF16
+                                         : DType::kI8;
+  Problem p(n, k, m, wt);
+  const Node& node = p.graph.nodes[0];
   const bool avx512 = detect_cpu_features().avx512f;
+  std::unique_ptr<Kernel> kernel = avx512 ? cpu::packed_linear_factory(wt)(node) : nullptr;
+  if (kernel) kernel->prepare(p.graph);
+  const Tensor in[] = {p.x, p.w, Tensor(), p.scales};
+  Tensor out[] = {p.y};
+  const std::span<const Tensor> inputs(in, wt == DType::kI8 ? 4 : 2);
+  const cpu::KernelEnv env{pool(), nullptr};
   for (auto _ : state) {
-    if (avx512)
-      cpu::linear_avx512(p.node, in, out, env);
+    if (kernel)
+      kernel->run(KernelArgs{inputs, out, nullptr, nullptr, &pool()});
     else
-      cpu::linear_avx2(p.node, in, out, env);
+      cpu::linear_avx2(node, inputs, out, env);
     benchmark::ClobberMemory();
   }
-  report(state, n, k, m);
+  report(state, n, k, m, dtype_bytes(wt, 1));
 }
 
 void BM_onednn_sgemm(benchmark::State& state) {
@@ -81,14 +116,23 @@ void BM_onednn_sgemm(benchmark::State& state) {
 // bloom-560m: hidden 1024 (qkv 3072, ffn 4096); flan-t5-base: d 768, ff 2048.
 void shapes(benchmark::internal::Benchmark* b) {
   for (int64_t n : {1, 4, 16, 78, 512}) {
-    b->Args({n, 1024, 4096});
-    b->Args({n, 4096, 1024});
+    b->Args({n, 1024, 4096, 0});
+    b->Args({n, 4096, 1024, 0});
   }
-  b->Args({1, 1024, 250880 / 8});  // a slice of BLOOM's lm_head: streaming, far past the caches
+  b->Args({1, 1024, 250880 / 8, 0});  // a slice of BLOOM's lm_head: streaming, far past the caches
+  b->UseRealTime();
+}
+
+void narrow_shapes(benchmark::internal::Benchmark* b) {
+  for (int64_t wt : {1, 2}) {
+    for (int64_t n : {1, 16, 78}) b->Args({n, 1024, 4096, wt});
+    b->Args({1, 1024, 250880 / 4, wt});
+  }
   b->UseRealTime();
 }
 
 BENCHMARK(BM_kiln)->Apply(shapes);
+BENCHMARK(BM_kiln)->Apply(narrow_shapes);
 BENCHMARK(BM_onednn_sgemm)->Apply(shapes);
 
 }  // namespace

@@ -90,6 +90,8 @@ ModelIR build_model(const std::string& hf_dir, const BuildOptions& options, cons
         "norms, softmax and accumulation stay fp32)",
         linears);
   }
+  if (model.device == Device::kCpu && options.pack_for_cpu == CpuIsa::kAvx512)
+    pack_weights(model, log);
   return model;
 }
 

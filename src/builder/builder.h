@@ -4,6 +4,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "core/context.h"
@@ -27,6 +28,11 @@ struct BuildOptions {
   int64_t max_step_tokens = 0;
   bool optimize = true;  // run the pass pipeline
   bool tf32 = false;     // cuda fp32: GEMMs may use TF32 tensor cores (--tf32)
+  // CPU plans: pack the Linear weights for this kernel family (kAvx512: the panel16 layout, and
+  // the plan records "target": "avx512"); unset or kAvx2: plain row-major weights, which any CPU
+  // runs (the AVX-512 kernels pack them when the plan is loaded). `kiln build` passes the
+  // building machine's family.
+  std::optional<CpuIsa> pack_for_cpu;
 };
 
 // Imports an HF checkpoint directory and runs the pass pipeline (what `kiln build` does before

@@ -39,6 +39,10 @@ int fuse_linear_residual(Graph& graph, const Logger& log);
 // a Cast (the CPU keeps f32 activations and narrows only weight storage: assign_precision).
 int narrow_graph(Graph& graph, Precision precision, const Logger& log);
 
+// CPU plans for AVX-512: every Linear weight (and a table an Embedding shares with one) in the
+// panel16 layout of graph/packing.h; sets model.target to the ISA. Returns the weights packed.
+int pack_weights(ModelIR& model, const Logger& log);
+
 struct PassOptions {
   bool fold_constants = true;
   bool fuse = true;

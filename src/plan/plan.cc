@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/version.h"
+#include "graph/packing.h"
 #include "graph/serialize.h"
 #include "io/atomic_file.h"
 #include "io/hash.h"
@@ -242,8 +243,11 @@ ModelIR read_plan(const std::string& path, const Logger& log) {
       }
       KILN_CHECK(expect == bytes, "{}: blob {} holds {} bytes but {} {} needs {}", path,
                  blobs.size(), bytes, dtype_name(dtype), shape_str(shape), expect);
+      const std::string blob_name = path + " blob " + std::to_string(blobs.size());
       Blob blob{Tensor::view(dtype, shape, data + off, file),
-                layout_from_json(b.at("layout"), path + " blob " + std::to_string(blobs.size()))};
+                layout_from_json(b.at("layout"), blob_name)};
+      const std::string problem = packed_layout_problem(blob.layout, dtype, shape);
+      KILN_CHECK(problem.empty(), "{}: {}; rebuild the plan on this machine", blob_name, problem);
       blobs.push_back(std::move(blob));
     }
     auto bind_blob = [&](int i, Value& v) {

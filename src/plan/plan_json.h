@@ -14,7 +14,7 @@ ModelDesc desc_from_json(const nlohmann::json& j, const std::string& source);
 nlohmann::json profile_to_json(const ShapeProfile& profile);
 ShapeProfile profile_from_json(const nlohmann::json& j, const std::string& source);
 nlohmann::json layout_to_json(const WeightLayout& layout);
-// Only layouts this kiln's kernels know are accepted; others are refused naming their target.
+// A blob's layout as recorded; read_plan checks it against the layouts this kiln knows.
 WeightLayout layout_from_json(const nlohmann::json& j, const std::string& source);
 
 }  // namespace kiln

@@ -14,7 +14,9 @@
 #include "../models/parity_util.h"
 #include "backend/cuda_info.h"
 #include "builder/builder.h"
+#include "core/cpu_features.h"
 #include "core/version.h"
+#include "graph/packing.h"
 #include "io/hash.h"
 #include "plan/plan.h"
 #include "runtime/scheduler.h"
@@ -188,7 +190,7 @@ TEST_F(PlanTest, CudaPlansRecordTheirGpuArchitecture) {
   const CudaInfo info = query_cuda();
   EXPECT_EQ(target, "sm_" + std::to_string(info.first_sm > 0 ? info.first_sm : info.compiled_sm));
   EXPECT_EQ(target.rfind("sm_", 0), 0u) << target;
-  // CPU plans run on any CPU of the device and name no target.
+  // Plain CPU plans (this fixture's) run on any CPU of the device and name no target.
   EXPECT_FALSE(split_plan(slurp(tmp("bloom-tiny.plan"))).header.contains("target"));
 }
 
@@ -241,6 +243,90 @@ TEST_F(PlanTest, BadInputPlanForAnotherTargetIsRefused) {
     spit(tmp("other-target-cuda.plan"), join_plan(p));
     expect_refused(tmp("other-target-cuda.plan"));
   }
+}
+
+// CPU plans built for AVX-512 store their Linear weights packed (panel16) and record the ISA;
+// they load without copying, and run exactly like the plain plan (whose weights the same kernel
+// packs at load).
+TEST_F(PlanTest, CpuPlansPackedForAvx512RecordTheirTarget) {
+  if (best_cpu_isa(detect_cpu_features()) != CpuIsa::kAvx512) GTEST_SKIP() << "no AVX-512 here";
+  Logger quiet(LogLevel::kError);
+  for (const char* m : {"t5-tiny", "bloom-tiny"}) {
+    BuildOptions o;
+    o.pack_for_cpu = CpuIsa::kAvx512;
+    const std::string path = tmp(std::string(m) + "-packed.plan");
+    write_plan(path, build_model(fixture(m), o, quiet), PlanBuildInfo{fixture(m), {}}, quiet);
+    const ModelIR model = read_plan(path, quiet);
+    EXPECT_EQ(model.target, "avx512") << m;
+    int packed = 0;
+    for (const Graph& g : model.graphs)
+      for (const Node& n : g.nodes)
+        if (n.op == OpKind::kLinear) {
+          const Value& w = g.values[n.inputs[1]];
+          EXPECT_EQ(w.layout, panel16_layout()) << w.name;
+          EXPECT_FALSE(w.data.owns_memory()) << w.name << " was copied";
+          ++packed;
+        }
+    EXPECT_GT(packed, 10) << m;
+    // Same logits, bit for bit, and the same ids as the plain plan.
+    auto plain = CompiledModel::load_plan(ctx_, tmp(std::string(m) + ".plan"));
+    auto fast = CompiledModel::load_plan(ctx_, path);
+    const SafetensorsFile ref =
+        SafetensorsFile::open(fixture(std::string(m) + "/reference.safetensors"));
+    for (int c = 0; c < 3; ++c) {
+      const std::string k = "case" + std::to_string(c);
+      const std::vector<int64_t> prompt = ids_of(ref.tensors().at(k + ".input_ids"));
+      std::vector<int64_t> seq = ids_of(ref.tensors().at(k + ".greedy_ids"));
+      seq.pop_back();
+      const Forward a = run_forward(*plain, prompt, seq, false);
+      const Forward b = run_forward(*fast, prompt, seq, false);
+      ASSERT_EQ(a.logits.nbytes(), b.logits.nbytes());
+      EXPECT_EQ(std::memcmp(a.logits.raw(), b.logits.raw(), a.logits.nbytes()), 0) << m << " " << k;
+    }
+  }
+}
+
+// A plan packed for AVX-512 on a CPU (or a context) running AVX2 kernels is refused naming both
+// instruction sets; so are a plan for an ISA this kiln does not know and a blob in a packing it
+// has no kernel for.
+TEST_F(PlanTest, BadInputPlanPackedForAnotherIsaIsRefused) {
+  Logger quiet(LogLevel::kError);
+  BuildOptions o;
+  o.pack_for_cpu = CpuIsa::kAvx512;
+  const std::string path = tmp("bloom-packed.plan");
+  write_plan(path, build_model(fixture("bloom-tiny"), o, quiet),
+             PlanBuildInfo{fixture("bloom-tiny"), {}}, quiet);
+  auto expect_refused = [&](Context& ctx, const std::string& plan,
+                            const std::vector<std::string>& needles) {
+    try {
+      CompiledModel::load_plan(ctx, plan);
+      ADD_FAILURE() << "plan " << plan << " was accepted";
+    } catch (const Error& e) {
+      for (const std::string& needle : needles)
+        EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  ContextOptions avx2{LogLevel::kError, 2};
+  avx2.cpu_isa = CpuIsa::kAvx2;
+  Context ctx2(avx2);
+  expect_refused(ctx2, path, {"built for avx512", "avx2", "rebuild it on this machine"});
+
+  PlanParts p = split_plan(slurp(path));
+  p.header["target"] = "amx";
+  spit(tmp("amx.plan"), join_plan(p));
+  expect_refused(ctx_, tmp("amx.plan"), {"built for amx", "rebuild it on this machine"});
+
+  // A packed blob in a plain plan (no target): the CPU backend still checks each weight.
+  p = split_plan(slurp(path));
+  p.header.erase("target");
+  spit(tmp("untargeted.plan"), join_plan(p));
+  expect_refused(ctx2, tmp("untargeted.plan"), {"packed as panel16 for avx512", "avx2 kernels"});
+
+  p = split_plan(slurp(path));
+  for (auto& b : p.header["blobs"])
+    if (b["layout"]["kind"] == "packed") b["layout"]["packing"] = "panel32";
+  spit(tmp("panel32.plan"), join_plan(p));
+  expect_plan_error(tmp("panel32.plan"), "packed as 'panel32' for avx512");
 }
 
 TEST_F(PlanTest, BadInputNotAPlan) {

@@ -95,6 +95,9 @@ Runner add_build(CLI::App& app) {
     bo.max_input_tokens = o->max_input_tokens;
     bo.tf32 = o->tf32;
     bo.max_step_tokens = o->max_step_tokens;
+    // Weights packed for this machine's kernels (KILN_CPU_ISA=avx2 builds a plain plan that
+    // runs on any x86-64-v3 CPU).
+    bo.pack_for_cpu = ctx->cpu_isa();
     ModelIR model;
     {
       Activity activity(ctx->log(), "building " + o->model);

@@ -26,8 +26,13 @@ nlohmann::json precision_summary(const Graph& gr, const std::vector<PrecisionNot
     std::string dtype(dtype_name(w.dtype));
     if (w.dtype == DType::kI8)
       dtype += n.op == OpKind::kLinear ? " (per-channel f32 scales)" : " (per-row f32 scales)";
-    layers.push_back(
-        {{"layer", n.name}, {"op", op_name(n.op)}, {"weight", w.name}, {"dtype", dtype}});
+    const std::string layout =
+        w.layout.plain() ? "plain" : w.layout.packing + " for " + w.layout.target;
+    layers.push_back({{"layer", n.name},
+                      {"op", op_name(n.op)},
+                      {"weight", w.name},
+                      {"dtype", dtype},
+                      {"layout", layout}});
   }
   std::map<std::string, std::vector<std::string>> by_reason;
   for (const PrecisionNote& note : notes)
@@ -76,10 +81,17 @@ void print_precision(const nlohmann::json& p, bool every_layer) {
   for (const auto& [what, count] : counts)
     line += fmt::format("{}{}×{}", line.empty() ? "" : ", ", what, count);
   out("  layer precision: {}\n", line.empty() ? "no weight matrices" : line);
+  std::map<std::string, int> layouts;  // "Linear panel16 for avx512" -> layers
+  for (const auto& l : p["layers"])
+    ++layouts[l["op"].get<std::string>() + " " + l["layout"].get<std::string>()];
+  line.clear();
+  for (const auto& [what, count] : layouts)
+    line += fmt::format("{}{}×{}", line.empty() ? "" : ", ", what, count);
+  if (!line.empty()) out("  weight layout: {}\n", line);
   if (every_layer)
     for (const auto& l : p["layers"])
-      out("    {:<48} {:<9} {}\n", l["layer"].get<std::string>(), l["op"].get<std::string>(),
-          l["dtype"].get<std::string>());
+      out("    {:<48} {:<9} {:<36} {}\n", l["layer"].get<std::string>(), l["op"].get<std::string>(),
+          l["dtype"].get<std::string>(), l["layout"].get<std::string>());
   for (const auto& k : p["kept_wider"]) {
     const auto& weights = k["weights"];
     out("  kept f32 ({} weight{}, e.g. {}): {}\n", k["count"].get<int>(),

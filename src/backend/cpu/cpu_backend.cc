@@ -32,12 +32,27 @@ class CpuKvStorage final : public KvStorage {
   void resize(int64_t blocks) override {
     KILN_CHECK(blocks >= 0, "negative KV cache size {}", blocks);
     const size_t chunks = static_cast<size_t>((blocks + kBlocksPerChunk - 1) / kBlocksPerChunk);
-    while (chunks_.size() > chunks) chunks_.pop_back();
-    while (chunks_.size() < chunks)
-      chunks_.push_back(std::make_unique<float[]>(
+    // Chunks given back are kept for the next request rather than freed: a fresh chunk (192 MB
+    // for bloom-560m) is paid for in page faults, which on this VM made up most of a request's
+    // time to first token. Nothing is zeroed: attention reads only rows it has written.
+    while (chunks_.size() > chunks) {
+      spare_.push_back(std::move(chunks_.back()));
+      chunks_.pop_back();
+    }
+    while (chunks_.size() < chunks) {
+      if (!spare_.empty()) {
+        chunks_.push_back(std::move(spare_.back()));
+        spare_.pop_back();
+        continue;
+      }
+      chunks_.push_back(std::make_unique_for_overwrite<float[]>(
           static_cast<size_t>(kBlocksPerChunk * geometry_.block_bytes() / 4)));
+    }
   }
-  int64_t bytes_allocated() const override { return capacity() * geometry_.block_bytes(); }
+  int64_t bytes_allocated() const override {
+    return (capacity() + static_cast<int64_t>(spare_.size()) * kBlocksPerChunk) *
+           geometry_.block_bytes();
+  }
   void copy_blocks(std::span<const BlockCopy> copies) override {
     for (const BlockCopy& c : copies)
       std::memcpy(base(c.dst), base(c.src), static_cast<size_t>(geometry_.block_bytes()));
@@ -60,6 +75,7 @@ class CpuKvStorage final : public KvStorage {
   KvGeometry geometry_;
   int64_t layer_stride_ = 0;
   std::vector<std::unique_ptr<float[]>> chunks_;
+  std::vector<std::unique_ptr<float[]>> spare_;  // chunks released by resize, reused first
 };
 
 const KernelRegistry& cpu_registry() {
@@ -88,6 +104,9 @@ class CpuBackend final : public Backend {
   std::string describe() const override {
     return fmt::format("cpu ({} threads, {} kernels)", ctx_.pool().size(), isa_name(isa_));
   }
+  // Plans with weights packed for a kernel family name it ("avx512"); plain plans name none
+  // and run on any CPU.
+  std::string target() const override { return std::string(isa_name(isa_)); }
   bool supports_precision(Precision precision) const override {
     switch (precision) {
       case Precision::kFp32:
@@ -104,6 +123,15 @@ class CpuBackend final : public Backend {
     if (node.op == OpKind::kLinear && node.inputs.size() > kLinearResidual &&
         node.inputs[kLinearResidual] >= 0)
       return "the cpu linears take no fused residual (a CUDA plan's fusion)";
+    for (int id : node.inputs) {
+      if (id < 0 || graph.values[id].layout.plain()) continue;
+      const WeightLayout& l = graph.values[id].layout;
+      if (l.target != isa_name(isa_))
+        return fmt::format(
+            "weight '{}' is packed as {} for {}, but this CPU runs {} kernels; rebuild the plan on "
+            "this machine",
+            graph.values[id].name, l.packing, l.target, isa_name(isa_));
+    }
     const KernelKey key = kernel_key(graph, node, Device::kCpu, isa_);
     if (cpu_registry().find(key) != nullptr) return {};
     return fmt::format("no cpu kernel for {}", describe_key(key));

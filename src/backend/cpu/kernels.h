@@ -14,19 +14,19 @@ namespace kiln::cpu {
 
 struct KernelEnv {
   ThreadPool& pool;
-  const StepContext* step;  // attention only
+  const StepContext* step;     // attention only
+  bool packed_weight = false;  // the node's weight is panel16-packed (Embedding tables)
 };
 
 void embedding(const Node&, std::span<const Tensor>, std::span<Tensor>, const KernelEnv&);
+// The AVX-512 Linear over panel16-packed weights (kernels_packed.cc), for f32, bf16, f16 and i8
+// weights; weights a plan stores plain are packed when the kernel is prepared.
+KernelFactory packed_linear_factory(DType weight);
 void linear_avx2(const Node&, std::span<const Tensor>, std::span<Tensor>, const KernelEnv&);
-void linear_avx512(const Node&, std::span<const Tensor>, std::span<Tensor>, const KernelEnv&);
 // Weights narrower than the activations (kernels_lowp.cc): f32 in, f32 out, f32 accumulation.
 void linear_bf16_avx2(const Node&, std::span<const Tensor>, std::span<Tensor>, const KernelEnv&);
-void linear_bf16_avx512(const Node&, std::span<const Tensor>, std::span<Tensor>, const KernelEnv&);
 void linear_f16_avx2(const Node&, std::span<const Tensor>, std::span<Tensor>, const KernelEnv&);
-void linear_f16_avx512(const Node&, std::span<const Tensor>, std::span<Tensor>, const KernelEnv&);
 void linear_i8_avx2(const Node&, std::span<const Tensor>, std::span<Tensor>, const KernelEnv&);
-void linear_i8_avx512(const Node&, std::span<const Tensor>, std::span<Tensor>, const KernelEnv&);
 void embedding_narrow(const Node&, std::span<const Tensor>, std::span<Tensor>, const KernelEnv&);
 void gather_rows(const Node&, std::span<const Tensor>, std::span<Tensor>, const KernelEnv&);
 void add(const Node&, std::span<const Tensor>, std::span<Tensor>, const KernelEnv&);

@@ -9,16 +9,17 @@
 #include "backend/cpu/kernels.h"
 #include "backend/cpu/simd.h"
 #include "backend/cpu/vector_math.h"
+#include "graph/packing.h"
 
 namespace kiln::cpu {
 
 namespace {
 
-// Linear as dot products: every output (token t, feature o) is the lane-wise partial sums of
-// x[t] · w[o] over k in index order, the lanes added in a fixed order, then the elements past the
-// last full vector. A kernel computes a tile of T tokens × 4 features at once (sharing the loads
-// of x and w), but that order never changes with the tile, the batch or the thread count, so an
-// output depends only on its own row and weight row — never on the batch around it.
+// The AVX2 Linear as dot products: every output (token t, feature o) is the lane-wise partial sums
+// of x[t] · w[o] over k in index order, the lanes added in a fixed order, then the elements past
+// the last full vector. A kernel computes a tile of T tokens × 4 features at once (sharing the
+// loads of x and w), but that order never changes with the tile, the batch or the thread count, so
+// an output depends only on its own row and weight row — never on the batch around it.
 
 // The tail past the last full vector, added after the lane sum (the same for every tile shape).
 inline float finish_dot(const float* x, const float* w, int64_t i, int64_t n, float s) {
@@ -34,7 +35,8 @@ void tile_avx2(const float* const* x, const float* w, int64_t ldw, int64_t k, fl
   V8 acc[T][4] = {};
   int64_t i = 0;
   for (; i + 8 <= k; i += 8) {
-    if (i % 16 == 0)  // the next four rows, a cache line ahead (see tile_avx512)
+    if (i % 16 ==
+        0)  // the next four rows, a cache line ahead: a row group's rows start on new pages
       for (int o = 4; o < 8; ++o) __builtin_prefetch(w + o * ldw + i);
     const V8 w0 = load8(w + i), w1 = load8(w + ldw + i), w2 = load8(w + 2 * ldw + i),
              w3 = load8(w + 3 * ldw + i);
@@ -51,56 +53,14 @@ void tile_avx2(const float* const* x, const float* w, int64_t ldw, int64_t k, fl
       y[t * ldy + o] = finish_dot(x[t], w + o * ldw, i, k, hsum(acc[t][o]));
 }
 
-// Sixteen lanes for CPUs with AVX-512 (chosen at run time; the build's baseline stays
-// x86-64-v3): 4 tokens × 4 features = 16 accumulators of the 32 zmm registers.
-#define KILN_TARGET_AVX512 __attribute__((target("avx512f,avx512vl,avx2,fma")))
-typedef float V16 __attribute__((vector_size(64)));
-typedef float V16Unaligned __attribute__((vector_size(64), aligned(4), may_alias));
-
-KILN_TARGET_AVX512 inline V16 load16(const float* p) {
-  return *reinterpret_cast<const V16Unaligned*>(p);
-}
-
-KILN_TARGET_AVX512 inline float hsum16(V16 v) {
-  const float lo = ((v[0] + v[8]) + (v[1] + v[9])) + ((v[2] + v[10]) + (v[3] + v[11]));
-  const float hi = ((v[4] + v[12]) + (v[5] + v[13])) + ((v[6] + v[14]) + (v[7] + v[15]));
-  return lo + hi;
-}
-
-template <int T>
-KILN_TARGET_AVX512 void tile_avx512(const float* const* x, const float* w, int64_t ldw, int64_t k,
-                                    float* y, int64_t ldy) {
-  V16 acc[T][4] = {};
-  int64_t i = 0;
-  for (; i + 16 <= k; i += 16) {
-    // The next four rows, one cache line ahead each: a row group's rows start on new pages,
-    // where the hardware prefetcher stops.
-    for (int o = 4; o < 8; ++o) __builtin_prefetch(w + o * ldw + i);
-    const V16 w0 = load16(w + i), w1 = load16(w + ldw + i), w2 = load16(w + 2 * ldw + i),
-              w3 = load16(w + 3 * ldw + i);
-    for (int t = 0; t < T; ++t) {
-      const V16 xv = load16(x[t] + i);
-      acc[t][0] += xv * w0;
-      acc[t][1] += xv * w1;
-      acc[t][2] += xv * w2;
-      acc[t][3] += xv * w3;
-    }
-  }
-  for (int t = 0; t < T; ++t)
-    for (int o = 0; o < 4; ++o)
-      y[t * ldy + o] = finish_dot(x[t], w + o * ldw, i, k, hsum16(acc[t][o]));
-}
-
 // One tile shape per call: T tokens (1..kMaxTile) × 4 weight rows ldw floats apart.
 using TileFn = void (*)(const float* const*, const float*, int64_t, int64_t, float*, int64_t);
-constexpr int kMaxTile = 4;
+constexpr int kMaxTile = 2;
 struct Tiles {
   int max_tokens;
   TileFn fn[kMaxTile + 1];
 };
-const Tiles kAvx2Tiles{2, {nullptr, tile_avx2<1>, tile_avx2<2>, nullptr, nullptr}};
-const Tiles kAvx512Tiles{4,
-                         {nullptr, tile_avx512<1>, tile_avx512<2>, tile_avx512<3>, tile_avx512<4>}};
+const Tiles kAvx2Tiles{2, {nullptr, tile_avx2<1>, tile_avx2<2>}};
 
 // From this many rows (prefill) oneDNN's GEMM is faster than the tiles (measured with
 // bench/micro/linear_bench.cc on one AVX-512 core: 130 vs 108 GFLOP/s at 78 rows, 172 vs 93 at
@@ -174,7 +134,7 @@ void linear_with(const Tiles& tiles, const Node& node, std::span<const Tensor> i
 
 // table [vocab, d], ids [n] -> [n, d]
 void embedding(const Node& node, std::span<const Tensor> in, std::span<Tensor> out,
-               const KernelEnv&) {
+               const KernelEnv& env) {
   const Tensor& table = in[0];
   const Tensor& ids = in[1];
   Tensor& y = out[0];
@@ -185,20 +145,24 @@ void embedding(const Node& node, std::span<const Tensor> in, std::span<Tensor> o
     const int64_t id = ids.dtype() == DType::kI64 ? ids.data<int64_t>()[t] : ids.data<int32_t>()[t];
     KILN_CHECK(id >= 0 && id < vocab, "node '{}': token id {} is outside the vocabulary [0, {})",
                node.name, id, vocab);
-    std::memcpy(y.data<float>() + t * d, table.data<float>() + id * d, d * sizeof(float));
+    if (!env.packed_weight) {
+      std::memcpy(y.data<float>() + t * d, table.data<float>() + id * d, d * sizeof(float));
+      continue;
+    }
+    // A table packed for the Linear it is shared with (BLOOM's tied lm_head): the row's
+    // elements are a panel's width apart.
+    const float* src = table.data<float>() + panel16_offset(vocab, d, id, 0);
+    const int64_t stride = panel16_offset(vocab, d, id, 1) - panel16_offset(vocab, d, id, 0);
+    float* dst = y.data<float>() + t * d;
+    for (int64_t i = 0; i < d; ++i) dst[i] = src[i * stride];
   }
 }
 
-// x [n, in], w [out, in], bias [out] -> [n, out] (+ fused activation). Two families chosen at
-// compile time through the kernel registry; both sum in a fixed order per output.
+// x [n, in], w [out, in], bias [out] -> [n, out] (+ fused activation): the AVX2 baseline (the
+// AVX-512 Linear is kernels_packed.cc); sums in a fixed order per output.
 void linear_avx2(const Node& node, std::span<const Tensor> in, std::span<Tensor> out,
                  const KernelEnv& env) {
   linear_with(kAvx2Tiles, node, in, out, env);
-}
-
-void linear_avx512(const Node& node, std::span<const Tensor> in, std::span<Tensor> out,
-                   const KernelEnv& env) {
-  linear_with(kAvx512Tiles, node, in, out, env);
 }
 
 // x [n, d], rows [r] -> [r, d]

@@ -20,22 +20,16 @@
 #include "backend/cpu/onednn_bf16.h"
 #include "backend/cpu/vector_math.h"
 #include "core/half.h"
-
-// GCC 12 reports the _mm512_undefined_* placeholders inside its own AVX-512 widening
-// intrinsics as "maybe uninitialized" once they inline here (a false positive: the unmasked
-// forms never read them).
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include "graph/packing.h"
 
 namespace kiln::cpu {
 namespace {
 
-#define KILN_TARGET_AVX512 __attribute__((target("avx512f,avx512vl,avx2,fma,f16c")))
-
-// Weight formats: how 8 (AVX2) or 16 (AVX-512) elements and a single element widen to f32.
+// Weight formats: how 8 elements and a single element widen to f32 (the AVX2 baseline; the
+// AVX-512 Linear is kernels_packed.cc).
 struct F32Weights {
   using T = float;
   static __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
-  KILN_TARGET_AVX512 static __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
   static float one(float v) { return v; }
 };
 struct Bf16Weights {
@@ -44,19 +38,12 @@ struct Bf16Weights {
     const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
   }
-  KILN_TARGET_AVX512 static __m512 load16(const uint16_t* p) {
-    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-  }
   static float one(uint16_t v) { return bf16_to_float(v); }
 };
 struct F16Weights {
   using T = uint16_t;
   static __m256 load8(const uint16_t* p) {
     return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-  }
-  KILN_TARGET_AVX512 static __m512 load16(const uint16_t* p) {
-    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
   }
   static float one(uint16_t v) { return fp16_to_float(v); }
 };
@@ -66,10 +53,6 @@ struct I8Weights {
     const __m128i q = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
     return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q));
   }
-  KILN_TARGET_AVX512 static __m512 load16(const int8_t* p) {
-    const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q));
-  }
   static float one(int8_t v) { return static_cast<float>(v); }
 };
 
@@ -78,13 +61,6 @@ inline float hsum8(__m256 v) {
   alignas(32) float l[8];
   _mm256_store_ps(l, v);
   return ((l[0] + l[4]) + (l[1] + l[5])) + ((l[2] + l[6]) + (l[3] + l[7]));
-}
-KILN_TARGET_AVX512 inline float hsum16(__m512 v) {
-  alignas(64) float l[16];
-  _mm512_store_ps(l, v);
-  const float lo = ((l[0] + l[8]) + (l[1] + l[9])) + ((l[2] + l[10]) + (l[3] + l[11]));
-  const float hi = ((l[4] + l[12]) + (l[5] + l[13])) + ((l[6] + l[14]) + (l[7] + l[15]));
-  return lo + hi;
 }
 
 // The elements past the last full vector, added to the lane sums with explicit fmas so that
@@ -122,27 +98,6 @@ void dot4_avx2(const float* x, const typename W::T* const w[4], int64_t k, float
   out[1] = hsum8(a1);
   out[2] = hsum8(a2);
   out[3] = hsum8(a3);
-  finish4<W>(x, w, i, k, out);
-}
-
-template <class W>
-KILN_TARGET_AVX512 void dot4_avx512(const float* x, const typename W::T* const w[4], int64_t k,
-                                    float out[4]) {
-  __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-  int64_t i = 0;
-  for (; i + 16 <= k; i += 16) {
-    prefetch_next_group<W>(w, k, i);
-    prefetch_next_group<W>(w, k, i + 8);
-    const __m512 xv = _mm512_loadu_ps(x + i);
-    a0 = _mm512_fmadd_ps(xv, W::load16(w[0] + i), a0);
-    a1 = _mm512_fmadd_ps(xv, W::load16(w[1] + i), a1);
-    a2 = _mm512_fmadd_ps(xv, W::load16(w[2] + i), a2);
-    a3 = _mm512_fmadd_ps(xv, W::load16(w[3] + i), a3);
-  }
-  out[0] = hsum16(a0);
-  out[1] = hsum16(a1);
-  out[2] = hsum16(a2);
-  out[3] = hsum16(a3);
   finish4<W>(x, w, i, k, out);
 }
 
@@ -255,42 +210,25 @@ template <class W>
 constexpr Dot4<W> avx2_dots() {
   return {dot4_avx2<W>, dot4_avx2<F32Weights>};
 }
-template <class W>
-constexpr Dot4<W> avx512_dots() {
-  return {dot4_avx512<W>, dot4_avx512<F32Weights>};
-}
-
 }  // namespace
 
 void linear_bf16_avx2(const Node& node, std::span<const Tensor> in, std::span<Tensor> out,
                       const KernelEnv& env) {
   linear_narrow<Bf16Weights>(avx2_dots<Bf16Weights>(), node, in, out, env);
 }
-void linear_bf16_avx512(const Node& node, std::span<const Tensor> in, std::span<Tensor> out,
-                        const KernelEnv& env) {
-  linear_narrow<Bf16Weights>(avx512_dots<Bf16Weights>(), node, in, out, env);
-}
 void linear_f16_avx2(const Node& node, std::span<const Tensor> in, std::span<Tensor> out,
                      const KernelEnv& env) {
   linear_narrow<F16Weights>(avx2_dots<F16Weights>(), node, in, out, env);
-}
-void linear_f16_avx512(const Node& node, std::span<const Tensor> in, std::span<Tensor> out,
-                       const KernelEnv& env) {
-  linear_narrow<F16Weights>(avx512_dots<F16Weights>(), node, in, out, env);
 }
 void linear_i8_avx2(const Node& node, std::span<const Tensor> in, std::span<Tensor> out,
                     const KernelEnv& env) {
   linear_narrow<I8Weights>(avx2_dots<I8Weights>(), node, in, out, env);
 }
-void linear_i8_avx512(const Node& node, std::span<const Tensor> in, std::span<Tensor> out,
-                      const KernelEnv& env) {
-  linear_narrow<I8Weights>(avx512_dots<I8Weights>(), node, in, out, env);
-}
 
 // table [vocab, d] of bf16 / f16, ids [n] -> [n, d] of the table's dtype (rows copied; the
 // precision pass widens them with a Cast). i8 tables: scales [vocab], rows come out f32.
 void embedding_narrow(const Node& node, std::span<const Tensor> in, std::span<Tensor> out,
-                      const KernelEnv&) {
+                      const KernelEnv& env) {
   const Tensor& table = in[0];
   const Tensor& ids = in[1];
   Tensor& y = out[0];
@@ -302,20 +240,26 @@ void embedding_narrow(const Node& node, std::span<const Tensor> in, std::span<Te
   KILN_CHECK(quantized ? y.dtype() == DType::kF32 : y.dtype() == table.dtype(),
              "node '{}': embedding output {} does not fit a {} table", node.name,
              dtype_name(y.dtype()), dtype_name(table.dtype()));
-  const size_t row_bytes = dtype_bytes(table.dtype(), static_cast<size_t>(d));
+  const size_t elem = dtype_bytes(table.dtype(), 1);
+  const char* base = static_cast<const char*>(table.raw());
   for (int64_t t = 0; t < n; ++t) {
     const int64_t id = ids.dtype() == DType::kI64 ? ids.data<int64_t>()[t] : ids.data<int32_t>()[t];
     KILN_CHECK(id >= 0 && id < vocab, "node '{}': token id {} is outside the vocabulary [0, {})",
                node.name, id, vocab);
+    // Row id's elements: contiguous, or a panel's width apart in a table packed for the Linear
+    // it is shared with (BLOOM's tied lm_head).
+    const int64_t first = env.packed_weight ? panel16_offset(vocab, d, id, 0) : id * d;
+    const int64_t stride = env.packed_weight ? panel16_offset(vocab, d, id, 1) - first : 1;
     if (!quantized) {
-      std::memcpy(static_cast<char*>(y.raw()) + t * row_bytes,
-                  static_cast<const char*>(table.raw()) + id * row_bytes, row_bytes);
+      char* dst = static_cast<char*>(y.raw()) + static_cast<size_t>(t * d) * elem;
+      for (int64_t i = 0; i < d; ++i)
+        std::memcpy(dst + i * elem, base + static_cast<size_t>(first + i * stride) * elem, elem);
       continue;
     }
-    const int8_t* q = table.data<int8_t>() + id * d;
+    const int8_t* q = table.data<int8_t>() + first;
     const float scale = in[2].data<float>()[id];
     float* yr = y.data<float>() + t * d;
-    for (int64_t i = 0; i < d; ++i) yr[i] = static_cast<float>(q[i]) * scale;
+    for (int64_t i = 0; i < d; ++i) yr[i] = static_cast<float>(q[i * stride]) * scale;
   }
 }
 

@@ -1,6 +1,7 @@
 // The CPU kernel table: which function runs each (op, dtypes, ISA). The one place CPU dispatch
 // is decided; everything else asks the registry.
 #include "backend/cpu/kernels.h"
+#include "graph/packing.h"
 
 namespace kiln::cpu {
 namespace {
@@ -10,14 +11,28 @@ using CpuFn = void (*)(const Node&, std::span<const Tensor>, std::span<Tensor>, 
 class CpuKernel final : public Kernel {
  public:
   CpuKernel(const Node& node, CpuFn fn) : node_(node), fn_(fn) {}
+  void prepare(const Graph& graph) override {
+    for (int id : node_.inputs)
+      if (id >= 0 && graph.values[id].kind == ValueKind::kWeight) {
+        packed_weight_ = graph.values[id].layout == panel16_layout();
+        KILN_CHECK(packed_weight_ || graph.values[id].layout.plain(),
+                   "node '{}': weight '{}' is packed as {}, which no cpu kernel reads", node_.name,
+                   graph.values[id].name, graph.values[id].layout.packing);
+        KILN_CHECK(!packed_weight_ || node_.op == OpKind::kEmbedding,
+                   "node '{}': this cpu kernel reads plain weights, '{}' is packed", node_.name,
+                   graph.values[id].name);
+        break;
+      }
+  }
   void run(const KernelArgs& args) override {
     KILN_CHECK(args.pool != nullptr, "cpu kernel '{}' without a thread pool", node_.name);
-    fn_(node_, args.in, args.out, KernelEnv{*args.pool, args.step});
+    fn_(node_, args.in, args.out, KernelEnv{*args.pool, args.step, packed_weight_});
   }
 
  private:
   const Node& node_;
   CpuFn fn_;
+  bool packed_weight_ = false;
 };
 
 void add_fn(KernelRegistry& r, OpKind op, DType act, DType weight, Isa isa, const char* name,
@@ -33,16 +48,14 @@ void register_kernels(KernelRegistry& r) {
   constexpr Isa base = Isa::kAvx2;
   add_fn(r, OpKind::kEmbedding, f32, f32, base, "embedding gather", embedding);
   add_fn(r, OpKind::kLinear, f32, f32, base, "avx2 dot4 linear", linear_avx2);
-  add_fn(r, OpKind::kLinear, f32, f32, Isa::kAvx512, "avx512 dot4 linear", linear_avx512);
-  // Weights stored in a plan's narrower precision, computed in f32 (kernels_lowp.cc).
-  constexpr Isa wide = Isa::kAvx512;
   add_fn(r, OpKind::kLinear, f32, DType::kBF16, base, "avx2 bf16-weight linear", linear_bf16_avx2);
-  add_fn(r, OpKind::kLinear, f32, DType::kBF16, wide, "avx512 bf16-weight linear",
-         linear_bf16_avx512);
   add_fn(r, OpKind::kLinear, f32, DType::kF16, base, "avx2 f16-weight linear", linear_f16_avx2);
-  add_fn(r, OpKind::kLinear, f32, DType::kF16, wide, "avx512 f16-weight linear", linear_f16_avx512);
   add_fn(r, OpKind::kLinear, f32, DType::kI8, base, "avx2 i8-weight linear", linear_i8_avx2);
-  add_fn(r, OpKind::kLinear, f32, DType::kI8, wide, "avx512 i8-weight linear", linear_i8_avx512);
+  // AVX-512: one register-blocked kernel over panel16-packed weights for every weight dtype
+  // and number of rows (kernels_packed.cc).
+  for (DType w : {f32, DType::kBF16, DType::kF16, DType::kI8})
+    r.add(KernelKey{OpKind::kLinear, f32, w, Device::kCpu, Isa::kAvx512},
+          fmt::format("avx512 packed {}-weight linear", dtype_name(w)), packed_linear_factory(w));
   add_fn(r, OpKind::kEmbedding, DType::kBF16, DType::kBF16, base, "bf16 embedding gather",
          embedding_narrow);
   add_fn(r, OpKind::kEmbedding, DType::kF16, DType::kF16, base, "f16 embedding gather",

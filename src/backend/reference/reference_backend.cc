@@ -90,6 +90,12 @@ class ReferenceBackend final : public Backend {
     return false;
   }
   std::string unsupported_reason(const Graph& graph, const Node& node) const override {
+    for (int id : node.inputs)
+      if (id >= 0 && !graph.values[id].layout.plain())
+        return fmt::format(
+            "weight '{}' is packed as {} for {}; the reference kernels read plain row-major "
+            "weights (build the plan with KILN_CPU_ISA=avx2 for a plain one)",
+            graph.values[id].name, graph.values[id].layout.packing, graph.values[id].layout.target);
     const KernelKey key = kernel_key(graph, node, Device::kCpu, Isa::kReference);
     if (reference_registry().find(key) != nullptr) return {};
     return fmt::format("no reference kernel for {}", describe_key(key));
@@ -98,6 +104,9 @@ class ReferenceBackend final : public Backend {
     std::vector<std::unique_ptr<Kernel>> kernels;
     std::vector<std::string> names;
     for (const Node& n : graph.nodes) {
+      const std::string why = unsupported_reason(graph, n);
+      KILN_CHECK(why.empty(), "graph '{}': node '{}' is not supported by the reference backend: {}",
+                 graph.name, n.name, why);
       const KernelKey key = kernel_key(graph, n, Device::kCpu, Isa::kReference);
       const KernelRegistry::Entry* e = reference_registry().find(key);
       KILN_CHECK(e != nullptr,

@@ -1,0 +1,361 @@
+// The AVX-512 Linear: weights in the panel16 layout (graph/packing.h) — packed in the plan at
+// build time, or packed here once when the plan stores them plain — for f32, bf16, f16 and int8
+// (per-output-channel f32 scales) weights; f32 activations and accumulation.
+//
+// One register-blocked micro-kernel serves every number of rows: a tile of T rows × P panels
+// (16 outputs each) keeps T·P accumulators in registers; each step over the input dimension
+// loads P weight vectors (widened to f32 in registers) and multiplies each by T broadcast
+// activations, so a weight load serves T rows (batched decode, prefill) and a single row streams
+// the weights with P independent chains (batch-1 decode).
+//
+// Batch invariance: every output is one fused-multiply-add chain over the input dimension in
+// index order, starting from zero, then × scale, + bias, the activation — whatever T, P, the
+// number of rows or threads. A row's result is therefore bit-identical alone or in any batch,
+// decode and prefill alike.
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstring>
+#include <optional>
+#include <type_traits>
+#include <vector>
+
+#include "backend/cpu/kernels.h"
+#include "backend/cpu/vector_math.h"
+#include "core/half.h"
+#include "graph/packing.h"
+
+// GCC 12 reports the _mm512_undefined_* placeholders inside its own AVX-512 widening
+// intrinsics as "maybe uninitialized" once they inline here (a false positive).
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+namespace kiln::cpu {
+namespace {
+
+#define KILN_TARGET_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")))
+
+// 16 consecutive weights of a panel widened to f32.
+struct F32W {
+  using T = float;
+  KILN_TARGET_AVX512 static __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+  static float one(float v) { return v; }
+};
+struct Bf16W {
+  using T = uint16_t;
+  KILN_TARGET_AVX512 static __m512 load16(const uint16_t* p) {
+    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  }
+  static float one(uint16_t v) { return bf16_to_float(v); }
+};
+struct F16W {
+  using T = uint16_t;
+  KILN_TARGET_AVX512 static __m512 load16(const uint16_t* p) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  }
+  static float one(uint16_t v) { return fp16_to_float(v); }
+};
+struct I8W {
+  using T = int8_t;
+  KILN_TARGET_AVX512 static __m512 load16(const int8_t* p) {
+    const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q));
+  }
+  static float one(int8_t v) { return static_cast<float>(v); }
+};
+
+// What a tile writes its outputs through: rows of y, and the per-output scales and bias.
+struct Epilogue {
+  float* y;
+  int64_t ldy;
+  const float* scales;  // null unless i8
+  const float* bias;    // null when absent
+};
+
+KILN_TARGET_AVX512 inline __m512 finish(__m512 acc, const Epilogue& e, int64_t o) {
+  if (e.scales) acc = _mm512_mul_ps(acc, _mm512_loadu_ps(e.scales + o));
+  if (e.bias) acc = _mm512_add_ps(acc, _mm512_loadu_ps(e.bias + o));
+  return acc;
+}
+
+constexpr int64_t kPrefetchBytes = 2048;
+
+// One input element i: P weight vectors, each multiplied by T broadcast activations.
+template <class W, int T, int P>
+KILN_TARGET_AVX512 __attribute__((always_inline)) inline void tile_step(__m512 (&acc)[T][P],
+                                                                        const float* x, int64_t ldx,
+                                                                        const typename W::T* w,
+                                                                        int64_t panel, int64_t i) {
+  __m512 wv[P];
+#pragma GCC unroll 16
+  for (int p = 0; p < P; ++p) wv[p] = W::load16(w + p * panel + i * kPanelRows);
+#pragma GCC unroll 16
+  for (int t = 0; t < T; ++t) {
+    const __m512 xb = _mm512_set1_ps(x[i * ldx + t]);
+#pragma GCC unroll 16
+    for (int p = 0; p < P; ++p) acc[t][p] = _mm512_fmadd_ps(xb, wv[p], acc[t][p]);
+  }
+}
+
+// Rows [0, T) of x, interleaved (element i of row t at x[i·ldx + t]) × P full panels starting at
+// output o (panel p at w + p·16·k): y[t, o + 16p + j] for j < 16.
+template <class W, int T, int P>
+KILN_TARGET_AVX512 void tile(const float* x, int64_t ldx, const typename W::T* w, int64_t k,
+                             int64_t o, const Epilogue& e) {
+  __m512 acc[T][P];
+#pragma GCC unroll 16
+  for (int t = 0; t < T; ++t)
+#pragma GCC unroll 16
+    for (int p = 0; p < P; ++p) acc[t][p] = _mm512_setzero_ps();
+  const int64_t panel = kPanelRows * k;
+  // One cache line of each panel per outer step; the lines kPrefetchBytes ahead are requested
+  // then: the P panels are P streams far apart, which the hardware prefetcher alone follows too
+  // slowly for narrow weights.
+  constexpr int64_t kLine = 64 / (kPanelRows * sizeof(typename W::T));
+  constexpr int64_t kAhead = kPrefetchBytes / (kPanelRows * sizeof(typename W::T));
+  int64_t i = 0;
+  for (; i + kLine <= k; i += kLine) {
+    for (int p = 0; p < P; ++p)
+      _mm_prefetch(reinterpret_cast<const char*>(w + p * panel + (i + kAhead) * kPanelRows),
+                   _MM_HINT_T0);
+    for (int64_t u = 0; u < kLine; ++u) tile_step<W, T, P>(acc, x, ldx, w, panel, i + u);
+  }
+  for (; i < k; ++i) tile_step<W, T, P>(acc, x, ldx, w, panel, i);
+#pragma GCC unroll 16
+  for (int t = 0; t < T; ++t)
+#pragma GCC unroll 16
+    for (int p = 0; p < P; ++p)
+      _mm512_storeu_ps(e.y + t * e.ldy + o + p * kPanelRows,
+                       finish(acc[t][p], e, o + p * kPanelRows));
+}
+
+// The last panel when the outputs are not a multiple of 16: `width` < 16 outputs, stored
+// `width` apart. The same chain per output, with the weights gathered into a full vector.
+template <class W, int T>
+KILN_TARGET_AVX512 void narrow_tile(const float* x, int64_t ldx, const typename W::T* w, int64_t k,
+                                    int64_t o, int64_t width, const Epilogue& e) {
+  __m512 acc[T];
+  for (int t = 0; t < T; ++t) acc[t] = _mm512_setzero_ps();
+  alignas(64) float wide[kPanelRows] = {};
+  for (int64_t i = 0; i < k; ++i) {
+    for (int64_t j = 0; j < width; ++j) wide[j] = W::one(w[i * width + j]);
+    const __m512 wv = _mm512_load_ps(wide);
+    for (int t = 0; t < T; ++t)
+      acc[t] = _mm512_fmadd_ps(_mm512_set1_ps(x[i * ldx + t]), wv, acc[t]);
+  }
+  alignas(64) float out[kPanelRows];
+  for (int t = 0; t < T; ++t) {
+    _mm512_store_ps(out, acc[t]);
+    for (int64_t j = 0; j < width; ++j) {
+      float v = out[j];
+      if (e.scales) v *= e.scales[o + j];
+      if (e.bias) v += e.bias[o + j];
+      e.y[t * e.ldy + o + j] = v;
+    }
+  }
+}
+
+// Panels per tile for T rows: as many as the 32 vector registers hold (T·P accumulators, P
+// weights, one broadcast), and at least 8 independent chains for a single row so that the
+// fused-multiply-add latency does not cap the speed at which the weights stream.
+constexpr int panels_for(int rows) {
+  return rows == 1    ? 4
+         : rows == 2  ? 8
+         : rows == 3  ? 6
+         : rows <= 6  ? 4
+         : rows <= 9  ? 3
+         : rows <= 14 ? 2
+                      : 1;
+}
+constexpr int kMaxTileRows = 8;
+
+// Every (rows, panels) tile a call can use: a call picks P = panels_for(its tile rows), and its
+// last row tile may be shorter than the others with the same P.
+constexpr int kPanelChoices[] = {1, 2, 3, 4, 6, 8};
+constexpr int kNumPanelChoices = 6;
+constexpr int panel_choice(int panels) {
+  return panels == 1   ? 0
+         : panels == 2 ? 1
+         : panels == 3 ? 2
+         : panels == 4 ? 3
+         : panels == 6 ? 4
+                       : 5;
+}
+
+template <class W>
+struct TileSet {
+  using Full = void (*)(const float*, int64_t, const typename W::T*, int64_t, int64_t,
+                        const Epilogue&);
+  using Narrow = void (*)(const float*, int64_t, const typename W::T*, int64_t, int64_t, int64_t,
+                          const Epilogue&);
+  Full full[kMaxTileRows + 1][kNumPanelChoices];  // [rows][panel_choice(P)]
+  Narrow narrow[kMaxTileRows + 1];
+};
+
+template <class W, int T, int P>
+constexpr typename TileSet<W>::Full pick_tile() {
+  if constexpr (T * P + P + 1 <= 32)  // accumulators, weights and a broadcast in registers
+    return tile<W, T, P>;
+  else
+    return nullptr;
+}
+
+template <class W, int T>
+constexpr void fill_row(TileSet<W>& s) {
+  s.full[T][0] = pick_tile<W, T, kPanelChoices[0]>();
+  s.full[T][1] = pick_tile<W, T, kPanelChoices[1]>();
+  s.full[T][2] = pick_tile<W, T, kPanelChoices[2]>();
+  s.full[T][3] = pick_tile<W, T, kPanelChoices[3]>();
+  s.full[T][4] = pick_tile<W, T, kPanelChoices[4]>();
+  s.full[T][5] = pick_tile<W, T, kPanelChoices[5]>();
+  s.narrow[T] = narrow_tile<W, T>;
+}
+
+template <class W, int... T>
+constexpr TileSet<W> make_tiles(std::integer_sequence<int, T...>) {
+  TileSet<W> s{};
+  (fill_row<W, T + 1>(s), ...);
+  return s;
+}
+template <class W>
+constexpr TileSet<W> kTiles = make_tiles<W>(std::make_integer_sequence<int, kMaxTileRows>{});
+
+// x [n, k], w [m, k] packed, y [n, m]: rows in tiles of up to kMaxTileRows, spread evenly; each
+// thread takes a contiguous range of panel groups and runs every row tile over a group while its
+// weights are in cache. Several rows are first interleaved into `xt` ([n, k] floats), tile by
+// tile (element i of a tile's row t at i·rows + t): rows k floats apart would all fall into the
+// same L1 sets (k a multiple of 1024), which at 16 rows made the broadcasts miss L1 every time.
+template <class W>
+void packed_linear(const float* xp, int64_t n, int64_t k, const typename W::T* wp, int64_t m,
+                   const Epilogue& e, std::optional<Activation> act, float* xt, ThreadPool& pool) {
+  const int64_t row_tiles = (n + kMaxTileRows - 1) / kMaxTileRows;
+  const int tile_rows = static_cast<int>((n + row_tiles - 1) / row_tiles);
+  const TileSet<W>& tiles = kTiles<W>;
+  if (n > 1)
+    pool.parallel_for(row_tiles, 1, [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) {
+        const int64_t t0 = r * tile_rows, rows = std::min<int64_t>(tile_rows, n - t0);
+        float* dst = xt + t0 * k;
+        for (int64_t t = 0; t < rows; ++t)
+          for (int64_t i = 0; i < k; ++i) dst[i * rows + t] = xp[(t0 + t) * k + i];
+      }
+    });
+  const int group = panels_for(tile_rows);
+  const int64_t panels = (m + kPanelRows - 1) / kPanelRows;
+  const int64_t groups = (panels + group - 1) / group;
+  pool.parallel_for(groups, 1, [&](int64_t g0, int64_t g1) {
+    for (int64_t g = g0; g < g1; ++g) {
+      const int64_t p0 = g * group, p1 = std::min(panels, p0 + group);
+      for (int64_t t = 0; t < n; t += tile_rows) {
+        const int rows = static_cast<int>(std::min<int64_t>(tile_rows, n - t));
+        const float* x = n > 1 ? xt + t * k : xp;
+        const int64_t ldx = n > 1 ? rows : 1;
+        Epilogue et = e;
+        et.y = e.y + t * e.ldy;
+        const bool whole = p1 - p0 == group && p1 * kPanelRows <= m;
+        if (whole) {
+          tiles.full[rows][panel_choice(group)](x, ldx, wp + p0 * kPanelRows * k, k,
+                                                p0 * kPanelRows, et);
+          continue;
+        }
+        for (int64_t p = p0; p < p1; ++p) {
+          const int64_t o = p * kPanelRows, width = std::min(kPanelRows, m - o);
+          if (width == kPanelRows)
+            tiles.full[rows][0](x, ldx, wp + o * k, k, o, et);
+          else
+            tiles.narrow[rows](x, ldx, wp + o * k, k, o, width, et);
+        }
+      }
+      if (act) {
+        const int64_t o0 = p0 * kPanelRows, o1 = std::min(m, p1 * kPanelRows);
+        for (int64_t t = 0; t < n; ++t)
+          apply_activation(*act, e.y + t * e.ldy + o0, e.y + t * e.ldy + o0, o1 - o0);
+      }
+    }
+  });
+}
+
+// The kernel object: finds (or makes) the packed weights once, then runs packed_linear.
+template <class W>
+class PackedLinear final : public Kernel {
+ public:
+  explicit PackedLinear(const Node& node) : node_(node) {}
+
+  void prepare(const Graph& graph) override {
+    x_shape_ = graph.values[node_.inputs[0]].shape;
+    const Value& w = graph.values[node_.inputs[1]];
+    KILN_CHECK(w.kind == ValueKind::kWeight && w.data.defined() && w.data.rank() == 2,
+               "node '{}': the avx512 Linear needs a constant 2-d weight", node_.name);
+    if (w.layout == panel16_layout()) {
+      weight_ = w.data;
+      return;
+    }
+    KILN_CHECK(w.layout.plain(), "node '{}': weight '{}' is packed as {} for {}", node_.name,
+               w.name, w.layout.packing, w.layout.target);
+    // A plain plan (built without packing, or in memory): pack once here.
+    const Tensor plain = w.data.is_contiguous() ? w.data : w.data.clone();
+    weight_ = Tensor::empty(plain.dtype(), plain.shape());
+    pack_panel16(plain.raw(), weight_.raw(), plain.dim(0), plain.dim(1),
+                 dtype_bytes(plain.dtype(), 1));
+  }
+
+  // The interleaved input rows: as many floats as the input.
+  int64_t workspace_bytes(const Bindings& bindings) const override {
+    const Shape shape = resolve_shape(x_shape_, bindings);
+    int64_t floats = 1;
+    for (int64_t d : shape) floats *= d;
+    return floats * static_cast<int64_t>(sizeof(float));
+  }
+
+  void run(const KernelArgs& args) override {
+    KILN_CHECK(args.pool != nullptr, "cpu kernel '{}' without a thread pool", node_.name);
+    std::span<const Tensor> in = args.in;
+    const Tensor& x = in[0];
+    const float* bias = in.size() > 2 && in[2].defined() ? in[2].data<float>() : nullptr;
+    const float* scales = in.size() > 3 && in[3].defined() ? in[3].data<float>() : nullptr;
+    KILN_CHECK(x.dtype() == DType::kF32 && args.out[0].dtype() == DType::kF32,
+               "node '{}': the cpu Linear takes and returns f32 activations", node_.name);
+    KILN_CHECK(weight_.defined(), "node '{}': run before prepare", node_.name);
+    KILN_CHECK((weight_.dtype() == DType::kI8) == (scales != nullptr),
+               "node '{}': an i8 weight needs its scales, and only an i8 weight has them",
+               node_.name);
+    const int64_t m = weight_.dim(0), k = weight_.dim(1);
+    const int64_t n = x.numel() / k;
+    const Epilogue e{args.out[0].data<float>(), m, scales, bias};
+    std::vector<float> own;  // callers without a workspace (micro-benchmarks)
+    float* xt = static_cast<float*>(args.scratch);
+    if (xt == nullptr && n > 1) {
+      own.resize(static_cast<size_t>(n * k));
+      xt = own.data();
+    }
+    packed_linear<W>(x.data<float>(), n, k, static_cast<const typename W::T*>(weight_.raw()), m, e,
+                     node_.attr<LinearAttrs>().activation, xt, *args.pool);
+  }
+
+ private:
+  const Node& node_;
+  SymShape x_shape_;
+  Tensor weight_;  // panel16: the plan's mapping, or packed here
+};
+
+}  // namespace
+
+KernelFactory packed_linear_factory(DType weight) {
+  switch (weight) {
+    case DType::kF32:
+      return [](const Node& n) { return std::make_unique<PackedLinear<F32W>>(n); };
+    case DType::kBF16:
+      return [](const Node& n) { return std::make_unique<PackedLinear<Bf16W>>(n); };
+    case DType::kF16:
+      return [](const Node& n) { return std::make_unique<PackedLinear<F16W>>(n); };
+    case DType::kI8:
+      return [](const Node& n) { return std::make_unique<PackedLinear<I8W>>(n); };
+    case DType::kI32:
+    case DType::kI64:
+    case DType::kQ8B32:
+      break;
+  }
+  KILN_FAIL("no packed avx512 Linear for {} weights", dtype_name(weight));
+}
+
+}  // namespace kiln::cpu
