@@ -62,10 +62,10 @@ bool BeamSearch::no_improvement_possible() const {
   return !(best_possible > finished_.back().score);
 }
 
-size_t BeamSearch::candidates_per_row() const {
+size_t BeamSearch::candidates_per_row(int num_beams, size_t num_eos_ids) {
   // Enough candidates that num_beams of them survive even when every running beam's best
   // tokens are all EOS ids.
-  return std::max<size_t>(2, 1 + eos_ids_.size()) * static_cast<size_t>(num_beams_);
+  return std::max<size_t>(2, 1 + num_eos_ids) * static_cast<size_t>(num_beams);
 }
 
 std::vector<BeamContinuation> BeamSearch::step(std::span<const float> log_probs, int64_t vocab) {

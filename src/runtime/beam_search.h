@@ -57,8 +57,10 @@ class BeamSearch {
   // beam's next-token logits. Returns the next running beams, best first, as continuations of the
   // current ones; empty once done().
   std::vector<BeamContinuation> step(std::span<const float> log_probs, int64_t vocab);
-  // How many of each row's best tokens step() looks at (the K above).
-  size_t candidates_per_row() const;
+  // How many of each row's best tokens step() looks at (the K above), for a search with these
+  // parameters (a scheduler asks before any search exists).
+  static size_t candidates_per_row(int num_beams, size_t num_eos_ids);
+  size_t candidates_per_row() const { return candidates_per_row(num_beams_, eos_ids_.size()); }
   // The same step from each running beam's best tokens only: rows[b] holds at least
   // min(candidates_per_row(), vocab) (token, log-probability) pairs of running beam b, best first,
   // ties to the lower id (what a backend's top_k_rows returns, less the row's log-normaliser).

@@ -420,7 +420,7 @@ void Scheduler::run_decoder(const std::vector<Request*>& batch, bool apply_copie
 int Scheduler::device_candidates(const Request& r) const {
   int k = 0;
   if (r.params.num_beams > 1)
-    k = static_cast<int>(std::max<size_t>(2, 1 + eos_ids_.size())) * r.params.num_beams;
+    k = static_cast<int>(BeamSearch::candidates_per_row(r.params.num_beams, eos_ids_.size()));
   else if (r.params.do_sample)
     k = r.params.top_k;  // 0: no top-k, the whole row
   return k <= model_.backend().max_top_k() ? k : 0;

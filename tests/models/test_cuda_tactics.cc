@@ -33,12 +33,17 @@ std::vector<int64_t> greedy(CompiledModel& engine, const std::vector<int64_t>& p
   return gen.generate({prompt}, p)[0].output_ids;
 }
 
+// A fixture model built for an fp32 cuda plan, untuned.
+ModelIR cuda_fp32_model(const char* dir, Context& ctx) {
+  BuildOptions o;
+  o.device = Device::kCuda;
+  return build_model(fixture(dir), o, ctx.log());
+}
+
 TEST(CudaTactics, BuildTimesEveryLinearAndThePlanKeepsTheChoice) {
   if (!gpu_visible()) GTEST_SKIP() << "no GPU visible: tactics are timed on the GPU machine";
   Context ctx(ContextOptions{LogLevel::kWarning, 2});
-  BuildOptions o;
-  o.device = Device::kCuda;
-  ModelIR model = build_model(fixture("bloom-tiny"), o, ctx.log());
+  ModelIR model = cuda_fp32_model("bloom-tiny", ctx);
   const ModelIR untuned = model;
   select_tactics(model, ctx);
   int linears = 0;
@@ -76,9 +81,7 @@ TEST(CudaTactics, BuildTimesEveryLinearAndThePlanKeepsTheChoice) {
 TEST(CudaTactics, AlgorithmsOfAnotherCublasLtFallBackToTheHeuristic) {
   if (!gpu_visible()) GTEST_SKIP() << "no GPU visible: tactics are timed on the GPU machine";
   Context ctx(ContextOptions{LogLevel::kWarning, 2});
-  BuildOptions o;
-  o.device = Device::kCuda;
-  ModelIR model = build_model(fixture("t5-tiny"), o, ctx.log());
+  ModelIR model = cuda_fp32_model("t5-tiny", ctx);
   const ModelIR untuned = model;
   for (Graph& g : model.graphs)
     for (Node& n : g.nodes)

@@ -17,6 +17,22 @@ struct KeyRow {
   const T* value;
 };
 
+// Where position j of sequence s lives in the paged cache (this layer's key and value rows);
+// null, and reported, when its block is invalid.
+template <typename T>
+__device__ __forceinline__ KeyRow<T> cache_row(const AttentionParams& p, int s, int64_t j) {
+  const DeviceStep& st = p.step;
+  const int b = st.block_table[static_cast<int64_t>(s) * st.max_blocks + j / p.kv.block_size];
+  if (b < 0 || b >= p.kv.capacity) {
+    report(p.status, kStatusKvBlock, p.node, b, p.kv.capacity);
+    return {nullptr, nullptr};
+  }
+  const int64_t off = (j % p.kv.block_size) * p.kv.row_width;
+  const char* base = p.kv.block_base[b];
+  return {reinterpret_cast<const T*>(base + 2 * p.layer * p.kv.layer_bytes) + off,
+          reinterpret_cast<const T*>(base + (2 * p.layer + 1) * p.kv.layer_bytes) + off};
+}
+
 template <typename T>
 __device__ __forceinline__ KeyRow<T> key_row(const AttentionParams& p, int s, int64_t j) {
   const DeviceStep& st = p.step;
@@ -35,15 +51,7 @@ __device__ __forceinline__ KeyRow<T> key_row(const AttentionParams& p, int s, in
         return {static_cast<const T*>(p.k) + r * p.kv_stride,
                 static_cast<const T*>(p.v) + r * p.kv_stride};
       }
-      const int b = st.block_table[static_cast<int64_t>(s) * st.max_blocks + j / p.kv.block_size];
-      if (b < 0 || b >= p.kv.capacity) {
-        report(p.status, kStatusKvBlock, p.node, b, p.kv.capacity);
-        return {nullptr, nullptr};
-      }
-      const int64_t off = (j % p.kv.block_size) * p.kv.row_width;
-      const char* base = p.kv.block_base[b];
-      return {reinterpret_cast<const T*>(base + 2 * p.layer * p.kv.layer_bytes) + off,
-              reinterpret_cast<const T*>(base + (2 * p.layer + 1) * p.kv.layer_bytes) + off};
+      return cache_row<T>(p, s, j);
     }
     case AttnKind::kCross: {
       const int64_t slot = static_cast<int64_t>(s) * st.cross_layers + p.layer;
@@ -151,14 +159,11 @@ __global__ void attention_kernel(AttentionParams p) {
   if (p.kind == AttnKind::kCachedSelf && split == 0) {
     // Store this row's key and value of head h in the sequence's cache block (the KV append,
     // fused: no separate kernel per layer).
-    const int b = st.block_table[static_cast<int64_t>(s) * st.max_blocks + qpos / p.kv.block_size];
-    if (b < 0 || b >= p.kv.capacity) {
-      if (tid == 0) report(p.status, kStatusKvBlock, p.node, b, p.kv.capacity);
-    } else {
-      const int64_t off = (qpos % p.kv.block_size) * p.kv.row_width + head_off;
-      char* base = p.kv.block_base[b];
-      T* kd = reinterpret_cast<T*>(base + 2 * p.layer * p.kv.layer_bytes) + off;
-      T* vd = reinterpret_cast<T*>(base + (2 * p.layer + 1) * p.kv.layer_bytes) + off;
+    const KeyRow<T> dst = cache_row<T>(p, s, qpos);
+    if (dst.key != nullptr) {
+      // The cache rows are this kernel's to write (KeyRow holds them as const for readers).
+      T* kd = const_cast<T*>(dst.key) + head_off;
+      T* vd = const_cast<T*>(dst.value) + head_off;
       const T* ks = static_cast<const T*>(p.k) + row * p.kv_stride + head_off;
       const T* vs = static_cast<const T*>(p.v) + row * p.kv_stride + head_off;
       for (int d = tid; d < dh; d += threads) {

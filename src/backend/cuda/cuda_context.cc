@@ -206,6 +206,14 @@ void CudaAllocator::copy_to_host(const Tensor& t, void* dst) {
   KILN_CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
 
+// The kernels' fixed-size copy of the ids to ban (at most BannedIds::kMax, checked by callers).
+static BannedIds banned_ids(std::span<const int64_t> banned) {
+  BannedIds ids{};
+  ids.count = static_cast<int>(banned.size());
+  for (size_t i = 0; i < banned.size(); ++i) ids.id[i] = banned[i];
+  return ids;
+}
+
 void CudaContext::argmax_rows(const Tensor& logits, std::span<int64_t> out,
                               std::span<const int64_t> banned,
                               std::span<const uint8_t> banned_rows) {
@@ -230,8 +238,7 @@ void CudaContext::argmax_rows(const Tensor& logits, std::span<int64_t> out,
     flags = reinterpret_cast<unsigned char*>(ids + argmax_capacity_);
     KILN_CUDA_CHECK(cudaMemcpyAsync(flags, banned_rows.data(), banned_rows.size(),
                                     cudaMemcpyHostToDevice, stream_));
-    ban.count = static_cast<int>(banned.size());
-    for (size_t i = 0; i < banned.size(); ++i) ban.id[i] = banned[i];
+    ban = banned_ids(banned);
   }
   launch_argmax_rows(float_type(logits.dtype()), logits.raw(), logits.dim(0), logits.dim(1), ban,
                      flags, ids, stream_);
@@ -276,11 +283,7 @@ void CudaContext::top_k_rows(const Tensor& logits, int k, std::span<const float>
   if (!temperature.empty() || ban)
     KILN_CUDA_CHECK(cudaMemcpyAsync(base, topk_host_.data(), rows * sizeof(float) + rows,
                                     cudaMemcpyHostToDevice, stream_));
-  BannedIds ids{};
-  if (ban) {
-    ids.count = static_cast<int>(banned.size());
-    for (size_t i = 0; i < banned.size(); ++i) ids.id[i] = banned[i];
-  }
+  const BannedIds ids = ban ? banned_ids(banned) : BannedIds{};
   unsigned char* result = base + in_bytes + scratch_bytes;
   auto* values = reinterpret_cast<float*>(result);
   auto* columns = reinterpret_cast<int*>(values + rows * k);
