@@ -2,7 +2,8 @@
 # Everything on the GPU machine in one command: the CUDA tests, real-size checkpoints made by
 # `kiln synth` (bloom-560m fp16, flan-t5-large), kiln plans, `kiln bench` and HuggingFace
 # transformers (eager) on the same weights, logs and a JSON summary in $OUT; batch-1 A/B runs
-# without CUDA graphs and without kiln's GEMV (KILN_CUDA_GRAPHS=0, KILN_CUDA_GEMV=0); the
+# without CUDA graphs, without kiln's GEMV and without programmatic dependent launch
+# (KILN_CUDA_GRAPHS=0, KILN_CUDA_GEMV=0, KILN_CUDA_PDL=0), and each step's GPU time; the
 # real-size logits check against HF fp32 (bench/gpu/hf_real_logits.py + the CudaRealSize test);
 # plans built with --no-tune (build-time tactic selection off); a long-context run with and
 # without split-sequence attention (KILN_CUDA_SPLIT=0).
@@ -55,11 +56,15 @@ bench_model() {  # preset family synth-dtype precision
     --json >"$OUT/kiln-$preset-$prec.jsonl" 2>>"$LOG" || echo "bench $preset $prec failed" | tee -a "$LOG"
   cat "$OUT/kiln-$preset-$prec.jsonl" >>"$LOG"
   # What each decode-step change is worth at batch 1: without CUDA graphs, without the GEMV.
-  for ab in KILN_CUDA_GRAPHS KILN_CUDA_GEMV; do
+  for ab in KILN_CUDA_GRAPHS KILN_CUDA_GEMV KILN_CUDA_PDL; do
     echo "== A/B $preset $prec batch 1 with $ab=0" >>"$LOG"
     env "$ab=0" "$KILN" bench --plan "$plan" --input-len 78 --output-len 100 --runs "$RUNS" \
       --batch 1 2>&1 | grep -E "^ +[0-9]" >>"$LOG"
   done
+  # A decode step's GPU time (CUDA events around its graph launch) beside the wall time.
+  echo "== step profile $preset $prec batch 1" >>"$LOG"
+  KILN_CUDA_PROFILE=steps "$KILN" -v bench --plan "$plan" --input-len 78 --output-len 100 \
+    --runs "$RUNS" --batch 1 2>&1 | grep -E "step profile" >>"$LOG"
   # What build-time tactic selection is worth: the same plan built with --no-tune.
   "$KILN" build --model "$dir" --device cuda --precision "$prec" --max-input-tokens 128 \
     --max-step-tokens 8192 --no-tune -o "$plan.notune" >/dev/null 2>&1 &&

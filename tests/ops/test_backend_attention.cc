@@ -301,6 +301,23 @@ std::vector<OpCase> attention_op_cases() {
                      c.block_size = 4;
                      return cached_scenario(g, c, kChunkedPrefill);
                    }});
+  // Prompts long enough for a GPU's tiled prefill kernel (64 query rows a block, keys in chunks
+  // of 32 through shared memory): tiles that span sequences, partial key chunks, and a chunked
+  // prompt beside a decoding row.
+  for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16})
+    cases.push_back({"Attention_encoder_t5_bidirectional_ragged_40_9_70" + dtype_suffix(dtype),
+                     dtype,
+                     {check},
+                     [](Gen& g) {
+                       return encoder_scenario(g, t5_encoder(), {40, 9, 70});
+                     }});
+  cases.push_back(
+      {"Attention_cached_t5_chunked_long_prompts_block4", DType::kF32, {check}, [](Gen& g) {
+         AttnConfig c = t5_cached();
+         c.block_size = 4;
+         return cached_scenario(
+             g, c, {{{}, {{0, 20}}}, {{}, {{0, 17}, {1, 30}}}, {{}, {{1, 1}, {0, 1}}}});
+       }});
   // Decode over long contexts, where a GPU splits each (row, head) along the keys and joins the
   // shares: one sequence of 1500 positions (prefilled in two chunks), then single tokens; a
   // second sequence joins mid-way. fp32 sums over 1500 keys: 3e-5 of the largest output.

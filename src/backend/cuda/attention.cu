@@ -63,7 +63,6 @@ __device__ __forceinline__ KeyRow<T> key_row(const AttentionParams& p, int s, in
   return {nullptr, nullptr};
 }
 
-template <typename T>
 __device__ __forceinline__ float table_at(const AttentionParams& p, int64_t i) {
   switch (p.table_type) {
     case FloatType::kF32:
@@ -83,25 +82,55 @@ __device__ __forceinline__ float alibi_slope(int h, int heads) {
   return exp2f(-4.0f * static_cast<float>(2 * (h - pow2) + 1) / static_cast<float>(pow2));
 }
 
+// The bias added to the score of key position `key` for the query at position `qpos`, head h:
+// T5's relative bucket from the node's table, or ALiBi's slope * key.
+__device__ __forceinline__ float position_bias(const AttentionParams& p, int64_t key, int64_t qpos,
+                                               int h, float slope) {
+  if (p.bias == AttnBias::kT5Relative) {
+    const int64_t rel = key - qpos;
+    const int64_t dist = rel > 0 ? rel : -rel;
+    const int64_t nb = dist < p.bucket_len ? dist : p.bucket_len - 1;
+    const int bucket = rel > 0 ? p.bucket_after[nb] : p.bucket_before[nb];
+    return table_at(p, static_cast<int64_t>(bucket) * p.heads + h);
+  }
+  if (p.bias == AttnBias::kAlibi) return slope * static_cast<float>(key);
+  return 0.0f;
+}
+
 // q (fp32, shared memory) . k (one key row of dh elements): 16-byte loads when the row is
-// aligned for them (rows of 64 fp16 are), so a thread has several loads in flight.
+// aligned for them (rows of 64 fp16 are), up to kKeyLoads of them in flight before the first is
+// used; the products are summed in dimension order either way.
+constexpr int kKeyLoads = 8;
 template <typename T>
 __device__ __forceinline__ float dot_row(const float* q, const T* k, int dh) {
   constexpr int kPer = 16 / static_cast<int>(sizeof(T));
   float dot = 0.0f;
   if (dh % kPer == 0 && (reinterpret_cast<uintptr_t>(k) & 15) == 0) {
     const uint4* k4 = reinterpret_cast<const uint4*>(k);
-#pragma unroll 4
-    for (int c = 0; c < dh / kPer; ++c) {
-      const uint4 raw = __ldg(k4 + c);
-      const T* e = reinterpret_cast<const T*>(&raw);
+    const int chunks = dh / kPer;
+    for (int c0 = 0; c0 < chunks; c0 += kKeyLoads) {
+      uint4 raw[kKeyLoads];
 #pragma unroll
-      for (int u = 0; u < kPer; ++u) dot += q[c * kPer + u] * to_float(e[u]);
+      for (int u = 0; u < kKeyLoads; ++u)
+        if (c0 + u < chunks) raw[u] = __ldg(k4 + c0 + u);
+#pragma unroll
+      for (int u = 0; u < kKeyLoads; ++u) {
+        if (c0 + u >= chunks) break;
+        const T* e = reinterpret_cast<const T*>(&raw[u]);
+#pragma unroll
+        for (int v = 0; v < kPer; ++v) dot += q[(c0 + u) * kPer + v] * to_float(e[v]);
+      }
     }
     return dot;
   }
   for (int d = 0; d < dh; ++d) dot += q[d] * to_float(k[d]);
   return dot;
+}
+
+// Asks for the 128-byte lines of [p, p + bytes) in L2 (a hint; nothing waits for it).
+__device__ __forceinline__ void prefetch_lines(const void* p, int bytes) {
+  const char* c = static_cast<const char*>(p);
+  for (int at = 0; at < bytes; at += 128) asm volatile("prefetch.global.L2 [%0];" ::"l"(c + at));
 }
 
 // Keys are scored a tile at a time: every thread scores whole keys (q from shared memory, the
@@ -110,8 +139,9 @@ __device__ __forceinline__ float dot_row(const float* q, const T* k, int dh) {
 // probability-weighted values: each thread owns W consecutive dimensions (one 16-byte load when
 // rows allow, W = 1 otherwise) of every parts-th key, and issues kValueUnroll loads before it
 // uses them, so a decode step waits for memory a few times per tile rather than once per key.
+// While scoring a key, a thread already asks for its value row in L2.
 constexpr int kTile = 1024;
-constexpr int kValueUnroll = 4;
+constexpr int kValueUnroll = 8;
 
 // W elements of a value row as floats.
 template <typename T, int W>
@@ -131,6 +161,7 @@ __device__ __forceinline__ void load_values(const T* p, float (&out)[W]) {
 // p.split_out for combine_kernel; with one split the block normalises and writes y itself.
 template <typename T, int W>
 __global__ void attention_kernel(AttentionParams p) {
+  pdl_begin();
   const int64_t row = blockIdx.x;
   const int h = blockIdx.y;
   const int split = blockIdx.z, splits = gridDim.z;
@@ -197,16 +228,9 @@ __global__ void attention_kernel(AttentionParams p) {
       if (kv.key == nullptr) {
         bad_block = 1;
       } else {
-        score = dot_row(q_s, kv.key + head_off, dh) * p.scale;
-        if (p.bias == AttnBias::kT5Relative) {
-          const int64_t rel = key - qpos;
-          const int64_t dist = rel > 0 ? rel : -rel;
-          const int64_t nb = dist < p.bucket_len ? dist : p.bucket_len - 1;
-          const int bucket = rel > 0 ? p.bucket_after[nb] : p.bucket_before[nb];
-          score += table_at<T>(p, static_cast<int64_t>(bucket) * p.heads + h);
-        } else if (p.bias == AttnBias::kAlibi) {
-          score += slope * static_cast<float>(key);
-        }
+        prefetch_lines(kv.value + head_off, dh * static_cast<int>(sizeof(T)));
+        score =
+            dot_row(q_s, kv.key + head_off, dh) * p.scale + position_bias(p, key, qpos, h, slope);
       }
       score_s[j] = score;
       local_max = fmaxf(local_max, score);
@@ -278,6 +302,7 @@ __global__ void attention_kernel(AttentionParams p) {
 // order.
 template <typename T>
 __global__ void combine_kernel(AttentionParams p, int splits) {
+  pdl_begin();
   const int64_t row = blockIdx.x;
   const int h = blockIdx.y, dh = p.head_dim;
   const float* in = p.split_out + (row * p.heads + h) * splits * (dh + 2);
@@ -299,7 +324,10 @@ void launch_typed(const AttentionParams& p, cudaStream_t stream) {
   const int splits = attention_splits(p.tokens, p.heads, p.key_class, p.split_capacity);
   const dim3 grid(static_cast<unsigned>(p.tokens), static_cast<unsigned>(p.heads),
                   static_cast<unsigned>(splits));
-  const int threads = p.head_dim <= 128 ? 128 : 256;
+  // A step of few (row, head, split) blocks (batch-1 decode) gives each 256 threads: it scores up
+  // to 256 keys in one round of loads and accumulates values over 32 (dh 64) key parts; many
+  // blocks (batched decode, prompts) take 128 each, so that more of them fit an SM at once.
+  const int threads = p.tokens * p.heads * splits <= kSplitBlocks ? 256 : 128;
   constexpr int kVec = 16 / static_cast<int>(sizeof(T));
   // 16-byte value loads need every value row's head slice 16-byte aligned: the head dimension
   // and the row strides in whole chunks (the buffers themselves are 256-byte aligned).
@@ -313,12 +341,10 @@ void launch_typed(const AttentionParams& p, cudaStream_t stream) {
       (p.kv_stride % kVec == 0 && (reinterpret_cast<uintptr_t>(p.v) & 15) == 0);
   const bool vec = p.head_dim % kVec == 0 && row_elems % kVec == 0 && step_rows_ok;
   if (vec)
-    attention_kernel<T, kVec><<<grid, threads, 0, stream>>>(p);
+    launch(attention_kernel<T, kVec>, grid, threads, 0, stream, p);
   else
-    attention_kernel<T, 1><<<grid, threads, 0, stream>>>(p);
-  if (splits > 1)
-    combine_kernel<T>
-        <<<dim3(grid.x, grid.y), p.head_dim <= 128 ? 128 : 256, 0, stream>>>(p, splits);
+    launch(attention_kernel<T, 1>, grid, threads, 0, stream, p);
+  if (splits > 1) launch(combine_kernel<T>, dim3(grid.x, grid.y), threads, 0, stream, p, splits);
 }
 
 }  // namespace

@@ -318,7 +318,10 @@ CudaContext::CudaContext(Context& host) : host_(host) {
   device_name_ = prop.name;
   KILN_CHECK_USAGE(sm_ >= 80, "device cuda: {} is sm_{}; kiln's CUDA kernels need sm_80 or newer",
                    device_name_, sm_);
-  profile_ = std::getenv("KILN_CUDA_PROFILE") != nullptr;
+  if (const char* p = std::getenv("KILN_CUDA_PROFILE")) {
+    profile_steps_ = std::string_view(p) == "steps";
+    profile_ = !profile_steps_;
+  }
   auto off = [](const char* name) {
     const char* v = std::getenv(name);
     return v != nullptr && std::string_view(v) == "0";
@@ -326,6 +329,7 @@ CudaContext::CudaContext(Context& host) : host_(host) {
   use_gemv_ = !off("KILN_CUDA_GEMV");
   use_graphs_ = !off("KILN_CUDA_GRAPHS");
   use_splits_ = !off("KILN_CUDA_SPLIT");
+  set_programmatic_launch(sm_ >= 90 && !off("KILN_CUDA_PDL"));
   const std::string no_blas = cublaslt_load_error();
   KILN_CHECK_USAGE(no_blas.empty(), "device cuda: {}", no_blas);
   KILN_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));

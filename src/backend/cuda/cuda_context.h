@@ -76,14 +76,20 @@ class CudaContext {
   int device_index() const { return device_; }
   int multiprocessors() const { return sms_; }
   // KILN_CUDA_PROFILE set (read once): executors time every node with CUDA events and log the
-  // totals per kernel when they are destroyed.
+  // totals per kernel when they are destroyed (steps run eagerly). KILN_CUDA_PROFILE=steps:
+  // only whole steps are timed, graphs stay on; the log gives each step size's GPU time (CUDA
+  // events around the step's launches) beside its wall time in execute().
   bool profile() const { return profile_; }
+  bool profile_steps() const { return profile_steps_; }
   // KILN_CUDA_GEMV=0: few-row Linears run on cuBLASLt too instead of kiln's GEMV (for A/B runs).
   bool use_gemv() const { return use_gemv_; }
   // KILN_CUDA_GRAPHS=0: decode steps are launched kernel by kernel instead of replayed from a
   // captured CUDA graph (for A/B runs and debugging).
   bool use_graphs() const { return use_graphs_; }
   // KILN_CUDA_SPLIT=0: decode attention never splits along the keys (for A/B runs).
+  // KILN_CUDA_PDL=0: kernels wait for the one before them to finish before they start, instead
+  // of programmatic dependent launch (sm_90+: the next kernel starts early and streams its
+  // weights while the one before it finishes; for A/B runs).
 
   DeviceStatus* status() { return status_; }
   // Waits for the stream, then throws if a kernel reported bad data (naming the node of
@@ -125,6 +131,7 @@ class CudaContext {
   bool use_graphs_ = true;
   bool use_splits_ = true;
   bool profile_ = false;
+  bool profile_steps_ = false;
   std::string device_name_;
   cudaStream_t stream_ = nullptr;
   cublasLtHandle_t blas_ = nullptr;

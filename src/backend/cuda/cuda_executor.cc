@@ -40,12 +40,23 @@ CudaExecutor::CudaExecutor(const Graph& graph, const ShapeProfile& profile, Cuda
     events_.resize(graph_.nodes.size() + 1);
     for (cudaEvent_t& e : events_) KILN_CUDA_CHECK(cudaEventCreate(&e));
   }
+  if (ctx_.profile_steps()) {
+    KILN_CUDA_CHECK(cudaEventCreate(&step_begin_));
+    KILN_CUDA_CHECK(cudaEventCreate(&step_end_));
+  }
 }
 
 CudaExecutor::~CudaExecutor() {
   for (auto& [key, g] : graphs_)
     if (g.exec != nullptr) cudaGraphExecDestroy(g.exec);
   for (cudaEvent_t e : events_) cudaEventDestroy(e);
+  if (step_begin_ != nullptr) cudaEventDestroy(step_begin_);
+  if (step_end_ != nullptr) cudaEventDestroy(step_end_);
+  for (const auto& [tokens, t] : step_times_)
+    ctx_.host().log().info(
+        "cuda step profile of graph '{}': {} steps of {} tokens: {:.4f} ms per step on the GPU, "
+        "{:.4f} ms in execute() (wall)",
+        graph_.name, t.steps, tokens, t.gpu_ms / t.steps, t.wall_ms / t.steps);
   if (steps_ == 0) return;
   std::vector<std::pair<double, std::string>> by_time;
   double kernels = 0.0;
@@ -188,6 +199,7 @@ std::span<const Tensor> CudaExecutor::execute(std::span<const Tensor> inputs,
                      base + arena.offset[id], arena.memory, Device::kCuda);
   }
   const auto wall0 = std::chrono::steady_clock::now();
+  if (step_begin_ != nullptr) KILN_CUDA_CHECK(cudaEventRecord(step_begin_, ctx_.stream()));
   if (graphed) {
     GraphKey key;
     key.tokens = shape.tokens;
@@ -222,7 +234,17 @@ std::span<const Tensor> CudaExecutor::execute(std::span<const Tensor> inputs,
   }
   if (!events_.empty())
     KILN_CUDA_CHECK(cudaEventRecord(events_[graph_.nodes.size()], ctx_.stream()));
+  if (step_end_ != nullptr) KILN_CUDA_CHECK(cudaEventRecord(step_end_, ctx_.stream()));
   ctx_.finish_step(graph_);
+  if (step_end_ != nullptr) {
+    float ms = 0.0f;
+    KILN_CUDA_CHECK(cudaEventElapsedTime(&ms, step_begin_, step_end_));
+    StepTimes& t = step_times_[shape.tokens];
+    ++t.steps;
+    t.gpu_ms += ms;
+    t.wall_ms +=
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - wall0).count();
+  }
   if (!events_.empty()) {
     for (size_t n = 0; n < graph_.nodes.size(); ++n) {
       float ms = 0.0f;

@@ -86,6 +86,15 @@ class CudaExecutor final : public Executable {
   std::map<std::string, double> kernel_ms_;
   double step_ms_ = 0.0;
   int64_t steps_ = 0;
+  // Step profiling (CudaContext::profile_steps()): events around each step's launches, and per
+  // token count the steps, their GPU and their wall milliseconds.
+  struct StepTimes {
+    int64_t steps = 0;
+    double gpu_ms = 0.0;
+    double wall_ms = 0.0;
+  };
+  cudaEvent_t step_begin_ = nullptr, step_end_ = nullptr;
+  std::map<int64_t, StepTimes> step_times_;
 };
 
 }  // namespace kiln::cuda

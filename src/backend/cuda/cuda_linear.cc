@@ -106,14 +106,11 @@ class LinearKernel final : public CudaKernel {
                node_.name, dtype_name(dtype_), n, out_);
     Operands o{x.raw(), w.raw(), has_bias ? &args.in[2] : nullptr,
                residual ? residual->raw() : nullptr, y.raw()};
-    const bool gemv_ok = n <= kGemvMaxRows && ctx_.use_gemv() &&
-                         gemv_fits(float_type(dtype_), x.raw(), w.raw(), in_);
-    const LinearTactic* tactic = tactic_for(n);
-    if (gemv_ok && (tactic == nullptr || tactic->kernel == "gemv")) {
+    if (gemv_runs(n, x.raw(), w.raw())) {
       launch_gemv_for(n, o);
       return;
     }
-    const Plan& plan = plan_for(n, tactic);
+    const Plan& plan = plan_for(n, tactic_for(n));
     launch_gemm(n, o, plan.algo, plan);
   }
 
@@ -204,6 +201,14 @@ class LinearKernel final : public CudaKernel {
     void* y;
   };
 
+  // Whether n rows run on kiln's GEMV: few enough, operands that fit it, and the tactic for n
+  // (when tuned) chose it.
+  bool gemv_runs(int64_t n, const void* x, const void* w) const {
+    const LinearTactic* tactic = tactic_for(n);
+    return n <= kGemvMaxRows && ctx_.use_gemv() && gemv_fits(float_type(dtype_), x, w, in_) &&
+           (tactic == nullptr || tactic->kernel == "gemv");
+  }
+
   // The tactic of the smallest tuned row count >= n (else the largest); null without tactics.
   const LinearTactic* tactic_for(int64_t n) const {
     if (tactics_.empty()) return nullptr;
@@ -213,10 +218,21 @@ class LinearKernel final : public CudaKernel {
   }
 
   void launch_gemv_for(int64_t n, const Operands& o) {
-    launch_gemv(float_type(dtype_), o.x, o.w, float_type(o.bias ? o.bias->dtype() : dtype_),
-                o.bias ? o.bias->raw() : nullptr, o.residual, o.y, n, in_, out_, gemv_split_,
-                activation_.has_value(), act_fn(activation_.value_or(Activation::kRelu)),
-                ctx_.stream());
+    GemvParams p{};
+    p.type = float_type(dtype_);
+    p.x = o.x;
+    p.w = o.w;
+    p.bias_type = float_type(o.bias ? o.bias->dtype() : dtype_);
+    p.bias = o.bias ? o.bias->raw() : nullptr;
+    p.residual = o.residual;
+    p.y = o.y;
+    p.rows = n;
+    p.in = in_;
+    p.out = out_;
+    p.split = gemv_split_;
+    p.has_act = activation_.has_value();
+    p.act = act_fn(activation_.value_or(Activation::kRelu));
+    launch_gemv(p, ctx_.stream());
   }
 
   // D = w·x + beta·C (+ bias), C the fused residual or y itself with beta 0; then the bias of

@@ -121,6 +121,47 @@ __device__ __forceinline__ void report(DeviceStatus* status, int code, int node,
   }
 }
 
+// Programmatic dependent launch (sm_90 and newer). Kernels go to the stream through launch(),
+// which lets a kernel start while the one before it in the stream still runs (when
+// programmatic_launch() is on). So every kiln kernel calls pdl_wait() before it reads anything
+// an earlier kernel wrote or writes anything an earlier kernel may read (before the wait it may
+// only read weights); and pdl_trigger() to let the next kernel's blocks be scheduled (they
+// wait in their own pdl_wait() until this grid has finished and its writes are visible). Since
+// every kernel waits, a kernel's completion implies the completion of all before it.
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_trigger() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+// Both, for kernels with nothing to do before the wait.
+__device__ __forceinline__ void pdl_begin() {
+  pdl_wait();
+  pdl_trigger();
+}
+
+// kernel<<<grid, block, smem, stream>>>(args...), with programmatic dependent launch allowed
+// when programmatic_launch() is on. A bad launch is left for cudaGetLastError, as <<<>>> does.
+template <typename... Params, typename... Args>
+void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+            Args&&... args) {
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  cudaLaunchAttribute attr[1] = {};
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = attr;
+  config.numAttrs = programmatic_launch() ? 1 : 0;
+  (void)cudaLaunchKernelEx(&config, kernel, static_cast<Params>(args)...);
+}
+
 inline unsigned grid_for(int64_t n, int threads) {
   const int64_t blocks = (n + threads - 1) / threads;
   return static_cast<unsigned>(blocks < 65535 * 16 ? blocks : 65535 * 16);

@@ -67,32 +67,34 @@ __global__ void __launch_bounds__(kWarps * 32)
 #pragma unroll
   for (int k = 0; k < kFeatures; ++k) wr[k] = w + min(f0 + k, out - 1) * chunks;
   const int64_t stride = 32 * static_cast<int64_t>(split);
+  const int64_t step = kUnroll * stride;
   int64_t c = sub * 32 + lane;
+  // Positions past the row's end load nothing and add nothing.
+  uint4 wv[kUnroll][kFeatures];
+  auto load_weights = [&](int64_t at) {
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u)
+#pragma unroll
+      for (int k = 0; k < kFeatures; ++k)
+        wv[u][k] = at + u * stride < chunks ? __ldcs(wr[k] + at + u * stride) : uint4{};
+  };
+  // The first weights are loaded before waiting for the kernel that writes x (weights are
+  // constant): with programmatic dependent launch they stream while that kernel finishes.
+  if (f0 < out) load_weights(c);
+  pdl_wait();
+  pdl_trigger();
   if (f0 < out) {
-    for (; c + (kUnroll - 1) * stride < chunks; c += kUnroll * stride) {
-      uint4 wv[kUnroll][kFeatures];
+    for (; c < chunks; c += step) {
+      if (c != sub * 32 + lane) load_weights(c);
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u)
-#pragma unroll
-        for (int k = 0; k < kFeatures; ++k) wv[u][k] = __ldcs(wr[k] + c + u * stride);
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u)
+      for (int u = 0; u < kUnroll; ++u) {
+        if (c + u * stride >= chunks) break;
 #pragma unroll
         for (int r = 0; r < N; ++r) {
           const uint4 xv = __ldg(x + r * chunks + c + u * stride);
 #pragma unroll
           for (int k = 0; k < kFeatures; ++k) acc[k][r] += dot16<T>(wv[u][k], xv);
         }
-    }
-    for (; c < chunks; c += stride) {
-      uint4 wv[kFeatures];
-#pragma unroll
-      for (int k = 0; k < kFeatures; ++k) wv[k] = __ldcs(wr[k] + c);
-#pragma unroll
-      for (int r = 0; r < N; ++r) {
-        const uint4 xv = __ldg(x + r * chunks + c);
-#pragma unroll
-        for (int k = 0; k < kFeatures; ++k) acc[k][r] += dot16<T>(wv[k], xv);
       }
     }
   }
@@ -137,38 +139,36 @@ __global__ void __launch_bounds__(kWarps * 32)
 }
 
 template <typename T, typename B, int N>
-void launch_n(const void* x, const void* w, const void* bias, const void* residual, void* y,
-              int64_t in, int64_t out, int split, bool has_act, ActFn act, cudaStream_t stream) {
-  const int64_t chunks = in / Vec<T>::kN;
-  const int64_t groups = (out + kFeatures - 1) / kFeatures;
-  const int64_t per_block = kWarps / split;
+void launch_n(const GemvParams& p, cudaStream_t stream) {
+  const int64_t chunks = p.in / Vec<T>::kN;
+  const int64_t groups = (p.out + kFeatures - 1) / kFeatures;
+  const int64_t per_block = kWarps / p.split;
   const auto blocks = static_cast<unsigned>((groups + per_block - 1) / per_block);
-  gemv_kernel<T, B, N><<<blocks, kWarps * 32, 0, stream>>>(
-      static_cast<const uint4*>(x), static_cast<const uint4*>(w), static_cast<const B*>(bias),
-      static_cast<const T*>(residual), static_cast<T*>(y), chunks, out, split, has_act, act);
+  launch(gemv_kernel<T, B, N>, blocks, kWarps * 32, 0, stream, static_cast<const uint4*>(p.x),
+         static_cast<const uint4*>(p.w), static_cast<const B*>(p.bias),
+         static_cast<const T*>(p.residual), static_cast<T*>(p.y), chunks, p.out, p.split, p.has_act,
+         p.act);
 }
 
 template <typename T, typename B>
-void launch_rows(int64_t n, const void* x, const void* w, const void* bias, const void* residual,
-                 void* y, int64_t in, int64_t out, int split, bool has_act, ActFn act,
-                 cudaStream_t stream) {
-  switch (n) {
+void launch_rows(const GemvParams& p, cudaStream_t stream) {
+  switch (p.rows) {
     case 1:
-      return launch_n<T, B, 1>(x, w, bias, residual, y, in, out, split, has_act, act, stream);
+      return launch_n<T, B, 1>(p, stream);
     case 2:
-      return launch_n<T, B, 2>(x, w, bias, residual, y, in, out, split, has_act, act, stream);
+      return launch_n<T, B, 2>(p, stream);
     case 3:
-      return launch_n<T, B, 3>(x, w, bias, residual, y, in, out, split, has_act, act, stream);
+      return launch_n<T, B, 3>(p, stream);
     case 4:
-      return launch_n<T, B, 4>(x, w, bias, residual, y, in, out, split, has_act, act, stream);
+      return launch_n<T, B, 4>(p, stream);
     case 5:
-      return launch_n<T, B, 5>(x, w, bias, residual, y, in, out, split, has_act, act, stream);
+      return launch_n<T, B, 5>(p, stream);
     case 6:
-      return launch_n<T, B, 6>(x, w, bias, residual, y, in, out, split, has_act, act, stream);
+      return launch_n<T, B, 6>(p, stream);
     case 7:
-      return launch_n<T, B, 7>(x, w, bias, residual, y, in, out, split, has_act, act, stream);
+      return launch_n<T, B, 7>(p, stream);
     default:
-      return launch_n<T, B, 8>(x, w, bias, residual, y, in, out, split, has_act, act, stream);
+      return launch_n<T, B, 8>(p, stream);
   }
 }
 
@@ -190,15 +190,11 @@ int gemv_split(FloatType t, int64_t in, int64_t out, int sms) {
   return split;
 }
 
-void launch_gemv(FloatType t, const void* x, const void* w, FloatType bias_t, const void* bias,
-                 const void* residual, void* y, int64_t n, int64_t in, int64_t out, int split,
-                 bool has_act, ActFn act, cudaStream_t stream) {
-  if (n <= 0 || out <= 0) return;
-  dispatch_float(t, [&](auto tag) {
-    dispatch_float(bias_t, [&](auto bias_tag) {
-      using T = decltype(tag);
-      using B = decltype(bias_tag);
-      launch_rows<T, B>(n, x, w, bias, residual, y, in, out, split, has_act, act, stream);
+void launch_gemv(const GemvParams& p, cudaStream_t stream) {
+  if (p.rows <= 0 || p.out <= 0) return;
+  dispatch_float(p.type, [&](auto tag) {
+    dispatch_float(p.bias_type, [&](auto bias_tag) {
+      launch_rows<decltype(tag), decltype(bias_tag)>(p, stream);
     });
   });
 }

@@ -31,6 +31,11 @@ struct DeviceStatus {
   long long limit;  // the bound it broke
 };
 
+// Programmatic dependent launch of kiln's kernels (device_types.cuh): off until the CUDA
+// context turns it on for an sm_90+ GPU (KILN_CUDA_PDL=0 keeps it off, for A/B runs).
+void set_programmatic_launch(bool on);
+bool programmatic_launch();
+
 // table [vocab, d], ids [n] -> out [n, d]
 void launch_embedding(FloatType t, const void* table, int64_t vocab, int64_t d, IndexType it,
                       const void* ids, int64_t n, void* out, DeviceStatus* status, int node,
@@ -54,17 +59,28 @@ void launch_activation(ActFn act, FloatType t, const void* x, void* y, int64_t n
 // has_act false: bias only. bias may be null (activation only).
 void launch_bias_activation(FloatType t, void* y, FloatType bias_t, const void* bias, int64_t rows,
                             int64_t cols, bool has_act, ActFn act, cudaStream_t stream);
-// The few-row Linear of decode steps (gemv.cu): y [n, out] = act(round(x [n, in] · w [out,
-// in]^T + bias)) (+ residual [n, out], rounded again, when not null), n <= kGemvMaxRows, fp32
-// accumulation, weights streamed with 16-byte loads.
+// The few-row Linear of decode steps (gemv.cu): y [rows, out] = act(round(x [rows, in] · w [out,
+// in]^T + bias)) (+ residual [rows, out], rounded again, when not null), rows <= kGemvMaxRows,
+// fp32 accumulation, weights streamed with 16-byte loads.
 // gemv_fits says whether the operands allow it (rows of whole 16-byte chunks, aligned);
 // gemv_split how many warps share a feature's row so that `out` features fill `sms` SMs.
 inline constexpr int kGemvMaxRows = 8;
 bool gemv_fits(FloatType t, const void* x, const void* w, int64_t in);
 int gemv_split(FloatType t, int64_t in, int64_t out, int sms);
-void launch_gemv(FloatType t, const void* x, const void* w, FloatType bias_t, const void* bias,
-                 const void* residual, void* y, int64_t n, int64_t in, int64_t out, int split,
-                 bool has_act, ActFn act, cudaStream_t stream);
+struct GemvParams {
+  FloatType type;
+  const void* x;
+  const void* w;
+  FloatType bias_type;
+  const void* bias;
+  const void* residual;
+  void* y;
+  int64_t rows, in, out;
+  int split;
+  bool has_act;
+  ActFn act;
+};
+void launch_gemv(const GemvParams& p, cudaStream_t stream);
 // y = round(act(gate)) * up
 void launch_gated(ActFn act, FloatType t, const void* gate, const void* up, void* y, int64_t n,
                   cudaStream_t stream);

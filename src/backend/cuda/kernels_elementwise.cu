@@ -17,6 +17,7 @@ __device__ __forceinline__ long long index_at(const void* p, int64_t i) {
 template <typename T, typename I>
 __global__ void copy_rows_kernel(const T* src, int64_t src_rows, int64_t d, const void* index,
                                  T* out, DeviceStatus* status, int code, int node) {
+  pdl_begin();
   const int64_t r = blockIdx.x;
   const long long id = index_at<I>(index, r);
   if (id < 0 || id >= src_rows) {
@@ -34,15 +35,18 @@ void copy_rows(const void* src, int64_t src_rows, int64_t d, IndexType it, const
   if (n == 0) return;
   const int threads = d >= 256 ? 256 : 64;
   if (it == IndexType::kI64)
-    copy_rows_kernel<T, long long><<<static_cast<unsigned>(n), threads, 0, s>>>(
-        static_cast<const T*>(src), src_rows, d, index, static_cast<T*>(out), status, code, node);
+    launch(copy_rows_kernel<T, long long>, static_cast<unsigned>(n), threads, 0, s,
+           static_cast<const T*>(src), src_rows, d, index, static_cast<T*>(out), status, code,
+           node);
   else
-    copy_rows_kernel<T, int><<<static_cast<unsigned>(n), threads, 0, s>>>(
-        static_cast<const T*>(src), src_rows, d, index, static_cast<T*>(out), status, code, node);
+    launch(copy_rows_kernel<T, int>, static_cast<unsigned>(n), threads, 0, s,
+           static_cast<const T*>(src), src_rows, d, index, static_cast<T*>(out), status, code,
+           node);
 }
 
 template <typename T>
 __global__ void binary_kernel(BinaryOp op, const T* a, const T* b, T* y, int64_t n) {
+  pdl_begin();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x) {
     const float x = to_float(a[i]), z = to_float(b[i]);
@@ -52,6 +56,7 @@ __global__ void binary_kernel(BinaryOp op, const T* a, const T* b, T* y, int64_t
 
 template <typename T>
 __global__ void scale_kernel(const T* x, float s, T* y, int64_t n) {
+  pdl_begin();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x)
     y[i] = from_float<T>(to_float(x[i]) * s);
@@ -59,6 +64,7 @@ __global__ void scale_kernel(const T* x, float s, T* y, int64_t n) {
 
 template <typename From, typename To>
 __global__ void cast_kernel(const From* x, To* y, int64_t n) {
+  pdl_begin();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x)
     y[i] = from_float<To>(to_float(x[i]));
@@ -66,6 +72,7 @@ __global__ void cast_kernel(const From* x, To* y, int64_t n) {
 
 template <typename T>
 __global__ void activation_kernel(ActFn act, const T* x, T* y, int64_t n) {
+  pdl_begin();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x)
     y[i] = from_float<T>(apply_act(act, to_float(x[i])));
@@ -74,6 +81,7 @@ __global__ void activation_kernel(ActFn act, const T* x, T* y, int64_t n) {
 template <typename T, typename B>
 __global__ void bias_activation_kernel(T* y, const B* bias, int64_t rows, int64_t cols,
                                        bool has_act, ActFn act) {
+  pdl_begin();
   const int64_t n = rows * cols;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x) {
@@ -86,12 +94,18 @@ __global__ void bias_activation_kernel(T* y, const B* bias, int64_t rows, int64_
 
 template <typename T>
 __global__ void gated_kernel(ActFn act, const T* gate, const T* up, T* y, int64_t n) {
+  pdl_begin();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x)
     y[i] = from_float<T>(round_as<T>(apply_act(act, to_float(gate[i]))) * to_float(up[i]));
 }
 
+bool programmatic = false;
+
 }  // namespace
+
+void set_programmatic_launch(bool on) { programmatic = on; }
+bool programmatic_launch() { return programmatic; }
 
 void launch_embedding(FloatType t, const void* table, int64_t vocab, int64_t d, IndexType it,
                       const void* ids, int64_t n, void* out, DeviceStatus* status, int node,
@@ -116,8 +130,8 @@ void launch_binary(BinaryOp op, FloatType t, const void* a, const void* b, void*
   if (n == 0) return;
   dispatch_float(t, [&](auto tag) {
     using T = decltype(tag);
-    binary_kernel<T><<<grid_for(n, kThreads), kThreads, 0, stream>>>(
-        op, static_cast<const T*>(a), static_cast<const T*>(b), static_cast<T*>(y), n);
+    launch(binary_kernel<T>, grid_for(n, kThreads), kThreads, 0, stream, op,
+           static_cast<const T*>(a), static_cast<const T*>(b), static_cast<T*>(y), n);
   });
 }
 
@@ -125,8 +139,8 @@ void launch_scale(FloatType t, const void* x, float s, void* y, int64_t n, cudaS
   if (n == 0) return;
   dispatch_float(t, [&](auto tag) {
     using T = decltype(tag);
-    scale_kernel<T><<<grid_for(n, kThreads), kThreads, 0, stream>>>(static_cast<const T*>(x), s,
-                                                                    static_cast<T*>(y), n);
+    launch(scale_kernel<T>, grid_for(n, kThreads), kThreads, 0, stream, static_cast<const T*>(x), s,
+           static_cast<T*>(y), n);
   });
 }
 
@@ -137,8 +151,8 @@ void launch_cast(FloatType from, FloatType to, const void* x, void* y, int64_t n
     dispatch_float(to, [&](auto to_tag) {
       using F = decltype(from_tag);
       using T = decltype(to_tag);
-      cast_kernel<F, T><<<grid_for(n, kThreads), kThreads, 0, stream>>>(static_cast<const F*>(x),
-                                                                        static_cast<T*>(y), n);
+      launch(cast_kernel<F, T>, grid_for(n, kThreads), kThreads, 0, stream,
+             static_cast<const F*>(x), static_cast<T*>(y), n);
     });
   });
 }
@@ -148,8 +162,8 @@ void launch_activation(ActFn act, FloatType t, const void* x, void* y, int64_t n
   if (n == 0) return;
   dispatch_float(t, [&](auto tag) {
     using T = decltype(tag);
-    activation_kernel<T><<<grid_for(n, kThreads), kThreads, 0, stream>>>(
-        act, static_cast<const T*>(x), static_cast<T*>(y), n);
+    launch(activation_kernel<T>, grid_for(n, kThreads), kThreads, 0, stream, act,
+           static_cast<const T*>(x), static_cast<T*>(y), n);
   });
 }
 
@@ -161,8 +175,8 @@ void launch_bias_activation(FloatType t, void* y, FloatType bias_t, const void* 
     dispatch_float(bias_t, [&](auto bias_tag) {
       using T = decltype(tag);
       using B = decltype(bias_tag);
-      bias_activation_kernel<T, B><<<grid_for(n, kThreads), kThreads, 0, stream>>>(
-          static_cast<T*>(y), static_cast<const B*>(bias), rows, cols, has_act, act);
+      launch(bias_activation_kernel<T, B>, grid_for(n, kThreads), kThreads, 0, stream,
+             static_cast<T*>(y), static_cast<const B*>(bias), rows, cols, has_act, act);
     });
   });
 }
@@ -172,8 +186,8 @@ void launch_gated(ActFn act, FloatType t, const void* gate, const void* up, void
   if (n == 0) return;
   dispatch_float(t, [&](auto tag) {
     using T = decltype(tag);
-    gated_kernel<T><<<grid_for(n, kThreads), kThreads, 0, stream>>>(
-        act, static_cast<const T*>(gate), static_cast<const T*>(up), static_cast<T*>(y), n);
+    launch(gated_kernel<T>, grid_for(n, kThreads), kThreads, 0, stream, act,
+           static_cast<const T*>(gate), static_cast<const T*>(up), static_cast<T*>(y), n);
   });
 }
 

@@ -13,6 +13,7 @@ int threads_for(int64_t d) {
 
 template <typename T, typename W>
 __global__ void rms_norm_kernel(const T* x, const W* w, T* y, int64_t d, float eps) {
+  pdl_begin();
   const T* xr = x + blockIdx.x * d;
   T* yr = y + blockIdx.x * d;
   float sum_sq = 0.0f;
@@ -28,6 +29,7 @@ __global__ void rms_norm_kernel(const T* x, const W* w, T* y, int64_t d, float e
 template <typename T, typename W>
 __global__ void add_rms_norm_kernel(const T* a, const T* b, const W* w, T* sum, T* y, int64_t d,
                                     float eps) {
+  pdl_begin();
   const int64_t base = blockIdx.x * d;
   float sum_sq = 0.0f;
   for (int64_t i = threadIdx.x; i < d; i += blockDim.x) {
@@ -45,6 +47,7 @@ __global__ void add_rms_norm_kernel(const T* a, const T* b, const W* w, T* sum, 
 
 template <typename T, typename W>
 __global__ void layer_norm_kernel(const T* x, const W* w, const W* b, T* y, int64_t d, float eps) {
+  pdl_begin();
   const T* xr = x + blockIdx.x * d;
   T* yr = y + blockIdx.x * d;
   float s = 0.0f;
@@ -62,6 +65,7 @@ __global__ void layer_norm_kernel(const T* x, const W* w, const W* b, T* y, int6
 
 template <typename T>
 __global__ void softmax_kernel(const T* x, T* y, int64_t d) {
+  pdl_begin();
   const T* xr = x + blockIdx.x * d;
   T* yr = y + blockIdx.x * d;
   float mx = -INFINITY;
@@ -83,8 +87,8 @@ void launch_rms_norm(FloatType t, FloatType wt, const void* x, const void* w, vo
     dispatch_float(wt, [&](auto wtag) {
       using T = decltype(tag);
       using W = decltype(wtag);
-      rms_norm_kernel<T, W><<<static_cast<unsigned>(rows), threads_for(d), 0, stream>>>(
-          static_cast<const T*>(x), static_cast<const W*>(w), static_cast<T*>(y), d, eps);
+      launch(rms_norm_kernel<T, W>, static_cast<unsigned>(rows), threads_for(d), 0, stream,
+             static_cast<const T*>(x), static_cast<const W*>(w), static_cast<T*>(y), d, eps);
     });
   });
 }
@@ -96,9 +100,9 @@ void launch_layer_norm(FloatType t, FloatType wt, const void* x, const void* w, 
     dispatch_float(wt, [&](auto wtag) {
       using T = decltype(tag);
       using W = decltype(wtag);
-      layer_norm_kernel<T, W><<<static_cast<unsigned>(rows), threads_for(d), 0, stream>>>(
-          static_cast<const T*>(x), static_cast<const W*>(w), static_cast<const W*>(b),
-          static_cast<T*>(y), d, eps);
+      launch(layer_norm_kernel<T, W>, static_cast<unsigned>(rows), threads_for(d), 0, stream,
+             static_cast<const T*>(x), static_cast<const W*>(w), static_cast<const W*>(b),
+             static_cast<T*>(y), d, eps);
     });
   });
 }
@@ -111,9 +115,9 @@ void launch_add_rms_norm(FloatType t, FloatType wt, const void* a, const void* b
     dispatch_float(wt, [&](auto wtag) {
       using T = decltype(tag);
       using W = decltype(wtag);
-      add_rms_norm_kernel<T, W><<<static_cast<unsigned>(rows), threads_for(d), 0, stream>>>(
-          static_cast<const T*>(a), static_cast<const T*>(b), static_cast<const W*>(w),
-          static_cast<T*>(sum), static_cast<T*>(y), d, eps);
+      launch(add_rms_norm_kernel<T, W>, static_cast<unsigned>(rows), threads_for(d), 0, stream,
+             static_cast<const T*>(a), static_cast<const T*>(b), static_cast<const W*>(w),
+             static_cast<T*>(sum), static_cast<T*>(y), d, eps);
     });
   });
 }
@@ -123,8 +127,8 @@ void launch_softmax(FloatType t, const void* x, void* y, int64_t rows, int64_t d
   if (rows == 0) return;
   dispatch_float(t, [&](auto tag) {
     using T = decltype(tag);
-    softmax_kernel<T><<<static_cast<unsigned>(rows), threads_for(d), 0, stream>>>(
-        static_cast<const T*>(x), static_cast<T*>(y), d);
+    launch(softmax_kernel<T>, static_cast<unsigned>(rows), threads_for(d), 0, stream,
+           static_cast<const T*>(x), static_cast<T*>(y), d);
   });
 }
 

@@ -61,6 +61,7 @@ __device__ __forceinline__ unsigned long long block_max_key(unsigned long long k
 template <typename T>
 __global__ void argmax_kernel(const T* x, int64_t cols, BannedIds banned,
                               const unsigned char* ban_row, unsigned long long* keys) {
+  pdl_begin();
   const int64_t r = blockIdx.y;
   const T* row = x + r * cols;
   const int bans = ban_row != nullptr && ban_row[r] != 0 ? banned.count : 0;
@@ -77,6 +78,7 @@ __global__ void argmax_kernel(const T* x, int64_t cols, BannedIds banned,
 }
 
 __global__ void argmax_decode(unsigned long long* keys, int64_t rows) {
+  pdl_begin();
   const int64_t r = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (r >= rows) return;
   const unsigned long long k = keys[r];
@@ -91,6 +93,7 @@ template <typename T>
 __global__ void topk_chunk_kernel(const T* x, int64_t cols, int k, const float* temperature,
                                   BannedIds banned, const unsigned char* ban_row,
                                   unsigned long long* cand, float2* stats) {
+  pdl_begin();
   __shared__ unsigned long long keys[kChunk];
   const int64_t r = blockIdx.y;
   const int chunks = gridDim.x;
@@ -130,6 +133,7 @@ __global__ void topk_chunk_kernel(const T* x, int64_t cols, int k, const float* 
 // row's k best, and the chunks' stats into the row's log-normaliser.
 __global__ void topk_merge_kernel(int chunks, int k, unsigned long long* cand, const float2* stats,
                                   float* values, int* columns, float* log_norm) {
+  pdl_begin();
   const int64_t r = blockIdx.x;
   const int m = chunks * k;
   unsigned long long* c = cand + r * static_cast<int64_t>(m);
@@ -179,10 +183,10 @@ void launch_argmax_rows(FloatType t, const void* x, int64_t rows, int64_t cols,
   const dim3 grid(static_cast<unsigned>(chunks_of(cols)), static_cast<unsigned>(rows));
   dispatch_float(t, [&](auto tag) {
     using T = decltype(tag);
-    argmax_kernel<T><<<grid, kSelectThreads, 0, stream>>>(static_cast<const T*>(x), cols, banned,
-                                                          ban_row, keys);
+    launch(argmax_kernel<T>, grid, kSelectThreads, 0, stream, static_cast<const T*>(x), cols,
+           banned, ban_row, keys);
   });
-  argmax_decode<<<grid_for(rows, 256), 256, 0, stream>>>(keys, rows);
+  launch(argmax_decode, grid_for(rows, 256), 256, 0, stream, keys, rows);
 }
 
 size_t topk_scratch_bytes(int64_t rows, int64_t cols, int k) {
@@ -202,11 +206,11 @@ void launch_topk_rows(FloatType t, const void* x, int64_t rows, int64_t cols, in
   const dim3 grid(static_cast<unsigned>(chunks), static_cast<unsigned>(rows));
   dispatch_float(t, [&](auto tag) {
     using T = decltype(tag);
-    topk_chunk_kernel<T><<<grid, kSelectThreads, 0, stream>>>(
-        static_cast<const T*>(x), cols, k, temperature, banned, ban_row, cand, stats);
+    launch(topk_chunk_kernel<T>, grid, kSelectThreads, 0, stream, static_cast<const T*>(x), cols, k,
+           temperature, banned, ban_row, cand, stats);
   });
-  topk_merge_kernel<<<static_cast<unsigned>(rows), kSelectThreads, 0, stream>>>(
-      chunks, k, cand, stats, values, columns, log_norm);
+  launch(topk_merge_kernel, static_cast<unsigned>(rows), kSelectThreads, 0, stream, chunks, k, cand,
+         stats, values, columns, log_norm);
 }
 
 }  // namespace kiln::cuda

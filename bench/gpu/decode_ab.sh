@@ -1,0 +1,52 @@
+#!/bin/bash
+# A short decode A/B on the GPU machine, for kernel work between full runs of run.sh: the
+# real-size models (synthesized once per machine), plans built with --no-tune (no tactic
+# timing: quick), then `kiln bench` at batch 1 (and the --batches given) for each setting of
+# the environment variables named (each run with VAR=1 and VAR=0), with KILN_CUDA_PROFILE=steps
+# so that the log shows each step size's GPU time beside its wall time.
+# Run from the folder scripts/device/pack.sh filled. Logs in $OUT/decode_ab.log.
+# Usage: decode_ab.sh [--runs N] [--batches "1 16"] [--models "bloom-560m flan-t5-large"] VAR...
+set -u
+HERE=$(cd "$(dirname "$0")" && pwd)
+OUT=${OUT:-/tmp/out}
+RUNS=3
+BATCHES="1"
+MODELS="bloom-560m flan-t5-large"
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --runs) RUNS=$2; shift ;;
+    --batches) BATCHES=$2; shift ;;
+    --models) MODELS=$2; shift ;;
+    *) break ;;
+  esac
+  shift
+done
+mkdir -p "$OUT" "$HERE/x" /tmp/synth /tmp/plans
+[ -x "$HERE/x/bin/kiln" ] || tar -C "$HERE/x" -xJf "$HERE/bundle.tar.xz"
+CUBLAS_DIR=$(dirname "$(find / -name 'libcublasLt.so.13*' -not -path '/proc/*' 2>/dev/null | head -1)")
+export LD_LIBRARY_PATH="$HERE/x/lib:/usr/local/cuda/lib64:$CUBLAS_DIR:${LD_LIBRARY_PATH:-}"
+KILN="$HERE/x/bin/kiln"
+LOG="$OUT/decode_ab.log"
+date -u >>"$LOG"
+for model in $MODELS; do
+  case "$model" in
+    bloom-*) sdtype=fp16 prec=fp16 ;;
+    *) sdtype=fp32 prec=bf16 ;;
+  esac
+  dir=/tmp/synth/$model plan=/tmp/plans/$model-$prec-ab.plan
+  [ -d "$dir" ] || "$KILN" synth --preset "$model" --dtype "$sdtype" -o "$dir" >>"$LOG" 2>&1
+  [ -f "$plan" ] || "$KILN" build --model "$dir" --device cuda --precision "$prec" \
+    --max-input-tokens 128 --max-step-tokens 8192 --no-tune -o "$plan" >>"$LOG" 2>&1 ||
+    { echo "build $model failed" | tee -a "$LOG"; continue; }
+  for b in $BATCHES; do
+    for var in "${@:-NONE}"; do
+      for v in 1 0; do
+        echo "== $model $prec batch $b $var=$v" | tee -a "$LOG"
+        env "$var=$v" KILN_CUDA_PROFILE=steps "$KILN" -v bench --plan "$plan" --input-len 78 \
+          --output-len 100 --runs "$RUNS" --batch "$b" 2>&1 |
+          grep -E "^ +[0-9]|step profile" | tee -a "$LOG"
+        [ "$var" = NONE ] && break
+      done
+    done
+  done
+done
