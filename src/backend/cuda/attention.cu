@@ -139,9 +139,10 @@ __device__ __forceinline__ void prefetch_lines(const void* p, int bytes) {
 // probability-weighted values: each thread owns W consecutive dimensions (one 16-byte load when
 // rows allow, W = 1 otherwise) of every parts-th key, and issues kValueUnroll loads before it
 // uses them, so a decode step waits for memory a few times per tile rather than once per key.
-// While scoring a key, a thread already asks for its value row in L2.
+// In steps of few blocks (256 threads: batch-1 decode), a thread scoring a key already asks for
+// its value row in L2.
 constexpr int kTile = 1024;
-constexpr int kValueUnroll = 8;
+constexpr int kValueUnroll = 4;
 
 // W elements of a value row as floats.
 template <typename T, int W>
@@ -205,6 +206,7 @@ __global__ void attention_kernel(AttentionParams p) {
   }
   __syncthreads();
   const float slope = p.bias == AttnBias::kAlibi ? alibi_slope(h, p.heads) : 0.0f;
+  const bool few_blocks = threads == 256;
   // The value threads: thread tid accumulates dimensions vd .. vd + W - 1 over keys part,
   // part + parts, ...
   const int lanes = dh / W;  // threads per key (<= threads: dh <= the block's threads)
@@ -228,7 +230,7 @@ __global__ void attention_kernel(AttentionParams p) {
       if (kv.key == nullptr) {
         bad_block = 1;
       } else {
-        prefetch_lines(kv.value + head_off, dh * static_cast<int>(sizeof(T)));
+        if (few_blocks) prefetch_lines(kv.value + head_off, dh * static_cast<int>(sizeof(T)));
         score =
             dot_row(q_s, kv.key + head_off, dh) * p.scale + position_bias(p, key, qpos, h, slope);
       }
