@@ -246,6 +246,7 @@ class LinearKernel final : public CudaKernel {
     }
     const float alpha = 1.0f, beta = o.residual ? 1.0f : 0.0f;
     const void* c = o.residual ? o.residual : o.y;
+    note_library_launch();  // whether or not it enqueued: the next kiln launch is plain
     const cublasStatus_t st = cublasLtMatmul(
         ctx_.blas(), desc_, &alpha, o.w, a_, o.x, plan.b, &beta, c, plan.c, o.y, plan.c, &algo,
         ctx_.blas_workspace(), ctx_.blas_workspace_bytes(), ctx_.stream());

@@ -145,7 +145,8 @@ __device__ __forceinline__ void pdl_begin() {
 }
 
 // kernel<<<grid, block, smem, stream>>>(args...), with programmatic dependent launch allowed
-// when programmatic_launch() is on. A bad launch is left for cudaGetLastError, as <<<>>> does.
+// when take_programmatic_launch() says so. A bad launch is left for cudaGetLastError, as <<<>>>
+// does.
 template <typename... Params, typename... Args>
 void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
             Args&&... args) {
@@ -158,7 +159,7 @@ void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaS
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   config.attrs = attr;
-  config.numAttrs = programmatic_launch() ? 1 : 0;
+  config.numAttrs = take_programmatic_launch() ? 1 : 0;
   (void)cudaLaunchKernelEx(&config, kernel, static_cast<Params>(args)...);
 }
 

@@ -35,6 +35,13 @@ struct DeviceStatus {
 // context turns it on for an sm_90+ GPU (KILN_CUDA_PDL=0 keeps it off, for A/B runs).
 void set_programmatic_launch(bool on);
 bool programmatic_launch();
+// Says that a kernel of another library (cuBLASLt) was just enqueued: the next kiln kernel then
+// starts only once it has finished, as a plain launch would. Such a kernel may let its dependents
+// start early; blocks of ours waiting on the SMs would take the room its later waves need.
+void note_library_launch();
+// Whether the next launch may be programmatic (programmatic_launch(), and no library kernel just
+// before it); clears what note_library_launch() said.
+bool take_programmatic_launch();
 
 // table [vocab, d], ids [n] -> out [n, d]
 void launch_embedding(FloatType t, const void* table, int64_t vocab, int64_t d, IndexType it,

@@ -101,11 +101,18 @@ __global__ void gated_kernel(ActFn act, const T* gate, const T* up, T* y, int64_
 }
 
 bool programmatic = false;
+bool after_library = false;
 
 }  // namespace
 
 void set_programmatic_launch(bool on) { programmatic = on; }
 bool programmatic_launch() { return programmatic; }
+void note_library_launch() { after_library = true; }
+bool take_programmatic_launch() {
+  const bool allowed = programmatic && !after_library;
+  after_library = false;
+  return allowed;
+}
 
 void launch_embedding(FloatType t, const void* table, int64_t vocab, int64_t d, IndexType it,
                       const void* ids, int64_t n, void* out, DeviceStatus* status, int node,
