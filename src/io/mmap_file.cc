@@ -62,6 +62,10 @@ std::shared_ptr<MappedFile> MappedFile::open(const std::string& path) {
               errno_text(err));
   }
   file->data_ = p;
+  // Plans' weights stream through the TLB every decode step: ask for 2 MB pages where the page
+  // cache can give them (file pages read from now on; a hint, ignored where unsupported).
+  // Measured: flan-t5-base int8-weight decode Linears 3-8 % faster with the plan PMD-mapped.
+  ::madvise(p, file->size_, MADV_HUGEPAGE);
   return file;
 }
 

@@ -15,7 +15,9 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
+#include <memory>
 #include <optional>
 #include <type_traits>
 #include <vector>
@@ -98,10 +100,12 @@ KILN_TARGET_AVX512 __attribute__((always_inline)) inline void tile_step(__m512 (
 }
 
 // Rows [0, T) of x, interleaved (element i of row t at x[i·ldx + t]) × P full panels starting at
-// output o (panel p at w + p·16·k): y[t, o + 16p + j] for j < 16.
+// output o (panel p at w + p·16·k): y[t, o + 16p + j] for j < 16. `next`: the weights of the
+// group of panels this thread runs next (null when unknown), whose first lines are requested
+// while this tile finishes.
 template <class W, int T, int P>
-KILN_TARGET_AVX512 void tile(const float* x, int64_t ldx, const typename W::T* w, int64_t k,
-                             int64_t o, const Epilogue& e) {
+KILN_TARGET_AVX512 void tile(const float* x, int64_t ldx, const typename W::T* w,
+                             const typename W::T* next, int64_t k, int64_t o, const Epilogue& e) {
   __m512 acc[T][P];
 #pragma GCC unroll 16
   for (int t = 0; t < T; ++t)
@@ -110,14 +114,26 @@ KILN_TARGET_AVX512 void tile(const float* x, int64_t ldx, const typename W::T* w
   const int64_t panel = kPanelRows * k;
   // One cache line of each panel per outer step; the lines kPrefetchBytes ahead are requested
   // then: the P panels are P streams far apart, which the hardware prefetcher alone follows too
-  // slowly for narrow weights.
+  // slowly for narrow weights. Past the end of the panels the requests continue into the next
+  // group's P streams, so that a thread does not start each group with its streams cold (a
+  // 1,024-wide i8 panel is only 16 KB).
   constexpr int64_t kLine = 64 / (kPanelRows * sizeof(typename W::T));
   constexpr int64_t kAhead = kPrefetchBytes / (kPanelRows * sizeof(typename W::T));
+  const int64_t here = std::max<int64_t>(k - kAhead, 0) / kLine * kLine;
   int64_t i = 0;
-  for (; i + kLine <= k; i += kLine) {
+  for (; i < here; i += kLine) {
     for (int p = 0; p < P; ++p)
       _mm_prefetch(reinterpret_cast<const char*>(w + p * panel + (i + kAhead) * kPanelRows),
                    _MM_HINT_T0);
+    for (int64_t u = 0; u < kLine; ++u) tile_step<W, T, P>(acc, x, ldx, w, panel, i + u);
+  }
+  for (; i + kLine <= k; i += kLine) {
+    if (next != nullptr) {
+      const int64_t ahead = std::max<int64_t>(i + kAhead - k, 0);
+      for (int p = 0; p < P; ++p)
+        _mm_prefetch(reinterpret_cast<const char*>(next + p * panel + ahead * kPanelRows),
+                     _MM_HINT_T0);
+    }
     for (int64_t u = 0; u < kLine; ++u) tile_step<W, T, P>(acc, x, ldx, w, panel, i + u);
   }
   for (; i < k; ++i) tile_step<W, T, P>(acc, x, ldx, w, panel, i);
@@ -184,8 +200,8 @@ constexpr int panel_choice(int panels) {
 
 template <class W>
 struct TileSet {
-  using Full = void (*)(const float*, int64_t, const typename W::T*, int64_t, int64_t,
-                        const Epilogue&);
+  using Full = void (*)(const float*, int64_t, const typename W::T*, const typename W::T*, int64_t,
+                        int64_t, const Epilogue&);
   using Narrow = void (*)(const float*, int64_t, const typename W::T*, int64_t, int64_t, int64_t,
                           const Epilogue&);
   Full full[kMaxTileRows + 1][kNumPanelChoices];  // [rows][panel_choice(P)]
@@ -220,8 +236,57 @@ constexpr TileSet<W> make_tiles(std::integer_sequence<int, T...>) {
 template <class W>
 constexpr TileSet<W> kTiles = make_tiles<W>(std::make_integer_sequence<int, kMaxTileRows>{});
 
+// The groups of panels of one call, handed to the pool's threads: each thread owns an equal
+// contiguous range and takes groups from its front (one stream through memory); a thread whose
+// range is empty takes the last group of another thread's range. On this shared VM the two
+// cores' speeds differ from call to call, and a static split left the faster one waiting up to
+// 10 % of a decode Linear. Which thread computes a group never changes its results.
+class GroupQueue {
+ public:
+  struct Take {
+    int64_t group;  // -1: nothing left
+    int64_t next;   // the group this thread will probably take next (to prefetch), or -1
+  };
+  GroupQueue(int64_t groups, int threads)
+      : workers_(static_cast<int>(std::clamp<int64_t>(groups, 1, threads))),
+        ranges_(std::make_unique<Range[]>(static_cast<size_t>(workers_))) {
+    for (int w = 0; w < workers_; ++w) {
+      const int64_t b = groups * w / workers_, e = groups * (w + 1) / workers_;
+      ranges_[w].front_back.store(pack(b, e), std::memory_order_relaxed);
+    }
+  }
+  int workers() const { return workers_; }
+
+  Take take(int64_t worker) {
+    Range& own = ranges_[worker];
+    for (uint64_t v = own.front_back.load(); front(v) < back(v);)
+      if (own.front_back.compare_exchange_weak(v, pack(front(v) + 1, back(v))))
+        return {front(v), front(v) + 1 < back(v) ? front(v) + 1 : -1};
+    for (int d = 1; d < workers_; ++d) {
+      Range& other = ranges_[(worker + d) % workers_];
+      for (uint64_t v = other.front_back.load(); front(v) < back(v);)
+        if (other.front_back.compare_exchange_weak(v, pack(front(v), back(v) - 1)))
+          return {back(v) - 1, back(v) - 2 >= front(v) ? back(v) - 2 : -1};
+    }
+    return {-1, -1};
+  }
+
+ private:
+  struct alignas(64) Range {
+    std::atomic<uint64_t> front_back{0};  // [front, back) of the groups not yet taken
+  };
+  static uint64_t pack(int64_t f, int64_t b) {
+    return static_cast<uint64_t>(f) << 32 | static_cast<uint32_t>(b);
+  }
+  static int64_t front(uint64_t v) { return static_cast<int64_t>(v >> 32); }
+  static int64_t back(uint64_t v) { return static_cast<int64_t>(v & 0xffffffffu); }
+
+  int workers_;
+  std::unique_ptr<Range[]> ranges_;
+};
+
 // x [n, k], w [m, k] packed, y [n, m]: rows in tiles of up to kMaxTileRows, spread evenly; each
-// thread takes a contiguous range of panel groups and runs every row tile over a group while its
+// thread takes groups of panels from a GroupQueue and runs every row tile over a group while its
 // weights are in cache. Several rows are first interleaved into `xt` ([n, k] floats), tile by
 // tile (element i of a tile's row t at i·rows + t): rows k floats apart would all fall into the
 // same L1 sets (k a multiple of 1024), which at 16 rows made the broadcasts miss L1 every time.
@@ -243,35 +308,41 @@ void packed_linear(const float* xp, int64_t n, int64_t k, const typename W::T* w
   const int group = panels_for(tile_rows);
   const int64_t panels = (m + kPanelRows - 1) / kPanelRows;
   const int64_t groups = (panels + group - 1) / group;
-  pool.parallel_for(groups, 1, [&](int64_t g0, int64_t g1) {
-    for (int64_t g = g0; g < g1; ++g) {
-      const int64_t p0 = g * group, p1 = std::min(panels, p0 + group);
-      for (int64_t t = 0; t < n; t += tile_rows) {
-        const int rows = static_cast<int>(std::min<int64_t>(tile_rows, n - t));
-        const float* x = n > 1 ? xt + t * k : xp;
-        const int64_t ldx = n > 1 ? rows : 1;
-        Epilogue et = e;
-        et.y = e.y + t * e.ldy;
+  GroupQueue queue(groups, pool.size());
+  pool.parallel_for(queue.workers(), 1, [&](int64_t w0, int64_t w1) {
+    for (int64_t worker = w0; worker < w1; ++worker)
+      for (GroupQueue::Take g = queue.take(worker); g.group >= 0; g = queue.take(worker)) {
+        const int64_t p0 = g.group * group, p1 = std::min(panels, p0 + group);
         const bool whole = p1 - p0 == group && p1 * kPanelRows <= m;
-        if (whole) {
-          tiles.full[rows][panel_choice(group)](x, ldx, wp + p0 * kPanelRows * k, k,
-                                                p0 * kPanelRows, et);
-          continue;
+        const typename W::T* next =
+            g.next >= 0 && g.next < groups ? wp + g.next * group * kPanelRows * k : nullptr;
+        for (int64_t t = 0; t < n; t += tile_rows) {
+          const int rows = static_cast<int>(std::min<int64_t>(tile_rows, n - t));
+          const float* x = n > 1 ? xt + t * k : xp;
+          const int64_t ldx = n > 1 ? rows : 1;
+          Epilogue et = e;
+          et.y = e.y + t * e.ldy;
+          if (whole) {
+            // Later row tiles of this group find its weights in cache; the last one streams on.
+            tiles.full[rows][panel_choice(group)](x, ldx, wp + p0 * kPanelRows * k,
+                                                  t + rows < n ? nullptr : next, k, p0 * kPanelRows,
+                                                  et);
+            continue;
+          }
+          for (int64_t p = p0; p < p1; ++p) {
+            const int64_t o = p * kPanelRows, width = std::min(kPanelRows, m - o);
+            if (width == kPanelRows)
+              tiles.full[rows][0](x, ldx, wp + o * k, nullptr, k, o, et);
+            else
+              tiles.narrow[rows](x, ldx, wp + o * k, k, o, width, et);
+          }
         }
-        for (int64_t p = p0; p < p1; ++p) {
-          const int64_t o = p * kPanelRows, width = std::min(kPanelRows, m - o);
-          if (width == kPanelRows)
-            tiles.full[rows][0](x, ldx, wp + o * k, k, o, et);
-          else
-            tiles.narrow[rows](x, ldx, wp + o * k, k, o, width, et);
+        if (act) {
+          const int64_t o0 = p0 * kPanelRows, o1 = std::min(m, p1 * kPanelRows);
+          for (int64_t t = 0; t < n; ++t)
+            apply_activation(*act, e.y + t * e.ldy + o0, e.y + t * e.ldy + o0, o1 - o0);
         }
       }
-      if (act) {
-        const int64_t o0 = p0 * kPanelRows, o1 = std::min(m, p1 * kPanelRows);
-        for (int64_t t = 0; t < n; ++t)
-          apply_activation(*act, e.y + t * e.ldy + o0, e.y + t * e.ldy + o0, o1 - o0);
-      }
-    }
   });
 }
 
