@@ -321,7 +321,7 @@ __global__ void combine_kernel(AttentionParams p, int splits) {
 }
 
 template <typename T>
-void launch_typed(const AttentionParams& p, cudaStream_t stream) {
+void launch_typed(const AttentionParams& p, KernelStream stream) {
   if (p.tokens == 0) return;
   const int splits = attention_splits(p.tokens, p.heads, p.key_class, p.split_capacity);
   const dim3 grid(static_cast<unsigned>(p.tokens), static_cast<unsigned>(p.heads),
@@ -362,7 +362,7 @@ int attention_splits(int64_t tokens, int heads, int key_class, int64_t capacity)
   return splits;
 }
 
-void launch_attention(const AttentionParams& p, cudaStream_t stream) {
+void launch_attention(const AttentionParams& p, KernelStream stream) {
   dispatch_float(p.act, [&](auto tag) { launch_typed<decltype(tag)>(p, stream); });
 }
 

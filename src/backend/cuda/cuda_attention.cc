@@ -157,7 +157,7 @@ class AttentionKernel final : public CudaKernel {
     p.key_class = ctx_.step_key_class();
     p.split_out = ctx_.split_scratch();
     p.split_capacity = kSplitBlocks;
-    launch_attention(p, ctx_.stream());
+    launch_attention(p, ctx_.kernel_stream());
   }
 
  private:

@@ -241,7 +241,7 @@ void CudaContext::argmax_rows(const Tensor& logits, std::span<int64_t> out,
     ban = banned_ids(banned);
   }
   launch_argmax_rows(float_type(logits.dtype()), logits.raw(), logits.dim(0), logits.dim(1), ban,
-                     flags, ids, stream_);
+                     flags, ids, kernel_stream());
   static_assert(sizeof(long long) == sizeof(int64_t));
   KILN_CUDA_CHECK(cudaMemcpyAsync(out.data(), ids, out.size() * sizeof(long long),
                                   cudaMemcpyDeviceToHost, stream_));
@@ -291,7 +291,7 @@ void CudaContext::top_k_rows(const Tensor& logits, int k, std::span<const float>
   launch_topk_rows(float_type(logits.dtype()), logits.raw(), logits.dim(0), logits.dim(1), k,
                    temperature.empty() ? nullptr : reinterpret_cast<const float*>(base), ids,
                    ban ? base + rows * sizeof(float) : nullptr, base + in_bytes, values, columns,
-                   log_norm, stream_);
+                   log_norm, kernel_stream());
   KILN_CUDA_CHECK(cudaGetLastError());
   KILN_CUDA_CHECK(
       cudaMemcpyAsync(topk_host_.data(), result, result_bytes, cudaMemcpyDeviceToHost, stream_));
@@ -329,7 +329,7 @@ CudaContext::CudaContext(Context& host) : host_(host) {
   use_gemv_ = !off("KILN_CUDA_GEMV");
   use_graphs_ = !off("KILN_CUDA_GRAPHS");
   use_splits_ = !off("KILN_CUDA_SPLIT");
-  set_programmatic_launch(sm_ >= 90 && !off("KILN_CUDA_PDL"));
+  programmatic_ = sm_ >= 90 && !off("KILN_CUDA_PDL");
   const std::string no_blas = cublaslt_load_error();
   KILN_CHECK_USAGE(no_blas.empty(), "device cuda: {}", no_blas);
   KILN_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));

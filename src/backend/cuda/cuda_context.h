@@ -67,6 +67,10 @@ class CudaContext {
 
   Context& host() { return host_; }
   cudaStream_t stream() const { return stream_; }
+  // The stream with this context's launch policy, for kiln's kernel launchers (kernels.cuh).
+  KernelStream kernel_stream() { return KernelStream(stream_, programmatic_, &after_library_); }
+  // A cuBLASLt kernel was just enqueued: the next kiln kernel is launched plainly.
+  void note_library_launch() { after_library_ = true; }
   cublasLtHandle_t blas() const { return blas_; }
   void* blas_workspace() const { return blas_workspace_; }
   size_t blas_workspace_bytes() const { return kBlasWorkspaceBytes; }
@@ -132,6 +136,8 @@ class CudaContext {
   bool use_splits_ = true;
   bool profile_ = false;
   bool profile_steps_ = false;
+  bool programmatic_ = false;   // programmatic dependent launch (sm_90+, not KILN_CUDA_PDL=0)
+  bool after_library_ = false;  // note_library_launch(), until the next kiln launch
   std::string device_name_;
   cudaStream_t stream_ = nullptr;
   cublasLtHandle_t blas_ = nullptr;

@@ -10,7 +10,7 @@ struct Launch {
   const KernelArgs& args;
   CudaContext& ctx;
   int index;
-  cudaStream_t stream() const { return ctx.stream(); }
+  KernelStream stream() const { return ctx.kernel_stream(); }
 };
 using LaunchFn = void (*)(const Launch&);
 

@@ -232,7 +232,7 @@ class LinearKernel final : public CudaKernel {
     p.split = gemv_split_;
     p.has_act = activation_.has_value();
     p.act = act_fn(activation_.value_or(Activation::kRelu));
-    launch_gemv(p, ctx_.stream());
+    launch_gemv(p, ctx_.kernel_stream());
   }
 
   // D = w·x + beta·C (+ bias), C the fused residual or y itself with beta 0; then the bias of
@@ -246,7 +246,7 @@ class LinearKernel final : public CudaKernel {
     }
     const float alpha = 1.0f, beta = o.residual ? 1.0f : 0.0f;
     const void* c = o.residual ? o.residual : o.y;
-    note_library_launch();  // whether or not it enqueued: the next kiln launch is plain
+    ctx_.note_library_launch();  // whether or not it enqueued: the next kiln launch is plain
     const cublasStatus_t st = cublasLtMatmul(
         ctx_.blas(), desc_, &alpha, o.w, a_, o.x, plan.b, &beta, c, plan.c, o.y, plan.c, &algo,
         ctx_.blas_workspace(), ctx_.blas_workspace_bytes(), ctx_.stream());
@@ -257,7 +257,7 @@ class LinearKernel final : public CudaKernel {
       launch_bias_activation(float_type(dtype_), o.y,
                              bias ? float_type(bias->dtype()) : float_type(dtype_),
                              bias ? bias->raw() : nullptr, n, out_, activation_.has_value(),
-                             act_fn(activation_.value_or(Activation::kRelu)), ctx_.stream());
+                             act_fn(activation_.value_or(Activation::kRelu)), ctx_.kernel_stream());
     }
     return true;
   }

@@ -123,7 +123,7 @@ __device__ __forceinline__ void report(DeviceStatus* status, int code, int node,
 
 // Programmatic dependent launch (sm_90 and newer). Kernels go to the stream through launch(),
 // which lets a kernel start while the one before it in the stream still runs (when
-// programmatic_launch() is on). So every kiln kernel calls pdl_wait() before it reads anything
+// KernelStream policy allows it). So every kiln kernel calls pdl_wait() before it reads anything
 // an earlier kernel wrote or writes anything an earlier kernel may read (before the wait it may
 // only read weights); and pdl_trigger() to let the next kernel's blocks be scheduled (they
 // wait in their own pdl_wait() until this grid has finished and its writes are visible). Since
@@ -145,21 +145,24 @@ __device__ __forceinline__ void pdl_begin() {
 }
 
 // kernel<<<grid, block, smem, stream>>>(args...), with programmatic dependent launch allowed
-// when take_programmatic_launch() says so. A bad launch is left for cudaGetLastError, as <<<>>>
-// does.
+// where the stream's policy allows it (KernelStream). A bad launch is left for
+// cudaGetLastError, as <<<>>> does.
 template <typename... Params, typename... Args>
-void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, KernelStream stream,
             Args&&... args) {
+  const bool programmatic =
+      stream.programmatic && !(stream.after_library != nullptr && *stream.after_library);
+  if (stream.after_library != nullptr) *stream.after_library = false;
   cudaLaunchConfig_t config = {};
   config.gridDim = grid;
   config.blockDim = block;
   config.dynamicSmemBytes = smem;
-  config.stream = stream;
+  config.stream = stream.stream;
   cudaLaunchAttribute attr[1] = {};
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   config.attrs = attr;
-  config.numAttrs = take_programmatic_launch() ? 1 : 0;
+  config.numAttrs = programmatic ? 1 : 0;
   (void)cudaLaunchKernelEx(&config, kernel, static_cast<Params>(args)...);
 }
 

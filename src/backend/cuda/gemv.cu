@@ -139,7 +139,7 @@ __global__ void __launch_bounds__(kWarps * 32)
 }
 
 template <typename T, typename B, int N>
-void launch_n(const GemvParams& p, cudaStream_t stream) {
+void launch_n(const GemvParams& p, KernelStream stream) {
   const int64_t chunks = p.in / Vec<T>::kN;
   const int64_t groups = (p.out + kFeatures - 1) / kFeatures;
   const int64_t per_block = kWarps / p.split;
@@ -151,7 +151,7 @@ void launch_n(const GemvParams& p, cudaStream_t stream) {
 }
 
 template <typename T, typename B>
-void launch_rows(const GemvParams& p, cudaStream_t stream) {
+void launch_rows(const GemvParams& p, KernelStream stream) {
   switch (p.rows) {
     case 1:
       return launch_n<T, B, 1>(p, stream);
@@ -190,7 +190,7 @@ int gemv_split(FloatType t, int64_t in, int64_t out, int sms) {
   return split;
 }
 
-void launch_gemv(const GemvParams& p, cudaStream_t stream) {
+void launch_gemv(const GemvParams& p, KernelStream stream) {
   if (p.rows <= 0 || p.out <= 0) return;
   dispatch_float(p.type, [&](auto tag) {
     dispatch_float(p.bias_type, [&](auto bias_tag) {

@@ -31,41 +31,46 @@ struct DeviceStatus {
   long long limit;  // the bound it broke
 };
 
-// Programmatic dependent launch of kiln's kernels (device_types.cuh): off until the CUDA
-// context turns it on for an sm_90+ GPU (KILN_CUDA_PDL=0 keeps it off, for A/B runs).
-void set_programmatic_launch(bool on);
-bool programmatic_launch();
-// Says that a kernel of another library (cuBLASLt) was just enqueued: the next kiln kernel then
-// starts only once it has finished, as a plain launch would. Such a kernel may let its dependents
-// start early; blocks of ours waiting on the SMs would take the room its later waves need.
-void note_library_launch();
-// Whether the next launch may be programmatic (programmatic_launch(), and no library kernel just
-// before it); clears what note_library_launch() said.
-bool take_programmatic_launch();
+// The stream kiln's kernels go to, with the launch policy of the CUDA context that owns it
+// (device_types.cuh's launch()): `programmatic` allows programmatic dependent launch (sm_90+,
+// unless KILN_CUDA_PDL=0), and `after_library` is the context's note that a kernel of another
+// library (cuBLASLt) was just enqueued: the next kiln kernel is then launched plainly and starts
+// only once that kernel has finished (such a kernel may let its dependents start early, and
+// blocks of ours waiting on the SMs would take the room its later waves need). A bare
+// cudaStream_t converts to plain launches.
+struct KernelStream {
+  cudaStream_t stream = nullptr;
+  bool programmatic = false;
+  bool* after_library = nullptr;
+  KernelStream() = default;
+  KernelStream(cudaStream_t s) : stream(s) {}  // NOLINT(google-explicit-constructor)
+  KernelStream(cudaStream_t s, bool pdl, bool* after)
+      : stream(s), programmatic(pdl), after_library(after) {}
+};
 
 // table [vocab, d], ids [n] -> out [n, d]
 void launch_embedding(FloatType t, const void* table, int64_t vocab, int64_t d, IndexType it,
                       const void* ids, int64_t n, void* out, DeviceStatus* status, int node,
-                      cudaStream_t stream);
+                      KernelStream stream);
 // x [rows_in, d], rows [r] -> out [r, d]
 void launch_gather_rows(FloatType t, const void* x, int64_t rows_in, int64_t d, IndexType it,
                         const void* rows, int64_t r, void* out, DeviceStatus* status, int node,
-                        cudaStream_t stream);
+                        KernelStream stream);
 // y = a op b, n elements
 void launch_binary(BinaryOp op, FloatType t, const void* a, const void* b, void* y, int64_t n,
-                   cudaStream_t stream);
+                   KernelStream stream);
 // y = x * s
-void launch_scale(FloatType t, const void* x, float s, void* y, int64_t n, cudaStream_t stream);
+void launch_scale(FloatType t, const void* x, float s, void* y, int64_t n, KernelStream stream);
 // y = x converted (round to nearest even)
 void launch_cast(FloatType from, FloatType to, const void* x, void* y, int64_t n,
-                 cudaStream_t stream);
+                 KernelStream stream);
 // y = act(x) (y may be x)
 void launch_activation(ActFn act, FloatType t, const void* x, void* y, int64_t n,
-                       cudaStream_t stream);
+                       KernelStream stream);
 // y[r, c] = act(round(y[r, c] + bias[c])) for a [rows, cols] linear output (in place);
 // has_act false: bias only. bias may be null (activation only).
 void launch_bias_activation(FloatType t, void* y, FloatType bias_t, const void* bias, int64_t rows,
-                            int64_t cols, bool has_act, ActFn act, cudaStream_t stream);
+                            int64_t cols, bool has_act, ActFn act, KernelStream stream);
 // The few-row Linear of decode steps (gemv.cu): y [rows, out] = act(round(x [rows, in] · w [out,
 // in]^T + bias)) (+ residual [rows, out], rounded again, when not null), rows <= kGemvMaxRows,
 // fp32 accumulation, weights streamed with 16-byte loads.
@@ -87,24 +92,24 @@ struct GemvParams {
   bool has_act;
   ActFn act;
 };
-void launch_gemv(const GemvParams& p, cudaStream_t stream);
+void launch_gemv(const GemvParams& p, KernelStream stream);
 // y = round(act(gate)) * up
 void launch_gated(ActFn act, FloatType t, const void* gate, const void* up, void* y, int64_t n,
-                  cudaStream_t stream);
+                  KernelStream stream);
 
 // x [rows, d], w [d] -> y [rows, d]
 void launch_rms_norm(FloatType t, FloatType wt, const void* x, const void* w, void* y, int64_t rows,
-                     int64_t d, float eps, cudaStream_t stream);
+                     int64_t d, float eps, KernelStream stream);
 // x [rows, d], w [d], b [d] -> y [rows, d]
 void launch_layer_norm(FloatType t, FloatType wt, const void* x, const void* w, const void* b,
-                       void* y, int64_t rows, int64_t d, float eps, cudaStream_t stream);
+                       void* y, int64_t rows, int64_t d, float eps, KernelStream stream);
 // a, b [rows, d], w [d] -> sum = a + b (rounded), y = rmsnorm(sum) * w
 void launch_add_rms_norm(FloatType t, FloatType wt, const void* a, const void* b, const void* w,
                          void* sum, void* y, int64_t rows, int64_t d, float eps,
-                         cudaStream_t stream);
+                         KernelStream stream);
 // x [rows, d] -> softmax over d in fp32
 void launch_softmax(FloatType t, const void* x, void* y, int64_t rows, int64_t d,
-                    cudaStream_t stream);
+                    KernelStream stream);
 
 // The step's layout in device memory (uploaded once per step by the executor).
 struct DeviceStep {
@@ -192,7 +197,7 @@ struct BannedIds {
 // (ban_row may be null: no row bans).
 void launch_argmax_rows(FloatType t, const void* x, int64_t rows, int64_t cols,
                         const BannedIds& banned, const unsigned char* ban_row, long long* out,
-                        cudaStream_t stream);
+                        KernelStream stream);
 // The k best columns of each row r of x [rows, cols] (select.cu), for sampling and beam search:
 // values[r*k + j] = x[r][c] / temperature[r] (temperature null: no scaling) of the j-th best c,
 // best first, ties to the lower column, with banned.id[] skipped where ban_row[r] is non-zero;
@@ -202,11 +207,11 @@ size_t topk_scratch_bytes(int64_t rows, int64_t cols, int k);
 void launch_topk_rows(FloatType t, const void* x, int64_t rows, int64_t cols, int k,
                       const float* temperature, const BannedIds& banned,
                       const unsigned char* ban_row, void* scratch, float* values, int* columns,
-                      float* log_norm, cudaStream_t stream);
+                      float* log_norm, KernelStream stream);
 
 // Attends; cached self attention also stores this step's K/V rows in the cache (in the same
 // kernel: its own keys it reads from the step's rows).
-void launch_attention(const AttentionParams& p, cudaStream_t stream);
+void launch_attention(const AttentionParams& p, KernelStream stream);
 // Largest head_dim launch_attention handles.
 inline constexpr int kMaxHeadDim = 256;
 

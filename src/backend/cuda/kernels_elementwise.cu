@@ -31,7 +31,7 @@ __global__ void copy_rows_kernel(const T* src, int64_t src_rows, int64_t d, cons
 
 template <typename T>
 void copy_rows(const void* src, int64_t src_rows, int64_t d, IndexType it, const void* index,
-               int64_t n, void* out, DeviceStatus* status, int code, int node, cudaStream_t s) {
+               int64_t n, void* out, DeviceStatus* status, int code, int node, KernelStream s) {
   if (n == 0) return;
   const int threads = d >= 256 ? 256 : 64;
   if (it == IndexType::kI64)
@@ -100,23 +100,11 @@ __global__ void gated_kernel(ActFn act, const T* gate, const T* up, T* y, int64_
     y[i] = from_float<T>(round_as<T>(apply_act(act, to_float(gate[i]))) * to_float(up[i]));
 }
 
-bool programmatic = false;
-bool after_library = false;
-
 }  // namespace
-
-void set_programmatic_launch(bool on) { programmatic = on; }
-bool programmatic_launch() { return programmatic; }
-void note_library_launch() { after_library = true; }
-bool take_programmatic_launch() {
-  const bool allowed = programmatic && !after_library;
-  after_library = false;
-  return allowed;
-}
 
 void launch_embedding(FloatType t, const void* table, int64_t vocab, int64_t d, IndexType it,
                       const void* ids, int64_t n, void* out, DeviceStatus* status, int node,
-                      cudaStream_t stream) {
+                      KernelStream stream) {
   dispatch_float(t, [&](auto tag) {
     copy_rows<decltype(tag)>(table, vocab, d, it, ids, n, out, status, kStatusTokenId, node,
                              stream);
@@ -125,7 +113,7 @@ void launch_embedding(FloatType t, const void* table, int64_t vocab, int64_t d, 
 
 void launch_gather_rows(FloatType t, const void* x, int64_t rows_in, int64_t d, IndexType it,
                         const void* rows, int64_t r, void* out, DeviceStatus* status, int node,
-                        cudaStream_t stream) {
+                        KernelStream stream) {
   dispatch_float(t, [&](auto tag) {
     copy_rows<decltype(tag)>(x, rows_in, d, it, rows, r, out, status, kStatusGatherRow, node,
                              stream);
@@ -133,7 +121,7 @@ void launch_gather_rows(FloatType t, const void* x, int64_t rows_in, int64_t d, 
 }
 
 void launch_binary(BinaryOp op, FloatType t, const void* a, const void* b, void* y, int64_t n,
-                   cudaStream_t stream) {
+                   KernelStream stream) {
   if (n == 0) return;
   dispatch_float(t, [&](auto tag) {
     using T = decltype(tag);
@@ -142,7 +130,7 @@ void launch_binary(BinaryOp op, FloatType t, const void* a, const void* b, void*
   });
 }
 
-void launch_scale(FloatType t, const void* x, float s, void* y, int64_t n, cudaStream_t stream) {
+void launch_scale(FloatType t, const void* x, float s, void* y, int64_t n, KernelStream stream) {
   if (n == 0) return;
   dispatch_float(t, [&](auto tag) {
     using T = decltype(tag);
@@ -152,7 +140,7 @@ void launch_scale(FloatType t, const void* x, float s, void* y, int64_t n, cudaS
 }
 
 void launch_cast(FloatType from, FloatType to, const void* x, void* y, int64_t n,
-                 cudaStream_t stream) {
+                 KernelStream stream) {
   if (n == 0) return;
   dispatch_float(from, [&](auto from_tag) {
     dispatch_float(to, [&](auto to_tag) {
@@ -165,7 +153,7 @@ void launch_cast(FloatType from, FloatType to, const void* x, void* y, int64_t n
 }
 
 void launch_activation(ActFn act, FloatType t, const void* x, void* y, int64_t n,
-                       cudaStream_t stream) {
+                       KernelStream stream) {
   if (n == 0) return;
   dispatch_float(t, [&](auto tag) {
     using T = decltype(tag);
@@ -175,7 +163,7 @@ void launch_activation(ActFn act, FloatType t, const void* x, void* y, int64_t n
 }
 
 void launch_bias_activation(FloatType t, void* y, FloatType bias_t, const void* bias, int64_t rows,
-                            int64_t cols, bool has_act, ActFn act, cudaStream_t stream) {
+                            int64_t cols, bool has_act, ActFn act, KernelStream stream) {
   const int64_t n = rows * cols;
   if (n == 0) return;
   dispatch_float(t, [&](auto tag) {
@@ -189,7 +177,7 @@ void launch_bias_activation(FloatType t, void* y, FloatType bias_t, const void* 
 }
 
 void launch_gated(ActFn act, FloatType t, const void* gate, const void* up, void* y, int64_t n,
-                  cudaStream_t stream) {
+                  KernelStream stream) {
   if (n == 0) return;
   dispatch_float(t, [&](auto tag) {
     using T = decltype(tag);

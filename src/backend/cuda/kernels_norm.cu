@@ -81,7 +81,7 @@ __global__ void softmax_kernel(const T* x, T* y, int64_t d) {
 }  // namespace
 
 void launch_rms_norm(FloatType t, FloatType wt, const void* x, const void* w, void* y, int64_t rows,
-                     int64_t d, float eps, cudaStream_t stream) {
+                     int64_t d, float eps, KernelStream stream) {
   if (rows == 0) return;
   dispatch_float(t, [&](auto tag) {
     dispatch_float(wt, [&](auto wtag) {
@@ -94,7 +94,7 @@ void launch_rms_norm(FloatType t, FloatType wt, const void* x, const void* w, vo
 }
 
 void launch_layer_norm(FloatType t, FloatType wt, const void* x, const void* w, const void* b,
-                       void* y, int64_t rows, int64_t d, float eps, cudaStream_t stream) {
+                       void* y, int64_t rows, int64_t d, float eps, KernelStream stream) {
   if (rows == 0) return;
   dispatch_float(t, [&](auto tag) {
     dispatch_float(wt, [&](auto wtag) {
@@ -109,7 +109,7 @@ void launch_layer_norm(FloatType t, FloatType wt, const void* x, const void* w, 
 
 void launch_add_rms_norm(FloatType t, FloatType wt, const void* a, const void* b, const void* w,
                          void* sum, void* y, int64_t rows, int64_t d, float eps,
-                         cudaStream_t stream) {
+                         KernelStream stream) {
   if (rows == 0) return;
   dispatch_float(t, [&](auto tag) {
     dispatch_float(wt, [&](auto wtag) {
@@ -123,7 +123,7 @@ void launch_add_rms_norm(FloatType t, FloatType wt, const void* a, const void* b
 }
 
 void launch_softmax(FloatType t, const void* x, void* y, int64_t rows, int64_t d,
-                    cudaStream_t stream) {
+                    KernelStream stream) {
   if (rows == 0) return;
   dispatch_float(t, [&](auto tag) {
     using T = decltype(tag);

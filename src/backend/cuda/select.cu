@@ -176,10 +176,10 @@ int chunks_of(int64_t cols) { return static_cast<int>((cols + kChunk - 1) / kChu
 
 void launch_argmax_rows(FloatType t, const void* x, int64_t rows, int64_t cols,
                         const BannedIds& banned, const unsigned char* ban_row, long long* out,
-                        cudaStream_t stream) {
+                        KernelStream stream) {
   if (rows == 0) return;
   auto* keys = reinterpret_cast<unsigned long long*>(out);
-  cudaMemsetAsync(keys, 0, static_cast<size_t>(rows) * sizeof(unsigned long long), stream);
+  cudaMemsetAsync(keys, 0, static_cast<size_t>(rows) * sizeof(unsigned long long), stream.stream);
   const dim3 grid(static_cast<unsigned>(chunks_of(cols)), static_cast<unsigned>(rows));
   dispatch_float(t, [&](auto tag) {
     using T = decltype(tag);
@@ -198,7 +198,7 @@ size_t topk_scratch_bytes(int64_t rows, int64_t cols, int k) {
 void launch_topk_rows(FloatType t, const void* x, int64_t rows, int64_t cols, int k,
                       const float* temperature, const BannedIds& banned,
                       const unsigned char* ban_row, void* scratch, float* values, int* columns,
-                      float* log_norm, cudaStream_t stream) {
+                      float* log_norm, KernelStream stream) {
   if (rows == 0 || k <= 0) return;
   const int chunks = chunks_of(cols);
   auto* cand = static_cast<unsigned long long*>(scratch);
