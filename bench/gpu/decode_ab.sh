@@ -21,11 +21,8 @@ while [ $# -gt 0 ]; do
   esac
   shift
 done
-mkdir -p "$OUT" "$HERE/x" /tmp/synth /tmp/plans
-[ -x "$HERE/x/bin/kiln" ] || tar -C "$HERE/x" -xJf "$HERE/bundle.tar.xz"
-CUBLAS_DIR=$(dirname "$(find / -name 'libcublasLt.so.13*' -not -path '/proc/*' 2>/dev/null | head -1)")
-export LD_LIBRARY_PATH="$HERE/x/lib:/usr/local/cuda/lib64:$CUBLAS_DIR:${LD_LIBRARY_PATH:-}"
-KILN="$HERE/x/bin/kiln"
+mkdir -p /tmp/synth /tmp/plans
+source "$HERE/bundle_env.sh"
 LOG="$OUT/decode_ab.log"
 date -u >>"$LOG"
 for model in $MODELS; do

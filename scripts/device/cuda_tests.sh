@@ -6,8 +6,7 @@
 set -u
 HERE=$(cd "$(dirname "$0")" && pwd)
 OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT" "$HERE/x"
-[ -x "$HERE/x/bin/kiln_tests" ] || tar -C "$HERE/x" -xJf "$HERE/bundle.tar.xz"
+source "$HERE/bundle_env.sh"
 # The test binary's compiled-in scratch folder (the build folder it was made in, on this machine).
 TEST_TMP=$(strings "$HERE/x/bin/kiln_tests" | grep -m1 -E '^/[^ ]*/test_tmp$' || echo /tmp/test_tmp)
 mkdir -p /work/shared "$TEST_TMP"
@@ -18,10 +17,8 @@ for model in t5-tiny bloom-tiny; do
     [ -e "$HERE/x/fixtures/$model/$(basename "$f")" ] || ln -s "$f" "$HERE/x/fixtures/$model/"
   done
 done
-CUBLAS_DIR=$(dirname "$(find / -name 'libcublasLt.so.13*' -not -path '*/proc/*' 2>/dev/null | head -1)")
-export LD_LIBRARY_PATH="$HERE/x/lib:/usr/local/cuda/lib64:$CUBLAS_DIR:${LD_LIBRARY_PATH:-}"
 nvidia-smi -L
-"$HERE/x/bin/kiln" --version
+"$KILN" --version
 FILTER=${1:-'BackendOps*:*Parity*:*Cuda*:PlanTest*'}
 "$HERE/x/bin/kiln_tests" --gtest_filter="$FILTER" 2>&1 | tee "$OUT/${TESTLOG:-cuda_tests.log}" |
   grep -E '^\[  FAILED|^\[  PASSED|^\[  SKIPPED|parity\]|Failure|error|expected|differ'

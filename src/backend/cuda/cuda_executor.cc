@@ -236,14 +236,15 @@ std::span<const Tensor> CudaExecutor::execute(std::span<const Tensor> inputs,
     KILN_CUDA_CHECK(cudaEventRecord(events_[graph_.nodes.size()], ctx_.stream()));
   if (step_end_ != nullptr) KILN_CUDA_CHECK(cudaEventRecord(step_end_, ctx_.stream()));
   ctx_.finish_step(graph_);
+  const double wall_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - wall0).count();
   if (step_end_ != nullptr) {
     float ms = 0.0f;
     KILN_CUDA_CHECK(cudaEventElapsedTime(&ms, step_begin_, step_end_));
     StepTimes& t = step_times_[shape.tokens];
     ++t.steps;
     t.gpu_ms += ms;
-    t.wall_ms +=
-        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - wall0).count();
+    t.wall_ms += wall_ms;
   }
   if (!events_.empty()) {
     for (size_t n = 0; n < graph_.nodes.size(); ++n) {
@@ -255,8 +256,7 @@ std::span<const Tensor> CudaExecutor::execute(std::span<const Tensor> inputs,
       kernel_ms_[kernel_names_[n] + " -> " +
                  sym_shape_str(graph_.values[graph_.nodes[n].outputs[0]].shape)] += ms;
     }
-    step_ms_ +=
-        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - wall0).count();
+    step_ms_ += wall_ms;
     ++steps_;
   }
   outputs_.clear();
