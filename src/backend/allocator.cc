@@ -33,6 +33,24 @@ void Allocator::copy_to_host(const Tensor& t, void* dst) {
   std::memcpy(dst, t.raw(), t.nbytes());
 }
 
+std::vector<std::vector<Tensor>> Allocator::copy_groups(
+    std::span<const std::vector<Tensor>> groups) {
+  std::vector<std::vector<Tensor>> out(groups.size());
+  for (size_t g = 0; g < groups.size(); ++g) {
+    size_t total = 0;
+    for (const Tensor& t : groups[g]) total += (t.nbytes() + 63) / 64 * 64;
+    std::shared_ptr<void> memory = allocate(std::max<size_t>(total, 1));
+    char* at = static_cast<char*>(memory.get());
+    for (const Tensor& t : groups[g]) {
+      Tensor copy = Tensor::view(t.dtype(), t.shape(), at, memory, device());
+      copy_to_host(t, at);  // this allocator's memory is host memory
+      out[g].push_back(std::move(copy));
+      at += (t.nbytes() + 63) / 64 * 64;
+    }
+  }
+  return out;
+}
+
 Allocator& host_allocator() {
   // Stateless: one shared instance is not mutable global state.
   static HostAllocator allocator;

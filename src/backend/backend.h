@@ -33,6 +33,11 @@ class Allocator {
   virtual Tensor to_host(const Tensor& t) { return t.clone(); }
   // Copies a contiguous tensor's bytes into host memory at `dst` (nbytes() of room).
   virtual void copy_to_host(const Tensor& t, void* dst);
+  // Copies of contiguous tensors, one new buffer per group: out[g][i] has the dtype, shape and
+  // contents of groups[g][i], and the tensors of a group share their buffer (freed with the last
+  // of them). Device allocators copy every part in one go (CUDA: one launch; a batch of 64 T5
+  // requests has 3072 cross K/V parts, at ~3 us of host time per separate copy).
+  virtual std::vector<std::vector<Tensor>> copy_groups(std::span<const std::vector<Tensor>> groups);
 };
 Allocator& host_allocator();
 

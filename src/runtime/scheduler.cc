@@ -288,15 +288,23 @@ void Scheduler::encode_batch(const std::vector<Request*>& batch) {
   inputs[io.input_ids] = Tensor::from_vector(ids, {static_cast<int64_t>(ids.size())});
   StepContext step{&layout, nullptr};
   const std::span<const Tensor> out = model_.encoder().execute(inputs, &step);
-  Allocator& alloc = model_.backend().allocator();
+  // Copies of each request's rows only, in one buffer per request (every layer's K then V): the
+  // workspace is reused by the next step, and a request must not keep the whole batch's encoder
+  // output alive. One copy_groups call copies the whole batch.
+  std::vector<std::vector<Tensor>> parts(batch.size());
   for (size_t i = 0; i < batch.size(); ++i) {
-    // Copies of this request's rows only: the workspace is reused by the next step, and a
-    // request must not keep the whole batch's encoder output alive.
-    auto cross = std::make_shared<CrossKv>();
     const int64_t b = layout.token_begin[i], e = layout.token_begin[i + 1];
     for (size_t l = 0; l < io.cross_k.size(); ++l) {
-      cross->keys.push_back(alloc.upload(out[io.cross_k[l]].slice_rows(b, e)));
-      cross->values.push_back(alloc.upload(out[io.cross_v[l]].slice_rows(b, e)));
+      parts[i].push_back(out[io.cross_k[l]].slice_rows(b, e));
+      parts[i].push_back(out[io.cross_v[l]].slice_rows(b, e));
+    }
+  }
+  std::vector<std::vector<Tensor>> copies = model_.backend().allocator().copy_groups(parts);
+  for (size_t i = 0; i < batch.size(); ++i) {
+    auto cross = std::make_shared<CrossKv>();
+    for (size_t l = 0; l < io.cross_k.size(); ++l) {
+      cross->keys.push_back(std::move(copies[i][2 * l]));
+      cross->values.push_back(std::move(copies[i][2 * l + 1]));
     }
     batch[i]->cross = std::move(cross);
   }
@@ -367,10 +375,10 @@ void Scheduler::run_decoder(const std::vector<Request*>& batch, bool apply_copie
   StepContext step{&layout_, kv_.get()};
   const std::span<const Tensor> out = model_.decoder().execute(inputs, &step);
   const Tensor& logits = out[io.logits];
-  logits_.resize(static_cast<size_t>(logits.numel()));
   row_argmax_.clear();
   row_topk_.clear();
   if (logits.device() == Device::kCpu) {
+    logits_.resize(static_cast<size_t>(logits.numel()));
     std::memcpy(logits_.data(), logits.data<float>(), logits.nbytes());
     return;
   }
@@ -411,6 +419,10 @@ void Scheduler::run_decoder(const std::vector<Request*>& batch, bool apply_copie
         row_topk_[b.row] = 1;
         continue;
       }
+      // The host buffer is sized only when a row needs it: [rows, vocab] floats are 64 MB for
+      // 64 BLOOM rows, and their first touch cost a prefill of that batch 30 ms.
+      if (logits_.size() < static_cast<size_t>(logits.numel()))
+        logits_.resize(static_cast<size_t>(logits.numel()));
       memory.copy_to_host(logits.slice_rows(b.row, b.row + 1), logits_.data() + b.row * vocab);
     }
   }
@@ -514,22 +526,26 @@ void Scheduler::advance(Request& r, std::vector<GenerationEvent>& events) {
   }
   Beam& b = r.beams[0];
   const int64_t vocab = model_.desc().vocab_size;
-  std::span<float> row(logits_.data() + b.row * vocab, static_cast<size_t>(vocab));
-  if (b.generated < r.params.min_new_tokens)
-    for (int64_t eos : eos_ids_) row[eos] = -INFINITY;
   const bool device_argmax =
       b.row < static_cast<int64_t>(row_argmax_.size()) && row_argmax_[b.row] >= 0;
   const bool device_topk = b.row < static_cast<int64_t>(row_topk_.size()) && row_topk_[b.row];
   int64_t token;
   if (r.params.do_sample && device_topk) {
+    // The device skipped EOS where it is banned, as it did for the argmax below.
     const size_t at = static_cast<size_t>(b.row * topk_.k);
     const size_t n = candidate_count(topk_, b.row);
     token = sample_sorted(std::span<const float>(topk_.values.data() + at, n),
                           std::span<const int64_t>(topk_.ids.data() + at, n), r.params, r.rng);
+  } else if (!r.params.do_sample && device_argmax) {
+    token = row_argmax_[b.row];
   } else {
-    token = r.params.do_sample ? sample_token(row, r.params, r.rng)
-            : device_argmax    ? row_argmax_[b.row]
-                               : argmax(row);
+    // The row's logits are on the host (CPU backends, or copied out for this row).
+    KILN_CHECK(static_cast<int64_t>(logits_.size()) >= (b.row + 1) * vocab,
+               "request {}: no logits on the host for row {}", r.id, b.row);
+    std::span<float> row(logits_.data() + b.row * vocab, static_cast<size_t>(vocab));
+    if (b.generated < r.params.min_new_tokens)
+      for (int64_t eos : eos_ids_) row[eos] = -INFINITY;
+    token = r.params.do_sample ? sample_token(row, r.params, r.rng) : argmax(row);
   }
   if (is_eos(token) && !r.params.ignore_eos) {
     finish(r, GenerationResult{r.generated_tokens(), FinishReason::kEos, 0.0f}, events);

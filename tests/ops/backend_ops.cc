@@ -2,7 +2,9 @@
 #include "backend_ops.h"
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <string>
 
 #include "../models/graph_runner.h"
 #include "backend/reference/reference_backend.h"
@@ -28,6 +30,19 @@ std::vector<NamedBackend> available_backends() {
     auto ctx = std::make_unique<Context>(ContextOptions{LogLevel::kError, 1});
     auto backend = make_cuda_backend(*ctx);
     out.push_back({"cuda", std::move(ctx), std::move(backend), /*batch_invariant=*/false});
+    // Again with the tensor-core attention for every step it can take (by default only prompts
+    // that fill the GPU take it, larger than these cases).
+    const char* before = std::getenv("KILN_CUDA_TILED");
+    const std::string saved = before ? before : "";
+    setenv("KILN_CUDA_TILED", "always", 1);
+    auto tiled_ctx = std::make_unique<Context>(ContextOptions{LogLevel::kError, 1});
+    auto tiled = make_cuda_backend(*tiled_ctx);
+    if (before)
+      setenv("KILN_CUDA_TILED", saved.c_str(), 1);
+    else
+      unsetenv("KILN_CUDA_TILED");
+    out.push_back({"cuda-tiled-attention", std::move(tiled_ctx), std::move(tiled),
+                   /*batch_invariant=*/false});
   }
   return out;
 }

@@ -311,6 +311,46 @@ std::vector<OpCase> attention_op_cases() {
                      [](Gen& g) {
                        return encoder_scenario(g, t5_encoder(), {40, 9, 70});
                      }});
+  // head_dim 64: in fp16/bf16 prompts take a GPU's tensor-core kernel (64 query rows and 64 keys
+  // a tile): partial query and key tiles, ragged sequences, a second prompt chunk over keys
+  // already cached, then decode steps (row kernel) reading the K/V the tiled kernel stored.
+  for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16}) {
+    cases.push_back({"Attention_encoder_t5_dh64_ragged_130_9_70" + dtype_suffix(dtype),
+                     dtype,
+                     {check},
+                     [](Gen& g) {
+                       AttnConfig c = t5_encoder();
+                       c.heads = 2;
+                       c.head_dim = 64;
+                       c.buckets = 32;
+                       c.max_distance = 128;
+                       return encoder_scenario(g, c, {130, 9, 70});
+                     }});
+    cases.push_back(
+        {"Attention_cached_alibi_packed_dh64_chunked_prompts" + dtype_suffix(dtype),
+         dtype,
+         {check},
+         [](Gen& g) {
+           AttnConfig c = alibi_cached_packed();
+           c.heads = 3;
+           c.head_dim = 64;
+           c.block_size = 16;
+           return cached_scenario(
+               g, c, {{{}, {{0, 70}, {1, 20}}}, {{}, {{1, 50}, {0, 40}}}, {{}, {{0, 1}, {1, 1}}}});
+         }});
+    cases.push_back({"Attention_cached_t5_dh64_chunked_prompts_block4" + dtype_suffix(dtype),
+                     dtype,
+                     {check},
+                     [](Gen& g) {
+                       AttnConfig c = t5_cached();
+                       c.heads = 2;
+                       c.head_dim = 64;
+                       c.block_size = 4;
+                       return cached_scenario(
+                           g, c,
+                           {{{}, {{0, 100}}}, {{}, {{0, 30}, {1, 65}}}, {{}, {{1, 1}, {0, 1}}}});
+                     }});
+  }
   cases.push_back(
       {"Attention_cached_t5_chunked_long_prompts_block4", DType::kF32, {check}, [](Gen& g) {
          AttnConfig c = t5_cached();

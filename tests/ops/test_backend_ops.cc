@@ -673,6 +673,45 @@ TEST(BackendOps, ArgmaxRowsOnTheDeviceTakesTheFirstMaximum) {
   if (checked == 0) GTEST_SKIP() << "no backend here computes argmax on a device (CUDA does)";
 }
 
+// Every backend's allocator copies groups of tensors (a request's cross K/V) into one buffer per
+// group: same dtypes, shapes and bytes, parts of any size (odd byte counts, 16-byte multiples,
+// empty), slices of a larger tensor as sources, and the copies outlive the sources.
+TEST(BackendOps, AllocatorCopyGroupsCopiesEveryPart) {
+  Gen g(DType::kF32, DType::kF32, 9);
+  const Tensor big = Tensor::from_vector(g.floats(40 * 12, -3, 3), {40, 12});
+  const std::vector<uint8_t> odd = {1, 2, 3, 4, 5, 6, 7};
+  Tensor bytes = Tensor::empty(DType::kI8, {7});
+  std::memcpy(bytes.raw(), odd.data(), odd.size());
+  int checked = 0;
+  for (NamedBackend& nb : available_backends()) {
+    Allocator& alloc = nb.backend->allocator();
+    std::vector<std::vector<Tensor>> out;
+    {
+      const Tensor src = alloc.upload(big);
+      const std::vector<std::vector<Tensor>> groups = {
+          {src.slice_rows(3, 9), alloc.upload(bytes), src.slice_rows(0, 0)},
+          {src.slice_rows(9, 40)},
+          {}};
+      out = alloc.copy_groups(groups);
+    }
+    ASSERT_EQ(out.size(), 3u) << nb.name;
+    ASSERT_EQ(out[0].size(), 3u) << nb.name;
+    ASSERT_EQ(out[1].size(), 1u) << nb.name;
+    EXPECT_TRUE(out[2].empty()) << nb.name;
+    const Tensor a = alloc.to_host(out[0][0]), b = alloc.to_host(out[0][1]),
+                 c = alloc.to_host(out[1][0]);
+    EXPECT_EQ(a.shape(), (Shape{6, 12})) << nb.name;
+    EXPECT_EQ(out[0][2].shape(), (Shape{0, 12})) << nb.name;
+    EXPECT_EQ(std::memcmp(a.raw(), big.data<float>() + 3 * 12, 6 * 12 * sizeof(float)), 0)
+        << nb.name;
+    EXPECT_EQ(std::memcmp(b.raw(), odd.data(), odd.size()), 0) << nb.name;
+    EXPECT_EQ(std::memcmp(c.raw(), big.data<float>() + 9 * 12, 31 * 12 * sizeof(float)), 0)
+        << nb.name;
+    ++checked;
+  }
+  EXPECT_GT(checked, 0);
+}
+
 TEST(BackendOps, BadInputEmbeddingIdOutOfRange) {
   const int64_t vocab = 10;
   for (DType id_type : {DType::kI64, DType::kI32}) {

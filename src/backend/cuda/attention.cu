@@ -5,97 +5,18 @@
 // no score matrix beyond one tile in shared memory, K/V read once per (query, head). Position
 // bias is computed inside: T5's relative buckets from a per-node lookup table of distances,
 // BLOOM's ALiBi from the head's slope.
-#include "backend/cuda/device_types.cuh"
+#include <type_traits>
+
+#include "backend/cuda/attention_common.cuh"
 
 namespace kiln::cuda {
 namespace {
 
-// Where key position j of sequence s lives, for the node's kind; null when its block is invalid.
-template <typename T>
-struct KeyRow {
-  const T* key;
-  const T* value;
-};
-
-// Where position j of sequence s lives in the paged cache (this layer's key and value rows);
-// null, and reported, when its block is invalid.
-template <typename T>
-__device__ __forceinline__ KeyRow<T> cache_row(const AttentionParams& p, int s, int64_t j) {
-  const DeviceStep& st = p.step;
-  const int b = st.block_table[static_cast<int64_t>(s) * st.max_blocks + j / p.kv.block_size];
-  if (b < 0 || b >= p.kv.capacity) {
-    report(p.status, kStatusKvBlock, p.node, b, p.kv.capacity);
-    return {nullptr, nullptr};
-  }
-  const int64_t off = (j % p.kv.block_size) * p.kv.row_width;
-  const char* base = p.kv.block_base[b];
-  return {reinterpret_cast<const T*>(base + 2 * p.layer * p.kv.layer_bytes) + off,
-          reinterpret_cast<const T*>(base + (2 * p.layer + 1) * p.kv.layer_bytes) + off};
-}
-
-template <typename T>
-__device__ __forceinline__ KeyRow<T> key_row(const AttentionParams& p, int s, int64_t j) {
-  const DeviceStep& st = p.step;
-  switch (p.kind) {
-    case AttnKind::kEncoderSelf: {
-      const int64_t r = st.token_begin[s] + j;
-      return {static_cast<const T*>(p.k) + r * p.kv_stride,
-              static_cast<const T*>(p.v) + r * p.kv_stride};
-    }
-    case AttnKind::kCachedSelf: {
-      // This step's own keys are read where the step computed them: the blocks that store them
-      // in the cache (split 0 of each (row, head)) run concurrently with the ones reading.
-      const int64_t past = st.past_len[s];
-      if (j >= past) {
-        const int64_t r = st.token_begin[s] + (j - past);
-        return {static_cast<const T*>(p.k) + r * p.kv_stride,
-                static_cast<const T*>(p.v) + r * p.kv_stride};
-      }
-      return cache_row<T>(p, s, j);
-    }
-    case AttnKind::kCross: {
-      const int64_t slot = static_cast<int64_t>(s) * st.cross_layers + p.layer;
-      const int64_t width = static_cast<int64_t>(p.heads) * p.head_dim;
-      return {static_cast<const T*>(st.cross_k[slot]) + j * width,
-              static_cast<const T*>(st.cross_v[slot]) + j * width};
-    }
-  }
-  return {nullptr, nullptr};
-}
-
-__device__ __forceinline__ float table_at(const AttentionParams& p, int64_t i) {
-  switch (p.table_type) {
-    case FloatType::kF32:
-      return static_cast<const float*>(p.rel_table)[i];
-    case FloatType::kF16:
-      return __half2float(static_cast<const __half*>(p.rel_table)[i]);
-    case FloatType::kBF16:
-      return __bfloat162float(static_cast<const __nv_bfloat16*>(p.rel_table)[i]);
-  }
-  return 0.0f;
-}
-
-__device__ __forceinline__ float alibi_slope(int h, int heads) {
-  int pow2 = 1;
-  while (pow2 * 2 <= heads) pow2 *= 2;
-  if (h < pow2) return exp2f(-8.0f * static_cast<float>(h + 1) / static_cast<float>(pow2));
-  return exp2f(-4.0f * static_cast<float>(2 * (h - pow2) + 1) / static_cast<float>(pow2));
-}
-
-// The bias added to the score of key position `key` for the query at position `qpos`, head h:
-// T5's relative bucket from the node's table, or ALiBi's slope * key.
-__device__ __forceinline__ float position_bias(const AttentionParams& p, int64_t key, int64_t qpos,
-                                               int h, float slope) {
-  if (p.bias == AttnBias::kT5Relative) {
-    const int64_t rel = key - qpos;
-    const int64_t dist = rel > 0 ? rel : -rel;
-    const int64_t nb = dist < p.bucket_len ? dist : p.bucket_len - 1;
-    const int bucket = rel > 0 ? p.bucket_after[nb] : p.bucket_before[nb];
-    return table_at(p, static_cast<int64_t>(bucket) * p.heads + h);
-  }
-  if (p.bias == AttnBias::kAlibi) return slope * static_cast<float>(key);
-  return 0.0f;
-}
+using attn::alibi_slope;
+using attn::cache_row;
+using attn::key_row;
+using attn::KeyRow;
+using attn::position_bias;
 
 // q (fp32, shared memory) . k (one key row of dh elements): 16-byte loads when the row is
 // aligned for them (rows of 64 fp16 are), up to kKeyLoads of them in flight before the first is
@@ -323,6 +244,12 @@ __global__ void combine_kernel(AttentionParams p, int splits) {
 template <typename T>
 void launch_typed(const AttentionParams& p, KernelStream stream) {
   if (p.tokens == 0) return;
+  if constexpr (!std::is_same_v<T, float>) {
+    if (tiled_attention_applies(p)) {
+      launch_tiled_attention<T>(p, stream);
+      return;
+    }
+  }
   const int splits = attention_splits(p.tokens, p.heads, p.key_class, p.split_capacity);
   const dim3 grid(static_cast<unsigned>(p.tokens), static_cast<unsigned>(p.heads),
                   static_cast<unsigned>(splits));

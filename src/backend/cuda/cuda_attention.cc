@@ -42,6 +42,7 @@ class AttentionKernel final : public CudaKernel {
 
   void prepare(const Graph& graph) override {
     CudaKernel::prepare(graph);
+    KILN_CUDA_CHECK(prepare_tiled_attention());
     const AttentionAttrs& a = node_.attr<AttentionAttrs>();
     KILN_CHECK(a.head_dim >= 1 && a.head_dim <= kMaxHeadDim && a.num_heads >= 1,
                "node '{}': the cuda attention handles head_dim 1..{}, not {}", node_.name,
@@ -157,6 +158,7 @@ class AttentionKernel final : public CudaKernel {
     p.key_class = ctx_.step_key_class();
     p.split_out = ctx_.split_scratch();
     p.split_capacity = kSplitBlocks;
+    p.tiled = ctx_.tiled_attention();
     launch_attention(p, ctx_.kernel_stream());
   }
 

@@ -185,6 +185,42 @@ Tensor CudaAllocator::upload(const Tensor& source) {
   return t;
 }
 
+std::vector<std::vector<Tensor>> CudaAllocator::copy_groups(
+    std::span<const std::vector<Tensor>> groups) {
+  constexpr size_t kAlign = 256;
+  std::vector<std::vector<Tensor>> out(groups.size());
+  std::vector<CopyPart> parts;
+  for (size_t g = 0; g < groups.size(); ++g) {
+    size_t total = 0;
+    for (const Tensor& t : groups[g]) total += (t.nbytes() + kAlign - 1) / kAlign * kAlign;
+    std::shared_ptr<void> memory = allocate_raw(std::max<size_t>(total, 1));
+    char* at = static_cast<char*>(memory.get());
+    for (const Tensor& t : groups[g]) {
+      KILN_CHECK(t.defined(), "cannot copy an undefined tensor on the GPU");
+      Tensor copy = Tensor::view(t.dtype(), t.shape(), at, memory, Device::kCuda);
+      if (t.device() != Device::kCuda) {
+        KILN_CUDA_CHECK(cudaMemcpyAsync(at, t.raw(), t.nbytes(), cudaMemcpyHostToDevice, stream_));
+        KILN_CUDA_CHECK(cudaStreamSynchronize(stream_));  // the host source may go when we return
+      } else if (t.nbytes() > 0) {
+        parts.push_back({t.raw(), at, static_cast<long long>(t.nbytes())});
+      }
+      out[g].push_back(std::move(copy));
+      at += (t.nbytes() + kAlign - 1) / kAlign * kAlign;
+    }
+  }
+  if (parts.empty()) return out;
+  // The part list goes to the device from pageable memory: cudaMemcpyAsync has staged it when it
+  // returns, so `parts` may go; the list's device buffer returns to the cache when this returns,
+  // and anything reusing it runs after the launch in stream order.
+  std::shared_ptr<void> list = allocate_raw(parts.size() * sizeof(CopyPart));
+  KILN_CUDA_CHECK(cudaMemcpyAsync(list.get(), parts.data(), parts.size() * sizeof(CopyPart),
+                                  cudaMemcpyHostToDevice, stream_));
+  launch_copy_parts(static_cast<const CopyPart*>(list.get()), static_cast<int64_t>(parts.size()),
+                    stream_);
+  KILN_CUDA_CHECK(cudaGetLastError());
+  return out;
+}
+
 Tensor CudaAllocator::to_host(const Tensor& t) {
   if (t.device() == Device::kCpu) return t.clone();
   Tensor host = Tensor::empty(t.dtype(), t.shape());
@@ -329,6 +365,10 @@ CudaContext::CudaContext(Context& host) : host_(host) {
   use_gemv_ = !off("KILN_CUDA_GEMV");
   use_graphs_ = !off("KILN_CUDA_GRAPHS");
   use_splits_ = !off("KILN_CUDA_SPLIT");
+  if (const char* v = std::getenv("KILN_CUDA_TILED"))
+    tiled_attention_ = std::string_view(v) == "0"        ? TiledAttention::kOff
+                       : std::string_view(v) == "always" ? TiledAttention::kAlways
+                                                         : TiledAttention::kAuto;
   programmatic_ = sm_ >= 90 && !off("KILN_CUDA_PDL");
   const std::string no_blas = cublaslt_load_error();
   KILN_CHECK_USAGE(no_blas.empty(), "device cuda: {}", no_blas);

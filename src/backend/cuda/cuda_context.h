@@ -44,6 +44,10 @@ class CudaAllocator final : public Allocator {
   Tensor upload(const Tensor& source) override;
   Tensor to_host(const Tensor& t) override;
   void copy_to_host(const Tensor& t, void* dst) override;
+  // Device parts: one launch of copy_parts (kernels_elementwise.cu) for all of them, in stream
+  // order, without waiting for it; host parts are uploaded.
+  std::vector<std::vector<Tensor>> copy_groups(
+      std::span<const std::vector<Tensor>> groups) override;
   // Bytes held in the cache, free for reuse.
   size_t cached_bytes() const;
 
@@ -90,10 +94,14 @@ class CudaContext {
   // KILN_CUDA_GRAPHS=0: decode steps are launched kernel by kernel instead of replayed from a
   // captured CUDA graph (for A/B runs and debugging).
   bool use_graphs() const { return use_graphs_; }
-  // KILN_CUDA_SPLIT=0: decode attention never splits along the keys (for A/B runs).
-  // KILN_CUDA_PDL=0: kernels wait for the one before them to finish before they start, instead
-  // of programmatic dependent launch (sm_90+: the next kernel starts early and streams its
-  // weights while the one before it finishes; for A/B runs).
+  // Which steps' attention runs on the tensor-core kernel (attention_tiled.cu): prompts large
+  // enough to fill the GPU (default); KILN_CUDA_TILED=0: none (the row kernel, for A/B runs);
+  // KILN_CUDA_TILED=always: every step it can run (tests of the kernel on small cases).
+  TiledAttention tiled_attention() const { return tiled_attention_; }
+  // Read at construction, used inside: KILN_CUDA_SPLIT=0: decode attention never splits along
+  // the keys (for A/B runs). KILN_CUDA_PDL=0: kernels wait for the one before them to finish
+  // before they start, instead of programmatic dependent launch (sm_90+: the next kernel starts
+  // early and streams its weights while the one before it finishes; for A/B runs).
 
   DeviceStatus* status() { return status_; }
   // Waits for the stream, then throws if a kernel reported bad data (naming the node of
@@ -134,6 +142,7 @@ class CudaContext {
   bool use_gemv_ = true;
   bool use_graphs_ = true;
   bool use_splits_ = true;
+  TiledAttention tiled_attention_ = TiledAttention::kAuto;
   bool profile_ = false;
   bool profile_steps_ = false;
   bool programmatic_ = false;   // programmatic dependent launch (sm_90+, not KILN_CUDA_PDL=0)

@@ -38,6 +38,7 @@ CudaExecutor::CudaExecutor(const Graph& graph, const ShapeProfile& profile, Cuda
   }
   if (ctx_.profile()) {
     events_.resize(graph_.nodes.size() + 1);
+    node_host_ms_.assign(graph_.nodes.size(), 0.0);
     for (cudaEvent_t& e : events_) KILN_CUDA_CHECK(cudaEventCreate(&e));
   }
   if (ctx_.profile_steps()) {
@@ -70,8 +71,11 @@ CudaExecutor::~CudaExecutor() {
       "cuda profile of graph '{}': {} steps, {:.3f} ms per step (wall), {:.3f} ms of it in "
       "kernels (CUDA events)",
       graph_.name, steps_, step_ms_ / steps_, kernels / steps_);
+  // Host: the time the node's run() took to enqueue its launches; a node whose GPU time is
+  // close to it was waiting for the host (launch-bound), not for its kernels.
   for (const auto& [ms, name] : by_time)
-    log.info("  {:>9.4f} ms/step {:>5.1f}%  {}", ms / steps_, 100.0 * ms / kernels, name);
+    log.info("  {:>9.4f} ms/step {:>5.1f}%  (host {:.4f})  {}", ms / steps_, 100.0 * ms / kernels,
+             kernel_host_ms_[name] / steps_, name);
 }
 
 CudaExecutor::Arena& CudaExecutor::arena_for(int64_t bucket) {
@@ -114,8 +118,15 @@ void CudaExecutor::run_nodes(char* scratch, const StepContext* step) {
     for (int id : node.outputs) node_out_.push_back(values_[id]);
     args.in = node_in_;
     args.out = node_out_;
-    if (!events_.empty()) KILN_CUDA_CHECK(cudaEventRecord(events_[n], ctx_.stream()));
+    if (events_.empty()) {
+      kernels_[n]->run(args);
+      continue;
+    }
+    KILN_CUDA_CHECK(cudaEventRecord(events_[n], ctx_.stream()));
+    const auto t0 = std::chrono::steady_clock::now();
     kernels_[n]->run(args);
+    node_host_ms_[n] +=
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   }
 }
 
@@ -253,8 +264,11 @@ std::span<const Tensor> CudaExecutor::execute(std::span<const Tensor> inputs,
         cudaGetLastError();  // an event a graph did not record this step: not counted
         continue;
       }
-      kernel_ms_[kernel_names_[n] + " -> " +
-                 sym_shape_str(graph_.values[graph_.nodes[n].outputs[0]].shape)] += ms;
+      const std::string name = kernel_names_[n] + " -> " +
+                               sym_shape_str(graph_.values[graph_.nodes[n].outputs[0]].shape);
+      kernel_ms_[name] += ms;
+      kernel_host_ms_[name] += node_host_ms_[n];
+      node_host_ms_[n] = 0.0;
     }
     step_ms_ += wall_ms;
     ++steps_;

@@ -84,6 +84,8 @@ class CudaExecutor final : public Executable {
   // milliseconds each kernel name took over every step; the wall time of whole steps.
   std::vector<cudaEvent_t> events_;
   std::map<std::string, double> kernel_ms_;
+  std::map<std::string, double> kernel_host_ms_;  // run()'s own time on the host, same keys
+  std::vector<double> node_host_ms_;              // per node, this step
   double step_ms_ = 0.0;
   int64_t steps_ = 0;
   // Step profiling (CudaContext::profile_steps()): events around each step's launches, and per

@@ -62,6 +62,13 @@ void launch_binary(BinaryOp op, FloatType t, const void* a, const void* b, void*
 // y = x * s
 void launch_scale(FloatType t, const void* x, float s, void* y, int64_t n, KernelStream stream);
 // y = x converted (round to nearest even)
+// dst[i][0, bytes) = src[i][0, bytes) for every part (parts in device memory): one launch.
+struct CopyPart {
+  const void* src;
+  void* dst;
+  long long bytes;
+};
+void launch_copy_parts(const CopyPart* parts, int64_t count, KernelStream stream);
 void launch_cast(FloatType from, FloatType to, const void* x, void* y, int64_t n,
                  KernelStream stream);
 // y = act(x) (y may be x)
@@ -137,6 +144,8 @@ struct DeviceKv {
 };
 
 enum class AttnKind : int { kEncoderSelf, kCachedSelf, kCross };
+// kAuto: prompts that fill the GPU; kAlways: any step the kernel can take; kOff: none.
+enum class TiledAttention : int { kOff, kAuto, kAlways };
 enum class AttnBias : int { kNone, kT5Relative, kAlibi };
 
 struct AttentionParams {
@@ -172,6 +181,8 @@ struct AttentionParams {
   int key_class;
   float* split_out;
   int64_t split_capacity;
+  // When the tensor-core kernel (attention_tiled.cu) takes the step.
+  TiledAttention tiled;
 };
 // Decode attention over long contexts splits each (row, head) along its keys: shares of at
 // least kSplitKeys keys, at most kMaxSplits of them, and only while the step's (row, head,
@@ -212,6 +223,9 @@ void launch_topk_rows(FloatType t, const void* x, int64_t rows, int64_t cols, in
 // Attends; cached self attention also stores this step's K/V rows in the cache (in the same
 // kernel: its own keys it reads from the step's rows).
 void launch_attention(const AttentionParams& p, KernelStream stream);
+// Lets the tensor-core prompt kernels use the shared memory they need (once per context, before
+// any launch, outside graph capture).
+cudaError_t prepare_tiled_attention();
 // Largest head_dim launch_attention handles.
 inline constexpr int kMaxHeadDim = 256;
 

@@ -1,6 +1,7 @@
-// Elementwise and row-copy kernels: embedding, gather rows, add/mul/scale, cast, activations
-// (plain, gated, and the bias + activation that follows a cuBLASLt GEMM). Every element is
-// computed in fp32 from its own inputs and rounded once, to nearest even, into the output type.
+// Elementwise and row-copy kernels: embedding, gather rows, batched buffer copies, add/mul/scale,
+// cast, activations (plain, gated, and the bias + activation that follows a cuBLASLt GEMM). Every
+// element is computed in fp32 from its own inputs and rounded once, to nearest even, into the
+// output type.
 #include "backend/cuda/device_types.cuh"
 
 namespace kiln::cuda {
@@ -11,6 +12,25 @@ constexpr int kThreads = 256;
 template <typename I>
 __device__ __forceinline__ long long index_at(const void* p, int64_t i) {
   return static_cast<long long>(static_cast<const I*>(p)[i]);
+}
+
+// Block b copies part b (blocks beyond 65535 parts loop): 16-byte chunks where the part allows.
+__global__ void copy_parts_kernel(const CopyPart* parts, int64_t count) {
+  pdl_begin();
+  for (int64_t i = blockIdx.x; i < count; i += gridDim.x) {
+    const CopyPart c = parts[i];
+    const uintptr_t bits = reinterpret_cast<uintptr_t>(c.src) | reinterpret_cast<uintptr_t>(c.dst) |
+                           static_cast<uintptr_t>(c.bytes);
+    if ((bits & 15) == 0) {
+      const uint4* src = static_cast<const uint4*>(c.src);
+      uint4* dst = static_cast<uint4*>(c.dst);
+      for (long long j = threadIdx.x; j < c.bytes / 16; j += blockDim.x) dst[j] = src[j];
+    } else {
+      const unsigned char* src = static_cast<const unsigned char*>(c.src);
+      unsigned char* dst = static_cast<unsigned char*>(c.dst);
+      for (long long j = threadIdx.x; j < c.bytes; j += blockDim.x) dst[j] = src[j];
+    }
+  }
 }
 
 // One block per output row; the rows are plain copies of table rows.
@@ -137,6 +157,12 @@ void launch_scale(FloatType t, const void* x, float s, void* y, int64_t n, Kerne
     launch(scale_kernel<T>, grid_for(n, kThreads), kThreads, 0, stream, static_cast<const T*>(x), s,
            static_cast<T*>(y), n);
   });
+}
+
+void launch_copy_parts(const CopyPart* parts, int64_t count, KernelStream stream) {
+  if (count == 0) return;
+  launch(copy_parts_kernel, dim3(static_cast<unsigned>(count < 65535 ? count : 65535)), kThreads, 0,
+         stream, parts, count);
 }
 
 void launch_cast(FloatType from, FloatType to, const void* x, void* y, int64_t n,
