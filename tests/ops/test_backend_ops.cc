@@ -123,6 +123,10 @@ void add_linear_cases(std::vector<OpCase>& cases) {
     variants.push_back({7, 19, 37, true, std::nullopt, narrow});
     variants.push_back({7, 19, 37, false, Activation::kGeluTanh, narrow});
   }
+  // Rows of whole 16-byte vectors past the GEMV's rows: a GPU's bias + activation after the GEMM
+  // takes its vector kernel.
+  for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16})
+    variants.push_back({33, 64, 96, true, Activation::kGeluTanh, dtype});
   for (const LinearVariant& v : variants)
     cases.push_back(
         {fmt::format("Linear_n{}_in{}_out{}_{}_{}{}", v.n, v.in, v.out, v.bias ? "bias" : "nobias",
@@ -214,7 +218,7 @@ void add_activation_cases(std::vector<OpCase>& cases) {
            return one_step(b.finish(), {{"gate", g.tensor(x, {n, 1})}, {"up", g.random({n, 1})}});
          }});
   }
-  for (DType narrow : kNarrowTypes)
+  for (DType narrow : {DType::kF32, DType::kF16, DType::kBF16})
     cases.push_back({"GatedActivation_gelu_tanh_n16_d64" + dtype_suffix(narrow),
                      narrow,
                      {kMaxRelative},
@@ -266,8 +270,10 @@ void add_norm_cases(std::vector<OpCase>& cases) {
     double eps;
     DType dtype;
   };
+  // d 1024 in fp16: a GPU's vector kernel with several warps per row.
   for (NormVariant v : {NormVariant{24, 1e-6, DType::kF32}, NormVariant{192, 1e-6, DType::kF32},
-                        NormVariant{24, 1e-6, DType::kF16}, NormVariant{24, 1e-6, DType::kBF16}}) {
+                        NormVariant{24, 1e-6, DType::kF16}, NormVariant{24, 1e-6, DType::kBF16},
+                        NormVariant{1024, 1e-6, DType::kF16}}) {
     cases.push_back({fmt::format("RMSNorm_d{}{}", v.d, dtype_suffix(v.dtype)),
                      v.dtype,
                      {kRowRelative},
@@ -308,6 +314,17 @@ void add_norm_cases(std::vector<OpCase>& cases) {
                        b.output(b.layer_norm(xi, w, b.weight("b", g.random({33})), 1e-5, "ln"),
                                 "y");
                        return one_step(b.finish(), {{"x", g.tensor(x, {4, 33})}});
+                     }});
+  // Rows of whole 16-byte vectors (a GPU's vector kernel), a BLOOM-like width.
+  for (DType dtype : {DType::kF16, DType::kBF16})
+    cases.push_back({"LayerNorm_d1024" + dtype_suffix(dtype), dtype, {kRowRelative}, [](Gen& g) {
+                       const std::vector<float> x = norm_rows(g, 1024);
+                       GraphBuilder b("ln");
+                       const int xi = b.input("x", g.dtype(), {kTokens, Dim::of(1024)});
+                       const int w = b.weight("w", g.random({1024}, 0.5f, 1.5f));
+                       b.output(b.layer_norm(xi, w, b.weight("b", g.random({1024})), 1e-5, "ln"),
+                                "y");
+                       return one_step(b.finish(), {{"x", g.tensor(x, {4, 1024})}});
                      }});
   // A row with a large mean: torch.layer_norm (and the CPU kernel) subtract the mean rounded to
   // f32, which costs about ulp(1000) / std of accuracy; the reference keeps it in double.

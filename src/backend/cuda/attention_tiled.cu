@@ -241,17 +241,14 @@ __global__ void __launch_bounds__(kThreads)
 
 template <typename T, int DH>
 void launch_dh(const AttentionParams& p, KernelStream stream) {
-  // The most query tiles one sequence of the step can have (the others have a row each),
-  // from the step's shape alone: a replayed graph keeps its grid.
-  const int64_t longest = p.tokens - (p.step.num_seqs - 1);
-  const int seq_tiles = static_cast<int>((longest + kRows - 1) / kRows);
+  // Every sequence gets as many blocks as the longest one needs (the others' extra blocks
+  // return at once).
+  const int seq_tiles = static_cast<int>((p.longest_seq + kRows - 1) / kRows);
   const int64_t blocks = static_cast<int64_t>(p.step.num_seqs) * seq_tiles;
   launch(tiled_attention_kernel<T, DH>,
          dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(p.heads)), kThreads,
          Smem<DH>::bytes, stream, p, seq_tiles);
 }
-
-bool aligned16(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15) == 0; }
 
 }  // namespace
 

@@ -3,8 +3,10 @@
 // bucket of every distance is computed once at prepare() by the same function the CPU uses
 // (graph/position_bias.h) and kept in device memory, so the GPU never re-derives a bucket
 // boundary with its own log().
+#include <algorithm>
 #include <vector>
 
+#include "backend/cuda/cuda_executor.h"
 #include "backend/cuda/cuda_kernels.h"
 #include "backend/cuda/cuda_kv_storage.h"
 #include "graph/position_bias.h"
@@ -159,6 +161,12 @@ class AttentionKernel final : public CudaKernel {
     p.split_out = ctx_.split_scratch();
     p.split_capacity = kSplitBlocks;
     p.tiled = ctx_.tiled_attention();
+    // The tiled kernel's grid has a block per 64 rows of the longest sequence for each sequence.
+    // A replayed graph keeps it: graphs hold steps of at most 64 tokens, whose sequences all fit
+    // one such block, so the grid depends on the step's shape only.
+    static_assert(CudaExecutor::kMaxGraphTokens <= 64);
+    for (int s = 0; s < layout.num_seqs(); ++s)
+      p.longest_seq = std::max(p.longest_seq, layout.num_tokens(s));
     launch_attention(p, ctx_.kernel_stream());
   }
 

@@ -23,6 +23,8 @@ namespace kiln::cuda {
 
 class CudaExecutor final : public Executable {
  public:
+  // Steps of at most this many tokens are captured and replayed as CUDA graphs.
+  static constexpr int64_t kMaxGraphTokens = 64;
   CudaExecutor(const Graph& graph, const ShapeProfile& profile, CudaContext& ctx,
                std::vector<std::unique_ptr<Kernel>> kernels, std::vector<std::string> names);
   ~CudaExecutor() override;
@@ -63,7 +65,6 @@ class CudaExecutor final : public Executable {
     int runs = 0;  // eager runs so far (captured at the second)
     cudaGraphExec_t exec = nullptr;
   };
-  static constexpr int64_t kMaxGraphTokens = 64;
   // Runs the step from its graph (capturing it when due); false when it ran eagerly.
   void run_graph(const GraphKey& key, char* scratch, const StepContext* step);
 

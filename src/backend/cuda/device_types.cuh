@@ -49,6 +49,27 @@ __device__ __forceinline__ float apply_act(ActFn act, float x) {
   return x;
 }
 
+// 16 bytes of T as floats, and back (rounded to nearest even): vector kernels do their scalar
+// twins' per-element arithmetic, bit for bit, with 16-byte loads and stores.
+template <typename T>
+constexpr int kVec = 16 / static_cast<int>(sizeof(T));
+template <typename T>
+__device__ __forceinline__ void load_vec(const T* p, float (&out)[kVec<T>]) {
+  const uint4 raw = *reinterpret_cast<const uint4*>(p);
+  const T* e = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+  for (int k = 0; k < kVec<T>; ++k) out[k] = to_float(e[k]);
+}
+template <typename T>
+__device__ __forceinline__ void store_vec(T* p, const float (&in)[kVec<T>]) {
+  uint4 raw;
+  T* e = reinterpret_cast<T*>(&raw);
+#pragma unroll
+  for (int k = 0; k < kVec<T>; ++k) e[k] = from_float<T>(in[k]);
+  *reinterpret_cast<uint4*>(p) = raw;
+}
+inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
+
 // Calls f(T{}) with the C++ type of t.
 template <typename F>
 void dispatch_float(FloatType t, F&& f) {

@@ -181,8 +181,10 @@ struct AttentionParams {
   int key_class;
   float* split_out;
   int64_t split_capacity;
-  // When the tensor-core kernel (attention_tiled.cu) takes the step.
+  // When the tensor-core kernel (attention_tiled.cu) takes the step, and the step's longest
+  // sequence (its rows), which sizes that kernel's grid.
   TiledAttention tiled;
+  int64_t longest_seq;
 };
 // Decode attention over long contexts splits each (row, head) along its keys: shares of at
 // least kSplitKeys keys, at most kMaxSplits of them, and only while the step's (row, head,

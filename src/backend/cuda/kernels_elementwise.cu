@@ -112,6 +112,42 @@ __global__ void bias_activation_kernel(T* y, const B* bias, int64_t rows, int64_
   }
 }
 
+// bias_activation_kernel on rows whose length is a whole number of vectors.
+template <typename T, typename B>
+__global__ void bias_activation_vec_kernel(T* y, const B* bias, int64_t rows, int64_t cols,
+                                           bool has_act, ActFn act) {
+  constexpr int N = kVec<T>;
+  pdl_begin();
+  const int64_t vecs = rows * cols / N;
+  for (int64_t v = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; v < vecs;
+       v += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t c0 = v * N % cols;
+    float x[N];
+    load_vec(y + v * N, x);
+#pragma unroll
+    for (int k = 0; k < N; ++k) {
+      if (bias != nullptr) x[k] = round_as<T>(x[k] + to_float(bias[c0 + k]));
+      if (has_act) x[k] = apply_act(act, x[k]);
+    }
+    store_vec(y + v * N, x);
+  }
+}
+
+template <typename T>
+__global__ void gated_vec_kernel(ActFn act, const T* gate, const T* up, T* y, int64_t vecs) {
+  constexpr int N = kVec<T>;
+  pdl_begin();
+  for (int64_t v = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; v < vecs;
+       v += int64_t(gridDim.x) * blockDim.x) {
+    float g[N], u[N];
+    load_vec(gate + v * N, g);
+    load_vec(up + v * N, u);
+#pragma unroll
+    for (int k = 0; k < N; ++k) g[k] = round_as<T>(apply_act(act, g[k])) * u[k];
+    store_vec(y + v * N, g);
+  }
+}
+
 template <typename T>
 __global__ void gated_kernel(ActFn act, const T* gate, const T* up, T* y, int64_t n) {
   pdl_begin();
@@ -196,8 +232,12 @@ void launch_bias_activation(FloatType t, void* y, FloatType bias_t, const void* 
     dispatch_float(bias_t, [&](auto bias_tag) {
       using T = decltype(tag);
       using B = decltype(bias_tag);
-      launch(bias_activation_kernel<T, B>, grid_for(n, kThreads), kThreads, 0, stream,
-             static_cast<T*>(y), static_cast<const B*>(bias), rows, cols, has_act, act);
+      if (cols % kVec<T> == 0 && aligned16(y))
+        launch(bias_activation_vec_kernel<T, B>, grid_for(n / kVec<T>, kThreads), kThreads, 0,
+               stream, static_cast<T*>(y), static_cast<const B*>(bias), rows, cols, has_act, act);
+      else
+        launch(bias_activation_kernel<T, B>, grid_for(n, kThreads), kThreads, 0, stream,
+               static_cast<T*>(y), static_cast<const B*>(bias), rows, cols, has_act, act);
     });
   });
 }
@@ -207,8 +247,13 @@ void launch_gated(ActFn act, FloatType t, const void* gate, const void* up, void
   if (n == 0) return;
   dispatch_float(t, [&](auto tag) {
     using T = decltype(tag);
-    launch(gated_kernel<T>, grid_for(n, kThreads), kThreads, 0, stream, act,
-           static_cast<const T*>(gate), static_cast<const T*>(up), static_cast<T*>(y), n);
+    if (n % kVec<T> == 0 && aligned16(gate) && aligned16(up) && aligned16(y))
+      launch(gated_vec_kernel<T>, grid_for(n / kVec<T>, kThreads), kThreads, 0, stream, act,
+             static_cast<const T*>(gate), static_cast<const T*>(up), static_cast<T*>(y),
+             n / kVec<T>);
+    else
+      launch(gated_kernel<T>, grid_for(n, kThreads), kThreads, 0, stream, act,
+             static_cast<const T*>(gate), static_cast<const T*>(up), static_cast<T*>(y), n);
   });
 }
 

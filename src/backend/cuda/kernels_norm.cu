@@ -1,5 +1,8 @@
 // Row kernels: RMSNorm (T5: no mean, no bias), LayerNorm, the fused residual add + RMSNorm and
 // softmax. One block per row; statistics accumulate in fp32 over the row's values as stored.
+// Rows of whole 16-byte vectors take the norms' vector kernels.
+#include <initializer_list>
+
 #include "backend/cuda/device_types.cuh"
 
 namespace kiln::cuda {
@@ -63,6 +66,109 @@ __global__ void layer_norm_kernel(const T* x, const W* w, const W* b, T* y, int6
     yr[i] = from_float<T>((to_float(xr[i]) - mean) * inv_std * to_float(w[i]) + to_float(b[i]));
 }
 
+// The three norms on rows of whole 16-byte vectors (vec_fits): a thread per vector of the row
+// (a 1024-wide fp16 row is 128 threads with one 16-byte load each, not 1024 threads with a
+// 2-byte load each and a 32-warp reduction). The same arithmetic per element; the fp32 sums
+// group the row's values differently.
+template <typename T, typename W>
+__global__ void rms_norm_vec_kernel(const T* x, const W* w, T* y, int64_t d, float eps) {
+  constexpr int N = kVec<T>;
+  pdl_begin();
+  const T* xr = x + blockIdx.x * d;
+  T* yr = y + blockIdx.x * d;
+  float sum_sq = 0.0f;
+  for (int64_t c = threadIdx.x; c < d / N; c += blockDim.x) {
+    float v[N];
+    load_vec(xr + c * N, v);
+#pragma unroll
+    for (int k = 0; k < N; ++k) sum_sq += v[k] * v[k];
+  }
+  const float inv_rms = rsqrtf(block_sum(sum_sq) / static_cast<float>(d) + eps);
+  for (int64_t c = threadIdx.x; c < d / N; c += blockDim.x) {
+    float v[N];
+    load_vec(xr + c * N, v);
+#pragma unroll
+    for (int k = 0; k < N; ++k) v[k] = to_float(w[c * N + k]) * (v[k] * inv_rms);
+    store_vec(yr + c * N, v);
+  }
+}
+
+template <typename T, typename W>
+__global__ void add_rms_norm_vec_kernel(const T* a, const T* b, const W* w, T* sum, T* y, int64_t d,
+                                        float eps) {
+  constexpr int N = kVec<T>;
+  pdl_begin();
+  const int64_t base = blockIdx.x * d;
+  float sum_sq = 0.0f;
+  for (int64_t c = threadIdx.x; c < d / N; c += blockDim.x) {
+    float va[N], vb[N];
+    load_vec(a + base + c * N, va);
+    load_vec(b + base + c * N, vb);
+#pragma unroll
+    for (int k = 0; k < N; ++k) {
+      va[k] = round_as<T>(va[k] + vb[k]);  // the sum as stored, as the unfused pair reads it
+      sum_sq += va[k] * va[k];
+    }
+    store_vec(sum + base + c * N, va);
+  }
+  const float inv_rms = rsqrtf(block_sum(sum_sq) / static_cast<float>(d) + eps);
+  for (int64_t c = threadIdx.x; c < d / N; c += blockDim.x) {  // this thread's own sums
+    float v[N];
+    load_vec(sum + base + c * N, v);
+#pragma unroll
+    for (int k = 0; k < N; ++k) v[k] = to_float(w[c * N + k]) * (v[k] * inv_rms);
+    store_vec(y + base + c * N, v);
+  }
+}
+
+template <typename T, typename W>
+__global__ void layer_norm_vec_kernel(const T* x, const W* w, const W* b, T* y, int64_t d,
+                                      float eps) {
+  constexpr int N = kVec<T>;
+  pdl_begin();
+  const T* xr = x + blockIdx.x * d;
+  T* yr = y + blockIdx.x * d;
+  float s = 0.0f;
+  for (int64_t c = threadIdx.x; c < d / N; c += blockDim.x) {
+    float v[N];
+    load_vec(xr + c * N, v);
+#pragma unroll
+    for (int k = 0; k < N; ++k) s += v[k];
+  }
+  const float mean = block_sum(s) / static_cast<float>(d);
+  float var = 0.0f;
+  for (int64_t c = threadIdx.x; c < d / N; c += blockDim.x) {
+    float v[N];
+    load_vec(xr + c * N, v);
+#pragma unroll
+    for (int k = 0; k < N; ++k) var += (v[k] - mean) * (v[k] - mean);
+  }
+  const float inv_std = rsqrtf(block_sum(var) / static_cast<float>(d) + eps);
+  for (int64_t c = threadIdx.x; c < d / N; c += blockDim.x) {
+    float v[N];
+    load_vec(xr + c * N, v);
+#pragma unroll
+    for (int k = 0; k < N; ++k)
+      v[k] = (v[k] - mean) * inv_std * to_float(w[c * N + k]) + to_float(b[c * N + k]);
+    store_vec(yr + c * N, v);
+  }
+}
+
+// Whether rows of d elements of T at these addresses take the vector kernels, and their threads:
+// one per vector, in whole warps, at most 1024.
+template <typename T>
+bool vec_fits(int64_t d, std::initializer_list<const void*> rows) {
+  if (d % kVec<T> != 0) return false;
+  for (const void* p : rows)
+    if (!aligned16(p) || (d * static_cast<int64_t>(sizeof(T))) % 16 != 0) return false;
+  return true;
+}
+template <typename T>
+int vec_threads(int64_t d) {
+  const int64_t warps = (d / kVec<T> + 31) / 32;
+  return static_cast<int>(warps < 32 ? warps * 32 : 1024);
+}
+
 template <typename T>
 __global__ void softmax_kernel(const T* x, T* y, int64_t d) {
   pdl_begin();
@@ -87,8 +193,12 @@ void launch_rms_norm(FloatType t, FloatType wt, const void* x, const void* w, vo
     dispatch_float(wt, [&](auto wtag) {
       using T = decltype(tag);
       using W = decltype(wtag);
-      launch(rms_norm_kernel<T, W>, static_cast<unsigned>(rows), threads_for(d), 0, stream,
-             static_cast<const T*>(x), static_cast<const W*>(w), static_cast<T*>(y), d, eps);
+      if (vec_fits<T>(d, {x, y}))
+        launch(rms_norm_vec_kernel<T, W>, static_cast<unsigned>(rows), vec_threads<T>(d), 0, stream,
+               static_cast<const T*>(x), static_cast<const W*>(w), static_cast<T*>(y), d, eps);
+      else
+        launch(rms_norm_kernel<T, W>, static_cast<unsigned>(rows), threads_for(d), 0, stream,
+               static_cast<const T*>(x), static_cast<const W*>(w), static_cast<T*>(y), d, eps);
     });
   });
 }
@@ -100,9 +210,14 @@ void launch_layer_norm(FloatType t, FloatType wt, const void* x, const void* w, 
     dispatch_float(wt, [&](auto wtag) {
       using T = decltype(tag);
       using W = decltype(wtag);
-      launch(layer_norm_kernel<T, W>, static_cast<unsigned>(rows), threads_for(d), 0, stream,
-             static_cast<const T*>(x), static_cast<const W*>(w), static_cast<const W*>(b),
-             static_cast<T*>(y), d, eps);
+      if (vec_fits<T>(d, {x, y}))
+        launch(layer_norm_vec_kernel<T, W>, static_cast<unsigned>(rows), vec_threads<T>(d), 0,
+               stream, static_cast<const T*>(x), static_cast<const W*>(w), static_cast<const W*>(b),
+               static_cast<T*>(y), d, eps);
+      else
+        launch(layer_norm_kernel<T, W>, static_cast<unsigned>(rows), threads_for(d), 0, stream,
+               static_cast<const T*>(x), static_cast<const W*>(w), static_cast<const W*>(b),
+               static_cast<T*>(y), d, eps);
     });
   });
 }
@@ -115,9 +230,14 @@ void launch_add_rms_norm(FloatType t, FloatType wt, const void* a, const void* b
     dispatch_float(wt, [&](auto wtag) {
       using T = decltype(tag);
       using W = decltype(wtag);
-      launch(add_rms_norm_kernel<T, W>, static_cast<unsigned>(rows), threads_for(d), 0, stream,
-             static_cast<const T*>(a), static_cast<const T*>(b), static_cast<const W*>(w),
-             static_cast<T*>(sum), static_cast<T*>(y), d, eps);
+      if (vec_fits<T>(d, {a, b, sum, y}))
+        launch(add_rms_norm_vec_kernel<T, W>, static_cast<unsigned>(rows), vec_threads<T>(d), 0,
+               stream, static_cast<const T*>(a), static_cast<const T*>(b), static_cast<const W*>(w),
+               static_cast<T*>(sum), static_cast<T*>(y), d, eps);
+      else
+        launch(add_rms_norm_kernel<T, W>, static_cast<unsigned>(rows), threads_for(d), 0, stream,
+               static_cast<const T*>(a), static_cast<const T*>(b), static_cast<const W*>(w),
+               static_cast<T*>(sum), static_cast<T*>(y), d, eps);
     });
   });
 }
