@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <string>
 
 #include "../models/graph_runner.h"
@@ -11,6 +12,31 @@
 #include "f16_reference.h"
 
 namespace kiln::test {
+namespace {
+
+// Sets an environment variable for its lifetime (the CUDA context reads its switches when it is
+// created), then restores it.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* before = std::getenv(name)) saved_ = before;
+    setenv(name, value, 1);
+  }
+  ~ScopedEnv() {
+    if (saved_)
+      setenv(name_, saved_->c_str(), 1);
+    else
+      unsetenv(name_);
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  const char* name_;
+  std::optional<std::string> saved_;
+};
+
+}  // namespace
 
 std::vector<NamedBackend> available_backends() {
   std::vector<NamedBackend> out;
@@ -30,19 +56,15 @@ std::vector<NamedBackend> available_backends() {
     auto ctx = std::make_unique<Context>(ContextOptions{LogLevel::kError, 1});
     auto backend = make_cuda_backend(*ctx);
     out.push_back({"cuda", std::move(ctx), std::move(backend), /*batch_invariant=*/false});
-    // Again with the tensor-core attention for every step it can take (by default only prompts
-    // that fill the GPU take it, larger than these cases).
-    const char* before = std::getenv("KILN_CUDA_TILED");
-    const std::string saved = before ? before : "";
-    setenv("KILN_CUDA_TILED", "always", 1);
-    auto tiled_ctx = std::make_unique<Context>(ContextOptions{LogLevel::kError, 1});
-    auto tiled = make_cuda_backend(*tiled_ctx);
-    if (before)
-      setenv("KILN_CUDA_TILED", saved.c_str(), 1);
-    else
-      unsetenv("KILN_CUDA_TILED");
-    out.push_back({"cuda-tiled-attention", std::move(tiled_ctx), std::move(tiled),
-                   /*batch_invariant=*/false});
+    // Again with the tensor-core attention for every step it can take, in blocks of 64 and of
+    // 32 query rows (by default only prompts that fill the GPU take it, larger than these cases).
+    for (const char* rows : {"64", "32"}) {
+      const ScopedEnv tiled("KILN_CUDA_TILED", "always"), tiled_rows("KILN_CUDA_TILED_ROWS", rows);
+      auto tiled_ctx = std::make_unique<Context>(ContextOptions{LogLevel::kError, 1});
+      auto backend = make_cuda_backend(*tiled_ctx);
+      out.push_back({fmt::format("cuda-tiled-attention-{}", rows), std::move(tiled_ctx),
+                     std::move(backend), /*batch_invariant=*/false});
+    }
   }
   return out;
 }

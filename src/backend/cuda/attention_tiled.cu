@@ -1,10 +1,10 @@
-// Attention over prompts on tensor cores (fp16/bf16, head_dim 64 or 128): a block per (64 query
-// rows of one sequence, head), four warps of 16 rows each, keys in tiles of 64 through shared
+// Attention over prompts on tensor cores (fp16/bf16, head_dim 64 or 128): a block per (64 or 32
+// query rows of one sequence, head), a warp per 16 rows, keys in tiles of 64 through shared
 // memory. Per tile, S = Q·Kᵀ on tensor cores (fp32 accumulation); then, per row in fp32, the
 // scale, the position bias (T5's buckets, ALiBi), the causal and length masks and an online
 // softmax (running max and sum, as flash attention does); then O += P·V on tensor cores, with P
 // rounded to the activation type as HuggingFace's eager attention rounds its probabilities before
-// they multiply the values. No score matrix beyond a tile; each key row is read once per 64
+// they multiply the values. No score matrix beyond a tile; each key row is read once per 32 or 64
 // queries instead of once per query as the row kernel (attention.cu) reads it. Cached self
 // attention also stores its rows' K/V of the head in the paged cache.
 #include <mma.h>
@@ -21,10 +21,7 @@ using attn::key_row;
 using attn::KeyRow;
 using attn::position_bias;
 
-constexpr int kRows = 64;  // query rows per block
 constexpr int kKeys = 64;  // keys per tile
-constexpr int kWarps = kRows / 16;
-constexpr int kThreads = kWarps * 32;
 // A step takes the tiled kernel when its sequences average at least this many rows (prompts);
 // decode steps (a row or a few per sequence) keep the row kernel.
 constexpr int64_t kMinRowsPerSeq = 16;
@@ -35,7 +32,7 @@ constexpr int64_t kMinBlocks = 256;
 // Shared memory of a block, in bytes from its start. Row pitches are padded (8 elements of T,
 // 4 floats) against bank conflicts; every fragment's first element stays 32-byte aligned, as
 // wmma's loads and stores require.
-template <int DH>
+template <int DH, int kRows>
 struct Smem {
   static constexpr int ldt = DH + 8;     // T per row of Q, K, V
   static constexpr int lds = kKeys + 4;  // floats per score row
@@ -56,10 +53,11 @@ __device__ __forceinline__ uint4 load16(const void* p) {
 }
 __device__ __forceinline__ void store16(void* p, uint4 v) { *reinterpret_cast<uint4*>(p) = v; }
 
-template <typename T, int DH>
-__global__ void __launch_bounds__(kThreads)
+template <typename T, int DH, int kRows>
+__global__ void __launch_bounds__(kRows * 2)
     tiled_attention_kernel(AttentionParams p, int seq_tiles) {
-  using L = Smem<DH>;
+  constexpr int kThreads = kRows * 2;  // a warp per 16 query rows
+  using L = Smem<DH, kRows>;
   using Frag16 = wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major>;
   using Acc = wmma::fragment<wmma::accumulator, 16, 16, 16, float>;
   constexpr int kPer = 16 / static_cast<int>(sizeof(T));  // elements per 16-byte chunk
@@ -150,8 +148,9 @@ __global__ void __launch_bounds__(kThreads)
       store16(k_s + kr * L::ldt + part * kPer, kc);
       store16(v_s + kr * L::ldt + part * kPer, vc);
     }
-    if (p.bias == AttnBias::kT5Relative && tid < kRows + kKeys - 1)
-      rel_s[tid] = attn::relative_bias(p, j0 - q0 + tid - (kRows - 1), h);
+    if (p.bias == AttnBias::kT5Relative)
+      for (int e = tid; e < kRows + kKeys - 1; e += kThreads)
+        rel_s[e] = attn::relative_bias(p, j0 - q0 + e - (kRows - 1), h);
     __syncthreads();
     if (bad_block) return;  // reported by key_row; the step fails
 
@@ -239,15 +238,15 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-template <typename T, int DH>
+template <typename T, int DH, int kRows>
 void launch_dh(const AttentionParams& p, KernelStream stream) {
   // Every sequence gets as many blocks as the longest one needs (the others' extra blocks
   // return at once).
   const int seq_tiles = static_cast<int>((p.longest_seq + kRows - 1) / kRows);
   const int64_t blocks = static_cast<int64_t>(p.step.num_seqs) * seq_tiles;
-  launch(tiled_attention_kernel<T, DH>,
-         dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(p.heads)), kThreads,
-         Smem<DH>::bytes, stream, p, seq_tiles);
+  launch(tiled_attention_kernel<T, DH, kRows>,
+         dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(p.heads)), kRows * 2,
+         Smem<DH, kRows>::bytes, stream, p, seq_tiles);
 }
 
 }  // namespace
@@ -257,7 +256,7 @@ bool tiled_attention_applies(const AttentionParams& p) {
     return false;
   if (p.head_dim != 64 && p.head_dim != 128) return false;
   if (p.tiled == TiledAttention::kAuto &&
-      (p.tokens < kMinRowsPerSeq * p.step.num_seqs || p.tokens / kRows * p.heads < kMinBlocks))
+      (p.tokens < kMinRowsPerSeq * p.step.num_seqs || p.tokens / 64 * p.heads < kMinBlocks))
     return false;
   // 16-byte loads of every row's head slice: rows and buffers in whole chunks of 8 elements.
   if (p.q_stride % 8 != 0 || p.kv_stride % 8 != 0 || !aligned16(p.q) || !aligned16(p.k) ||
@@ -268,10 +267,10 @@ bool tiled_attention_applies(const AttentionParams& p) {
 
 template <typename T>
 void launch_tiled_attention(const AttentionParams& p, KernelStream stream) {
-  if (p.head_dim == 64)
-    launch_dh<T, 64>(p, stream);
+  if (p.tiled_rows == 32)
+    p.head_dim == 64 ? launch_dh<T, 64, 32>(p, stream) : launch_dh<T, 128, 32>(p, stream);
   else
-    launch_dh<T, 128>(p, stream);
+    p.head_dim == 64 ? launch_dh<T, 64, 64>(p, stream) : launch_dh<T, 128, 64>(p, stream);
 }
 template void launch_tiled_attention<__half>(const AttentionParams&, KernelStream);
 template void launch_tiled_attention<__nv_bfloat16>(const AttentionParams&, KernelStream);
@@ -284,10 +283,14 @@ cudaError_t prepare_tiled_attention() {
       err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                  static_cast<int>(bytes));
   };
-  allow(tiled_attention_kernel<__half, 64>, Smem<64>::bytes);
-  allow(tiled_attention_kernel<__half, 128>, Smem<128>::bytes);
-  allow(tiled_attention_kernel<__nv_bfloat16, 64>, Smem<64>::bytes);
-  allow(tiled_attention_kernel<__nv_bfloat16, 128>, Smem<128>::bytes);
+  allow(tiled_attention_kernel<__half, 64, 64>, Smem<64, 64>::bytes);
+  allow(tiled_attention_kernel<__half, 128, 64>, Smem<128, 64>::bytes);
+  allow(tiled_attention_kernel<__nv_bfloat16, 64, 64>, Smem<64, 64>::bytes);
+  allow(tiled_attention_kernel<__nv_bfloat16, 128, 64>, Smem<128, 64>::bytes);
+  allow(tiled_attention_kernel<__half, 64, 32>, Smem<64, 32>::bytes);
+  allow(tiled_attention_kernel<__half, 128, 32>, Smem<128, 32>::bytes);
+  allow(tiled_attention_kernel<__nv_bfloat16, 64, 32>, Smem<64, 32>::bytes);
+  allow(tiled_attention_kernel<__nv_bfloat16, 128, 32>, Smem<128, 32>::bytes);
   return err;
 }
 

@@ -365,6 +365,8 @@ CudaContext::CudaContext(Context& host) : host_(host) {
   use_gemv_ = !off("KILN_CUDA_GEMV");
   use_graphs_ = !off("KILN_CUDA_GRAPHS");
   use_splits_ = !off("KILN_CUDA_SPLIT");
+  if (const char* v = std::getenv("KILN_CUDA_TILED_ROWS"))
+    tiled_rows_ = std::string_view(v) == "32" ? 32 : 64;
   if (const char* v = std::getenv("KILN_CUDA_TILED"))
     tiled_attention_ = std::string_view(v) == "0"        ? TiledAttention::kOff
                        : std::string_view(v) == "always" ? TiledAttention::kAlways

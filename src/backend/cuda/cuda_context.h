@@ -98,6 +98,8 @@ class CudaContext {
   // enough to fill the GPU (default); KILN_CUDA_TILED=0: none (the row kernel, for A/B runs);
   // KILN_CUDA_TILED=always: every step it can run (tests of the kernel on small cases).
   TiledAttention tiled_attention() const { return tiled_attention_; }
+  // Query rows per block of that kernel (KILN_CUDA_TILED_ROWS=32|64, for A/B runs).
+  int tiled_rows() const { return tiled_rows_; }
   // Read at construction, used inside: KILN_CUDA_SPLIT=0: decode attention never splits along
   // the keys (for A/B runs). KILN_CUDA_PDL=0: kernels wait for the one before them to finish
   // before they start, instead of programmatic dependent launch (sm_90+: the next kernel starts
@@ -143,6 +145,7 @@ class CudaContext {
   bool use_graphs_ = true;
   bool use_splits_ = true;
   TiledAttention tiled_attention_ = TiledAttention::kAuto;
+  int tiled_rows_ = 64;
   bool profile_ = false;
   bool profile_steps_ = false;
   bool programmatic_ = false;   // programmatic dependent launch (sm_90+, not KILN_CUDA_PDL=0)

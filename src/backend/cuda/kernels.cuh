@@ -185,6 +185,7 @@ struct AttentionParams {
   // sequence (its rows), which sizes that kernel's grid.
   TiledAttention tiled;
   int64_t longest_seq;
+  int tiled_rows;  // query rows per block of the tiled kernel: 32 or 64
 };
 // Decode attention over long contexts splits each (row, head) along its keys: shares of at
 // least kSplitKeys keys, at most kMaxSplits of them, and only while the step's (row, head,
