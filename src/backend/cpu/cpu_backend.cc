@@ -123,10 +123,13 @@ Isa isa_of(CpuIsa isa) {
 
 class CpuBackend final : public Backend {
  public:
-  explicit CpuBackend(Context& ctx) : ctx_(ctx), isa_(isa_of(ctx.cpu_isa())) {}
+  explicit CpuBackend(Context& ctx)
+      : ctx_(ctx),
+        isa_(isa_of(ctx.cpu_isa())),
+        kernel_isa_(ctx.cpu_bf16_dot() ? Isa::kAvx512Bf16 : isa_) {}
   Device device() const override { return Device::kCpu; }
   std::string describe() const override {
-    return fmt::format("cpu ({} threads, {} kernels)", ctx_.pool().size(), isa_name(isa_));
+    return fmt::format("cpu ({} threads, {} kernels)", ctx_.pool().size(), isa_name(kernel_isa_));
   }
   // Plans with weights packed for a kernel family name it ("avx512"); plain plans name none
   // and run on any CPU.
@@ -156,7 +159,7 @@ class CpuBackend final : public Backend {
             "this machine",
             graph.values[id].name, l.packing, l.target, isa_name(isa_));
     }
-    const KernelKey key = kernel_key(graph, node, Device::kCpu, isa_);
+    const KernelKey key = kernel_key(graph, node, Device::kCpu, kernel_isa_);
     if (cpu_registry().find(key) != nullptr) return {};
     return fmt::format("no cpu kernel for {}", describe_key(key));
   }
@@ -167,7 +170,7 @@ class CpuBackend final : public Backend {
       const std::string why = unsupported_reason(graph, n);
       KILN_CHECK(why.empty(), "graph '{}': node '{}' is not supported on cpu: {}", graph.name,
                  n.name, why);
-      const KernelKey key = kernel_key(graph, n, Device::kCpu, isa_);
+      const KernelKey key = kernel_key(graph, n, Device::kCpu, kernel_isa_);
       const KernelRegistry::Entry* e = cpu_registry().find(key);
       KILN_CHECK(e != nullptr, "graph '{}': node '{}' is not supported on cpu: no kernel for {}",
                  graph.name, n.name, describe_key(key));
@@ -185,7 +188,8 @@ class CpuBackend final : public Backend {
 
  private:
   Context& ctx_;
-  Isa isa_;
+  Isa isa_;         // the family weights are packed for (a plan's target)
+  Isa kernel_isa_;  // the kernels: isa_, or AVX512-BF16 over the same avx512 packing
 };
 
 }  // namespace
