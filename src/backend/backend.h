@@ -84,6 +84,9 @@ class Backend {
   virtual void select_tactics(Graph& graph, const ShapeProfile& profile) {}
   virtual Allocator& allocator() = 0;
   virtual std::unique_ptr<KvStorage> create_kv_storage(const KvGeometry& geometry) = 0;
+  // The type the KV cache stores for a plan of `precision` whose attention computes in
+  // `compute`: `compute` itself unless this backend narrows it.
+  virtual DType kv_cache_dtype(DType compute, Precision precision) const { return compute; }
   // Greedy decoding without copying logits: out[r] = the first index of the largest value of
   // row r of `logits` [rows, vocab] (f32), computed where the logits live, never one of
   // `banned` in the rows where banned_rows[r] is non-zero (EOS before min_new_tokens; empty:

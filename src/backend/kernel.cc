@@ -12,6 +12,8 @@ std::string_view isa_name(Isa isa) {
       return "avx2";
     case Isa::kAvx512:
       return "avx512";
+    case Isa::kAvx512Bf16:
+      return "avx512-bf16";
     case Isa::kSm90:
       return "sm_90";
   }
@@ -43,8 +45,13 @@ const KernelRegistry::Entry* KernelRegistry::find(const KernelKey& key) const {
   KernelKey k = key;
   for (;;) {
     if (auto it = entries_.find(k); it != entries_.end()) return &it->second;
-    if (k.isa != Isa::kAvx512) return nullptr;
-    k.isa = Isa::kAvx2;
+    // Each CPU family falls back to the one below it.
+    if (k.isa == Isa::kAvx512Bf16)
+      k.isa = Isa::kAvx512;
+    else if (k.isa == Isa::kAvx512)
+      k.isa = Isa::kAvx2;
+    else
+      return nullptr;
   }
 }
 

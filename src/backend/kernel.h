@@ -22,7 +22,8 @@ namespace kiln {
 
 // Kernel families. kReference is the oracle (plain loops, double accumulation where it
 // matters); kAvx2 is the CPU baseline (x86-64-v3); kAvx512 needs AVX-512F at run time.
-enum class Isa : uint8_t { kReference, kAvx2, kAvx512, kSm90 };
+// kAvx512Bf16: the AVX-512 kernels, with AVX512-BF16 dot products where a kernel has them.
+enum class Isa : uint8_t { kReference, kAvx2, kAvx512, kAvx512Bf16, kSm90 };
 std::string_view isa_name(Isa isa);
 
 struct KernelKey {
@@ -68,7 +69,8 @@ class KernelRegistry {
     std::string name;
     KernelFactory factory;
   };
-  // Exact key, or for a CPU ISA the next narrower family that has the op (AVX-512 → AVX2).
+  // Exact key, or for a CPU ISA the next narrower family that has the op (AVX512-BF16 →
+  // AVX-512 → AVX2).
   // Null when nothing fits.
   const Entry* find(const KernelKey& key) const;
   std::vector<KernelKey> keys() const;

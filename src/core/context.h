@@ -18,9 +18,14 @@ struct ContextOptions {
   // CPU kernel family; unset: KILN_CPU_ISA (avx2|avx512|auto = the widest the CPU runs) if set,
   // else avx2.
   std::optional<CpuIsa> cpu_isa;
+  // With avx512 kernels, bf16 weights in AVX512-BF16 dot products (activations rounded to bf16
+  // per row) instead of f32 FMAs; unset: KILN_CPU_BF16_DOT (on|off) if set, else on where the
+  // CPU has AVX512-BF16.
+  std::optional<bool> cpu_bf16_dot;
 };
 
-// Reads KILN_NUM_THREADS, KILN_LOG_LEVEL and KILN_CPU_ISA once; explicit options win.
+// Reads KILN_NUM_THREADS, KILN_LOG_LEVEL, KILN_CPU_ISA and KILN_CPU_BF16_DOT once; explicit
+// options win.
 ContextOptions options_from_environment(ContextOptions base = {});
 
 class Context {
@@ -30,6 +35,8 @@ class Context {
   const Logger& log() const { return log_; }
   ThreadPool& pool() { return *pool_; }
   CpuIsa cpu_isa() const { return cpu_isa_; }
+  // The avx512 family's bf16 Linears use AVX512-BF16 dot products.
+  bool cpu_bf16_dot() const { return cpu_bf16_dot_; }
   const ContextOptions& options() const { return options_; }
 
  private:
@@ -37,6 +44,7 @@ class Context {
   Logger log_;
   std::unique_ptr<ThreadPool> pool_;
   CpuIsa cpu_isa_ = CpuIsa::kAvx2;
+  bool cpu_bf16_dot_ = false;
 };
 
 }  // namespace kiln

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <optional>
 #include <utility>
 
@@ -62,13 +61,13 @@ GenerationParams default_generation_params(const ModelDesc& desc) {
 
 namespace {
 
-KvGeometry geometry_of(const CompiledModel& m, int block_size) {
+KvGeometry geometry_of(CompiledModel& m, int block_size) {
   KvGeometry g;
   g.layers = m.desc().cache_layers;
   g.row_width = m.desc().cache_row_width();
   g.block_size = block_size;
   // The cache holds keys and values in the type the decoder's attention computes in (the
-  // plan's precision).
+  // plan's precision), or one the backend narrows it to.
   g.dtype = DType::kF32;
   const Graph& dec = m.model().graph(kDecoderGraph);
   for (const Node& n : dec.nodes)
@@ -76,6 +75,7 @@ KvGeometry geometry_of(const CompiledModel& m, int block_size) {
       g.dtype = dec.values[n.inputs[0]].dtype;
       break;
     }
+  g.dtype = m.backend().kv_cache_dtype(g.dtype, m.model().precision);
   return g;
 }
 
@@ -377,13 +377,8 @@ void Scheduler::run_decoder(const std::vector<Request*>& batch, bool apply_copie
   const Tensor& logits = out[io.logits];
   row_argmax_.clear();
   row_topk_.clear();
-  if (logits.device() == Device::kCpu) {
-    logits_.resize(static_cast<size_t>(logits.numel()));
-    std::memcpy(logits_.data(), logits.data<float>(), logits.nbytes());
-    return;
-  }
-  // Logits in device memory: greedy rows cross as token ids (argmax on the device); rows that
-  // sample, search beams or mask EOS copy their own logits row.
+  // Greedy rows cross as token ids (argmax where the logits live, when the backend can); rows
+  // that sample, search beams or mask EOS copy their own logits row.
   row_argmax_.assign(rows_.size(), -1);
   // Greedy rows still below min_new_tokens may not pick EOS: the device argmax skips it there.
   ban_eos_.assign(rows_.size(), 0);

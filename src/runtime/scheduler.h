@@ -121,7 +121,7 @@ class Scheduler {
   // Reused every step.
   StepLayout layout_;
   std::vector<int64_t> ids_, rows_;
-  // Device backends: each row's argmax computed on the device (-1: read logits_ instead).
+  // Each row's argmax computed by the backend where the logits live (-1: read logits_ instead).
   std::vector<int64_t> row_argmax_;
   std::vector<uint8_t> ban_eos_;  // per logits row: EOS may not be picked (min_new_tokens)
   // Device backends: each row's best tokens for sampling and beam search (top_k_rows), valid in

@@ -31,6 +31,10 @@ struct NamedBackend {
   bool batch_invariant = false;
 };
 
+// The CPU backend whose bf16-weight Linears round their activations to bf16 (AVX512-BF16 dot
+// products): compared with the reference on bf16-representable activations only.
+inline constexpr const char* kBf16DotBackend = "cpu-avx512-bf16";
+
 // Every backend besides the reference that this build can run here: each CPU kernel family the
 // machine supports (CUDA adds one line here once it has a backend).
 std::vector<NamedBackend> available_backends();

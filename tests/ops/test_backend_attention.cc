@@ -7,6 +7,7 @@
 
 #include "../models/graph_runner.h"
 #include "backend_ops.h"
+#include "core/half.h"
 #include "passes/pass.h"
 #include "runtime/kv_cache.h"
 
@@ -501,6 +502,45 @@ TEST(BackendOps, BatchedResultsAreBitwiseIdenticalToAlone) {
     ++checked;
   }
   EXPECT_GT(checked, 0) << "the CPU backend promises batch invariance";
+}
+
+// A bf16 KV cache (what the CPU keeps for bf16 plans): the keys and values are rounded to the
+// nearest bf16 (ties to even) as they are stored and widened exactly as they are read, so every
+// output equals the reference's with the step's k and v rounded first and an f32 cache. Forks,
+// copy-on-write and chunked prefill included; packed qkv and separate inputs.
+TEST(BackendOps, CpuBf16KvCacheStoresRoundedKeysAndValues) {
+  const std::unique_ptr<Backend> reference = reference_backend();
+  AttnConfig t5_block4 = t5_cached();
+  t5_block4.block_size = 4;
+  t5_block4.head_dim = 12;  // rows of 8-lane vectors and a remainder
+  int checked = 0;
+  for (const auto& [c, steps] :
+       {std::pair{alibi_cached_packed(), kSharedPrefix}, std::pair{t5_block4, kChunkedPrefill}}) {
+    Gen g(DType::kF32, DType::kF32, 11);
+    const Scenario f32 = cached_scenario(g, c, steps);
+    Scenario bf16 = f32, rounded = f32;
+    bf16.kv->dtype = DType::kBF16;
+    const int64_t W = c.width();
+    for (ScenarioStep& step : rounded.steps)
+      for (auto& [name, t] : step.feed) {
+        if (name == "q") continue;
+        t = t.clone();
+        float* x = t.data<float>();
+        const int64_t cols = t.dim(1);
+        for (int64_t i = 0; i < t.numel(); ++i)
+          if (name != "qkv" || i % cols >= W) x[i] = bf16_to_float(float_to_bf16(x[i]));
+      }
+    const ScenarioOutputs want = run_scenario(*reference, rounded);
+    for (NamedBackend& nb : available_backends()) {
+      if (nb.backend->device() != Device::kCpu) continue;
+      const ScenarioOutputs got = run_scenario(*nb.backend, bf16);
+      for (size_t s = 0; s < got.size(); ++s)
+        expect_matches(got[s][0], want[s][0], Check{CheckKind::kMaxRelative, 1e-5},
+                       fmt::format("{} step {}", nb.name, s));
+      ++checked;
+    }
+  }
+  EXPECT_GT(checked, 0);
 }
 
 TEST(BackendOps, BadInputStepLayout) {

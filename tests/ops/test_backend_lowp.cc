@@ -2,15 +2,19 @@
 // per-channel scales: what `--precision bf16|fp16|int8-weight` plans run), on every CPU kernel
 // family against the reference backend, which decodes each weight from its definition and sums
 // in double. Also: a row's result does not depend on the batch it runs in (the narrow kernels
-// switch strategy with the batch size), and malformed quantized nodes are refused.
+// switch strategy with the batch size), and malformed quantized nodes are refused. The AVX512-BF16
+// family rounds activations to bf16 for bf16 weights, and is checked on rounded activations.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
 
 #include "../models/graph_runner.h"
 #include "backend_ops.h"
 #include "core/cpu_features.h"
+#include "core/half.h"
 #include "graph/packing.h"
 #include "passes/pass.h"
 
@@ -18,6 +22,14 @@ namespace kiln::test {
 namespace {
 
 constexpr uint32_t kSeed = 20240612;
+
+// f32 values rounded to the nearest bf16 (ties to even), still f32.
+Tensor round_to_bf16(const Tensor& x) {
+  Tensor r = x.clone();
+  for (int64_t i = 0; i < r.numel(); ++i)
+    r.data<float>()[i] = bf16_to_float(float_to_bf16(r.data<float>()[i]));
+  return r;
+}
 
 enum class WeightKind : uint8_t { kBf16, kF16, kI8 };
 constexpr WeightKind kAllWeightKinds[] = {WeightKind::kBf16, WeightKind::kF16, WeightKind::kI8};
@@ -138,6 +150,14 @@ TEST_P(LowPrecisionOps, EveryCpuFamilyMatchesReference) {
   // gathers copy exactly).
   const bool gather = scenario.graph.nodes[0].op == OpKind::kEmbedding;
   const Check check = gather ? Check{CheckKind::kExact} : Check{CheckKind::kMaxRelative, 1e-5};
+  // The bf16 dot products round the activations to bf16: on activations that are bf16 already
+  // they must match the reference as closely as the f32 kernels do.
+  const bool bf16_linear =
+      !gather && scenario.graph.values[scenario.graph.nodes[0].inputs[1]].dtype == DType::kBF16;
+  Scenario rounded = scenario;
+  for (auto& [name, t] : rounded.steps[0].feed)
+    if (name == "x") t = round_to_bf16(t);
+  const ScenarioOutputs rounded_ref = run_scenario(*reference, rounded);
   std::vector<NamedBackend> backends = available_backends();
   ASSERT_FALSE(backends.empty());
   for (NamedBackend& b : backends) {
@@ -145,8 +165,43 @@ TEST_P(LowPrecisionOps, EveryCpuFamilyMatchesReference) {
     // activations too (narrow_graph) and are tested by the CUDA precision tests.
     if (b.backend->device() != Device::kCpu) continue;
     ASSERT_EQ(unsupported(*b.backend, scenario.graph), "") << b.name;
+    if (bf16_linear && b.name == kBf16DotBackend) {
+      expect_matches(run_scenario(*b.backend, rounded)[0][0], rounded_ref[0][0], check, b.name);
+      continue;
+    }
     const ScenarioOutputs got = run_scenario(*b.backend, scenario);
     expect_matches(got[0][0], ref[0][0], check, b.name);
+  }
+}
+
+// The AVX512-BF16 Linear rounds each activation to the nearest bf16 (ties to even) on its own:
+// on f32 activations it gives what the reference gives on the rounded ones. Every row count
+// up to two full tiles and beyond, an odd `in` (the last pair is half empty) and an even one, an
+// `out` that ends in a narrower panel.
+TEST(LowPrecisionOps, Bf16DotProductsRoundActivationsToNearestEven) {
+  std::vector<NamedBackend> backends = available_backends();
+  const auto dot = std::find_if(backends.begin(), backends.end(),
+                                [](const NamedBackend& b) { return b.name == kBf16DotBackend; });
+  if (dot == backends.end()) GTEST_SKIP() << "no AVX512-BF16 here";
+  const std::unique_ptr<Backend> reference = reference_backend();
+  for (const LinearShape& s : {LinearShape{17, 1031, 45, true, std::nullopt},
+                               LinearShape{16, 64, 32, false, Activation::kGeluTanh},
+                               LinearShape{1, 2, 16, false, std::nullopt}}) {
+    Gen g(DType::kF32, DType::kF32, kSeed);
+    const Graph graph = linear_graph(g, WeightKind::kBf16, s);
+    std::vector<float> x = g.floats(s.n * s.in, -2.0f, 2.0f);
+    // Ties between two bf16 values, which round to the even one.
+    x[0] = std::bit_cast<float>(0x3f808000u);  // 1 + 2^-8: down to 1
+    x[1] = std::bit_cast<float>(0x3f818000u);  // up to 1 + 2^-6
+    for (int64_t n = 1; n <= s.n; n += n < 10 ? 1 : 7) {
+      const Tensor xt =
+          Tensor::from_vector(std::vector<float>(x.begin(), x.begin() + n * s.in), {n, s.in});
+      const Tensor got = run_scenario(*dot->backend, one_step(graph, {{"x", xt}}))[0][0];
+      const Tensor want =
+          run_scenario(*reference, one_step(graph, {{"x", round_to_bf16(xt)}}))[0][0];
+      expect_matches(got, want, Check{CheckKind::kMaxRelative, 1e-5},
+                     fmt::format("n={} in={} out={}", n, s.in, s.out));
+    }
   }
 }
 
@@ -178,15 +233,11 @@ TEST(LowPrecisionOps, RowResultsDoNotDependOnTheBatch) {
   }
 }
 
-// The AVX-512 Linear over panel16-packed weights (a plan packed at build time, or plain weights
-// it packs at load): every row of every batch size, prefill sizes included, is bit-identical to
-// the row alone, and to the same graph with weights the plan stores plain; an Embedding gathers
-// the same rows from a packed table (BLOOM's tied lm_head). f32 and every narrow kind; `out`
-// ends in a narrower panel.
-TEST(LowPrecisionOps, PackedWeightsGiveThePlainBitsAtEveryBatchSize) {
-  if (best_cpu_isa(detect_cpu_features()) != CpuIsa::kAvx512) GTEST_SKIP() << "no AVX-512 here";
+// One AVX-512 family (f32 FMAs or bf16 dot products for bf16 weights): see below.
+void expect_packed_weights_give_the_plain_bits(bool bf16_dot) {
   ContextOptions options{LogLevel::kError, 3};
   options.cpu_isa = CpuIsa::kAvx512;
+  options.cpu_bf16_dot = bf16_dot;
   Context ctx(options);
   const std::unique_ptr<Backend> cpu = make_cpu_backend(ctx);
   const int64_t in = 45, out = 70, max_rows = 130;
@@ -243,6 +294,20 @@ TEST(LowPrecisionOps, PackedWeightsGiveThePlainBitsAtEveryBatchSize) {
                   0)
             << name << ": row " << r << " of " << n;
     }
+  }
+}
+
+// The AVX-512 Linear over panel16-packed weights (a plan packed at build time, or plain weights
+// it packs at load): every row of every batch size, prefill sizes included, is bit-identical to
+// the row alone, and to the same graph with weights the plan stores plain; an Embedding gathers
+// the same rows from a packed table (BLOOM's tied lm_head). f32 and every narrow kind; `out`
+// ends in a narrower panel.
+TEST(LowPrecisionOps, PackedWeightsGiveThePlainBitsAtEveryBatchSize) {
+  if (best_cpu_isa(detect_cpu_features()) != CpuIsa::kAvx512) GTEST_SKIP() << "no AVX-512 here";
+  for (bool bf16_dot : {false, true}) {
+    if (bf16_dot && !detect_cpu_features().avx512_bf16) continue;
+    SCOPED_TRACE(bf16_dot ? "bf16 dot products" : "f32 FMAs");
+    expect_packed_weights_give_the_plain_bits(bf16_dot);
   }
 }
 

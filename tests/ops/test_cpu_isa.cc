@@ -2,6 +2,9 @@
 // fixture models' logits within the parity tolerance of HuggingFace.
 #include <gtest/gtest.h>
 
+#include <optional>
+#include <string>
+
 #include "../models/model_runner.h"
 #include "../models/parity_util.h"
 #include "builder/builder.h"
@@ -35,6 +38,29 @@ TEST(CpuIsa, EveryKernelFamilyMatchesHuggingFace) {
       }
     }
   }
+}
+
+// KILN_CPU_BF16_DOT takes on|off; the dot products belong to the avx512 family (an avx2 context
+// never uses them) and are refused on a CPU without AVX512-BF16.
+TEST(CpuIsa, Bf16DotProductsFollowTheirOption) {
+  setenv("KILN_CPU_BF16_DOT", "maybe", 1);
+  EXPECT_THROW(options_from_environment({}), Error);
+  setenv("KILN_CPU_BF16_DOT", "off", 1);
+  EXPECT_EQ(options_from_environment({}).cpu_bf16_dot, std::optional<bool>(false));
+  unsetenv("KILN_CPU_BF16_DOT");
+  ContextOptions o{LogLevel::kError, 1};
+  o.cpu_bf16_dot = true;
+  if (!detect_cpu_features().avx512_bf16) {
+    EXPECT_THROW(Context{o}, Error);
+    return;
+  }
+  o.cpu_isa = CpuIsa::kAvx2;
+  EXPECT_FALSE(Context(o).cpu_bf16_dot());
+  if (best_cpu_isa(detect_cpu_features()) != CpuIsa::kAvx512) return;
+  o.cpu_isa = CpuIsa::kAvx512;
+  Context ctx(o);
+  EXPECT_TRUE(ctx.cpu_bf16_dot());
+  EXPECT_NE(make_cpu_backend(ctx)->describe().find("avx512-bf16"), std::string::npos);
 }
 
 TEST(CpuIsa, BadInputUnknownFamilyInEnvironment) {

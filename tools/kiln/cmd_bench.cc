@@ -184,8 +184,10 @@ Runner add_bench(CLI::App& app) {
     // average context length of the decode phase.
     const DecodeWeightBytes weights = decode_weight_bytes(ir.graph(kDecoderGraph));
     const ModelDesc& d = ir.desc;
-    // The KV cache is in the plan's type on CUDA; the CPU keeps it f32 in every precision.
-    const bool narrow_kv = gpu && ir.precision != Precision::kFp32;
+    // The KV cache is in the plan's type on CUDA; the CPU keeps it bf16 in bf16 plans and f32 in
+    // the others (CpuBackend::kv_cache_dtype).
+    const bool narrow_kv =
+        gpu ? ir.precision != Precision::kFp32 : ir.precision == Precision::kBf16;
     const int64_t row = d.cache_row_width() * (narrow_kv ? 2 : 4);
     const double avg_ctx = (d.encoder_decoder ? 1.0 : static_cast<double>(o->input_len)) +
                            static_cast<double>(o->output_len) / 2.0;

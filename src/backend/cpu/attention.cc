@@ -19,16 +19,38 @@
 namespace kiln::cpu {
 namespace {
 
-// Copies sequence s's K/V rows of this step into its cache blocks for `layer`.
+// dst[i] = src[i] rounded to bf16 (to nearest even, as float_to_bf16), eight at a time.
+void round_row_to_bf16(const float* src, uint16_t* dst, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const U32x8 x = reinterpret_cast<U32x8>(load8(src + i));
+    const U32x8 rounded = (x + 0x7fffu + ((x >> 16) & 1u)) >> 16;
+    const U32x8 quiet_nan = (x >> 16) | 0x40u;
+    const U32x8 bits = (x & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded;
+    *reinterpret_cast<U16x8*>(dst + i) = __builtin_convertvector(bits, U16x8);
+  }
+  for (; i < n; ++i) dst[i] = float_to_bf16(src[i]);
+}
+
+// Copies sequence s's K/V rows of this step into its cache blocks for `layer` (rounded to bf16
+// when the cache holds bf16).
 void append_to_cache(const StepLayout& L, int s, KvStorage* cache, int layer, const float* k,
                      const float* v, int64_t k_stride, int64_t width) {
   const int bs = cache->geometry().block_size;
+  const bool bf16 = cache->geometry().dtype == DType::kBF16;
   const std::span<const int32_t> blocks = L.blocks(s);
   for (int64_t i = 0; i < L.num_tokens(s); ++i) {
     const int64_t pos = L.past_len[s] + i;
     const int32_t b = blocks[pos / bs];
     const int64_t off = (pos % bs) * width;
     const int64_t row = L.token_begin[s] + i;
+    if (bf16) {
+      round_row_to_bf16(k + row * k_stride,
+                        static_cast<uint16_t*>(cache->key_block(layer, b)) + off, width);
+      round_row_to_bf16(v + row * k_stride,
+                        static_cast<uint16_t*>(cache->value_block(layer, b)) + off, width);
+      continue;
+    }
     std::memcpy(static_cast<float*>(cache->key_block(layer, b)) + off, k + row * k_stride,
                 width * sizeof(float));
     std::memcpy(static_cast<float*>(cache->value_block(layer, b)) + off, v + row * k_stride,
@@ -36,12 +58,14 @@ void append_to_cache(const StepLayout& L, int s, KvStorage* cache, int layer, co
   }
 }
 
-// Row pointers (to the start of each position's [H*dh] row) of one sequence's keys and values.
+// Row pointers (to the start of each position's [H*dh] row) of one sequence's keys and values:
+// E = float, or uint16_t for a bf16 KV cache.
+template <class E>
 struct KeyRows {
-  std::vector<const float*> keys, values;
+  std::vector<const E*> keys, values;
 };
 
-void dense_rows(KeyRows& r, const float* k, const float* v, int64_t stride, int64_t len) {
+void dense_rows(KeyRows<float>& r, const float* k, const float* v, int64_t stride, int64_t len) {
   r.keys.resize(static_cast<size_t>(len));
   r.values.resize(static_cast<size_t>(len));
   for (int64_t j = 0; j < len; ++j) {
@@ -50,14 +74,15 @@ void dense_rows(KeyRows& r, const float* k, const float* v, int64_t stride, int6
   }
 }
 
-void paged_rows(KeyRows& r, KvStorage* cache, int layer, std::span<const int32_t> blocks,
+template <class E>
+void paged_rows(KeyRows<E>& r, KvStorage* cache, int layer, std::span<const int32_t> blocks,
                 int64_t len, int64_t width) {
   const int bs = cache->geometry().block_size;
   r.keys.resize(static_cast<size_t>(len));
   r.values.resize(static_cast<size_t>(len));
   for (int64_t b = 0; b * bs < len; ++b) {
-    const float* kb = static_cast<const float*>(cache->key_block(layer, blocks[b]));
-    const float* vb = static_cast<const float*>(cache->value_block(layer, blocks[b]));
+    const E* kb = static_cast<const E*>(cache->key_block(layer, blocks[b]));
+    const E* vb = static_cast<const E*>(cache->value_block(layer, blocks[b]));
     for (int64_t i = 0; i < bs && b * bs + i < len; ++i) {
       r.keys[b * bs + i] = kb + i * width;
       r.values[b * bs + i] = vb + i * width;
@@ -70,9 +95,10 @@ void paged_rows(KeyRows& r, KvStorage* cache, int layer, std::span<const int32_t
 // requested this many rows ahead.
 constexpr int64_t kRowsAhead = 4;
 
-inline void prefetch_slice(const float* p, int64_t floats) {
+template <class E>
+inline void prefetch_slice(const E* p, int64_t elements) {
   const char* c = reinterpret_cast<const char*>(p);
-  for (int64_t b = 0; b < floats * static_cast<int64_t>(sizeof(float)); b += 64)
+  for (int64_t b = 0; b < elements * static_cast<int64_t>(sizeof(E)); b += 64)
     _mm_prefetch(c + b, _MM_HINT_T0);
 }
 
@@ -96,25 +122,26 @@ float exp_shifted(float* p, int64_t n, float mx) {
 
 // acc[(h - h0) * dh + d] = sum_j p[(h - h0) * ldp + j] * values[j][h * dh + d] for the heads
 // [h0, h0 + nh), j in index order, value row by value row (each read once, contiguously).
-void weighted_sum(const float* p, int64_t ldp, const float* const* values, int64_t h0, int64_t nh,
+template <class E>
+void weighted_sum(const float* p, int64_t ldp, const E* const* values, int64_t h0, int64_t nh,
                   int64_t dh, int64_t n, float* acc) {
   std::fill(acc, acc + nh * dh, 0.0f);
   const int64_t vec_end = dh / 8 * 8;
   for (int64_t j = 0; j < n; ++j) {
     if (j + kRowsAhead < n) prefetch_slice(values[j + kRowsAhead] + h0 * dh, nh * dh);
-    const float* vr = values[j] + h0 * dh;
+    const E* vr = values[j] + h0 * dh;
     for (int64_t h = 0; h < nh; ++h) {
       const float w = p[h * ldp + j];
       const V8 wv = {w, w, w, w, w, w, w, w};
       float* ah = acc + h * dh;
-      const float* vh = vr + h * dh;
+      const E* vh = vr + h * dh;
       int64_t d = 0;
       for (; d < vec_end; d += 8) {
         V8 r = load8(ah + d);
         r += wv * load8(vh + d);
         std::memcpy(ah + d, &r, sizeof(r));
       }
-      for (; d < dh; ++d) ah[d] += w * vh[d];
+      for (; d < dh; ++d) ah[d] += w * to_f32(vh[d]);
     }
   }
 }
@@ -158,15 +185,20 @@ void attention(const Node& node, std::span<const Tensor> in, std::span<Tensor> o
   if (a.kind == AttentionKind::kCachedSelf) {
     KILN_CHECK(cache != nullptr, "node '{}': cached attention without a KV cache", node.name);
     const KvGeometry& geo = cache->geometry();
-    KILN_CHECK(geo.row_width == width && geo.dtype == DType::kF32 && a.layer < geo.layers,
-               "node '{}': KV cache holds {} layers of {} rows {} wide, need layer {} of f32 rows "
-               "{} wide",
+    KILN_CHECK(geo.row_width == width && (geo.dtype == DType::kF32 || geo.dtype == DType::kBF16) &&
+                   a.layer < geo.layers,
+               "node '{}': KV cache holds {} layers of {} rows {} wide, need layer {} of f32 or "
+               "bf16 rows {} wide",
                node.name, geo.layers, dtype_name(geo.dtype), geo.row_width, a.layer, width);
     for (int s = 0; s < nseq; ++s) append_to_cache(L, s, cache, a.layer, k, v, kv_stride, width);
   }
 
-  // Key/value row tables, one per sequence, resolved before the parallel loop.
-  std::vector<KeyRows> rows(static_cast<size_t>(nseq));
+  // Key/value row tables, one per sequence, resolved before the parallel loop: f32 rows, or
+  // bf16 ones from a bf16 cache.
+  const bool bf16_cache =
+      a.kind == AttentionKind::kCachedSelf && cache->geometry().dtype == DType::kBF16;
+  std::vector<KeyRows<float>> rows(static_cast<size_t>(nseq));
+  std::vector<KeyRows<uint16_t>> bf16_rows(bf16_cache ? static_cast<size_t>(nseq) : 0);
   for (int s = 0; s < nseq; ++s) {
     const int64_t begin = L.token_begin[s], tokens = L.num_tokens(s);
     switch (a.kind) {
@@ -174,7 +206,10 @@ void attention(const Node& node, std::span<const Tensor> in, std::span<Tensor> o
         dense_rows(rows[s], k + begin * kv_stride, v + begin * kv_stride, kv_stride, tokens);
         break;
       case AttentionKind::kCachedSelf:
-        paged_rows(rows[s], cache, a.layer, L.blocks(s), L.past_len[s] + tokens, width);
+        if (bf16_cache)
+          paged_rows(bf16_rows[s], cache, a.layer, L.blocks(s), L.past_len[s] + tokens, width);
+        else
+          paged_rows(rows[s], cache, a.layer, L.blocks(s), L.past_len[s] + tokens, width);
         break;
       case AttentionKind::kCross: {
         const CrossKv* cross = L.cross[s];
@@ -208,63 +243,70 @@ void attention(const Node& node, std::span<const Tensor> in, std::span<Tensor> o
   for (int s = 0; s < nseq; ++s)
     first_item[s + 1] =
         first_item[s] + groups * ((L.num_tokens(s) + kQueryBlock - 1) / kQueryBlock);
-  env.pool.parallel_for(first_item[nseq], 1, [&](int64_t w0, int64_t w1) {
-    std::vector<float> scores, acc;
-    int s = 0;
-    for (int64_t work = w0; work < w1; ++work) {
-      while (work >= first_item[s + 1]) ++s;
-      const int64_t local = work - first_item[s];
-      const int64_t blocks = (L.num_tokens(s) + kQueryBlock - 1) / kQueryBlock;
-      const int64_t h0 = local / blocks * group, h1 = std::min(H, h0 + group), nh = h1 - h0;
-      const int64_t q0 = (local % blocks) * kQueryBlock;
-      const int64_t q1 = std::min(L.num_tokens(s), q0 + kQueryBlock);
-      const int64_t token_begin = L.token_begin[s];
-      const int64_t past = a.kind == AttentionKind::kCachedSelf ? L.past_len[s] : 0;
-      const KeyRows& kv = rows[s];
-      const int64_t key_len = static_cast<int64_t>(kv.keys.size());
-      scores.resize(static_cast<size_t>(nh * key_len));
-      acc.resize(static_cast<size_t>(nh * dh));
-      for (int64_t i = q0; i < q1; ++i) {
-        const int64_t qpos = past + i;
-        const float* qr = q + (token_begin + i) * q_stride;
-        const int64_t visible = a.causal ? std::min(key_len, qpos + 1) : key_len;
-        // Raw scores, key row by key row: scores[(h - h0) * key_len + j].
-        for (int64_t j = 0; j < visible; ++j) {
-          if (j + kRowsAhead < visible) prefetch_slice(kv.keys[j + kRowsAhead] + h0 * dh, nh * dh);
-          const float* kr = kv.keys[j];
-          for (int64_t h = h0; h < h1; ++h)
-            scores[(h - h0) * key_len + j] = dot(qr + h * dh, kr + h * dh, dh);
-        }
-        for (int64_t h = h0; h < h1; ++h) {
-          float* sc = scores.data() + (h - h0) * key_len;
-          float mx = -INFINITY;
+  const auto attend = [&]<class E>(const std::vector<KeyRows<E>>& rows) {
+    env.pool.parallel_for(first_item[nseq], 1, [&](int64_t w0, int64_t w1) {
+      std::vector<float> scores, acc;
+      int s = 0;
+      for (int64_t work = w0; work < w1; ++work) {
+        while (work >= first_item[s + 1]) ++s;
+        const int64_t local = work - first_item[s];
+        const int64_t blocks = (L.num_tokens(s) + kQueryBlock - 1) / kQueryBlock;
+        const int64_t h0 = local / blocks * group, h1 = std::min(H, h0 + group), nh = h1 - h0;
+        const int64_t q0 = (local % blocks) * kQueryBlock;
+        const int64_t q1 = std::min(L.num_tokens(s), q0 + kQueryBlock);
+        const int64_t token_begin = L.token_begin[s];
+        const int64_t past = a.kind == AttentionKind::kCachedSelf ? L.past_len[s] : 0;
+        const KeyRows<E>& kv = rows[s];
+        const int64_t key_len = static_cast<int64_t>(kv.keys.size());
+        scores.resize(static_cast<size_t>(nh * key_len));
+        acc.resize(static_cast<size_t>(nh * dh));
+        for (int64_t i = q0; i < q1; ++i) {
+          const int64_t qpos = past + i;
+          const float* qr = q + (token_begin + i) * q_stride;
+          const int64_t visible = a.causal ? std::min(key_len, qpos + 1) : key_len;
+          // Raw scores, key row by key row: scores[(h - h0) * key_len + j].
           for (int64_t j = 0; j < visible; ++j) {
-            float v = sc[j] * a.scale;
-            switch (a.bias) {
-              case PositionBias::kNone:
-                break;
-              case PositionBias::kT5Relative:
-                v += rel_table[t5_relative_bucket(j - qpos, a.bidirectional_buckets, a.num_buckets,
-                                                  a.max_distance) *
-                                   H +
-                               h];
-                break;
-              case PositionBias::kAlibi:
-                v += slopes[h] * static_cast<float>(j);
-                break;
-            }
-            sc[j] = v;
-            mx = std::max(mx, v);
+            if (j + kRowsAhead < visible)
+              prefetch_slice(kv.keys[j + kRowsAhead] + h0 * dh, nh * dh);
+            const E* kr = kv.keys[j];
+            for (int64_t h = h0; h < h1; ++h)
+              scores[(h - h0) * key_len + j] = dot(qr + h * dh, kr + h * dh, dh);
           }
-          // Probabilities, normalized in place.
-          const float inv = 1.0f / exp_shifted(sc, visible, mx);
-          for (int64_t j = 0; j < visible; ++j) sc[j] *= inv;
+          for (int64_t h = h0; h < h1; ++h) {
+            float* sc = scores.data() + (h - h0) * key_len;
+            float mx = -INFINITY;
+            for (int64_t j = 0; j < visible; ++j) {
+              float v = sc[j] * a.scale;
+              switch (a.bias) {
+                case PositionBias::kNone:
+                  break;
+                case PositionBias::kT5Relative:
+                  v += rel_table[t5_relative_bucket(j - qpos, a.bidirectional_buckets,
+                                                    a.num_buckets, a.max_distance) *
+                                     H +
+                                 h];
+                  break;
+                case PositionBias::kAlibi:
+                  v += slopes[h] * static_cast<float>(j);
+                  break;
+              }
+              sc[j] = v;
+              mx = std::max(mx, v);
+            }
+            // Probabilities, normalized in place.
+            const float inv = 1.0f / exp_shifted(sc, visible, mx);
+            for (int64_t j = 0; j < visible; ++j) sc[j] *= inv;
+          }
+          weighted_sum(scores.data(), key_len, kv.values.data(), h0, nh, dh, visible, acc.data());
+          std::memcpy(y + (token_begin + i) * width + h0 * dh, acc.data(), nh * dh * sizeof(float));
         }
-        weighted_sum(scores.data(), key_len, kv.values.data(), h0, nh, dh, visible, acc.data());
-        std::memcpy(y + (token_begin + i) * width + h0 * dh, acc.data(), nh * dh * sizeof(float));
       }
-    }
-  });
+    });
+  };
+  if (bf16_cache)
+    attend(bf16_rows);
+  else
+    attend(rows);
 }
 
 }  // namespace kiln::cpu

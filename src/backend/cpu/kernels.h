@@ -22,6 +22,9 @@ void embedding(const Node&, std::span<const Tensor>, std::span<Tensor>, const Ke
 // The AVX-512 Linear over panel16-packed weights (kernels_packed.cc), for f32, bf16, f16 and i8
 // weights; weights a plan stores plain are packed when the kernel is prepared.
 KernelFactory packed_linear_factory(DType weight);
+// The same Linear for bf16 weights with AVX512-BF16 dot products: activations rounded to bf16
+// once per row, products summed in f32 (vdpbf16ps), twice the f32 FMA rate.
+KernelFactory packed_bf16_dot_linear_factory();
 void linear_avx2(const Node&, std::span<const Tensor>, std::span<Tensor>, const KernelEnv&);
 // Weights narrower than the activations (kernels_lowp.cc): f32 in, f32 out, f32 accumulation.
 void linear_bf16_avx2(const Node&, std::span<const Tensor>, std::span<Tensor>, const KernelEnv&);
@@ -40,6 +43,10 @@ void rms_norm(const Node&, std::span<const Tensor>, std::span<Tensor>, const Ker
 void layer_norm(const Node&, std::span<const Tensor>, std::span<Tensor>, const KernelEnv&);
 void add_rms_norm(const Node&, std::span<const Tensor>, std::span<Tensor>, const KernelEnv&);
 void attention(const Node&, std::span<const Tensor>, std::span<Tensor>, const KernelEnv&);
+// out[r] = the first index of the largest value of row r of logits [rows, vocab] (f32), never
+// one of `banned` where banned_rows[r] is non-zero (Backend::argmax_rows).
+void argmax_rows(const Tensor& logits, std::span<int64_t> out, std::span<const int64_t> banned,
+                 std::span<const uint8_t> banned_rows, ThreadPool& pool);
 
 // Registers every CPU kernel (the single dispatch point of the CPU backend).
 void register_kernels(KernelRegistry& registry);

@@ -38,11 +38,13 @@ namespace {
 
 // 16 consecutive weights of a panel widened to f32.
 struct F32W {
+  using X = float;  // activations as the tiles read them
   using T = float;
   KILN_TARGET_AVX512 static __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
   static float one(float v) { return v; }
 };
 struct Bf16W {
+  using X = float;  // activations as the tiles read them
   using T = uint16_t;
   KILN_TARGET_AVX512 static __m512 load16(const uint16_t* p) {
     const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
@@ -51,6 +53,7 @@ struct Bf16W {
   static float one(uint16_t v) { return bf16_to_float(v); }
 };
 struct F16W {
+  using X = float;  // activations as the tiles read them
   using T = uint16_t;
   KILN_TARGET_AVX512 static __m512 load16(const uint16_t* p) {
     return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
@@ -58,12 +61,22 @@ struct F16W {
   static float one(uint16_t v) { return fp16_to_float(v); }
 };
 struct I8W {
+  using X = float;  // activations as the tiles read them
   using T = int8_t;
   KILN_TARGET_AVX512 static __m512 load16(const int8_t* p) {
     const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
     return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q));
   }
   static float one(int8_t v) { return static_cast<float>(v); }
+};
+
+// bf16 weights times bf16 activations in AVX512-BF16 dot products (vdpbf16ps: two products
+// summed into each f32 lane, twice the f32 FMA rate; the products are exact, the sums f32).
+// The activations are rounded to bf16 (to nearest even) once per row and held as pairs of
+// consecutive elements, one 32-bit word each, so that a pair is a single broadcast.
+struct Bf16DotW {
+  using X = uint32_t;
+  using T = uint16_t;
 };
 
 // What a tile writes its outputs through: rows of y, and the per-output scales and bias.
@@ -81,6 +94,10 @@ KILN_TARGET_AVX512 inline __m512 finish(__m512 acc, const Epilogue& e, int64_t o
 }
 
 constexpr int64_t kPrefetchBytes = 2048;
+// The dot-product tiles at many rows spend ~12 cycles on each line of their panels, and reach
+// the memory's rate only with twice the distance (kiln_linear_bench, 16 × 1024 × 62720: 565 ->
+// 595 GFLOP/s; 8 KB was no better).
+constexpr int64_t kDotPrefetchBytes = 4096;
 
 // One input element i: P weight vectors, each multiplied by T broadcast activations.
 template <class W, int T, int P>
@@ -171,6 +188,146 @@ KILN_TARGET_AVX512 void narrow_tile(const float* x, int64_t ldx, const typename 
   }
 }
 
+#define KILN_TARGET_AVX512_BF16 \
+  __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,avx2,fma,f16c")))
+
+// A panel holds element i of its 16 outputs as 16 consecutive bf16, so one 64-byte line holds
+// elements i and i + 1 (i even); vdpbf16ps wants each output's two elements side by side in a
+// 32-bit lane: word j = (w[i][j], w[i+1][j]).
+KILN_TARGET_AVX512_BF16 inline __m512i pair_permutation() {
+  return _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22,
+                          6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+}
+
+// One pair of input elements (2·ip, 2·ip + 1): P weight lines, each dotted with T broadcast
+// activation pairs.
+template <int T, int P>
+KILN_TARGET_AVX512_BF16 __attribute__((always_inline)) inline void pair_step(
+    __m512 (&acc)[T][P], const uint32_t* x, int64_t ldx, const uint16_t* w, int64_t panel,
+    int64_t ip, __m512i perm) {
+  __m512bh wv[P];
+#pragma GCC unroll 16
+  for (int p = 0; p < P; ++p)
+    wv[p] = reinterpret_cast<__m512bh>(
+        _mm512_permutexvar_epi16(perm, _mm512_loadu_si512(w + p * panel + ip * 2 * kPanelRows)));
+#pragma GCC unroll 16
+  for (int t = 0; t < T; ++t) {
+    const __m512bh xb =
+        reinterpret_cast<__m512bh>(_mm512_set1_epi32(static_cast<int>(x[ip * ldx + t])));
+#pragma GCC unroll 16
+    for (int p = 0; p < P; ++p) acc[t][p] = _mm512_dpbf16_ps(acc[t][p], xb, wv[p]);
+  }
+}
+
+// The Bf16DotW tile: rows [0, T) of x as interleaved pairs (pair ip of row t at x[ip·ldx + t])
+// × P full panels. Every output is one vdpbf16ps chain over the pairs in order, from zero: the
+// same bits whatever T, P or the rows around it. An odd k ends with the pair (x, 0) against
+// (w, 0).
+template <int T, int P>
+KILN_TARGET_AVX512_BF16 void tile_pairs(const uint32_t* x, int64_t ldx, const uint16_t* w,
+                                        const uint16_t* next, int64_t k, int64_t o,
+                                        const Epilogue& e) {
+  __m512 acc[T][P];
+#pragma GCC unroll 16
+  for (int t = 0; t < T; ++t)
+#pragma GCC unroll 16
+    for (int p = 0; p < P; ++p) acc[t][p] = _mm512_setzero_ps();
+  const __m512i perm = pair_permutation();
+  const int64_t panel = kPanelRows * k, pairs = k / 2;
+  // A pair step reads one line of each panel: the prefetches run kDotPrefetchBytes ahead, then
+  // on into the next group (as tile() does).
+  constexpr int64_t kAhead = kDotPrefetchBytes / 64;
+  const int64_t here = std::max<int64_t>(pairs - kAhead, 0);
+  int64_t ip = 0;
+  for (; ip < here; ++ip) {
+    for (int p = 0; p < P; ++p)
+      _mm_prefetch(reinterpret_cast<const char*>(w + p * panel + (ip + kAhead) * 2 * kPanelRows),
+                   _MM_HINT_T0);
+    pair_step<T, P>(acc, x, ldx, w, panel, ip, perm);
+  }
+  for (; ip < pairs; ++ip) {
+    if (next != nullptr)
+      for (int p = 0; p < P; ++p)
+        _mm_prefetch(reinterpret_cast<const char*>(next + p * panel +
+                                                   (ip + kAhead - pairs) * 2 * kPanelRows),
+                     _MM_HINT_T0);
+    pair_step<T, P>(acc, x, ldx, w, panel, ip, perm);
+  }
+  if (k % 2 != 0) {
+    __m512bh wv[P];
+    for (int p = 0; p < P; ++p)
+      wv[p] = reinterpret_cast<__m512bh>(_mm512_cvtepu16_epi32(_mm256_loadu_si256(
+          reinterpret_cast<const __m256i*>(w + p * panel + (k - 1) * kPanelRows))));
+    for (int t = 0; t < T; ++t) {
+      const __m512bh xb =
+          reinterpret_cast<__m512bh>(_mm512_set1_epi32(static_cast<int>(x[pairs * ldx + t])));
+      for (int p = 0; p < P; ++p) acc[t][p] = _mm512_dpbf16_ps(acc[t][p], xb, wv[p]);
+    }
+  }
+#pragma GCC unroll 16
+  for (int t = 0; t < T; ++t)
+#pragma GCC unroll 16
+    for (int p = 0; p < P; ++p)
+      _mm512_storeu_ps(e.y + t * e.ldy + o + p * kPanelRows,
+                       finish(acc[t][p], e, o + p * kPanelRows));
+}
+
+// The last, narrower panel for Bf16DotW: `width` < 16 outputs stored `width` apart, gathered
+// pair by pair into a full line of (w[i][j], w[i+1][j]) words; the same chain per output.
+template <int T>
+KILN_TARGET_AVX512_BF16 void narrow_tile_pairs(const uint32_t* x, int64_t ldx, const uint16_t* w,
+                                               int64_t k, int64_t o, int64_t width,
+                                               const Epilogue& e) {
+  __m512 acc[T];
+  for (int t = 0; t < T; ++t) acc[t] = _mm512_setzero_ps();
+  alignas(64) uint16_t wide[2 * kPanelRows] = {};
+  for (int64_t ip = 0; ip < (k + 1) / 2; ++ip) {
+    const int64_t i = 2 * ip;
+    for (int64_t j = 0; j < width; ++j) {
+      wide[2 * j] = w[i * width + j];
+      wide[2 * j + 1] = i + 1 < k ? w[(i + 1) * width + j] : uint16_t{0};
+    }
+    const __m512bh wv = reinterpret_cast<__m512bh>(_mm512_load_si512(wide));
+    for (int t = 0; t < T; ++t)
+      acc[t] = _mm512_dpbf16_ps(
+          acc[t], reinterpret_cast<__m512bh>(_mm512_set1_epi32(static_cast<int>(x[ip * ldx + t]))),
+          wv);
+  }
+  alignas(64) float out[kPanelRows];
+  for (int t = 0; t < T; ++t) {
+    _mm512_store_ps(out, acc[t]);
+    for (int64_t j = 0; j < width; ++j) {
+      float v = out[j];
+      if (e.scales) v *= e.scales[o + j];
+      if (e.bias) v += e.bias[o + j];
+      e.y[t * e.ldy + o + j] = v;
+    }
+  }
+}
+
+// Rows [t0, t0 + rows) of x [n, k] rounded to bf16 and interleaved as pairs into dst (pair ip
+// of row t at dst[ip·rows + t]; an odd k's last pair is (x, 0)). Each value is rounded on its
+// own, so a row's pairs do not depend on the other rows.
+KILN_TARGET_AVX512_BF16 void round_rows_to_pairs(const float* x, int64_t k, int64_t rows,
+                                                 uint32_t* dst) {
+  alignas(64) uint32_t words[16];
+  for (int64_t t = 0; t < rows; ++t) {
+    const float* xr = x + t * k;
+    for (int64_t i = 0; i < k; i += 32) {
+      const int64_t left = std::min<int64_t>(k - i, 32);
+      const __mmask16 lo = _cvtu32_mask16(left >= 16 ? 0xffffu : (1u << left) - 1);
+      const __mmask16 hi = _cvtu32_mask16(left >= 32  ? 0xffffu
+                                          : left > 16 ? (1u << (left - 16)) - 1
+                                                      : 0);
+      const __m512 a = _mm512_maskz_loadu_ps(lo, xr + i);
+      const __m512 b = _mm512_maskz_loadu_ps(hi, xr + i + 16);
+      // Element 2q of the 32 (low half from the second operand) is a's lane 2q: words in order.
+      _mm512_store_si512(words, reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(b, a)));
+      for (int64_t q = 0; q < (left + 1) / 2; ++q) dst[(i / 2 + q) * rows + t] = words[q];
+    }
+  }
+}
+
 // Panels per tile for T rows: as many as the 32 vector registers hold (T·P accumulators, P
 // weights, one broadcast), and at least 8 independent chains for a single row so that the
 // fused-multiply-add latency does not cap the speed at which the weights stream.
@@ -183,6 +340,9 @@ constexpr int panels_for(int rows) {
          : rows <= 14 ? 2
                       : 1;
 }
+// Rows per tile at most. (16-row dot-product tiles of one panel, which use each weight line
+// for every row as it streams in, were slower: kiln_linear_bench 16 × 1024 × 62720 540 against
+// 584 GFLOP/s for two 8-row tiles of 3 panels.)
 constexpr int kMaxTileRows = 8;
 
 // Every (rows, panels) tile a call can use: a call picks P = panels_for(its tile rows), and its
@@ -200,9 +360,10 @@ constexpr int panel_choice(int panels) {
 
 template <class W>
 struct TileSet {
-  using Full = void (*)(const float*, int64_t, const typename W::T*, const typename W::T*, int64_t,
+  using X = typename W::X;
+  using Full = void (*)(const X*, int64_t, const typename W::T*, const typename W::T*, int64_t,
                         int64_t, const Epilogue&);
-  using Narrow = void (*)(const float*, int64_t, const typename W::T*, int64_t, int64_t, int64_t,
+  using Narrow = void (*)(const X*, int64_t, const typename W::T*, int64_t, int64_t, int64_t,
                           const Epilogue&);
   Full full[kMaxTileRows + 1][kNumPanelChoices];  // [rows][panel_choice(P)]
   Narrow narrow[kMaxTileRows + 1];
@@ -210,7 +371,12 @@ struct TileSet {
 
 template <class W, int T, int P>
 constexpr typename TileSet<W>::Full pick_tile() {
-  if constexpr (T * P + P + 1 <= 32)  // accumulators, weights and a broadcast in registers
+  if constexpr (std::is_same_v<W, Bf16DotW>) {
+    if constexpr (T * P + P + 2 <= 32)  // ... and the pair permutation
+      return tile_pairs<T, P>;
+    else
+      return nullptr;
+  } else if constexpr (T * P + P + 1 <= 32)  // accumulators, weights and a broadcast in registers
     return tile<W, T, P>;
   else
     return nullptr;
@@ -224,7 +390,10 @@ constexpr void fill_row(TileSet<W>& s) {
   s.full[T][3] = pick_tile<W, T, kPanelChoices[3]>();
   s.full[T][4] = pick_tile<W, T, kPanelChoices[4]>();
   s.full[T][5] = pick_tile<W, T, kPanelChoices[5]>();
-  s.narrow[T] = narrow_tile<W, T>;
+  if constexpr (std::is_same_v<W, Bf16DotW>)
+    s.narrow[T] = narrow_tile_pairs<T>;
+  else
+    s.narrow[T] = narrow_tile<W, T>;
 }
 
 template <class W, int... T>
@@ -290,19 +459,26 @@ class GroupQueue {
 // weights are in cache. Several rows are first interleaved into `xt` ([n, k] floats), tile by
 // tile (element i of a tile's row t at i·rows + t): rows k floats apart would all fall into the
 // same L1 sets (k a multiple of 1024), which at 16 rows made the broadcasts miss L1 every time.
+// Bf16DotW rounds every row, a single one too, into bf16 pairs there (ceil(k / 2) words a row).
 template <class W>
 void packed_linear(const float* xp, int64_t n, int64_t k, const typename W::T* wp, int64_t m,
-                   const Epilogue& e, std::optional<Activation> act, float* xt, ThreadPool& pool) {
+                   const Epilogue& e, std::optional<Activation> act, typename W::X* xt,
+                   ThreadPool& pool) {
+  constexpr bool kPairs = std::is_same_v<W, Bf16DotW>;
   const int64_t row_tiles = (n + kMaxTileRows - 1) / kMaxTileRows;
   const int tile_rows = static_cast<int>((n + row_tiles - 1) / row_tiles);
+  const int64_t xk = kPairs ? (k + 1) / 2 : k;  // elements of xt per row
   const TileSet<W>& tiles = kTiles<W>;
-  if (n > 1)
+  if (n > 1 || kPairs)
     pool.parallel_for(row_tiles, 1, [&](int64_t r0, int64_t r1) {
       for (int64_t r = r0; r < r1; ++r) {
         const int64_t t0 = r * tile_rows, rows = std::min<int64_t>(tile_rows, n - t0);
-        float* dst = xt + t0 * k;
-        for (int64_t t = 0; t < rows; ++t)
-          for (int64_t i = 0; i < k; ++i) dst[i * rows + t] = xp[(t0 + t) * k + i];
+        typename W::X* dst = xt + t0 * xk;
+        if constexpr (kPairs)
+          round_rows_to_pairs(xp + t0 * k, k, rows, dst);
+        else
+          for (int64_t t = 0; t < rows; ++t)
+            for (int64_t i = 0; i < k; ++i) dst[i * rows + t] = xp[(t0 + t) * k + i];
       }
     });
   const int group = panels_for(tile_rows);
@@ -318,7 +494,11 @@ void packed_linear(const float* xp, int64_t n, int64_t k, const typename W::T* w
             g.next >= 0 && g.next < groups ? wp + g.next * group * kPanelRows * k : nullptr;
         for (int64_t t = 0; t < n; t += tile_rows) {
           const int rows = static_cast<int>(std::min<int64_t>(tile_rows, n - t));
-          const float* x = n > 1 ? xt + t * k : xp;
+          const typename W::X* x;
+          if constexpr (kPairs)
+            x = xt + t * xk;
+          else
+            x = n > 1 ? xt + t * k : xp;
           const int64_t ldx = n > 1 ? rows : 1;
           Epilogue et = e;
           et.y = e.y + t * e.ldy;
@@ -370,7 +550,7 @@ class PackedLinear final : public Kernel {
                  dtype_bytes(plain.dtype(), 1));
   }
 
-  // The interleaved input rows: as many floats as the input.
+  // The interleaved input rows: as many floats as the input (bf16 pairs need half of that).
   int64_t workspace_bytes(const Bindings& bindings) const override {
     const Shape shape = resolve_shape(x_shape_, bindings);
     int64_t floats = 1;
@@ -387,15 +567,18 @@ class PackedLinear final : public Kernel {
     KILN_CHECK(x.dtype() == DType::kF32 && args.out[0].dtype() == DType::kF32,
                "node '{}': the cpu Linear takes and returns f32 activations", node_.name);
     KILN_CHECK(weight_.defined(), "node '{}': run before prepare", node_.name);
+    KILN_CHECK((!std::is_same_v<W, Bf16DotW> || weight_.dtype() == DType::kBF16),
+               "node '{}': the AVX512-BF16 Linear takes bf16 weights, not {}", node_.name,
+               dtype_name(weight_.dtype()));
     KILN_CHECK((weight_.dtype() == DType::kI8) == (scales != nullptr),
                "node '{}': an i8 weight needs its scales, and only an i8 weight has them",
                node_.name);
     const int64_t m = weight_.dim(0), k = weight_.dim(1);
     const int64_t n = x.numel() / k;
     const Epilogue e{args.out[0].data<float>(), m, scales, bias};
-    std::vector<float> own;  // callers without a workspace (micro-benchmarks)
-    float* xt = static_cast<float*>(args.scratch);
-    if (xt == nullptr && n > 1) {
+    std::vector<typename W::X> own;  // callers without a workspace (micro-benchmarks)
+    auto* xt = static_cast<typename W::X*>(args.scratch);
+    if (xt == nullptr && (n > 1 || std::is_same_v<W, Bf16DotW>)) {
       own.resize(static_cast<size_t>(n * k));
       xt = own.data();
     }
@@ -427,6 +610,10 @@ KernelFactory packed_linear_factory(DType weight) {
       break;
   }
   KILN_FAIL("no packed avx512 Linear for {} weights", dtype_name(weight));
+}
+
+KernelFactory packed_bf16_dot_linear_factory() {
+  return [](const Node& n) { return std::make_unique<PackedLinear<Bf16DotW>>(n); };
 }
 
 }  // namespace kiln::cpu

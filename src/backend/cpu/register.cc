@@ -56,6 +56,9 @@ void register_kernels(KernelRegistry& r) {
   for (DType w : {f32, DType::kBF16, DType::kF16, DType::kI8})
     r.add(KernelKey{OpKind::kLinear, f32, w, Device::kCpu, Isa::kAvx512},
           fmt::format("avx512 packed {}-weight linear", dtype_name(w)), packed_linear_factory(w));
+  // AVX512-BF16: bf16 weights in dot products of bf16 pairs; every other kernel is AVX-512's.
+  r.add(KernelKey{OpKind::kLinear, f32, DType::kBF16, Device::kCpu, Isa::kAvx512Bf16},
+        "avx512-bf16 packed bf16-weight linear (vdpbf16ps)", packed_bf16_dot_linear_factory());
   add_fn(r, OpKind::kEmbedding, DType::kBF16, DType::kBF16, base, "bf16 embedding gather",
          embedding_narrow);
   add_fn(r, OpKind::kEmbedding, DType::kF16, DType::kF16, base, "f16 embedding gather",
