@@ -75,6 +75,11 @@ class Scheduler {
   int64_t kv_blocks_in_use() const { return blocks_.in_use(); }
   // Bytes of cross-attention K/V held by running requests (each holds only its own rows).
   int64_t cross_kv_bytes() const;
+  // Bytes of logits the scheduler holds on the host: only rows that needed a whole row there
+  // (sampling without top-k, backends without a device argmax) were copied.
+  int64_t host_logits_bytes() const {
+    return static_cast<int64_t>(logits_.capacity() * sizeof(float));
+  }
   int64_t kv_bytes_allocated() const { return kv_->bytes_allocated(); }
   size_t running() const { return running_.size(); }
   int64_t steps() const { return steps_; }
