@@ -24,10 +24,19 @@
 namespace kiln::test {
 namespace {
 
-// ctest runs each test in its own process, in parallel: every process keeps its plans apart.
-std::string tmp(const std::string& name) {
-  return std::string(KILN_TEST_TMP) + "/plan_test_" + std::to_string(getpid()) + "/" + name;
+// ctest runs each test in its own process, in parallel: every process keeps its plans apart,
+// and removes them when it exits (hundreds of runs' plans, ~350 MB each, filled the disk).
+std::string process_dir() {
+  return std::string(KILN_TEST_TMP) + "/plan_test_" + std::to_string(getpid());
 }
+std::string tmp(const std::string& name) { return process_dir() + "/" + name; }
+struct RemovePlansAtExit {
+  ~RemovePlansAtExit() {
+    std::error_code ec;
+    std::filesystem::remove_all(process_dir(), ec);
+  }
+};
+const RemovePlansAtExit remove_plans_at_exit;
 
 std::string slurp(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
