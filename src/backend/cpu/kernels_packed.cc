@@ -93,6 +93,33 @@ KILN_TARGET_AVX512 inline __m512 finish(__m512 acc, const Epilogue& e, int64_t o
   return acc;
 }
 
+// A tile's T rows of P full panels, through the epilogue, into y (both tile families).
+template <int T, int P>
+KILN_TARGET_AVX512 inline void store_tile(const __m512 (&acc)[T][P], int64_t o, const Epilogue& e) {
+#pragma GCC unroll 16
+  for (int t = 0; t < T; ++t)
+#pragma GCC unroll 16
+    for (int p = 0; p < P; ++p)
+      _mm512_storeu_ps(e.y + t * e.ldy + o + p * kPanelRows,
+                       finish(acc[t][p], e, o + p * kPanelRows));
+}
+
+// A narrow last panel's T rows: its `width` < 16 outputs scaled, biased and stored one by one.
+template <int T>
+KILN_TARGET_AVX512 inline void store_narrow(const __m512 (&acc)[T], int64_t o, int64_t width,
+                                            const Epilogue& e) {
+  alignas(64) float out[kPanelRows];
+  for (int t = 0; t < T; ++t) {
+    _mm512_store_ps(out, acc[t]);
+    for (int64_t j = 0; j < width; ++j) {
+      float v = out[j];
+      if (e.scales) v *= e.scales[o + j];
+      if (e.bias) v += e.bias[o + j];
+      e.y[t * e.ldy + o + j] = v;
+    }
+  }
+}
+
 constexpr int64_t kPrefetchBytes = 2048;
 // The dot-product tiles at many rows spend ~12 cycles on each line of their panels, and reach
 // the memory's rate only with twice the distance (kiln_linear_bench, 16 × 1024 × 62720: 565 ->
@@ -154,12 +181,7 @@ KILN_TARGET_AVX512 void tile(const float* x, int64_t ldx, const typename W::T* w
     for (int64_t u = 0; u < kLine; ++u) tile_step<W, T, P>(acc, x, ldx, w, panel, i + u);
   }
   for (; i < k; ++i) tile_step<W, T, P>(acc, x, ldx, w, panel, i);
-#pragma GCC unroll 16
-  for (int t = 0; t < T; ++t)
-#pragma GCC unroll 16
-    for (int p = 0; p < P; ++p)
-      _mm512_storeu_ps(e.y + t * e.ldy + o + p * kPanelRows,
-                       finish(acc[t][p], e, o + p * kPanelRows));
+  store_tile<T, P>(acc, o, e);
 }
 
 // The last panel when the outputs are not a multiple of 16: `width` < 16 outputs, stored
@@ -176,16 +198,7 @@ KILN_TARGET_AVX512 void narrow_tile(const float* x, int64_t ldx, const typename 
     for (int t = 0; t < T; ++t)
       acc[t] = _mm512_fmadd_ps(_mm512_set1_ps(x[i * ldx + t]), wv, acc[t]);
   }
-  alignas(64) float out[kPanelRows];
-  for (int t = 0; t < T; ++t) {
-    _mm512_store_ps(out, acc[t]);
-    for (int64_t j = 0; j < width; ++j) {
-      float v = out[j];
-      if (e.scales) v *= e.scales[o + j];
-      if (e.bias) v += e.bias[o + j];
-      e.y[t * e.ldy + o + j] = v;
-    }
-  }
+  store_narrow<T>(acc, o, width, e);
 }
 
 #define KILN_TARGET_AVX512_BF16 \
@@ -264,12 +277,7 @@ KILN_TARGET_AVX512_BF16 void tile_pairs(const uint32_t* x, int64_t ldx, const ui
       for (int p = 0; p < P; ++p) acc[t][p] = _mm512_dpbf16_ps(acc[t][p], xb, wv[p]);
     }
   }
-#pragma GCC unroll 16
-  for (int t = 0; t < T; ++t)
-#pragma GCC unroll 16
-    for (int p = 0; p < P; ++p)
-      _mm512_storeu_ps(e.y + t * e.ldy + o + p * kPanelRows,
-                       finish(acc[t][p], e, o + p * kPanelRows));
+  store_tile<T, P>(acc, o, e);
 }
 
 // The last, narrower panel for Bf16DotW: `width` < 16 outputs stored `width` apart, gathered
@@ -293,16 +301,7 @@ KILN_TARGET_AVX512_BF16 void narrow_tile_pairs(const uint32_t* x, int64_t ldx, c
           acc[t], reinterpret_cast<__m512bh>(_mm512_set1_epi32(static_cast<int>(x[ip * ldx + t]))),
           wv);
   }
-  alignas(64) float out[kPanelRows];
-  for (int t = 0; t < T; ++t) {
-    _mm512_store_ps(out, acc[t]);
-    for (int64_t j = 0; j < width; ++j) {
-      float v = out[j];
-      if (e.scales) v *= e.scales[o + j];
-      if (e.bias) v += e.bias[o + j];
-      e.y[t * e.ldy + o + j] = v;
-    }
-  }
+  store_narrow<T>(acc, o, width, e);
 }
 
 // Rows [t0, t0 + rows) of x [n, k] rounded to bf16 and interleaved as pairs into dst (pair ip

@@ -166,8 +166,7 @@ class AttentionKernel final : public CudaKernel {
     // A replayed graph keeps it: graphs hold steps of at most 64 tokens, whose sequences all fit
     // one such block, so the grid depends on the step's shape only.
     static_assert(CudaExecutor::kMaxGraphTokens <= 64);
-    for (int s = 0; s < layout.num_seqs(); ++s)
-      p.longest_seq = std::max(p.longest_seq, layout.num_tokens(s));
+    p.longest_seq = ctx_.step_longest_rows();
     launch_attention(p, ctx_.kernel_stream());
   }
 

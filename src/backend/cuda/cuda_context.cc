@@ -497,7 +497,9 @@ void CudaContext::upload_step(const StepLayout& layout) {
   step_.cross_k = dptr;
   step_.cross_v = dptr + pointers / 2;
   int64_t longest = 0;
+  step_longest_rows_ = 0;
   for (int s = 0; s < seqs; ++s) {
+    step_longest_rows_ = std::max(step_longest_rows_, layout.num_tokens(s));
     longest = std::max(longest, layout.past_len[s] + layout.num_tokens(s));
     if (layout.cross[s] != nullptr) longest = std::max(longest, layout.cross[s]->length());
   }

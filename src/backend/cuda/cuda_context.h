@@ -119,6 +119,8 @@ class CudaContext {
   // attention_key_class of the current step's longest key count (split-sequence decode), and
   // the device memory of the splits' partial results (kSplitBlocks slots).
   int step_key_class() const { return step_key_class_; }
+  // The current step's longest sequence, in rows (this step's tokens only).
+  int64_t step_longest_rows() const { return step_longest_rows_; }
   float* split_scratch() const { return static_cast<float*>(split_scratch_.get()); }
 
   // Row argmax of device logits into `out` (one small copy back), skipping `banned` ids in the
@@ -164,6 +166,7 @@ class CudaContext {
   int block_stride_ = 0;
   DeviceStep step_{};
   int step_key_class_ = 0;
+  int64_t step_longest_rows_ = 0;
   std::shared_ptr<void> split_scratch_;
   // Keyed by the host bytes; the host tensor is kept so that its address is not reused.
   std::map<const void*, std::pair<Tensor, Tensor>> weights_;
