@@ -90,6 +90,41 @@ __global__ void cast_kernel(const From* x, To* y, int64_t n) {
     y[i] = from_float<To>(to_float(x[i]));
 }
 
+// Eight elements a thread in 16-byte loads and stores (both buffers 16-byte aligned): the
+// logits' fp16/bf16 -> fp32 cast of a batched decode step reads 32 MB.
+template <typename T>
+__device__ __forceinline__ void load8(const T* p, float (&v)[8]) {
+  constexpr int kN = kVec<T>;
+#pragma unroll
+  for (int part = 0; part < 8 / kN; ++part) {
+    float a[kN];
+    load_vec<T>(p + part * kN, a);
+#pragma unroll
+    for (int k = 0; k < kN; ++k) v[part * kN + k] = a[k];
+  }
+}
+template <typename T>
+__device__ __forceinline__ void store8(T* p, const float (&v)[8]) {
+  constexpr int kN = kVec<T>;
+#pragma unroll
+  for (int part = 0; part < 8 / kN; ++part) {
+    float a[kN];
+#pragma unroll
+    for (int k = 0; k < kN; ++k) a[k] = v[part * kN + k];
+    store_vec<T>(p + part * kN, a);
+  }
+}
+template <typename From, typename To>
+__global__ void cast8_kernel(const From* x, To* y, int64_t groups) {
+  pdl_begin();
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < groups;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    float v[8];
+    load8(x + 8 * i, v);
+    store8(y + 8 * i, v);
+  }
+}
+
 template <typename T>
 __global__ void activation_kernel(ActFn act, const T* x, T* y, int64_t n) {
   pdl_begin();
@@ -208,8 +243,14 @@ void launch_cast(FloatType from, FloatType to, const void* x, void* y, int64_t n
     dispatch_float(to, [&](auto to_tag) {
       using F = decltype(from_tag);
       using T = decltype(to_tag);
-      launch(cast_kernel<F, T>, grid_for(n, kThreads), kThreads, 0, stream,
-             static_cast<const F*>(x), static_cast<T*>(y), n);
+      const int64_t groups = aligned16(x) && aligned16(y) ? n / 8 : 0;
+      if (groups > 0)
+        launch(cast8_kernel<F, T>, grid_for(groups, kThreads), kThreads, 0, stream,
+               static_cast<const F*>(x), static_cast<T*>(y), groups);
+      if (n > groups * 8)
+        launch(cast_kernel<F, T>, grid_for(n - groups * 8, kThreads), kThreads, 0, stream,
+               static_cast<const F*>(x) + groups * 8, static_cast<T*>(y) + groups * 8,
+               n - groups * 8);
     });
   });
 }
