@@ -107,6 +107,29 @@ inline void prefetch_slice(const E* p, int64_t elements) {
     _mm_prefetch(c + b, _MM_HINT_T0);
 }
 
+// p[j] = p[j] * scale + slope * j for j < n (ALiBi; slope 0: no bias), eight at a time; returns
+// the largest.
+float scale_and_bias(float* p, int64_t n, float scale, float slope) {
+  const V8 s = {scale, scale, scale, scale, scale, scale, scale, scale};
+  const V8 m = {slope, slope, slope, slope, slope, slope, slope, slope};
+  V8 pos = {0, 1, 2, 3, 4, 5, 6, 7};
+  const V8 step = {8, 8, 8, 8, 8, 8, 8, 8};
+  V8 mx = {-INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY};
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8, pos += step) {
+    const V8 v = load8(p + j) * s + m * pos;
+    std::memcpy(p + j, &v, sizeof(v));
+    mx = mx > v ? mx : v;
+  }
+  float best = -INFINITY;
+  for (int l = 0; l < 8; ++l) best = std::max(best, mx[l]);
+  for (; j < n; ++j) {
+    p[j] = p[j] * scale + slope * static_cast<float>(j);
+    best = std::max(best, p[j]);
+  }
+  return best;
+}
+
 // p[j] = e^(p[j] - mx) for j < n; returns their sum (eight lane sums added in a fixed order,
 // then the tail).
 float exp_shifted(float* p, int64_t n, float mx) {
@@ -299,6 +322,7 @@ void attention_with(const Node& node, std::span<const Tensor> in, std::span<Tens
                                    const AttentionRowLoops<E>& row) {
     env.pool.parallel_for(std::min<int64_t>(env.pool.size(), items), 1, [&](int64_t, int64_t) {
       std::vector<float> scores, acc;
+      std::vector<int64_t> bucket_rows;
       for (;;) {
         const int64_t work = next_item.fetch_add(1, std::memory_order_relaxed);
         if (work >= items) break;
@@ -321,26 +345,31 @@ void attention_with(const Node& node, std::span<const Tensor> in, std::span<Tens
           const int64_t visible = a.causal ? std::min(key_len, qpos + 1) : key_len;
           // Raw scores, key row by key row: scores[(h - h0) * key_len + j].
           row.scores(qr, kv.keys.data(), h0, nh, dh, visible, scores.data(), key_len);
+          // T5's bucket of each key for this query (the same for every head): offsets into
+          // the table [buckets, H].
+          if (a.bias == PositionBias::kT5Relative) {
+            bucket_rows.resize(static_cast<size_t>(visible));
+            for (int64_t j = 0; j < visible; ++j)
+              bucket_rows[j] = t5_relative_bucket(j - qpos, a.bidirectional_buckets, a.num_buckets,
+                                                  a.max_distance) *
+                               H;
+          }
           for (int64_t h = h0; h < h1; ++h) {
             float* sc = scores.data() + (h - h0) * key_len;
             float mx = -INFINITY;
-            for (int64_t j = 0; j < visible; ++j) {
-              float v = sc[j] * a.scale;
-              switch (a.bias) {
-                case PositionBias::kNone:
-                  break;
-                case PositionBias::kT5Relative:
-                  v += rel_table[t5_relative_bucket(j - qpos, a.bidirectional_buckets,
-                                                    a.num_buckets, a.max_distance) *
-                                     H +
-                                 h];
-                  break;
-                case PositionBias::kAlibi:
-                  v += slopes[h] * static_cast<float>(j);
-                  break;
-              }
-              sc[j] = v;
-              mx = std::max(mx, v);
+            switch (a.bias) {
+              case PositionBias::kNone:
+                mx = scale_and_bias(sc, visible, a.scale, 0.0f);
+                break;
+              case PositionBias::kAlibi:
+                mx = scale_and_bias(sc, visible, a.scale, slopes[h]);
+                break;
+              case PositionBias::kT5Relative:
+                for (int64_t j = 0; j < visible; ++j) {
+                  sc[j] = sc[j] * a.scale + rel_table[bucket_rows[j] + h];
+                  mx = std::max(mx, sc[j]);
+                }
+                break;
             }
             // Probabilities, normalized in place.
             const float inv = 1.0f / exp_shifted(sc, visible, mx);
