@@ -352,6 +352,41 @@ std::vector<OpCase> attention_op_cases() {
                            {{{}, {{0, 100}}}, {{}, {{0, 30}, {1, 65}}}, {{}, {{1, 1}, {0, 1}}}});
                      }});
   }
+  // The CPU's AVX-512 loops at BLOOM's head shape (whole 16-lane chunks of a 64-wide head) and
+  // at an odd one (20 = a chunk and a 4-lane remainder): batched decode over ragged histories,
+  // the batch order changing between steps.
+  for (DType dtype : {DType::kF32, DType::kBF16})
+    cases.push_back(
+        {"Attention_cached_alibi_packed_16heads_dh64_ragged_decode" + dtype_suffix(dtype),
+         dtype,
+         {check},
+         [](Gen& g) {
+           AttnConfig c = alibi_cached_packed();
+           c.heads = 16;
+           c.head_dim = 64;
+           c.block_size = 16;
+           return cached_scenario(g, c,
+                                  {{{}, {{0, 37}, {1, 5}, {2, 20}}},
+                                   {{}, {{2, 1}, {0, 1}, {1, 1}}},
+                                   {{}, {{0, 1}, {1, 1}, {2, 1}}},
+                                   {{}, {{1, 1}, {2, 1}, {0, 1}}}});
+         }});
+  cases.push_back(
+      {"Attention_cached_t5_5heads_dh20_ragged_decode", DType::kF32, {check}, [](Gen& g) {
+         AttnConfig c = t5_cached();
+         c.heads = 5;
+         c.head_dim = 20;
+         c.block_size = 4;
+         return cached_scenario(
+             g, c, {{{}, {{0, 9}, {1, 14}}}, {{}, {{0, 1}, {1, 1}}}, {{}, {{1, 1}, {0, 1}}}});
+       }});
+  cases.push_back(
+      {"Attention_encoder_t5_5heads_dh20_ragged_9_33", DType::kF32, {check}, [](Gen& g) {
+         AttnConfig c = t5_encoder();
+         c.heads = 5;
+         c.head_dim = 20;
+         return encoder_scenario(g, c, {9, 33});
+       }});
   cases.push_back(
       {"Attention_cached_t5_chunked_long_prompts_block4", DType::kF32, {check}, [](Gen& g) {
          AttnConfig c = t5_cached();
@@ -435,10 +470,15 @@ TEST(BackendOps, ReferencePagedAttentionEqualsWholeSequence) {
   }
 }
 
-// x -> Linear (packed qkv) -> cached ALiBi attention -> Linear, BLOOM-like: a sequence's outputs
-// are bitwise the same alone, in a batch, and in a batch of another order.
-TEST(BackendOps, BatchedResultsAreBitwiseIdenticalToAlone) {
-  const int H = 4, dh = 4, W = H * dh;
+// x -> Linear (packed qkv) -> cached ALiBi attention -> Linear, BLOOM-like, H heads of dh, a
+// KV cache of `cache` rows in blocks of `block_size`: a prefill of `lengths` then `decode_steps`
+// single tokens. Sequence 1's outputs are bitwise the same alone, in a batch, and in a batch of
+// another order, on every backend that promises it (the CPU's: alone, a sequence's heads are
+// split across the threads; in a batch each thread takes whole sequences). Returns how many
+// backends were checked.
+int expect_batch_invariant(int H, int dh, int block_size, DType cache,
+                           const std::vector<int64_t>& lengths, int decode_steps) {
+  const int W = H * dh;
   Gen g(DType::kF32, DType::kF32, 11);
   AttnConfig c = alibi_cached_packed();
   c.heads = H;
@@ -446,27 +486,28 @@ TEST(BackendOps, BatchedResultsAreBitwiseIdenticalToAlone) {
   c.layer = 0;
   GraphBuilder b("block");
   const int x = b.input("x", DType::kF32, {kTokens, Dim::of(W)});
-  const int qkv = b.linear(x, b.weight("w_qkv", g.random({3 * W, W})),
+  const int qkv = b.linear(x, b.weight("w_qkv", g.random({3 * W, W}, -0.3f, 0.3f)),
                            b.weight("b_qkv", g.random({3 * W})), "qkv");
   const int attn = b.attention(qkv, -1, -1, -1, attrs_of(c), "attn");
   b.output(b.linear(attn, b.weight("w_o", g.random({W, W})), -1, "o"), "y");
   Graph graph = b.finish();
-  plan_memory(graph, Logger(LogLevel::kError), {{"tokens", 16}});
+  int64_t most_tokens = 0;
+  for (int64_t len : lengths) most_tokens += len;
+  plan_memory(graph, Logger(LogLevel::kError), {{"tokens", most_tokens}});
 
-  const std::vector<int64_t> lengths = {3, 5, 7};  // sequence 1 is the one checked
-  std::vector<std::vector<float>> xs;
-  for (int64_t len : lengths) xs.push_back(g.floats((len + 1) * W, -2, 2));
+  std::vector<std::vector<float>> xs;  // sequence 1 is the one checked
+  for (int64_t len : lengths) xs.push_back(g.floats((len + decode_steps) * W, -2, 2));
   int checked = 0;
   for (NamedBackend& nb : available_backends()) {
     if (!nb.batch_invariant) continue;
     std::unique_ptr<Executable> exe = nb.backend->compile(graph, test_profile());
-    // Prefill, then one decode step, of the given sequences; returns sequence 1's outputs.
+    // Prefill, then the decode steps, of the given sequences; returns sequence 1's outputs.
     auto run_sequences = [&](const std::vector<size_t>& which) {
-      auto storage = nb.backend->create_kv_storage({1, W, 2, DType::kF32});
+      auto storage = nb.backend->create_kv_storage({1, W, block_size, cache});
       BlockManager blocks(*storage);
       std::vector<SequenceKv> kv(lengths.size());
       std::vector<float> result;
-      for (int step = 0; step < 2; ++step) {
+      for (int step = 0; step <= decode_steps; ++step) {
         StepLayout layout;
         layout.clear();
         std::vector<float> in;
@@ -492,16 +533,33 @@ TEST(BackendOps, BatchedResultsAreBitwiseIdenticalToAlone) {
     const std::vector<float> alone = run_sequences({1});
     const std::vector<float> batched = run_sequences({0, 1, 2});
     const std::vector<float> reordered = run_sequences({2, 1, 0});
-    ASSERT_EQ(alone.size(), static_cast<size_t>((lengths[1] + 1) * W));
-    ASSERT_EQ(batched.size(), alone.size());
-    ASSERT_EQ(reordered.size(), alone.size());
-    EXPECT_EQ(std::memcmp(alone.data(), batched.data(), alone.size() * sizeof(float)), 0)
-        << nb.name;
+    const std::string where =
+        fmt::format("{}: {} heads of {}, {} cache", nb.name, H, dh, dtype_name(cache));
+    EXPECT_EQ(alone.size(), static_cast<size_t>((lengths[1] + decode_steps) * W)) << where;
+    EXPECT_EQ(batched.size(), alone.size()) << where;
+    EXPECT_EQ(reordered.size(), alone.size()) << where;
+    if (batched.size() != alone.size() || reordered.size() != alone.size()) continue;
+    EXPECT_EQ(std::memcmp(alone.data(), batched.data(), alone.size() * sizeof(float)), 0) << where;
     EXPECT_EQ(std::memcmp(alone.data(), reordered.data(), alone.size() * sizeof(float)), 0)
-        << nb.name;
+        << where;
     ++checked;
   }
-  EXPECT_GT(checked, 0) << "the CPU backend promises batch invariance";
+  return checked;
+}
+
+TEST(BackendOps, BatchedResultsAreBitwiseIdenticalToAlone) {
+  EXPECT_GT(expect_batch_invariant(4, 4, 2, DType::kF32, {3, 5, 7}, 1), 0)
+      << "the CPU backend promises batch invariance";
+}
+
+// BLOOM's head shape (16 x 64: whole 16-lane chunks) and an odd one (5 x 20: a chunk and a
+// 4-lane remainder), f32 and bf16 caches, prompts over several blocks and decode steps across
+// a block boundary.
+TEST(BackendOps, BatchedDecodeIsBitwiseIdenticalToAloneAtModelShapes) {
+  for (DType cache : {DType::kF32, DType::kBF16}) {
+    EXPECT_GT(expect_batch_invariant(16, 64, 16, cache, {3, 40, 17}, 3), 0);
+    EXPECT_GT(expect_batch_invariant(5, 20, 4, cache, {9, 33, 2}, 4), 0);
+  }
 }
 
 // A bf16 KV cache (what the CPU keeps for bf16 plans): the keys and values are rounded to the

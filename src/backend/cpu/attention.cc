@@ -7,10 +7,13 @@
 // reads: resolving a block per key per query made long prompts far slower than quadratic
 // (a 1,850-token BLOOM prompt took 7 s on the 16 MB fixture). Summation orders are unchanged:
 // a sequence's result does not depend on its batch.
+#include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <vector>
 
+#include "backend/cpu/attention_rows.h"
 #include "backend/cpu/kernels.h"
 #include "backend/cpu/simd.h"
 #include "backend/cpu/vector_math.h"
@@ -32,29 +35,36 @@ void round_row_to_bf16(const float* src, uint16_t* dst, int64_t n) {
   for (; i < n; ++i) dst[i] = float_to_bf16(src[i]);
 }
 
-// Copies sequence s's K/V rows of this step into its cache blocks for `layer` (rounded to bf16
-// when the cache holds bf16).
-void append_to_cache(const StepLayout& L, int s, KvStorage* cache, int layer, const float* k,
-                     const float* v, int64_t k_stride, int64_t width) {
+// This step's K/V rows of sequences [s0, s1) copied into their cache blocks for `layer`
+// (rounded to bf16 when the cache holds bf16). Decode writes each row to a page of the cache
+// that no step has written yet, and on this VM that cost far more than the bytes (bloom-560m
+// bf16, batch 16: ~180 us a layer on one thread against ~15 us in kiln_attention_bench, whose
+// pages were all written before; neither non-temporal stores nor prefetching the lines for
+// writing changed it), so the sequences are split across the threads (~105 us; no two
+// sequences write to one block in a step).
+void append_to_cache(const StepLayout& L, int s0, int s1, KvStorage* cache, int layer,
+                     const float* k, const float* v, int64_t k_stride, int64_t width) {
   const int bs = cache->geometry().block_size;
   const bool bf16 = cache->geometry().dtype == DType::kBF16;
-  const std::span<const int32_t> blocks = L.blocks(s);
-  for (int64_t i = 0; i < L.num_tokens(s); ++i) {
-    const int64_t pos = L.past_len[s] + i;
-    const int32_t b = blocks[pos / bs];
-    const int64_t off = (pos % bs) * width;
-    const int64_t row = L.token_begin[s] + i;
-    if (bf16) {
-      round_row_to_bf16(k + row * k_stride,
-                        static_cast<uint16_t*>(cache->key_block(layer, b)) + off, width);
-      round_row_to_bf16(v + row * k_stride,
-                        static_cast<uint16_t*>(cache->value_block(layer, b)) + off, width);
-      continue;
+  for (int s = s0; s < s1; ++s) {
+    const std::span<const int32_t> blocks = L.blocks(s);
+    for (int64_t i = 0; i < L.num_tokens(s); ++i) {
+      const int64_t pos = L.past_len[s] + i;
+      const int32_t b = blocks[pos / bs];
+      const int64_t off = (pos % bs) * width;
+      const int64_t row = L.token_begin[s] + i;
+      if (bf16) {
+        round_row_to_bf16(k + row * k_stride,
+                          static_cast<uint16_t*>(cache->key_block(layer, b)) + off, width);
+        round_row_to_bf16(v + row * k_stride,
+                          static_cast<uint16_t*>(cache->value_block(layer, b)) + off, width);
+        continue;
+      }
+      std::memcpy(static_cast<float*>(cache->key_block(layer, b)) + off, k + row * k_stride,
+                  width * sizeof(float));
+      std::memcpy(static_cast<float*>(cache->value_block(layer, b)) + off, v + row * k_stride,
+                  width * sizeof(float));
     }
-    std::memcpy(static_cast<float*>(cache->key_block(layer, b)) + off, k + row * k_stride,
-                width * sizeof(float));
-    std::memcpy(static_cast<float*>(cache->value_block(layer, b)) + off, v + row * k_stride,
-                width * sizeof(float));
   }
 }
 
@@ -90,16 +100,34 @@ void paged_rows(KeyRows<E>& r, KvStorage* cache, int layer, std::span<const int3
   }
 }
 
-// Rows of the KV cache are a page apart (the hardware prefetcher stops at each), and in decode
-// they come from memory (the weights streamed since evicted them): the slices an item reads are
-// requested this many rows ahead.
-constexpr int64_t kRowsAhead = 4;
-
 template <class E>
 inline void prefetch_slice(const E* p, int64_t elements) {
   const char* c = reinterpret_cast<const char*>(p);
   for (int64_t b = 0; b < elements * static_cast<int64_t>(sizeof(E)); b += 64)
     _mm_prefetch(c + b, _MM_HINT_T0);
+}
+
+// p[j] = p[j] * scale + slope * j for j < n (ALiBi; slope 0: no bias), eight at a time; returns
+// the largest.
+float scale_and_bias(float* p, int64_t n, float scale, float slope) {
+  const V8 s = {scale, scale, scale, scale, scale, scale, scale, scale};
+  const V8 m = {slope, slope, slope, slope, slope, slope, slope, slope};
+  V8 pos = {0, 1, 2, 3, 4, 5, 6, 7};
+  const V8 step = {8, 8, 8, 8, 8, 8, 8, 8};
+  V8 mx = {-INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY};
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8, pos += step) {
+    const V8 v = load8(p + j) * s + m * pos;
+    std::memcpy(p + j, &v, sizeof(v));
+    mx = mx > v ? mx : v;
+  }
+  float best = -INFINITY;
+  for (int l = 0; l < 8; ++l) best = std::max(best, mx[l]);
+  for (; j < n; ++j) {
+    p[j] = p[j] * scale + slope * static_cast<float>(j);
+    best = std::max(best, p[j]);
+  }
+  return best;
 }
 
 // p[j] = e^(p[j] - mx) for j < n; returns their sum (eight lane sums added in a fixed order,
@@ -146,12 +174,49 @@ void weighted_sum(const float* p, int64_t ldp, const E* const* values, int64_t h
   }
 }
 
+template <class E>
+void scores_avx2(const float* q, const E* const* keys, int64_t h0, int64_t nh, int64_t dh,
+                 int64_t n, float* scores, int64_t ld) {
+  for (int64_t j = 0; j < n; ++j) {
+    if (j + kRowsAhead < n) prefetch_slice(keys[j + kRowsAhead] + h0 * dh, nh * dh);
+    const E* kr = keys[j];
+    for (int64_t h = h0; h < h0 + nh; ++h)
+      scores[(h - h0) * ld + j] = dot(q + h * dh, kr + h * dh, dh);
+  }
+}
+
+template <class E>
+AttentionRowLoops<E> avx2_row_loops() {
+  return {scores_avx2<E>, weighted_sum<E>};
+}
+
+// Which inner loops run (attention_rows.h): f32 rows and bf16 cache rows.
+struct RowLoops {
+  AttentionRowLoops<float> f32;
+  AttentionRowLoops<uint16_t> bf16;
+};
+
+void attention_with(const Node& node, std::span<const Tensor> in, std::span<Tensor> out,
+                    const KernelEnv& env, const RowLoops& loops);
+
 }  // namespace
+
+void attention(const Node& node, std::span<const Tensor> in, std::span<Tensor> out,
+               const KernelEnv& env) {
+  attention_with(node, in, out, env, {avx2_row_loops<float>(), avx2_row_loops<uint16_t>()});
+}
+
+void attention_avx512(const Node& node, std::span<const Tensor> in, std::span<Tensor> out,
+                      const KernelEnv& env) {
+  attention_with(node, in, out, env, {avx512_row_loops_f32(), avx512_row_loops_bf16()});
+}
+
+namespace {
 
 // q [n, H*dh] (or packed qkv [n, 3*H*dh] as [3, H, dh]), k, v [n, H*dh], rel table [buckets, H]
 // -> [n, H*dh]
-void attention(const Node& node, std::span<const Tensor> in, std::span<Tensor> out,
-               const KernelEnv& env) {
+void attention_with(const Node& node, std::span<const Tensor> in, std::span<Tensor> out,
+                    const KernelEnv& env, const RowLoops& loops) {
   const AttentionAttrs& a = node.attr<AttentionAttrs>();
   KILN_CHECK(env.step != nullptr && env.step->layout != nullptr,
              "node '{}': attention needs the step's layout", node.name);
@@ -190,7 +255,12 @@ void attention(const Node& node, std::span<const Tensor> in, std::span<Tensor> o
                "node '{}': KV cache holds {} layers of {} rows {} wide, need layer {} of f32 or "
                "bf16 rows {} wide",
                node.name, geo.layers, dtype_name(geo.dtype), geo.row_width, a.layer, width);
-    for (int s = 0; s < nseq; ++s) append_to_cache(L, s, cache, a.layer, k, v, kv_stride, width);
+    // Sequences split across the threads (a row written this step is in no other sequence's
+    // blocks), so that twice as many lines are requested at once.
+    env.pool.parallel_for(nseq, 1, [&](int64_t s0, int64_t s1) {
+      append_to_cache(L, static_cast<int>(s0), static_cast<int>(s1), cache, a.layer, k, v,
+                      kv_stride, width);
+    });
   }
 
   // Key/value row tables, one per sequence, resolved before the parallel loop: f32 rows, or
@@ -243,12 +313,21 @@ void attention(const Node& node, std::span<const Tensor> in, std::span<Tensor> o
   for (int s = 0; s < nseq; ++s)
     first_item[s + 1] =
         first_item[s] + groups * ((L.num_tokens(s) + kQueryBlock - 1) / kQueryBlock);
-  const auto attend = [&]<class E>(const std::vector<KeyRows<E>>& rows) {
-    env.pool.parallel_for(first_item[nseq], 1, [&](int64_t w0, int64_t w1) {
+  // Items are taken from a shared counter rather than split in equal ranges up front: the two
+  // vCPUs' speeds differ from call to call, and a static split left one idle. Which thread runs
+  // an item does not change its sums.
+  const int64_t items = first_item[nseq];
+  std::atomic<int64_t> next_item{0};
+  const auto attend = [&]<class E>(const std::vector<KeyRows<E>>& rows,
+                                   const AttentionRowLoops<E>& row) {
+    env.pool.parallel_for(std::min<int64_t>(env.pool.size(), items), 1, [&](int64_t, int64_t) {
       std::vector<float> scores, acc;
-      int s = 0;
-      for (int64_t work = w0; work < w1; ++work) {
-        while (work >= first_item[s + 1]) ++s;
+      std::vector<int64_t> bucket_rows;
+      for (;;) {
+        const int64_t work = next_item.fetch_add(1, std::memory_order_relaxed);
+        if (work >= items) break;
+        const int s = static_cast<int>(
+            std::upper_bound(first_item.begin(), first_item.end(), work) - first_item.begin() - 1);
         const int64_t local = work - first_item[s];
         const int64_t blocks = (L.num_tokens(s) + kQueryBlock - 1) / kQueryBlock;
         const int64_t h0 = local / blocks * group, h1 = std::min(H, h0 + group), nh = h1 - h0;
@@ -265,48 +344,49 @@ void attention(const Node& node, std::span<const Tensor> in, std::span<Tensor> o
           const float* qr = q + (token_begin + i) * q_stride;
           const int64_t visible = a.causal ? std::min(key_len, qpos + 1) : key_len;
           // Raw scores, key row by key row: scores[(h - h0) * key_len + j].
-          for (int64_t j = 0; j < visible; ++j) {
-            if (j + kRowsAhead < visible)
-              prefetch_slice(kv.keys[j + kRowsAhead] + h0 * dh, nh * dh);
-            const E* kr = kv.keys[j];
-            for (int64_t h = h0; h < h1; ++h)
-              scores[(h - h0) * key_len + j] = dot(qr + h * dh, kr + h * dh, dh);
+          row.scores(qr, kv.keys.data(), h0, nh, dh, visible, scores.data(), key_len);
+          // T5's bucket of each key for this query (the same for every head): offsets into
+          // the table [buckets, H].
+          if (a.bias == PositionBias::kT5Relative) {
+            bucket_rows.resize(static_cast<size_t>(visible));
+            for (int64_t j = 0; j < visible; ++j)
+              bucket_rows[j] = t5_relative_bucket(j - qpos, a.bidirectional_buckets, a.num_buckets,
+                                                  a.max_distance) *
+                               H;
           }
           for (int64_t h = h0; h < h1; ++h) {
             float* sc = scores.data() + (h - h0) * key_len;
             float mx = -INFINITY;
-            for (int64_t j = 0; j < visible; ++j) {
-              float v = sc[j] * a.scale;
-              switch (a.bias) {
-                case PositionBias::kNone:
-                  break;
-                case PositionBias::kT5Relative:
-                  v += rel_table[t5_relative_bucket(j - qpos, a.bidirectional_buckets,
-                                                    a.num_buckets, a.max_distance) *
-                                     H +
-                                 h];
-                  break;
-                case PositionBias::kAlibi:
-                  v += slopes[h] * static_cast<float>(j);
-                  break;
-              }
-              sc[j] = v;
-              mx = std::max(mx, v);
+            switch (a.bias) {
+              case PositionBias::kNone:
+                mx = scale_and_bias(sc, visible, a.scale, 0.0f);
+                break;
+              case PositionBias::kAlibi:
+                mx = scale_and_bias(sc, visible, a.scale, slopes[h]);
+                break;
+              case PositionBias::kT5Relative:
+                for (int64_t j = 0; j < visible; ++j) {
+                  sc[j] = sc[j] * a.scale + rel_table[bucket_rows[j] + h];
+                  mx = std::max(mx, sc[j]);
+                }
+                break;
             }
             // Probabilities, normalized in place.
             const float inv = 1.0f / exp_shifted(sc, visible, mx);
             for (int64_t j = 0; j < visible; ++j) sc[j] *= inv;
           }
-          weighted_sum(scores.data(), key_len, kv.values.data(), h0, nh, dh, visible, acc.data());
+          row.weighted_sum(scores.data(), key_len, kv.values.data(), h0, nh, dh, visible,
+                           acc.data());
           std::memcpy(y + (token_begin + i) * width + h0 * dh, acc.data(), nh * dh * sizeof(float));
         }
       }
     });
   };
   if (bf16_cache)
-    attend(bf16_rows);
+    attend(bf16_rows, loops.bf16);
   else
-    attend(rows);
+    attend(rows, loops.f32);
 }
 
+}  // namespace
 }  // namespace kiln::cpu

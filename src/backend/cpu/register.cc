@@ -73,6 +73,7 @@ void register_kernels(KernelRegistry& r) {
   add_fn(r, OpKind::kGatedActivation, f32, f32, base, "gated activation", gated_activation);
   add_fn(r, OpKind::kSoftmax, f32, f32, base, "softmax", softmax);
   add_fn(r, OpKind::kAttention, f32, f32, base, "paged attention", attention);
+  add_fn(r, OpKind::kAttention, f32, f32, Isa::kAvx512, "avx512 paged attention", attention_avx512);
   add_fn(r, OpKind::kGatherRows, f32, f32, base, "gather rows", gather_rows);
   add_fn(r, OpKind::kAddRmsNorm, f32, f32, base, "add + rms norm", add_rms_norm);
   // Casts between f32 and the narrow float types, in either direction (weights that constant

@@ -1,0 +1,33 @@
+// The two inner loops of CPU attention for one query row, per kernel family: raw scores against
+// every key row, and the probability-weighted sum of the value rows. attention.cc owns
+// everything around them (row tables, bias, softmax, the split of work); each family supplies
+// these loops for f32 and bf16 (a bf16 KV cache) rows.
+#pragma once
+
+#include <cstdint>
+
+namespace kiln::cpu {
+
+// Rows of the KV cache are a page apart (the hardware prefetcher stops at each), and in decode
+// they come from memory (the weights streamed since evicted them): the slices a loop reads are
+// requested this many rows ahead.
+constexpr int64_t kRowsAhead = 8;
+
+template <class E>  // float, or uint16_t for a bf16 KV cache
+struct AttentionRowLoops {
+  // scores[(h - h0) * ld + j] = q[h * dh, (h + 1) * dh) . keys[j][h * dh, ...) for the heads
+  // [h0, h0 + nh) and j < n. Each score's sum has a fixed order that depends only on dh.
+  void (*scores)(const float* q, const E* const* keys, int64_t h0, int64_t nh, int64_t dh,
+                 int64_t n, float* scores, int64_t ld);
+  // acc[(h - h0) * dh + d] = sum_j p[(h - h0) * ldp + j] * values[j][h * dh + d] for j < n,
+  // j in index order.
+  void (*weighted_sum)(const float* p, int64_t ldp, const E* const* values, int64_t h0, int64_t nh,
+                       int64_t dh, int64_t n, float* acc);
+};
+
+// AVX-512 (attention_avx512.cc): 16-lane FMA chains, four value rows per pass over the
+// accumulators.
+AttentionRowLoops<float> avx512_row_loops_f32();
+AttentionRowLoops<uint16_t> avx512_row_loops_bf16();
+
+}  // namespace kiln::cpu
