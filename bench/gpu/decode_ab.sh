@@ -21,20 +21,12 @@ while [ $# -gt 0 ]; do
   esac
   shift
 done
-mkdir -p /tmp/synth /tmp/plans
 source "$HERE/bundle_env.sh"
+source "$HERE/untuned_plan.sh"
 LOG="$OUT/decode_ab.log"
 date -u >>"$LOG"
 for model in $MODELS; do
-  case "$model" in
-    bloom-*) sdtype=fp16 prec=fp16 ;;
-    *) sdtype=fp32 prec=bf16 ;;
-  esac
-  dir=/tmp/synth/$model plan=/tmp/plans/$model-$prec-ab.plan
-  [ -d "$dir" ] || "$KILN" synth --preset "$model" --dtype "$sdtype" -o "$dir" >>"$LOG" 2>&1
-  [ -f "$plan" ] || "$KILN" build --model "$dir" --device cuda --precision "$prec" \
-    --max-input-tokens 128 --max-step-tokens 8192 --no-tune -o "$plan" >>"$LOG" 2>&1 ||
-    { echo "build $model failed" | tee -a "$LOG"; continue; }
+  untuned_plan "$model" || continue
   for b in $BATCHES; do
     for var in "${@:-NONE}"; do
       for v in 1 0; do

@@ -100,13 +100,6 @@ void paged_rows(KeyRows<E>& r, KvStorage* cache, int layer, std::span<const int3
   }
 }
 
-template <class E>
-inline void prefetch_slice(const E* p, int64_t elements) {
-  const char* c = reinterpret_cast<const char*>(p);
-  for (int64_t b = 0; b < elements * static_cast<int64_t>(sizeof(E)); b += 64)
-    _mm_prefetch(c + b, _MM_HINT_T0);
-}
-
 // p[j] = p[j] * scale + slope * j for j < n (ALiBi; slope 0: no bias), eight at a time; returns
 // the largest.
 float scale_and_bias(float* p, int64_t n, float scale, float slope) {

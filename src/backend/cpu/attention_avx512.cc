@@ -37,13 +37,6 @@ KILN_TARGET_AVX512 inline __m512 load16(const uint16_t* p, __mmask16 m) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 
-template <class E>
-inline void prefetch_slice(const E* p, int64_t elements) {
-  const char* c = reinterpret_cast<const char*>(p);
-  for (int64_t b = 0; b < elements * static_cast<int64_t>(sizeof(E)); b += 64)
-    _mm_prefetch(c + b, _MM_HINT_T0);
-}
-
 // Lanes summed in a fixed order (halves, then quarters, ...).
 KILN_TARGET_AVX512 inline float reduce16(__m512 v) {
   const __m256 h = _mm256_add_ps(_mm512_castps512_ps256(v),

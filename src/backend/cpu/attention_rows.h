@@ -4,6 +4,8 @@
 // these loops for f32 and bf16 (a bf16 KV cache) rows.
 #pragma once
 
+#include <immintrin.h>
+
 #include <cstdint>
 
 namespace kiln::cpu {
@@ -12,6 +14,14 @@ namespace kiln::cpu {
 // they come from memory (the weights streamed since evicted them): the slices a loop reads are
 // requested this many rows ahead.
 constexpr int64_t kRowsAhead = 8;
+
+// Asks for the cache lines of p[0, elements) (a row's slice of the heads an item reads).
+template <class E>
+inline void prefetch_slice(const E* p, int64_t elements) {
+  const char* c = reinterpret_cast<const char*>(p);
+  for (int64_t b = 0; b < elements * static_cast<int64_t>(sizeof(E)); b += 64)
+    _mm_prefetch(c + b, _MM_HINT_T0);
+}
 
 template <class E>  // float, or uint16_t for a bf16 KV cache
 struct AttentionRowLoops {
