@@ -6,6 +6,7 @@
 # so that the log shows each step size's GPU time beside its wall time.
 # Run from the folder scripts/device/pack.sh filled. Logs in $OUT/decode_ab.log.
 # Usage: decode_ab.sh [--runs N] [--batches "1 16"] [--models "bloom-560m flan-t5-large"] VAR...
+# where each VAR is a name (runs with 1, then 0) or NAME=v1,v2,... (runs with each value).
 set -u
 HERE=$(cd "$(dirname "$0")" && pwd)
 OUT=${OUT:-/tmp/out}
@@ -28,8 +29,10 @@ date -u >>"$LOG"
 for model in $MODELS; do
   untuned_plan "$model" || continue
   for b in $BATCHES; do
-    for var in "${@:-NONE}"; do
-      for v in 1 0; do
+    for arg in "${@:-NONE}"; do
+      var=${arg%%=*} values="1 0"
+      [ "$arg" != "$var" ] && values=${arg#*=} && values=${values//,/ }
+      for v in $values; do
         echo "== $model $prec batch $b $var=$v" | tee -a "$LOG"
         env "$var=$v" KILN_CUDA_PROFILE=steps "$KILN" -v bench --plan "$plan" --input-len 78 \
           --output-len 100 --runs "$RUNS" --batch "$b" 2>&1 |

@@ -64,6 +64,14 @@ std::vector<NamedBackend> available_backends() {
     auto ctx = std::make_unique<Context>(ContextOptions{LogLevel::kError, 1});
     auto backend = make_cuda_backend(*ctx);
     out.push_back({"cuda", std::move(ctx), std::move(backend), /*batch_invariant=*/false});
+    // Again with attention.cu's row kernel where the warp kernel would take the step.
+    {
+      const ScopedEnv block_rows("KILN_CUDA_WARP_ATTN", "0");
+      auto block_ctx = std::make_unique<Context>(ContextOptions{LogLevel::kError, 1});
+      auto backend = make_cuda_backend(*block_ctx);
+      out.push_back({"cuda-block-attention", std::move(block_ctx), std::move(backend),
+                     /*batch_invariant=*/false});
+    }
     // Again with the tensor-core attention for every step it can take, in blocks of 64 and of
     // 32 query rows (by default only prompts that fill the GPU take it, larger than these cases).
     for (const char* rows : {"64", "32"}) {

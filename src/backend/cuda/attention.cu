@@ -269,7 +269,9 @@ void launch_typed(const AttentionParams& p, KernelStream stream) {
       p.kind == AttnKind::kCross ||
       (p.kv_stride % kVec == 0 && (reinterpret_cast<uintptr_t>(p.v) & 15) == 0);
   const bool vec = p.head_dim % kVec == 0 && row_elems % kVec == 0 && step_rows_ok;
-  if (vec)
+  if (vec && launch_warp_attention<T>(p, grid, stream)) {
+    // attention_warps.cu took it
+  } else if (vec)
     launch(attention_kernel<T, kVec>, grid, threads, 0, stream, p);
   else
     launch(attention_kernel<T, 1>, grid, threads, 0, stream, p);

@@ -16,20 +16,43 @@ struct KeyRow {
   const T* value;
 };
 
-// Where position j of sequence s lives in the paged cache (this layer's key and value rows);
-// null, and reported, when its block is invalid.
-template <typename T>
-__device__ __forceinline__ KeyRow<T> cache_row(const AttentionParams& p, int s, int64_t j) {
+// The cache block holding position j of sequence s (may be invalid: see valid_block).
+__device__ __forceinline__ int cache_block(const AttentionParams& p, int s, int64_t j) {
   const DeviceStep& st = p.step;
-  const int b = st.block_table[static_cast<int64_t>(s) * st.max_blocks + j / p.kv.block_size];
-  if (b < 0 || b >= p.kv.capacity) {
-    report(p.status, kStatusKvBlock, p.node, b, p.kv.capacity);
-    return {nullptr, nullptr};
-  }
+  return st.block_table[static_cast<int64_t>(s) * st.max_blocks + j / p.kv.block_size];
+}
+__device__ __forceinline__ bool valid_block(const AttentionParams& p, int b) {
+  return b >= 0 && b < p.kv.capacity;
+}
+// This layer's key and value rows of position j in (valid) block b.
+template <typename T>
+__device__ __forceinline__ KeyRow<T> block_row(const AttentionParams& p, int b, int64_t j) {
   const int64_t off = (j % p.kv.block_size) * p.kv.row_width;
   const char* base = p.kv.block_base[b];
   return {reinterpret_cast<const T*>(base + 2 * p.layer * p.kv.layer_bytes) + off,
           reinterpret_cast<const T*>(base + (2 * p.layer + 1) * p.kv.layer_bytes) + off};
+}
+
+// Where position j of sequence s lives in the paged cache (this layer's key and value rows);
+// null, and reported, when its block is invalid.
+template <typename T>
+__device__ __forceinline__ KeyRow<T> cache_row(const AttentionParams& p, int s, int64_t j) {
+  const int b = cache_block(p, s, j);
+  if (!valid_block(p, b)) {
+    report(p.status, kStatusKvBlock, p.node, b, p.kv.capacity);
+    return {nullptr, nullptr};
+  }
+  return block_row<T>(p, b, j);
+}
+
+// Key position j of sequence s in the request's cross K/V (this layer's).
+template <typename T>
+__device__ __forceinline__ KeyRow<T> cross_row(const AttentionParams& p, int s, int64_t j) {
+  const DeviceStep& st = p.step;
+  const int64_t slot = static_cast<int64_t>(s) * st.cross_layers + p.layer;
+  const int64_t width = static_cast<int64_t>(p.heads) * p.head_dim;
+  return {static_cast<const T*>(st.cross_k[slot]) + j * width,
+          static_cast<const T*>(st.cross_v[slot]) + j * width};
 }
 
 template <typename T>
@@ -52,12 +75,8 @@ __device__ __forceinline__ KeyRow<T> key_row(const AttentionParams& p, int s, in
       }
       return cache_row<T>(p, s, j);
     }
-    case AttnKind::kCross: {
-      const int64_t slot = static_cast<int64_t>(s) * st.cross_layers + p.layer;
-      const int64_t width = static_cast<int64_t>(p.heads) * p.head_dim;
-      return {static_cast<const T*>(st.cross_k[slot]) + j * width,
-              static_cast<const T*>(st.cross_v[slot]) + j * width};
-    }
+    case AttnKind::kCross:
+      return cross_row<T>(p, s, j);
   }
   return {nullptr, nullptr};
 }
@@ -106,5 +125,11 @@ __device__ __forceinline__ float position_bias(const AttentionParams& p, int64_t
 bool tiled_attention_applies(const AttentionParams& p);
 template <typename T>
 void launch_tiled_attention(const AttentionParams& p, KernelStream stream);
+// The warp kernel (attention_warps.cu) for the (row, head, split) grid of attention.cu's row
+// kernel, when p.warp_rows and the head fits it (head_dim / (16 / sizeof(T)) lanes a key, a
+// power of two up to 32; q, K and V rows aligned for 16-byte loads, which the caller checked
+// for K and V); false, launching nothing, otherwise.
+template <typename T>
+bool launch_warp_attention(const AttentionParams& p, dim3 grid, KernelStream stream);
 
 }  // namespace kiln::cuda

@@ -98,6 +98,10 @@ class CudaContext {
   // enough to fill the GPU (default); KILN_CUDA_TILED=0: none (the row kernel, for A/B runs);
   // KILN_CUDA_TILED=always: every step it can run (tests of the kernel on small cases).
   TiledAttention tiled_attention() const { return tiled_attention_; }
+  // KILN_CUDA_WARP_ATTN=0: steps that do not take the tiled kernel run attention.cu's row
+  // kernel (a block of threads per row and head) instead of the warp kernel
+  // (attention_warps.cu) wherever that fits (for A/B runs, and tests of the row kernel).
+  bool use_warp_attention() const { return use_warp_attention_; }
   // Query rows per block of that kernel (KILN_CUDA_TILED_ROWS=32|64, for A/B runs).
   int tiled_rows() const { return tiled_rows_; }
   // Read at construction, used inside: KILN_CUDA_SPLIT=0: decode attention never splits along
@@ -146,6 +150,7 @@ class CudaContext {
   bool use_gemv_ = true;
   bool use_graphs_ = true;
   bool use_splits_ = true;
+  bool use_warp_attention_ = true;
   TiledAttention tiled_attention_ = TiledAttention::kAuto;
   int tiled_rows_ = 64;
   bool profile_ = false;

@@ -186,6 +186,9 @@ struct AttentionParams {
   TiledAttention tiled;
   int64_t longest_seq;
   int tiled_rows;  // query rows per block of the tiled kernel: 32 or 64
+  // Whether row-kernel steps may take the warp kernel (attention_warps.cu) where it fits.
+  bool warp_rows;
+  int sms;  // the GPU's multiprocessors (the warp kernel's block size follows the step's blocks)
 };
 // Decode attention over long contexts splits each (row, head) along its keys: shares of at
 // least kSplitKeys keys, at most kMaxSplits of them, and only while the step's (row, head,

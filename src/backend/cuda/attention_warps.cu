@@ -1,0 +1,308 @@
+// Decode attention with the warp as the unit (attention.cu's row kernel, re-shaped for steps of
+// one query row per sequence): a block per (query row, head, split) as there, but each of its
+// warps walks its own chunks of keys, scoring and weighting them in one pass with no block
+// barrier until the end. A key row's head slice is read by L lanes (16 bytes each), so a warp
+// holds 32 / L keys per round and kRounds rounds of key and value loads are in flight before
+// the first is used: a decode step waits for memory about once per chunk, where the row kernel
+// waits for the keys, two block reductions, then the values. Each warp keeps its own running
+// max and sum (online softmax in fp32); the warps' partial results are joined at the end in
+// warp order. Before waiting for the kernel that writes q (programmatic dependent launch), the
+// warps ask L2 for the cache rows they will read: those rows were written by earlier steps.
+#include "backend/cuda/attention_common.cuh"
+
+namespace kiln::cuda {
+namespace {
+
+using attn::alibi_slope;
+using attn::block_row;
+using attn::cache_row;
+using attn::cross_row;
+using attn::KeyRow;
+using attn::position_bias;
+using attn::valid_block;
+
+constexpr int kRounds = 4;     // key rounds per chunk, loaded before any is used
+constexpr int kMaxWarps = 16;  // per block (512 threads) when the step has a block per SM or less
+constexpr int kFewWarps = 4;   // per block when it has more than two per SM
+
+template <typename T>
+constexpr int kPer = 16 / static_cast<int>(sizeof(T));  // elements per 16-byte load
+
+template <typename T>
+__device__ __forceinline__ void unpack16(const uint4& raw, float (&out)[kPer<T>]) {
+  const T* e = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+  for (int u = 0; u < kPer<T>; ++u) out[u] = to_float(e[u]);
+}
+
+// Where the key and value rows (head slice) of one key are. `fresh`: a row this step computed
+// (p.k / p.v, written by the kernel before this one: read only after pdl_wait).
+template <typename T>
+struct RowPair {
+  const T* key = nullptr;
+  const T* value = nullptr;
+  bool fresh = false;
+};
+
+// The rows of key `key` of sequence s, resolved by one lane for its chunk (null past `last`
+// and for a bad cache block, which is reported: the step fails). 32-bit position arithmetic:
+// positions and blocks are ints.
+template <typename T>
+__device__ __forceinline__ RowPair<T> resolve(const AttentionParams& p, int s, int key, int last,
+                                              int past, int64_t head_off) {
+  RowPair<T> r;
+  if (key >= last) return r;
+  const DeviceStep& st = p.step;
+  KeyRow<T> kv{nullptr, nullptr};
+  if (p.kind == AttnKind::kCachedSelf && key < past) {
+    const int b = st.block_table[static_cast<int64_t>(s) * st.max_blocks + key / p.kv.block_size];
+    if (!valid_block(p, b)) {
+      report(p.status, kStatusKvBlock, p.node, b, p.kv.capacity);
+      return r;
+    }
+    kv = block_row<T>(p, b, key);
+  } else if (p.kind == AttnKind::kCross) {
+    kv = cross_row<T>(p, s, key);
+  } else {
+    // The step's own rows: the encoder's, or this step's new positions of the cached kind.
+    const int64_t at = st.token_begin[s] + (key - past);  // a row of the step
+    kv = {static_cast<const T*>(p.k) + at * p.kv_stride,
+          static_cast<const T*>(p.v) + at * p.kv_stride};
+    r.fresh = true;
+  }
+  r.key = kv.key + head_off;
+  r.value = kv.value + head_off;
+  return r;
+}
+
+// Which of a chunk's rows load_chunk reads: the cache's (before the wait), this step's own
+// (after it), or all.
+enum class Rows { kCache, kFresh, kAll };
+
+// One chunk's key and value loads: round r, group g reads key r * kGroups + g of the chunk,
+// whose rows lane r * kGroups + g resolved. Returns the rounds it loaded, as bits.
+template <typename T, int L>
+__device__ __forceinline__ unsigned load_chunk(const RowPair<T>& mine, int group, int d0,
+                                               Rows which, uint4 (&kraw)[kRounds],
+                                               uint4 (&vraw)[kRounds]) {
+  constexpr int kGroups = 32 / L;
+  unsigned loaded = 0;
+#pragma unroll
+  for (int r = 0; r < kRounds; ++r) {
+    const int src = r * kGroups + group;
+    const T* k = reinterpret_cast<const T*>(
+        __shfl_sync(0xffffffffu, reinterpret_cast<uintptr_t>(mine.key), src));
+    const T* v = reinterpret_cast<const T*>(
+        __shfl_sync(0xffffffffu, reinterpret_cast<uintptr_t>(mine.value), src));
+    const bool fresh = __shfl_sync(0xffffffffu, static_cast<int>(mine.fresh), src) != 0;
+    if (k == nullptr || (which == Rows::kCache && fresh) || (which == Rows::kFresh && !fresh))
+      continue;
+    loaded |= 1u << r;
+    kraw[r] = __ldg(reinterpret_cast<const uint4*>(k + d0));
+    vraw[r] = __ldg(reinterpret_cast<const uint4*>(v + d0));
+  }
+  return loaded;
+}
+
+// L lanes per key row: head_dim = L * kPer<T>, L a power of two in [4, 32] (a chunk's keys,
+// kGroups * kRounds, are at most 32: one lane resolves each). W warps per block. (Holding the
+// 4-warp blocks to 64 registers, eight an SM, spilled to L1 and measured no faster.)
+template <typename T, int L, int W>
+__global__ void __launch_bounds__(W * 32) warp_attention_kernel(AttentionParams p) {
+  constexpr int kGroups = 32 / L;  // keys per round
+  constexpr int kChunk = kGroups * kRounds;
+  static_assert(kChunk <= 32);
+  constexpr int kV = kPer<T>;
+  const int64_t row = blockIdx.x;
+  const int h = blockIdx.y;
+  const int split = blockIdx.z, splits = gridDim.z;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  constexpr int warps = W;
+  const int group = lane / L, sub = lane % L;
+  const DeviceStep& st = p.step;
+  // The step's layout was uploaded before its first kernel, and the cache rows before `past`
+  // were written by earlier steps: both are read before the wait for the kernel that wrote q.
+  const int s = st.token_seq[row];
+  // Positions and key counts are ints (as the step's layout holds them).
+  const int i = static_cast<int>(row) - st.token_begin[s];
+  const int tokens = st.token_begin[s + 1] - st.token_begin[s];
+  const int past = p.kind == AttnKind::kCachedSelf ? st.past_len[s] : 0;
+  const int qpos = past + i;
+  int key_len = tokens;
+  if (p.kind == AttnKind::kCachedSelf) key_len = past + tokens;
+  if (p.kind == AttnKind::kCross) key_len = st.cross_len[s];
+  const int visible = p.causal ? min(key_len, qpos + 1) : key_len;
+  const int dh = p.head_dim;
+  const int64_t head_off = static_cast<int64_t>(h) * dh;
+  const int share = (visible + splits - 1) / splits;
+  const int first = min(visible, share * split), last = min(visible, first + share);
+  constexpr int stride = warps * kChunk;
+  const int d0 = sub * kV;  // this lane's dimensions of the head
+
+  int c0 = first + warp * kChunk;
+  RowPair<T> mine = resolve<T>(p, s, c0 + lane, last, past, head_off);
+  uint4 kraw[kRounds], vraw[kRounds];
+  unsigned present = 0;
+  // Cross K/V may come from a projection earlier in this step: only cache rows are read before
+  // the wait.
+  const bool cached = p.kind == AttnKind::kCachedSelf;
+  if (c0 < last && cached) present = load_chunk<T, L>(mine, group, d0, Rows::kCache, kraw, vraw);
+
+  pdl_wait();
+  pdl_trigger();
+  float q[kV];
+  unpack16<T>(__ldg(reinterpret_cast<const uint4*>(static_cast<const T*>(p.q) + row * p.q_stride +
+                                                   head_off + d0)),
+              q);
+  if (p.kind == AttnKind::kCachedSelf && split == 0 && threadIdx.x < L) {
+    // Store this row's key and value of head h in the sequence's cache block (the KV append).
+    const KeyRow<T> dst = cache_row<T>(p, s, qpos);
+    if (dst.key != nullptr) {
+      const int64_t src = row * p.kv_stride + head_off + d0;
+      *reinterpret_cast<uint4*>(const_cast<T*>(dst.key) + head_off + d0) =
+          *reinterpret_cast<const uint4*>(static_cast<const T*>(p.k) + src);
+      *reinterpret_cast<uint4*>(const_cast<T*>(dst.value) + head_off + d0) =
+          *reinterpret_cast<const uint4*>(static_cast<const T*>(p.v) + src);
+    }
+  }
+  if (c0 < last)
+    present |= load_chunk<T, L>(mine, group, d0, cached ? Rows::kFresh : Rows::kAll, kraw, vraw);
+  const float slope = p.bias == AttnBias::kAlibi ? alibi_slope(h, p.heads) : 0.0f;
+  float m_run = -INFINITY, l_run = 0.0f;
+  float acc[kV];
+#pragma unroll
+  for (int e = 0; e < kV; ++e) acc[e] = 0.0f;
+  for (; c0 < last; c0 += stride) {
+    // The next chunk's rows are resolved while this one's loads are in flight.
+    const int next = c0 + stride;
+    const RowPair<T> after = resolve<T>(p, s, next + lane, last, past, head_off);
+    float score[kRounds];
+    float chunk_max = -INFINITY;
+#pragma unroll
+    for (int r = 0; r < kRounds; ++r) {
+      float kf[kV];
+      unpack16<T>(kraw[r], kf);
+      float dot = 0.0f;
+#pragma unroll
+      for (int e = 0; e < kV; ++e) dot = fmaf(q[e], kf[e], dot);
+#pragma unroll
+      for (int o = L / 2; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
+      const int key = c0 + r * kGroups + group;
+      score[r] =
+          (present >> r) & 1u ? dot * p.scale + position_bias(p, key, qpos, h, slope) : -INFINITY;
+      chunk_max = fmaxf(chunk_max, score[r]);
+    }
+#pragma unroll
+    for (int o = L; o < 32; o <<= 1)
+      chunk_max = fmaxf(chunk_max, __shfl_xor_sync(0xffffffffu, chunk_max, o));
+    const float m_new = fmaxf(m_run, chunk_max);
+    if (m_new != -INFINITY) {                        // warp-uniform
+      const float correction = expf(m_run - m_new);  // 0 while m_run is -inf
+      l_run *= correction;
+#pragma unroll
+      for (int e = 0; e < kV; ++e) acc[e] *= correction;
+#pragma unroll
+      for (int r = 0; r < kRounds; ++r) {
+        // Rounds without a key hold stale registers (possibly NaN): left out, not weighted 0.
+        if (((present >> r) & 1u) == 0) continue;
+        const float pr = expf(score[r] - m_new);
+        l_run += pr;
+        float vf[kV];
+        unpack16<T>(vraw[r], vf);
+#pragma unroll
+        for (int e = 0; e < kV; ++e) acc[e] = fmaf(pr, vf[e], acc[e]);
+      }
+      m_run = m_new;
+    }
+    if (next < last) present = load_chunk<T, L>(after, group, d0, Rows::kAll, kraw, vraw);
+  }
+  // The warp's groups hold disjoint keys at the same max: add them (lanes of one dimension).
+#pragma unroll
+  for (int o = L; o < 32; o <<= 1) {
+    l_run += __shfl_xor_sync(0xffffffffu, l_run, o);
+#pragma unroll
+    for (int e = 0; e < kV; ++e) acc[e] += __shfl_xor_sync(0xffffffffu, acc[e], o);
+  }
+  // Shared memory: [warps][dh] weighted values, then [warps] maxima and [warps] sums.
+  extern __shared__ float join_s[];
+  float* m_s = join_s + warps * dh;
+  float* l_s = m_s + warps;
+  if (group == 0) {
+#pragma unroll
+    for (int e = 0; e < kV; ++e) join_s[warp * dh + d0 + e] = acc[e];
+    if (sub == 0) m_s[warp] = m_run, l_s[warp] = l_run;
+  }
+  __syncthreads();
+  // Join the warps in warp order, each rescaled to the common max.
+  float m = -INFINITY;
+  for (int w = 0; w < warps; ++w) m = fmaxf(m, m_s[w]);
+  float l = 0.0f;
+  if (m != -INFINITY)
+    for (int w = 0; w < warps; ++w) l += l_s[w] * expf(m_s[w] - m);
+  if (splits > 1) {
+    // (max, sum, dh weighted values) of this share of the keys, for combine_kernel.
+    float* out = p.split_out + ((row * p.heads + h) * splits + split) * (dh + 2);
+    if (threadIdx.x == 0) out[0] = m, out[1] = l;
+    for (int d = threadIdx.x; d < dh; d += blockDim.x) {
+      float v = 0.0f;
+      if (m != -INFINITY)
+        for (int w = 0; w < warps; ++w) v += join_s[w * dh + d] * expf(m_s[w] - m);
+      out[2 + d] = v;
+    }
+    return;
+  }
+  T* yr = static_cast<T*>(p.y) + row * static_cast<int64_t>(p.heads) * dh + head_off;
+  for (int d = threadIdx.x; d < dh; d += blockDim.x) {
+    float v = 0.0f;
+    for (int w = 0; w < warps; ++w) v += join_s[w * dh + d] * expf(m_s[w] - m);
+    yr[d] = from_float<T>(v / l);
+  }
+}
+
+template <typename T, int L, int W>
+void launch_w(const AttentionParams& p, dim3 grid, KernelStream stream) {
+  const size_t smem = sizeof(float) * static_cast<size_t>(W) * (p.head_dim + 2);
+  launch(warp_attention_kernel<T, L, W>, grid, W * 32, smem, stream, p);
+}
+
+// Warps per block: as many as keep the step's blocks one wave (about one block of 16 warps, two
+// of 8 or five of 4 fit an SM at ~100 registers a thread).
+template <typename T, int L>
+void launch_l(const AttentionParams& p, dim3 grid, KernelStream stream) {
+  const int64_t blocks = static_cast<int64_t>(grid.x) * grid.y * grid.z;
+  if (blocks <= p.sms) return launch_w<T, L, kMaxWarps>(p, grid, stream);
+  if (blocks <= 2 * p.sms) return launch_w<T, L, 8>(p, grid, stream);
+  launch_w<T, L, kFewWarps>(p, grid, stream);
+}
+
+}  // namespace
+
+template <typename T>
+bool launch_warp_attention(const AttentionParams& p, dim3 grid, KernelStream stream) {
+  // 16-byte loads of q as well (the caller checked the K/V rows).
+  if (!p.warp_rows || p.head_dim % kPer<T> != 0 || p.q_stride % kPer<T> != 0 ||
+      (reinterpret_cast<uintptr_t>(p.q) & 15) != 0)
+    return false;
+  const int lanes = p.head_dim / kPer<T>;
+  switch (lanes) {
+    case 4:
+      launch_l<T, 4>(p, grid, stream);
+      return true;
+    case 8:
+      launch_l<T, 8>(p, grid, stream);
+      return true;
+    case 16:
+      launch_l<T, 16>(p, grid, stream);
+      return true;
+    case 32:
+      launch_l<T, 32>(p, grid, stream);
+      return true;
+    default:
+      return false;
+  }
+}
+template bool launch_warp_attention<float>(const AttentionParams&, dim3, KernelStream);
+template bool launch_warp_attention<__half>(const AttentionParams&, dim3, KernelStream);
+template bool launch_warp_attention<__nv_bfloat16>(const AttentionParams&, dim3, KernelStream);
+
+}  // namespace kiln::cuda
