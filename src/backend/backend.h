@@ -84,12 +84,6 @@ class Backend {
   virtual void select_tactics(Graph& graph, const ShapeProfile& profile) {}
   virtual Allocator& allocator() = 0;
   virtual std::unique_ptr<KvStorage> create_kv_storage(const KvGeometry& geometry) = 0;
-  // Each request's cross K/V, copied from the encoder's output rows where this backend's
-  // attention reads them, one buffer per request: parts[r] = [k_0, v_0, k_1, v_1, ...] for
-  // request r, each [len, H*dh] (views into the encoder's workspace). Default: row-major copies
-  // through allocator().copy_groups.
-  virtual std::vector<std::shared_ptr<CrossKv>> store_cross_kv(
-      std::span<const std::vector<Tensor>> parts, int num_heads);
   // The type the KV cache stores for a plan of `precision` whose attention computes in
   // `compute`: `compute` itself unless this backend narrows it.
   virtual DType kv_cache_dtype(DType compute, Precision precision) const { return compute; }

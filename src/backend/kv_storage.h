@@ -53,13 +53,9 @@ class KvStorage {
 // A request's cross-attention keys and values (encoder-decoder models): computed once from the
 // encoder output, shared by every beam, holding only this request's rows.
 struct CrossKv {
-  std::vector<Tensor> keys;    // per decoder layer: [enc_len, H*dh], or [H, enc_len, dh]
-  std::vector<Tensor> values;  // per decoder layer: the same as keys
-  // [H, enc_len, dh]: the CPU backend's own copies (Backend::store_cross_kv), in which the
-  // heads a thread attends with are one contiguous run instead of a slice of every row. Every
-  // backend reads the row-major [enc_len, H*dh].
-  bool head_major = false;
-  int64_t length() const { return keys.empty() ? 0 : keys[0].dim(head_major ? 1 : 0); }
+  std::vector<Tensor> keys;    // per decoder layer: [enc_len, H*dh]
+  std::vector<Tensor> values;  // per decoder layer: [enc_len, H*dh]
+  int64_t length() const { return keys.empty() ? 0 : keys[0].dim(0); }
 };
 
 }  // namespace kiln

@@ -290,7 +290,7 @@ void Scheduler::encode_batch(const std::vector<Request*>& batch) {
   const std::span<const Tensor> out = model_.encoder().execute(inputs, &step);
   // Copies of each request's rows only, in one buffer per request (every layer's K then V): the
   // workspace is reused by the next step, and a request must not keep the whole batch's encoder
-  // output alive. One store_cross_kv call copies the whole batch.
+  // output alive. One copy_groups call copies the whole batch.
   std::vector<std::vector<Tensor>> parts(batch.size());
   for (size_t i = 0; i < batch.size(); ++i) {
     const int64_t b = layout.token_begin[i], e = layout.token_begin[i + 1];
@@ -299,9 +299,15 @@ void Scheduler::encode_batch(const std::vector<Request*>& batch) {
       parts[i].push_back(out[io.cross_v[l]].slice_rows(b, e));
     }
   }
-  std::vector<std::shared_ptr<CrossKv>> cross =
-      model_.backend().store_cross_kv(parts, model_.model().desc.num_heads);
-  for (size_t i = 0; i < batch.size(); ++i) batch[i]->cross = std::move(cross[i]);
+  std::vector<std::vector<Tensor>> copies = model_.backend().allocator().copy_groups(parts);
+  for (size_t i = 0; i < batch.size(); ++i) {
+    auto cross = std::make_shared<CrossKv>();
+    for (size_t l = 0; l < io.cross_k.size(); ++l) {
+      cross->keys.push_back(std::move(copies[i][2 * l]));
+      cross->values.push_back(std::move(copies[i][2 * l + 1]));
+    }
+    batch[i]->cross = std::move(cross);
+  }
 }
 
 void Scheduler::preempt(Request& r) {

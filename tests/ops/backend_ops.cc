@@ -186,22 +186,10 @@ ScenarioOutputs run_scenario(Backend& backend, const Scenario& scenario) {
     kv->resize(scenario.kv_blocks);
   }
   Allocator& memory = backend.allocator();
-  std::vector<std::shared_ptr<CrossKv>> cross;
-  if (scenario.store_cross_heads > 0) {
-    std::vector<std::vector<Tensor>> parts(scenario.cross.size());
-    for (size_t i = 0; i < parts.size(); ++i)
-      for (size_t l = 0; l < scenario.cross[i].keys.size(); ++l) {
-        parts[i].push_back(scenario.cross[i].keys[l]);
-        parts[i].push_back(scenario.cross[i].values[l]);
-      }
-    cross = backend.store_cross_kv(parts, scenario.store_cross_heads);
-  } else {
-    for (const CrossKv& c : scenario.cross) {
-      auto copy = std::make_shared<CrossKv>();
-      for (const Tensor& t : c.keys) copy->keys.push_back(memory.upload(t));
-      for (const Tensor& t : c.values) copy->values.push_back(memory.upload(t));
-      cross.push_back(std::move(copy));
-    }
+  std::vector<CrossKv> cross(scenario.cross.size());
+  for (size_t i = 0; i < cross.size(); ++i) {
+    for (const Tensor& t : scenario.cross[i].keys) cross[i].keys.push_back(memory.upload(t));
+    for (const Tensor& t : scenario.cross[i].values) cross[i].values.push_back(memory.upload(t));
   }
   ScenarioOutputs outputs;
   for (const ScenarioStep& step : scenario.steps) {
@@ -218,7 +206,7 @@ ScenarioOutputs run_scenario(Backend& backend, const Scenario& scenario) {
       layout = *step.layout;
       for (int s = 0; s < layout.num_seqs(); ++s) {
         const int c = s < static_cast<int>(step.cross.size()) ? step.cross[s] : -1;
-        layout.cross[s] = c >= 0 ? cross[c].get() : nullptr;
+        layout.cross[s] = c >= 0 ? &cross[c] : nullptr;
       }
       context = StepContext{&layout, kv.get()};
       step_context = &context;

@@ -80,10 +80,6 @@ struct Scenario {
   std::optional<KvGeometry> kv;  // KV storage for cached attention, created per backend
   int64_t kv_blocks = 0;
   std::vector<CrossKv> cross;
-  // > 0: the cross K/V reach the backend as the runtime hands them over
-  // (Backend::store_cross_kv of host tensors, with this many heads: the CPU backend's own
-  // layout) instead of as uploaded row-major copies.
-  int store_cross_heads = 0;
 };
 
 // Outputs of every step, in graph output order, copied to host memory.

@@ -562,66 +562,6 @@ TEST(BackendOps, BatchedDecodeIsBitwiseIdenticalToAloneAtModelShapes) {
   }
 }
 
-// The CPU backend keeps a request's cross K/V head-major ([H, len, dh] per layer, every layer in
-// one buffer) and attends head by head over them: the same sums as over the row-major copies
-// (bit for bit, every kernel family, T5's 12 x 64 heads and an odd 5 x 20), within the
-// reference's tolerance, and a width that is not heads x dh is refused.
-TEST(BackendOps, CpuHeadMajorCrossKvGivesTheRowMajorResult) {
-  const std::unique_ptr<Backend> reference = reference_backend();
-  for (NamedBackend& nb : available_backends()) {
-    if (nb.name.rfind("cpu", 0) != 0) continue;
-    for (auto [heads, dh] : {std::pair{12, 64}, std::pair{5, 20}, std::pair{3, 4}}) {
-      const std::string where = fmt::format("{} {}x{}", nb.name, heads, dh);
-      Gen g(DType::kF32, DType::kF32, 7);
-      AttnConfig c;
-      c.kind = AttentionKind::kCross;
-      c.heads = heads;
-      c.head_dim = dh;
-      Scenario s = cross_scenario(g, c, {78, 5, 33}, {1, 3, 1}, {4, 0, 9});
-      const ScenarioOutputs rows = run_scenario(*nb.backend, s);
-      const ScenarioOutputs ref = run_scenario(*reference, s);
-      s.store_cross_heads = heads;
-      const ScenarioOutputs head_major = run_scenario(*nb.backend, s);
-      ASSERT_EQ(rows[0][0].nbytes(), head_major[0][0].nbytes()) << where;
-      EXPECT_EQ(std::memcmp(rows[0][0].raw(), head_major[0][0].raw(), rows[0][0].nbytes()), 0)
-          << where;
-      expect_matches(head_major[0][0], ref[0][0], Check{}, where);
-    }
-    // The layout itself: element (h, j, d) of layer l's keys is row j's h * dh + d, keys and
-    // values of every layer one after another in one buffer.
-    Gen g(DType::kF32, DType::kF32, 3);
-    const int64_t len = 16, heads = 3, dh = 4;  // parts of whole 64-byte lines
-    std::vector<Tensor> part;
-    for (int i = 0; i < 4; ++i) part.push_back(g.random({len, heads * dh}));
-    const std::vector<std::vector<Tensor>> parts = {part};
-    const auto stored = nb.backend->store_cross_kv(parts, static_cast<int>(heads));
-    ASSERT_EQ(stored.size(), 1u);
-    const CrossKv& kv = *stored[0];
-    EXPECT_TRUE(kv.head_major);
-    EXPECT_EQ(kv.length(), len);
-    ASSERT_EQ(kv.keys.size(), 2u);
-    ASSERT_EQ(kv.values.size(), 2u);
-    const Tensor* copies[] = {&kv.keys[0], &kv.values[0], &kv.keys[1], &kv.values[1]};
-    const char* base = static_cast<const char*>(copies[0]->raw());
-    for (int i = 0; i < 4; ++i) {
-      EXPECT_EQ(copies[i]->shape(), (Shape{heads, len, dh}));
-      EXPECT_EQ(static_cast<const char*>(copies[i]->raw()) - base, i * len * heads * dh * 4)
-          << "part " << i << " in the request's one buffer";
-      for (int64_t h = 0; h < heads; ++h)
-        for (int64_t j = 0; j < len; ++j)
-          for (int64_t d = 0; d < dh; ++d)
-            ASSERT_EQ(copies[i]->data<float>()[(h * len + j) * dh + d],
-                      part[i].data<float>()[j * heads * dh + h * dh + d]);
-    }
-    try {
-      nb.backend->store_cross_kv(parts, 5);
-      ADD_FAILURE() << "a width of 12 is not 5 heads";
-    } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find("5 heads"), std::string::npos) << e.what();
-    }
-  }
-}
-
 // A bf16 KV cache (what the CPU keeps for bf16 plans): the keys and values are rounded to the
 // nearest bf16 (ties to even) as they are stored and widened exactly as they are read, so every
 // output equals the reference's with the step's k and v rounded first and an f32 cache. Forks,

@@ -1,7 +1,6 @@
 // Attention over ragged sequences: encoder self attention (keys = the sequence's own tokens),
 // cached self attention (append this step's K/V to the paged cache, attend to all of it) and
-// cross attention (keys = the request's cross K/V, row-major or head-major: CrossKv). Scores,
-// position bias and softmax in fp32.
+// cross attention (keys = the request's cross K/V). Scores, position bias and softmax in fp32.
 //
 // Where each key and value row lives is resolved once per sequence into a table of row pointers
 // (block-table lookups for the paged cache), so the inner loops over keys are plain pointer
@@ -263,9 +262,6 @@ void attention_with(const Node& node, std::span<const Tensor> in, std::span<Tens
       a.kind == AttentionKind::kCachedSelf && cache->geometry().dtype == DType::kBF16;
   std::vector<KeyRows<float>> rows(static_cast<size_t>(nseq));
   std::vector<KeyRows<uint16_t>> bf16_rows(bf16_cache ? static_cast<size_t>(nseq) : 0);
-  // Per sequence: 0 when a row holds every head, else the distance between heads (head-major
-  // cross K/V).
-  std::vector<int64_t> head_stride(static_cast<size_t>(nseq), 0);
   for (int s = 0; s < nseq; ++s) {
     const int64_t begin = L.token_begin[s], tokens = L.num_tokens(s);
     switch (a.kind) {
@@ -280,21 +276,10 @@ void attention_with(const Node& node, std::span<const Tensor> in, std::span<Tens
         break;
       case AttentionKind::kCross: {
         const CrossKv* cross = L.cross[s];
-        KILN_CHECK(cross != nullptr && a.layer < static_cast<int>(cross->keys.size()) &&
-                       a.layer < static_cast<int>(cross->values.size()),
+        KILN_CHECK(cross != nullptr && a.layer < static_cast<int>(cross->keys.size()),
                    "node '{}': sequence has no cross K/V for layer {}", node.name, a.layer);
-        const Tensor& ck = cross->keys[a.layer];
-        const Tensor& cv = cross->values[a.layer];
-        const Shape expected =
-            cross->head_major ? Shape{H, cross->length(), dh} : Shape{cross->length(), width};
-        KILN_CHECK(ck.dtype() == DType::kF32 && ck.shape() == expected && cv.shape() == expected,
-                   "node '{}': cross K/V of layer {} are {} {} and {}, expected f32 {}", node.name,
-                   a.layer, dtype_name(ck.dtype()), shape_str(ck.shape()), shape_str(cv.shape()),
-                   shape_str(expected));
-        // Head-major: the rows of head 0 ([len, dh]); head h's are head_stride further.
-        dense_rows(rows[s], ck.data<float>(), cv.data<float>(), cross->head_major ? dh : width,
-                   cross->length());
-        if (cross->head_major) head_stride[s] = cross->length() * dh;
+        dense_rows(rows[s], cross->keys[a.layer].data<float>(),
+                   cross->values[a.layer].data<float>(), width, cross->length());
         break;
       }
     }
@@ -331,7 +316,6 @@ void attention_with(const Node& node, std::span<const Tensor> in, std::span<Tens
     env.pool.parallel_for(std::min<int64_t>(env.pool.size(), items), 1, [&](int64_t, int64_t) {
       std::vector<float> scores, acc;
       std::vector<int64_t> bucket_rows;
-      std::vector<const E*> head_keys, head_values;
       for (;;) {
         const int64_t work = next_item.fetch_add(1, std::memory_order_relaxed);
         if (work >= items) break;
@@ -353,17 +337,7 @@ void attention_with(const Node& node, std::span<const Tensor> in, std::span<Tens
           const float* qr = q + (token_begin + i) * q_stride;
           const int64_t visible = a.causal ? std::min(key_len, qpos + 1) : key_len;
           // Raw scores, key row by key row: scores[(h - h0) * key_len + j].
-          if (head_stride[s] == 0) {
-            row.scores(qr, kv.keys.data(), h0, nh, dh, visible, scores.data(), key_len);
-          } else {
-            // Head by head, each a contiguous [len, dh] run; each score the same sum.
-            for (int64_t h = h0; h < h1; ++h) {
-              head_keys.resize(static_cast<size_t>(visible));
-              for (int64_t j = 0; j < visible; ++j) head_keys[j] = kv.keys[j] + h * head_stride[s];
-              row.scores(qr + h * dh, head_keys.data(), 0, 1, dh, visible,
-                         scores.data() + (h - h0) * key_len, key_len);
-            }
-          }
+          row.scores(qr, kv.keys.data(), h0, nh, dh, visible, scores.data(), key_len);
           // T5's bucket of each key for this query (the same for every head): offsets into
           // the table [buckets, H].
           if (a.bias == PositionBias::kT5Relative) {
@@ -394,18 +368,8 @@ void attention_with(const Node& node, std::span<const Tensor> in, std::span<Tens
             const float inv = 1.0f / exp_shifted(sc, visible, mx);
             for (int64_t j = 0; j < visible; ++j) sc[j] *= inv;
           }
-          if (head_stride[s] == 0) {
-            row.weighted_sum(scores.data(), key_len, kv.values.data(), h0, nh, dh, visible,
-                             acc.data());
-          } else {
-            for (int64_t h = h0; h < h1; ++h) {
-              head_values.resize(static_cast<size_t>(visible));
-              for (int64_t j = 0; j < visible; ++j)
-                head_values[j] = kv.values[j] + h * head_stride[s];
-              row.weighted_sum(scores.data() + (h - h0) * key_len, key_len, head_values.data(), 0,
-                               1, dh, visible, acc.data() + (h - h0) * dh);
-            }
-          }
+          row.weighted_sum(scores.data(), key_len, kv.values.data(), h0, nh, dh, visible,
+                           acc.data());
           std::memcpy(y + (token_begin + i) * width + h0 * dh, acc.data(), nh * dh * sizeof(float));
         }
       }

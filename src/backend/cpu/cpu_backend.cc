@@ -188,45 +188,6 @@ class CpuBackend final : public Backend {
   std::unique_ptr<KvStorage> create_kv_storage(const KvGeometry& geometry) override {
     return std::make_unique<CpuKvStorage>(geometry);
   }
-  // Head-major copies ([H, len, dh] per layer, CrossKv::head_major), every layer of a request in
-  // one buffer (in 2 MB pages from a flan-t5-base prompt of ~45 tokens up: host_allocator). At
-  // batch 1 a decode step splits the heads between the two threads, and each read a 1.5 KB
-  // slice of every 3 KB row; now each streams one contiguous run.
-  std::vector<std::shared_ptr<CrossKv>> store_cross_kv(std::span<const std::vector<Tensor>> parts,
-                                                       int num_heads) override {
-    std::vector<std::shared_ptr<CrossKv>> out;
-    for (const std::vector<Tensor>& group : parts) {
-      KILN_CHECK(group.size() % 2 == 0, "cross K/V: {} parts, expected keys and values per layer",
-                 group.size());
-      size_t total = 0;
-      for (const Tensor& t : group) {
-        KILN_CHECK(t.dtype() == DType::kF32 && t.rank() == 2 && t.is_contiguous() &&
-                       num_heads > 0 && t.dim(1) % num_heads == 0,
-                   "cross K/V: a part is {} {}, expected contiguous f32 [len, {} heads x dh]",
-                   dtype_name(t.dtype()), shape_str(t.shape()), num_heads);
-        total += (t.nbytes() + 63) / 64 * 64;
-      }
-      std::shared_ptr<void> memory = host_allocator().allocate(std::max<size_t>(total, 1));
-      char* at = static_cast<char*>(memory.get());
-      auto cross = std::make_shared<CrossKv>();
-      cross->head_major = true;
-      for (size_t i = 0; i < group.size(); ++i) {
-        const Tensor& t = group[i];
-        const int64_t len = t.dim(0), dh = t.dim(1) / num_heads;
-        Tensor copy = Tensor::view(DType::kF32, {num_heads, len, dh}, at, memory, Device::kCpu);
-        const float* src = t.data<float>();
-        float* dst = copy.data<float>();
-        for (int64_t h = 0; h < num_heads; ++h)
-          for (int64_t j = 0; j < len; ++j)
-            std::memcpy(dst + (h * len + j) * dh, src + j * t.dim(1) + h * dh,
-                        static_cast<size_t>(dh) * sizeof(float));
-        (i % 2 == 0 ? cross->keys : cross->values).push_back(std::move(copy));
-        at += (t.nbytes() + 63) / 64 * 64;
-      }
-      out.push_back(std::move(cross));
-    }
-    return out;
-  }
   // bf16 plans keep their KV cache in bf16 (attention widens the rows as it reads them and
   // accumulates in f32): batched decode reads each sequence's cache from memory every step, and
   // at 16 sequences of bloom-560m that was a third of the step in f32.
