@@ -2,24 +2,31 @@
 # Batch-1 decode of two kiln binaries side by side (before/after a change), interleaved per plan
 # so both see the same state of this VM's memory bandwidth: for each round, model and precision,
 # `kiln bench --input-len 78 --output-len N --warmup 1 --runs 3 --json` with BEFORE, then AFTER.
-# Plans come from bench/cpu/run.sh's WORKDIR (<model>-<precision>.plan). Writes
-# bench/results/cpu-batch1-ab.jsonl (each line tagged with variant and round) and prints a table.
-# Usage: [ROUNDS=2] [N=64] bench/cpu/ab_batch1.sh BEFORE_KILN AFTER_KILN WORKDIR [PRESET...]
+# Plans come from bench/cpu/run.sh's WORKDIR (<model>-<precision>.plan); AFTER_WORK names another
+# such directory for AFTER's plans when the change is in the plans (a graph pass). Writes
+# bench/results/cpu-batch1-ab.jsonl (OUT overrides; each line tagged with variant and round) and
+# prints a table. With LOCK, each benchmark holds an exclusive flock on that file (other jobs on
+# this shared machine take it shared).
+# Usage: [ROUNDS=2] [N=64] [PRECISIONS="fp32 bf16 int8-weight"] [AFTER_WORK=DIR] [OUT=FILE]
+#        [LOCK=/tmp/kiln-quiet.lock] bench/cpu/ab_batch1.sh BEFORE_KILN AFTER_KILN WORKDIR [PRESET...]
 set -euo pipefail
 before="$1" after="$2" work="$3"
 shift 3
 presets=("$@")
 [ ${#presets[@]} -gt 0 ] || presets=(bloom-560m flan-t5-base)
-out="$(dirname "$0")/../results/cpu-batch1-ab.jsonl"
+out="${OUT:-$(dirname "$0")/../results/cpu-batch1-ab.jsonl}"
+read -r -a precisions <<< "${PRECISIONS:-fp32 bf16 int8-weight}"
 : > "$out"
 for round in $(seq "${ROUNDS:-2}"); do
   for p in "${presets[@]}"; do
-    for prec in fp32 bf16 int8-weight; do
+    for prec in "${precisions[@]}"; do
       for variant in before after; do
-        kiln="$before"
-        [ "$variant" = after ] && kiln="$after"
-        "$kiln" bench --plan "$work/$p-$prec.plan" --input-len 78 --output-len "${N:-64}" \
-          --warmup 1 --runs 3 --json |
+        kiln="$before" dir="$work"
+        [ "$variant" = after ] && kiln="$after" dir="${AFTER_WORK:-$work}"
+        cmd=("$kiln" bench --plan "$dir/$p-$prec.plan" --input-len 78 --output-len "${N:-64}"
+          --warmup 1 --runs 3 --json)
+        [ -n "${LOCK:-}" ] && cmd=(flock -x "$LOCK" "${cmd[@]}")
+        "${cmd[@]}" |
           sed "s/^{/{\"variant\":\"$variant\",\"round\":$round,\"preset\":\"$p\",/" >> "$out"
       done
     done

@@ -30,10 +30,12 @@ void check_step_layout(const Graph& graph, const StepContext* step, int64_t step
 
 class GraphExecutor final : public Executable {
  public:
-  // `kernels` holds one prepared kernel per node, in node order.
+  // `kernels` holds one prepared kernel per node, in node order. With `profile_log`, every
+  // node is timed and each kernel class's time per step is logged there (INFO) at destruction.
   GraphExecutor(const Graph& graph, const ShapeProfile& profile, Allocator& allocator,
                 ThreadPool* pool, std::vector<std::unique_ptr<Kernel>> kernels,
-                std::vector<std::string> kernel_names);
+                std::vector<std::string> kernel_names, const Logger* profile_log = nullptr);
+  ~GraphExecutor() override;
 
   std::span<const Tensor> execute(std::span<const Tensor> inputs, const StepContext* step) override;
   int64_t workspace_bytes() const override;
@@ -57,8 +59,27 @@ class GraphExecutor final : public Executable {
   std::map<int64_t, Arena> arenas_;
   std::vector<Tensor> values_;
   std::vector<Tensor> outputs_;
-  std::vector<Tensor> node_in_, node_out_;
+  // Each node's inputs and outputs as its kernel takes them, for the bindings views_bindings_
+  // in bucket views_bucket_; input_uses_ are the places a graph input goes, refreshed each step.
+  struct NodeIo {
+    std::vector<Tensor> in, out;
+  };
+  struct InputUse {
+    size_t node, slot, input;
+  };
+  std::vector<NodeIo> node_io_;
+  std::vector<InputUse> input_uses_;
+  Bindings views_bindings_;
+  int64_t views_bucket_ = -1;
   bool has_attention_ = false;
+  // The profile, per step size (tokens): steps, wall time, and per node the summed time.
+  struct StepTimes {
+    int64_t steps = 0;
+    double step_ms = 0.0;
+    std::vector<double> node_ms;
+  };
+  const Logger* profile_log_ = nullptr;
+  std::map<int64_t, StepTimes> step_times_;
 };
 
 }  // namespace kiln

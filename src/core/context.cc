@@ -33,6 +33,13 @@ ContextOptions options_from_environment(ContextOptions base) {
       base.cpu_bf16_dot = s == "on";
     }
   }
+  if (!base.cpu_profile) {
+    if (const char* v = std::getenv("KILN_CPU_PROFILE")) {
+      const std::string s = v;
+      KILN_CHECK_USAGE(s == "0" || s == "1", "KILN_CPU_PROFILE must be 0|1, got '{}'", s);
+      base.cpu_profile = s == "1";
+    }
+  }
   if (const char* v = std::getenv("KILN_LOG_LEVEL")) {
     const std::string s = v;
     if (s == "debug")

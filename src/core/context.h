@@ -22,9 +22,13 @@ struct ContextOptions {
   // per row) instead of f32 FMAs; unset: KILN_CPU_BF16_DOT (on|off) if set, else on where the
   // CPU has AVX512-BF16.
   std::optional<bool> cpu_bf16_dot;
+  // Time every node of the CPU executors and log, per graph, each kernel class's time per step
+  // (at INFO, when the executor goes away); unset: KILN_CPU_PROFILE=1.
+  std::optional<bool> cpu_profile;
 };
 
-// Reads KILN_NUM_THREADS, KILN_LOG_LEVEL, KILN_CPU_ISA and KILN_CPU_BF16_DOT once; explicit
+// Reads KILN_NUM_THREADS, KILN_LOG_LEVEL, KILN_CPU_ISA, KILN_CPU_BF16_DOT and KILN_CPU_PROFILE
+// once; explicit
 // options win.
 ContextOptions options_from_environment(ContextOptions base = {});
 

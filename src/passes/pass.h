@@ -32,6 +32,10 @@ void compact_values(Graph& graph);
 // removed nodes get producer -1 (callers re-point or drop them).
 void remove_nodes(Graph& graph, const std::vector<bool>& erase);
 
+// CPU plans: self attention's q, k and v Linears of one input -> one Linear over the stacked
+// weights feeding a packed_qkv Attention. Returns the attentions rewritten.
+int fuse_qkv(Graph& graph, const Logger& log);
+
 // CUDA plans: y = Add(r, Linear(x)) -> Linear(x, ..., residual = r). Returns the adds fused.
 int fuse_linear_residual(Graph& graph, const Logger& log);
 

@@ -137,6 +137,88 @@ INSTANTIATE_TEST_SUITE_P(Passes, PassesOnModels, testing::Values("t5-tiny", "blo
                            return info.param == "t5-tiny" ? std::string("T5") : "Bloom";
                          });
 
+// CPU plans stack each T5 self attention's q, k and v into one Linear feeding a packed_qkv
+// Attention (cross attention keeps its own q: its k and v come from the encoder). Every output
+// is the same dot product of the same weight row, so on the avx512 panel kernel the logits are
+// bit-identical to the unfused graph's; a projection read elsewhere is left alone.
+TEST(Passes, FuseQkvStacksT5SelfAttentionExactly) {
+  ModelIR plain_ir = build("t5-tiny", false);
+  ModelIR fused_ir = build("t5-tiny", false);
+  for (size_t i = 0; i < fused_ir.graphs.size(); ++i) {
+    Graph& g = fused_ir.graphs[i];
+    int self = 0;
+    for (const Node& n : g.nodes)
+      self += n.op == OpKind::kAttention && n.attr<AttentionAttrs>().kind != AttentionKind::kCross;
+    ASSERT_GT(self, 0) << g.name;
+    const int linears = count_ops(g, OpKind::kLinear);
+    EXPECT_EQ(fuse_qkv(g, kQuiet), self) << g.name;
+    EXPECT_EQ(count_ops(g, OpKind::kLinear), linears - 2 * self) << g.name;
+    for (const Node& n : g.nodes) {
+      if (n.op != OpKind::kAttention) continue;
+      const AttentionAttrs& a = n.attr<AttentionAttrs>();
+      EXPECT_EQ(a.packed_qkv, a.kind != AttentionKind::kCross) << n.name;
+      if (!a.packed_qkv) continue;
+      const Value& qkv = g.values[n.inputs[0]];
+      EXPECT_EQ(qkv.shape.back().value, 3 * a.num_heads * a.head_dim) << n.name;
+      const Node& lin = g.nodes[qkv.producer];
+      EXPECT_TRUE(lin.name.ends_with(".qkv")) << lin.name;
+      EXPECT_TRUE(g.values[lin.inputs[1]].name.ends_with(".qkv.weight"));
+    }
+    verify_graph(g);
+    EXPECT_EQ(fuse_qkv(g, kQuiet), 0) << "a second run finds nothing to stack";
+    const Graph& before = plain_ir.graphs[i];
+    EXPECT_EQ(g.weight_bytes(), before.weight_bytes()) << "the old weights are dropped";
+  }
+  Context ctx{ContextOptions{LogLevel::kWarning, 2}};
+  const bool exact = ctx.cpu_isa() == CpuIsa::kAvx512;
+  CompiledModel plain(ctx, std::move(plain_ir)), fused(ctx, std::move(fused_ir));
+  for (bool step : {false, true}) {
+    const Forward a = run_forward(plain, {100, 3, 250, 7, 9, 60, 1}, {0, 12, 33, 7}, step);
+    const Forward b = run_forward(fused, {100, 3, 250, 7, 9, 60, 1}, {0, 12, 33, 7}, step);
+    ASSERT_EQ(a.logits.numel(), b.logits.numel());
+    if (exact) {
+      EXPECT_EQ(std::memcmp(a.logits.raw(), b.logits.raw(), a.logits.nbytes()), 0)
+          << (step ? "one token per step" : "all tokens at once");
+      EXPECT_EQ(
+          std::memcmp(a.encoder_hidden.raw(), b.encoder_hidden.raw(), a.encoder_hidden.nbytes()),
+          0);
+    } else {
+      EXPECT_LE(relative_error(b.logits, a.logits), 1e-6);
+    }
+  }
+
+  // A projection whose output is also read elsewhere (here: a graph output) keeps its Linear.
+  ModelIR shared = build("t5-tiny", false);
+  Graph& dec = shared.graph(kDecoderGraph);
+  int self = 0, first_k = -1;
+  for (const Node& n : dec.nodes) {
+    if (n.op != OpKind::kAttention || n.attr<AttentionAttrs>().kind == AttentionKind::kCross)
+      continue;
+    ++self;
+    if (first_k < 0) first_k = n.inputs[1];
+  }
+  dec.outputs.push_back(first_k);
+  EXPECT_EQ(fuse_qkv(dec, kQuiet), self - 1);
+  verify_graph(dec);
+}
+
+// CPU plans get fuse_qkv from the pipeline; CUDA plans keep three projections.
+TEST(Passes, FuseQkvRunsOnCpuPlansOnly) {
+  auto packed = [](Device device) {
+    BuildOptions o;
+    o.device = device;
+    const ModelIR m = build_model(fixture("t5-tiny"), o, kQuiet);
+    int n = 0;
+    for (const Graph& g : m.graphs)
+      for (const Node& node : g.nodes)
+        n += node.op == OpKind::kAttention && node.attr<AttentionAttrs>().packed_qkv;
+    return n;
+  };
+  EXPECT_GT(packed(Device::kCpu), 0);
+  if (!query_cuda().compiled) GTEST_SKIP() << "built without CUDA: cuda plans cannot be built";
+  EXPECT_EQ(packed(Device::kCuda), 0);
+}
+
 TEST(Passes, FuseLinearActivationFiresOnBloom) {
   ModelIR plain = build("bloom-tiny", false);
   Graph& g = plain.graph(kDecoderGraph);

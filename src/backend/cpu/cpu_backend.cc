@@ -180,8 +180,9 @@ class CpuBackend final : public Backend {
       kernels.back()->prepare(graph);
       names.push_back(e->name);
     }
-    return std::make_unique<GraphExecutor>(graph, profile, host_allocator(), &ctx_.pool(),
-                                           std::move(kernels), std::move(names));
+    return std::make_unique<GraphExecutor>(
+        graph, profile, host_allocator(), &ctx_.pool(), std::move(kernels), std::move(names),
+        ctx_.options().cpu_profile.value_or(false) ? &ctx_.log() : nullptr);
   }
   Allocator& allocator() override { return host_allocator(); }
   std::unique_ptr<KvStorage> create_kv_storage(const KvGeometry& geometry) override {
