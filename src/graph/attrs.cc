@@ -56,6 +56,10 @@ std::string_view position_bias_name(PositionBias b) {
   return "?";
 }
 
+std::string_view input_norm_name(InputNorm n) {
+  return n == InputNorm::kLayerNorm ? "layer_norm" : "rms_norm";
+}
+
 std::string_view attr_kind_name(AttrKind k) {
   switch (k) {
     case AttrKind::kNone:
@@ -84,6 +88,7 @@ struct Summary {
     std::string s =
         a.activation ? fmt::format(" act={}", activation_name(*a.activation)) : std::string();
     if (a.tf32) s += " tf32";
+    if (a.norm) s += fmt::format(" norm={} eps={}", input_norm_name(*a.norm), a.norm_eps);
     if (!a.tactics.empty()) {
       s += " tactics=";
       for (const LinearTactic& t : a.tactics)
@@ -112,6 +117,10 @@ struct ToJson {
     json j = json::object();
     if (a.activation) j["activation"] = activation_name(*a.activation);
     if (a.tf32) j["tf32"] = true;
+    if (a.norm) {
+      j["norm"] = input_norm_name(*a.norm);
+      j["norm_eps"] = a.norm_eps;
+    }
     for (const LinearTactic& t : a.tactics)
       j["tactics"].push_back(
           {{"rows", t.rows}, {"kernel", t.kernel}, {"algo", t.algo}, {"us", t.us}});
@@ -171,6 +180,12 @@ OpAttrs attrs_from_json(const json& j, AttrKind kind, const std::string& source)
       LinearAttrs a;
       if (j.contains("activation")) a.activation = activation_from(j.at("activation"), source);
       if (j.contains("tf32")) a.tf32 = j.at("tf32").get<bool>();
+      if (j.contains("norm")) {
+        a.norm = enum_by_name(j.at("norm"), {InputNorm::kLayerNorm, InputNorm::kRmsNorm},
+                              input_norm_name, "fused linear norm", source);
+        a.norm_eps = j.at("norm_eps").get<double>();
+        KILN_CHECK(a.norm_eps >= 0.0, "{}: negative norm epsilon {}", source, a.norm_eps);
+      }
       if (j.contains("tactics")) {
         int64_t last = 0;
         for (const json& t : j.at("tactics")) {

@@ -27,6 +27,9 @@ enum class AttentionKind : uint8_t {
 enum class PositionBias : uint8_t { kNone, kT5Relative, kAlibi };
 std::string_view attention_kind_name(AttentionKind k);
 std::string_view position_bias_name(PositionBias b);
+// The norm of a Linear's input fused into it (LinearAttrs::norm).
+enum class InputNorm : uint8_t { kLayerNorm, kRmsNorm };
+std::string_view input_norm_name(InputNorm n);
 
 // Ops without attributes (Embedding, Add, Mul, Softmax, GatherRows).
 struct NoAttrs {
@@ -48,6 +51,11 @@ struct LinearAttrs {
   std::optional<Activation> activation;
   bool tf32 = false;  // fp32 GEMMs may use TF32 tensor cores (`kiln build --tf32`, CUDA only)
   std::vector<LinearTactic> tactics;  // ascending rows; empty: the backend's own choice
+  // A LayerNorm or RMSNorm of the input folded into the Linear (CUDA plans: fuse_norm_linear):
+  // input 0 is the norm's input x, the weight holds w * gamma and the bias bias + w · beta, so
+  // y = rstd(x) * (x · w^T - mean(x) * row_sums) + bias (RMSNorm: rms(x)^-1 * x · w^T + bias).
+  std::optional<InputNorm> norm;
+  double norm_eps = 0.0;
   bool operator==(const LinearAttrs&) const = default;
 };
 

@@ -78,6 +78,9 @@ enum class OpKind : uint8_t {
 inline constexpr int kNumOpKinds = 14;
 // The input of a Linear holding a fused residual (added after bias and rounding).
 inline constexpr size_t kLinearResidual = 4;
+// A Linear with a LayerNorm folded into it (LinearAttrs::norm): f32 [out], the sums of each
+// output's weight row (the product of the row's mean, subtracted after the matrix product).
+inline constexpr size_t kLinearNormRowSums = 5;
 
 struct Node {
   OpKind op;

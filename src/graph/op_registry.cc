@@ -94,6 +94,25 @@ std::vector<ValueType> infer_linear(const Graph& g, const Node& n) {
   }
   SymShape out = x.shape;
   out.back() = w.shape[0];
+  const LinearAttrs& attrs = n.attr<LinearAttrs>();
+  if (attrs.norm) {
+    const bool layer = *attrs.norm == InputNorm::kLayerNorm;
+    KILN_CHECK(attrs.norm_eps >= 0.0, "node '{}' (Linear): negative norm epsilon {}", n.name,
+               attrs.norm_eps);
+    KILN_CHECK(has_in(n, kLinearNormRowSums) == layer && !per_channel,
+               "node '{}' (Linear): a folded {} takes {} (and float weights)", n.name,
+               input_norm_name(*attrs.norm), layer ? "the weight's row sums" : "no row sums");
+    if (layer) {
+      const Value& s = in(g, n, kLinearNormRowSums);
+      KILN_CHECK(s.dtype == DType::kF32, "node '{}' (Linear): row sums '{}' must be f32", n.name,
+                 s.name);
+      expect_rank(n, s, 1);
+      expect_dim(n, s, 0, w.shape[0]);
+    }
+  } else {
+    KILN_CHECK(!has_in(n, kLinearNormRowSums), "node '{}' (Linear): row sums without a folded norm",
+               n.name);
+  }
   if (has_in(n, kLinearResidual)) {
     const Value& r = in(g, n, kLinearResidual);
     KILN_CHECK(r.dtype == x.dtype && r.shape == out && !n.attr<LinearAttrs>().activation,
@@ -198,7 +217,7 @@ std::vector<ValueType> infer_add_rms_norm(const Graph& g, const Node& n) {
 // Indexed by OpKind (checked below).
 constexpr std::array<OpSchema, kNumOpKinds> kSchemas = {{
     {OpKind::kEmbedding, "Embedding", 2, 3, 1, AttrKind::kNone, infer_embedding},
-    {OpKind::kLinear, "Linear", 2, 5, 1, AttrKind::kLinear, infer_linear},
+    {OpKind::kLinear, "Linear", 2, 6, 1, AttrKind::kLinear, infer_linear},
     {OpKind::kAdd, "Add", 2, 2, 1, AttrKind::kNone, infer_binary},
     {OpKind::kMul, "Mul", 2, 2, 1, AttrKind::kNone, infer_binary},
     {OpKind::kScale, "Scale", 1, 1, 1, AttrKind::kScale, infer_unary},

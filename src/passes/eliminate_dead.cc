@@ -35,6 +35,15 @@ void compact_values(Graph& graph) {
   graph.num_slots = 0;
 }
 
+std::vector<int> use_counts(const Graph& graph) {
+  std::vector<int> uses(graph.values.size(), 0);
+  for (const Node& n : graph.nodes)
+    for (int id : n.inputs)
+      if (id >= 0) ++uses[id];
+  for (int id : graph.outputs) ++uses[id];
+  return uses;
+}
+
 void remove_nodes(Graph& graph, const std::vector<bool>& erase) {
   std::vector<Node> nodes;
   std::vector<int> new_index(graph.nodes.size(), -1);

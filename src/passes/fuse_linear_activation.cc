@@ -1,19 +1,6 @@
 #include "passes/pass.h"
 
 namespace kiln {
-namespace {
-
-std::vector<int> use_counts(const Graph& g) {
-  std::vector<int> uses(g.values.size(), 0);
-  for (const Node& n : g.nodes)
-    for (int id : n.inputs)
-      if (id >= 0) ++uses[id];
-  for (int id : g.outputs) ++uses[id];
-  return uses;
-}
-
-}  // namespace
-
 int fuse_linear_activation(Graph& graph, const Logger& log) {
   const std::vector<int> uses = use_counts(graph);
   std::vector<bool> erase(graph.nodes.size(), false);

@@ -9,11 +9,7 @@
 namespace kiln {
 
 int fuse_linear_residual(Graph& graph, const Logger& log) {
-  std::vector<int> uses(graph.values.size(), 0);
-  for (const Node& n : graph.nodes)
-    for (int id : n.inputs)
-      if (id >= 0) ++uses[id];
-  for (int id : graph.outputs) ++uses[id];
+  const std::vector<int> uses = use_counts(graph);
   std::vector<bool> erase(graph.nodes.size(), false);
   int fused = 0;
   for (size_t j = 0; j < graph.nodes.size(); ++j) {

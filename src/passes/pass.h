@@ -31,6 +31,8 @@ void compact_values(Graph& graph);
 // Removes the nodes marked in `erase` (keeping order) and renumbers producers; values produced by
 // removed nodes get producer -1 (callers re-point or drop them).
 void remove_nodes(Graph& graph, const std::vector<bool>& erase);
+// How many node inputs and graph outputs read each value (the fusions' "used once" test).
+std::vector<int> use_counts(const Graph& graph);
 
 // CPU plans: self attention's q, k and v Linears of one input -> one Linear over the stacked
 // weights feeding a packed_qkv Attention. Returns the attentions rewritten.
@@ -38,6 +40,11 @@ int fuse_qkv(Graph& graph, const Logger& log);
 
 // CUDA plans: y = Add(r, Linear(x)) -> Linear(x, ..., residual = r). Returns the adds fused.
 int fuse_linear_residual(Graph& graph, const Logger& log);
+
+// CUDA plans: y = Linear(LayerNorm(x)) (or RMSNorm) -> Linear(x, ..., norm weight, norm bias)
+// with LinearAttrs::norm, when Linears of the norm's type are its only readers. Returns the norms
+// fused.
+int fuse_norm_linear(Graph& graph, const Logger& log);
 
 // CUDA fp16 / bf16 plans: float weights and activations in that type, logits widened to f32 by
 // a Cast (the CPU keeps f32 activations and narrows only weight storage: assign_precision).

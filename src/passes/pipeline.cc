@@ -15,10 +15,12 @@ void optimize_model(ModelIR& model, const PassOptions& options, const Logger& lo
     // CPU only: CUDA plans keep their three projections (their GEMV and tactics are tuned per
     // Linear shape, and their attention's packed path is BLOOM's).
     if (options.fuse && model.device == Device::kCpu) fuse_qkv(g, log);
-    if (model.device == Device::kCuda)
+    if (model.device == Device::kCuda) {
       narrow_graph(g, model.precision, log);
-    else
+      if (options.fuse) fuse_norm_linear(g, log);
+    } else {
       assign_precision(g, model.precision, &model.precision_notes, log);
+    }
     verify_graph(g);
     // Report the workspace of the largest bucket (what a full step needs), with the bindings
     // the executor allocates it for, so that `kiln inspect` shows the same number.

@@ -100,6 +100,89 @@ TEST(BackendOps, LinearWithFusedResidualMatchesTheUnfusedGraph) {
   EXPECT_GT(compared, 0);
 }
 
+// fuse_norm_linear (CUDA plans): a LayerNorm or RMSNorm folded into the Linears that read it
+// (weight * gamma, bias + w · beta, the weight's row sums; mean and 1 / std applied after the
+// product) gives the unfused graph's numbers within the dtype's tolerance, on the reference and
+// on each backend that runs it: CUDA's GEMV takes the norm itself (up to 8 rows); more rows, and
+// rows the GEMV cannot take, are standardized by the norm kernel first. One reader and two (T5's
+// q, k, v read one norm), with and without the Linear's bias; nothing is folded when the norm's
+// output is also read elsewhere (a graph output here) or a reader's weight is shared (a tied
+// lm_head).
+TEST(BackendOps, LinearWithFoldedNormMatchesTheUnfusedGraph) {
+  const std::unique_ptr<Backend> reference = reference_backend();
+  const Logger quiet(LogLevel::kSilent);
+  struct Shape2 {
+    int64_t in, out;
+  };
+  int compared = 0;
+  for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16})
+    for (bool layer : {true, false})
+      for (const Shape2 sh : {Shape2{256, 37}, Shape2{2048, 64}, Shape2{100, 20}})
+        for (int variant = 0; variant < 4; ++variant) {
+          const bool two_readers = variant == 1, also_output = variant == 2, shared = variant == 3;
+          Gen g(dtype, dtype, static_cast<uint32_t>(sh.in + variant + (layer ? 7 : 0)));
+          GraphBuilder b("norm_linear");
+          const int x = b.input("x", dtype, {kTokens, Dim::of(sh.in)});
+          const int nw = b.weight("nw", g.random({sh.in}, 0.5f, 1.5f));
+          const int y = layer ? b.layer_norm(x, nw, b.weight("nb", g.random({sh.in})), 1e-5, "ln")
+                              : b.rms_norm(x, nw, 1e-6, "rms");
+          const int w = b.weight("w", g.random({sh.out, sh.in}));
+          b.output(b.linear(y, w, b.weight("b", g.random({sh.out})), "fc1"), "y1");
+          if (two_readers)
+            b.output(b.linear(y, b.weight("w2", g.random({sh.out, sh.in})), -1, "fc2"), "y2");
+          if (also_output) b.output(y, "normed");
+          if (shared) b.output(b.linear(x, w, -1, "same_weight"), "y3");
+          const Graph plain = b.finish();
+          Graph fused = plain;
+          ASSERT_EQ(fuse_norm_linear(fused, quiet), also_output || shared ? 0 : 1) << variant;
+          verify_graph(fused);
+          if (also_output || shared) continue;
+          // Rows of mean about 1: LayerNorm's mean is taken out after the product.
+          for (int64_t n : {1, 3, 8, 70}) {
+            const std::map<std::string, Tensor> feed = {{"x", g.random({n, sh.in}, -3, 5)}};
+            const std::string what = std::string(dtype_name(dtype)) +
+                                     (layer ? " layer_norm" : " rms_norm") + " [" +
+                                     std::to_string(n) + ", " + std::to_string(sh.in) +
+                                     "] variant " + std::to_string(variant);
+            const ScenarioOutputs ref = run_scenario(*reference, one_step(plain, feed));
+            std::vector<std::pair<std::string, ScenarioOutputs>> got;
+            got.emplace_back("reference", run_scenario(*reference, one_step(fused, feed)));
+            for (NamedBackend& nb : available_backends()) {
+              if (!unsupported(*nb.backend, fused).empty()) continue;  // the CPU: no folded norm
+              got.emplace_back(nb.name, run_scenario(*nb.backend, one_step(fused, feed)));
+              got.emplace_back(nb.name + " unfused",
+                               run_scenario(*nb.backend, one_step(plain, feed)));
+            }
+            for (const auto& [name, outs] : got)
+              for (size_t k = 0; k < ref[0].size(); ++k)
+                expect_matches(outs[0][k], ref[0][k], Check{}, name + " " + what);
+            ++compared;
+          }
+        }
+  EXPECT_GT(compared, 0);
+}
+
+// The CPU refuses a folded input norm instead of ignoring it.
+TEST(BackendOps, BadInputCpuRefusesAFusedNorm) {
+  Gen g(DType::kF32, DType::kF32, 4);
+  GraphBuilder b("norm_linear");
+  const int x = b.input("x", DType::kF32, {kTokens, Dim::of(8)});
+  const int y = b.rms_norm(x, b.weight("nw", g.random({8})), 1e-6, "rms");
+  b.output(b.linear(y, b.weight("w", g.random({4, 8})), -1, "fc"), "y");
+  Graph fused = b.finish();
+  ASSERT_EQ(fuse_norm_linear(fused, Logger(LogLevel::kSilent)), 1);
+  for (NamedBackend& nb : available_backends()) {
+    if (nb.backend->device() != Device::kCpu) continue;
+    EXPECT_NE(unsupported(*nb.backend, fused).find("folded input norm"), std::string::npos);
+    try {
+      nb.backend->compile(fused, test_profile());
+      ADD_FAILURE() << nb.name << " compiled a fused norm";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("folded input norm"), std::string::npos) << e.what();
+    }
+  }
+}
+
 // Decode-sized linears (CUDA's GEMV: up to 8 rows, four features per warp, warps sharing a row
 // when features are few) against the reference: feature counts that are not a multiple of four,
 // long rows split across warps, with and without bias and activation, every float dtype.

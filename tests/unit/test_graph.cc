@@ -333,10 +333,15 @@ Graph rich_graph() {
   b.output(b.cast(b.cast(rows, DType::kBF16, "to_bf16"), DType::kF32, "to_f32"), "out");
   b.output(b.softmax(b.gated_activation(s, n, Activation::kGeluExact, "gated"), "softmax"),
            "probs");
+  // A LayerNorm that fuse_norm_linear folds into the Linear reading it (CUDA plans).
+  const int ln2 = b.layer_norm(s, b.weight("ln2.w", weight_data({12})),
+                               b.weight("ln2.b", weight_data({12})), 1e-5, "ln2");
+  b.output(b.linear(ln2, b.weight("proj.w", weight_data({6, 12})), -1, "proj"), "projected");
   Graph g = b.finish();
   const Logger quiet(LogLevel::kSilent);
   fuse_linear_activation(g, quiet);
   fuse_add_rms_norm(g, quiet);
+  EXPECT_EQ(fuse_norm_linear(g, quiet), 1);
   plan_memory(g, quiet, {{"tokens", 8}, {"rows", 2}});
   // Build-time choices a CUDA plan stores on its Linears (cuda_tactics.cc).
   for (Node& n : g.nodes)
@@ -464,6 +469,13 @@ TEST_F(BadInputGraphJson, BadEnums) {
                   "magic");
   expect_rejected([&](Json& j) { node(j, "up")["attrs"]["tactics"][0].erase("us"); });
   expect_rejected([&](Json& j) { node(j, "up")["attrs"]["tf32"] = "yes"; });
+  // A folded input norm: a known kind, a non-negative epsilon, row sums for LayerNorm only.
+  expect_rejected([&](Json& j) { node(j, "proj")["attrs"]["norm"] = "batch_norm"; }, "batch_norm");
+  expect_rejected([&](Json& j) { node(j, "proj")["attrs"]["norm_eps"] = -1.0; }, "epsilon");
+  expect_rejected([&](Json& j) { node(j, "proj")["attrs"].erase("norm_eps"); });
+  expect_rejected([&](Json& j) { node(j, "proj")["attrs"]["norm"] = "rms_norm"; }, "no row sums");
+  expect_rejected([&](Json& j) { node(j, "proj")["inputs"][5] = -1; }, "row sums");
+  expect_rejected([&](Json& j) { node(j, "proj")["attrs"].erase("norm"); }, "without a folded");
   // A node holding another op's attributes (a Linear's on an RMSNorm) is refused by name.
   expect_rejected([&](Json& j) { node(j, "ln")["attrs"] = {{"activation", "relu"}}; });
 }

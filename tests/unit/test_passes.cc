@@ -282,6 +282,40 @@ TEST(Passes, FuseLinearResidualFiresOnBloomCudaPlans) {
   EXPECT_GT(count_ops(built("bloom-tiny", Device::kCpu).graph(kDecoderGraph), OpKind::kAdd), 0);
 }
 
+// CUDA plans of BLOOM fold the two LayerNorms of every layer into the Linear reading each
+// (query_key_value, dense_h_to_4h); the embeddings' LayerNorm (its output is the residual
+// stream) and ln_f (the lm_head shares its weight with the embedding) stay nodes. Every folded
+// Linear carries its weight's f32 row sums; CPU plans fold nothing.
+TEST(Passes, FuseNormLinearFiresOnBloomCudaPlans) {
+  if (!query_cuda().compiled) GTEST_SKIP() << "built without CUDA: cuda plans cannot be built";
+  auto built = [](Device device) {
+    BuildOptions o;
+    o.device = device;
+    return build_model(fixture("bloom-tiny"), o, kQuiet);
+  };
+  const ModelIR cpu = built(Device::kCpu);
+  const int norms = count_ops(cpu.graph(kDecoderGraph), OpKind::kLayerNorm);
+  const ModelIR bloom = built(Device::kCuda);
+  const Graph& dec = bloom.graph(kDecoderGraph);
+  int fused = 0;
+  for (const Node& n : dec.nodes) {
+    if (n.op != OpKind::kLinear || !n.attr<LinearAttrs>().norm) continue;
+    ++fused;
+    EXPECT_EQ(*n.attr<LinearAttrs>().norm, InputNorm::kLayerNorm) << n.name;
+    ASSERT_GT(n.inputs.size(), kLinearNormRowSums) << n.name;
+    ASSERT_GE(n.inputs[kLinearNormRowSums], 0) << n.name;
+    EXPECT_EQ(dec.values[n.inputs[kLinearNormRowSums]].dtype, DType::kF32) << n.name;
+  }
+  EXPECT_EQ(fused, 2 * bloom.desc.cache_layers);
+  EXPECT_EQ(count_ops(dec, OpKind::kLayerNorm), norms - fused);
+  EXPECT_EQ(count_ops(dec, OpKind::kLayerNorm), 2);  // the embeddings' norm and ln_f
+  for (const Node& n : cpu.graph(kDecoderGraph).nodes) {
+    if (n.op == OpKind::kLinear) {
+      EXPECT_FALSE(n.attr<LinearAttrs>().norm) << n.name;
+    }
+  }
+}
+
 // CUDA fp16 plans of T5 keep the residual stream in f32 (issue 9: fp16 T5 overflows): the
 // wo Linears compute in f32 with f32 weights, norms and residual adds read and write f32, every
 // other Linear stays fp16, casts join them, and the graph still verifies. bf16 and BLOOM
@@ -327,7 +361,9 @@ TEST(Passes, NarrowGraphKeepsT5ResidualStreamF32InFp16) {
        {narrowed("t5-tiny", Precision::kBf16), narrowed("bloom-tiny", Precision::kFp16)}) {
     for (const Graph& g : m.graphs) {
       for (const Value& v : g.values) {
-        if (v.kind != ValueKind::kInput && v.name != "logits") {
+        // The folded norms' row sums (fuse_norm_linear) are f32 by design.
+        if (v.kind != ValueKind::kInput && v.name != "logits" &&
+            !v.name.ends_with(".norm_row_sums")) {
           EXPECT_NE(v.dtype, DType::kF32) << m.desc.architecture << " " << v.name;
         }
       }

@@ -152,6 +152,8 @@ class CpuBackend final : public Backend {
     if (node.op == OpKind::kLinear && node.inputs.size() > kLinearResidual &&
         node.inputs[kLinearResidual] >= 0)
       return "the cpu linears take no fused residual (a CUDA plan's fusion)";
+    if (node.op == OpKind::kLinear && node.attr<LinearAttrs>().norm)
+      return "the cpu linears take no folded input norm (a CUDA plan's fusion)";
     for (int id : node.inputs) {
       if (id < 0 || graph.values[id].layout.plain()) continue;
       const WeightLayout& l = graph.values[id].layout;

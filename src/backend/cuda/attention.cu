@@ -17,6 +17,8 @@ using attn::cache_row;
 using attn::key_row;
 using attn::KeyRow;
 using attn::position_bias;
+using attn::row_keys;
+using attn::RowKeys;
 
 // q (fp32, shared memory) . k (one key row of dh elements): 16-byte loads when the row is
 // aligned for them (rows of 64 fp16 are), up to kKeyLoads of them in flight before the first is
@@ -88,16 +90,9 @@ __global__ void attention_kernel(AttentionParams p) {
   const int h = blockIdx.y;
   const int split = blockIdx.z, splits = gridDim.z;
   const int tid = threadIdx.x, threads = blockDim.x;
-  const DeviceStep& st = p.step;
-  const int s = st.token_seq[row];
-  const int64_t i = row - st.token_begin[s];
-  const int64_t tokens = st.token_begin[s + 1] - st.token_begin[s];
-  const int64_t past = p.kind == AttnKind::kCachedSelf ? st.past_len[s] : 0;
-  const int64_t qpos = past + i;
-  int64_t key_len = tokens;
-  if (p.kind == AttnKind::kCachedSelf) key_len = past + tokens;
-  if (p.kind == AttnKind::kCross) key_len = st.cross_len[s];
-  const int64_t visible = p.causal ? min(key_len, qpos + 1) : key_len;
+  const RowKeys rk = row_keys(p, static_cast<int>(row));
+  const int s = rk.s;
+  const int64_t qpos = rk.qpos, visible = rk.visible;
   const int dh = p.head_dim;
   const int64_t head_off = static_cast<int64_t>(h) * dh;
 
@@ -269,12 +264,12 @@ void launch_typed(const AttentionParams& p, KernelStream stream) {
       p.kind == AttnKind::kCross ||
       (p.kv_stride % kVec == 0 && (reinterpret_cast<uintptr_t>(p.v) & 15) == 0);
   const bool vec = p.head_dim % kVec == 0 && row_elems % kVec == 0 && step_rows_ok;
-  if (vec && launch_warp_attention<T>(p, grid, stream)) {
-    // attention_warps.cu took it
-  } else if (vec)
-    launch(attention_kernel<T, kVec>, grid, threads, 0, stream, p);
-  else
-    launch(attention_kernel<T, 1>, grid, threads, 0, stream, p);
+  if (!vec || !launch_warp_attention<T>(p, grid, stream)) {
+    if (vec)
+      launch(attention_kernel<T, kVec>, grid, threads, 0, stream, p);
+    else
+      launch(attention_kernel<T, 1>, grid, threads, 0, stream, p);
+  }
   if (splits > 1) launch(combine_kernel<T>, dim3(grid.x, grid.y), threads, 0, stream, p, splits);
 }
 

@@ -9,6 +9,25 @@
 namespace kiln::cuda {
 namespace attn {
 
+// The keys query row `row` of the step sees: its sequence s, the sequence's cached positions
+// (cached self attention; 0 otherwise), the query's position and how many keys it attends to
+// (causal: up to and including its own). Ints, as the step's layout holds them.
+struct RowKeys {
+  int s, past, qpos, visible;
+};
+__device__ __forceinline__ RowKeys row_keys(const AttentionParams& p, int row) {
+  const DeviceStep& st = p.step;
+  const int s = st.token_seq[row];
+  const int i = row - st.token_begin[s];
+  const int tokens = st.token_begin[s + 1] - st.token_begin[s];
+  const int past = p.kind == AttnKind::kCachedSelf ? st.past_len[s] : 0;
+  const int qpos = past + i;
+  int key_len = tokens;
+  if (p.kind == AttnKind::kCachedSelf) key_len = past + tokens;
+  if (p.kind == AttnKind::kCross) key_len = st.cross_len[s];
+  return {s, past, qpos, p.causal ? min(key_len, qpos + 1) : key_len};
+}
+
 // Where key position j of sequence s lives, for the node's kind; null when its block is invalid.
 template <typename T>
 struct KeyRow {

@@ -19,6 +19,8 @@ using attn::cache_row;
 using attn::cross_row;
 using attn::KeyRow;
 using attn::position_bias;
+using attn::row_keys;
+using attn::RowKeys;
 using attn::valid_block;
 
 constexpr int kRounds = 4;     // key rounds per chunk, loaded before any is used
@@ -119,19 +121,10 @@ __global__ void __launch_bounds__(W * 32) warp_attention_kernel(AttentionParams 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   constexpr int warps = W;
   const int group = lane / L, sub = lane % L;
-  const DeviceStep& st = p.step;
   // The step's layout was uploaded before its first kernel, and the cache rows before `past`
   // were written by earlier steps: both are read before the wait for the kernel that wrote q.
-  const int s = st.token_seq[row];
-  // Positions and key counts are ints (as the step's layout holds them).
-  const int i = static_cast<int>(row) - st.token_begin[s];
-  const int tokens = st.token_begin[s + 1] - st.token_begin[s];
-  const int past = p.kind == AttnKind::kCachedSelf ? st.past_len[s] : 0;
-  const int qpos = past + i;
-  int key_len = tokens;
-  if (p.kind == AttnKind::kCachedSelf) key_len = past + tokens;
-  if (p.kind == AttnKind::kCross) key_len = st.cross_len[s];
-  const int visible = p.causal ? min(key_len, qpos + 1) : key_len;
+  const RowKeys rk = row_keys(p, static_cast<int>(row));
+  const int s = rk.s, past = rk.past, qpos = rk.qpos, visible = rk.visible;
   const int dh = p.head_dim;
   const int64_t head_off = static_cast<int64_t>(h) * dh;
   const int share = (visible + splits - 1) / splits;

@@ -366,6 +366,7 @@ CudaContext::CudaContext(Context& host) : host_(host) {
   use_graphs_ = !off("KILN_CUDA_GRAPHS");
   use_splits_ = !off("KILN_CUDA_SPLIT");
   use_warp_attention_ = !off("KILN_CUDA_WARP_ATTN");
+  use_gemv_norm_ = !off("KILN_CUDA_GEMV_NORM");
   if (const char* v = std::getenv("KILN_CUDA_TILED_ROWS"))
     tiled_rows_ = std::string_view(v) == "32" ? 32 : 64;
   if (const char* v = std::getenv("KILN_CUDA_TILED"))

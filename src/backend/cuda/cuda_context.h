@@ -102,6 +102,9 @@ class CudaContext {
   // kernel (a block of threads per row and head) instead of the warp kernel
   // (attention_warps.cu) wherever that fits (for A/B runs, and tests of the row kernel).
   bool use_warp_attention() const { return use_warp_attention_; }
+  // KILN_CUDA_GEMV_NORM=0: a Linear's fused input norm runs as the norm kernel into scratch
+  // memory before the GEMV too, instead of inside it (the unfused kernels, for A/B runs).
+  bool use_gemv_norm() const { return use_gemv_norm_; }
   // Query rows per block of that kernel (KILN_CUDA_TILED_ROWS=32|64, for A/B runs).
   int tiled_rows() const { return tiled_rows_; }
   // Read at construction, used inside: KILN_CUDA_SPLIT=0: decode attention never splits along
@@ -151,6 +154,7 @@ class CudaContext {
   bool use_graphs_ = true;
   bool use_splits_ = true;
   bool use_warp_attention_ = true;
+  bool use_gemv_norm_ = true;
   TiledAttention tiled_attention_ = TiledAttention::kAuto;
   int tiled_rows_ = 64;
   bool profile_ = false;

@@ -7,7 +7,10 @@
 // type; the activation (and a bias of another type) is one elementwise kernel after the GEMM.
 // Which kernel and cuBLASLt algorithm run for n rows: the node's tactics, timed at build time
 // (time_linear_tactics, below), or without them GEMV up to kGemvMaxRows and cuBLASLt's
-// heuristic's first algorithm above.
+// heuristic's first algorithm above. A folded input norm (fuse_norm_linear) rides in a one-row
+// GEMV, which sums the row while it streams the weights and applies mean and 1 / std after the
+// product; before other GEMVs and cuBLASLt GEMMs the norm kernel (unit weight, no bias) writes the
+// standardized rows to the node's scratch memory.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -63,6 +66,16 @@ class LinearKernel final : public CudaKernel {
     gemv_split_ = gemv_split(float_type(dtype_), in_, out_, ctx_.multiprocessors());
 
     const LinearAttrs& attrs = node_.attr<LinearAttrs>();
+    norm_ = attrs.norm;
+    norm_eps_ = static_cast<float>(attrs.norm_eps);
+    x_shape_ = graph.values[node_.inputs[0]].shape;
+    if (norm_) {
+      // The norm kernel's unit weight and zero bias, for the steps that standardize x first.
+      unit_ = ctx_.allocator().upload(
+          Tensor::from_vector(std::vector<float>(in_, 1.0f), {in_}).to(dtype_));
+      zero_ = ctx_.allocator().upload(
+          Tensor::from_vector(std::vector<float>(in_, 0.0f), {in_}).to(dtype_));
+    }
     tactics_ = attrs.tactics;
     const cublasComputeType_t compute =
         dtype_ == DType::kF32 && attrs.tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
@@ -82,6 +95,15 @@ class LinearKernel final : public CudaKernel {
     }
     KILN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&a_, cuda_type(dtype_), static_cast<uint64_t>(in_),
                                                  static_cast<uint64_t>(out_), in_));
+  }
+
+  // A folded norm's standardized rows, for the steps that do not take it inside the GEMV.
+  int64_t workspace_bytes(const Bindings& bindings) const override {
+    if (!norm_) return 0;
+    const Shape shape = resolve_shape(x_shape_, bindings);
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    return static_cast<int64_t>(dtype_bytes(dtype_, static_cast<size_t>(n)));
   }
 
   void run(const KernelArgs& args) override {
@@ -106,12 +128,21 @@ class LinearKernel final : public CudaKernel {
                node_.name, dtype_name(dtype_), n, out_);
     Operands o{x.raw(), w.raw(), has_bias ? &args.in[2] : nullptr,
                residual ? residual->raw() : nullptr, y.raw()};
-    if (gemv_runs(n, x.raw(), w.raw())) {
-      launch_gemv_for(n, o);
-      return;
+    if (norm_) {
+      const bool layer = *norm_ == InputNorm::kLayerNorm;
+      const Tensor* sums =
+          args.in.size() > kLinearNormRowSums && args.in[kLinearNormRowSums].defined()
+              ? &args.in[kLinearNormRowSums]
+              : nullptr;
+      KILN_CHECK((sums != nullptr) == layer &&
+                     (sums == nullptr || (sums->dtype() == DType::kF32 && sums->numel() == out_)),
+                 "node '{}': a folded {} needs {}", node_.name, input_norm_name(*norm_),
+                 layer ? "the weight's f32 row sums" : "no row sums");
+      KILN_CHECK(args.scratch != nullptr, "node '{}': a folded norm without scratch memory",
+                 node_.name);
+      o.norm = {true, sums ? sums->raw() : nullptr, args.scratch};
     }
-    const Plan& plan = plan_for(n, tactic_for(n));
-    launch_gemm(n, o, plan.algo, plan);
+    run_rows(n, o, tactic_for(n));
   }
 
   // Times the candidate kernels for each row count in `rows` on this node's weight (and bias):
@@ -129,6 +160,10 @@ class LinearKernel final : public CudaKernel {
     };
     const auto x = buffer(max_rows * in_), y = buffer(max_rows * out_);
     const auto res = residual ? buffer(max_rows * out_) : nullptr;
+    // A folded norm's row sums (zeros: any values time alike) and scratch.
+    const size_t sums_bytes = static_cast<size_t>(out_) * sizeof(float);
+    const auto sums = norm_ ? ctx_.allocator().allocate(sums_bytes) : nullptr;
+    const auto normed = norm_ ? buffer(max_rows * in_) : nullptr;
     int l2 = 0;
     KILN_CUDA_CHECK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, ctx_.device_index()));
     const size_t flush_bytes = 2 * static_cast<size_t>(std::max(l2, 1 << 20));
@@ -136,7 +171,9 @@ class LinearKernel final : public CudaKernel {
     cudaEvent_t start = nullptr, stop = nullptr;
     KILN_CUDA_CHECK(cudaEventCreate(&start));
     KILN_CUDA_CHECK(cudaEventCreate(&stop));
-    const Operands o{x.get(), w.raw(), bias, res.get(), y.get()};
+    Operands o{x.get(), w.raw(), bias, res.get(), y.get()};
+    if (norm_)
+      o.norm = {true, *norm_ == InputNorm::kLayerNorm ? sums.get() : nullptr, normed.get()};
     // Median time of `launch` in microseconds; infinity when it fails.
     auto time = [&](auto&& launch) {
       for (int i = 0; i < 2; ++i)
@@ -165,13 +202,16 @@ class LinearKernel final : public CudaKernel {
       std::vector<LinearTactic> timed;
       if (n <= kGemvMaxRows && gemv_fits(float_type(dtype_), x.get(), w.raw(), in_)) {
         timed.push_back({n, "gemv", "", time([&] {
-                           launch_gemv_for(n, o);
+                           if (!launch_gemv_for(n, o)) launch_gemv_for(n, standardize(n, o));
                            return true;
                          })});
       }
       const Plan& plan = plan_for(n, nullptr);
       for (const cublasLtMatmulAlgo_t& algo : plan.candidates) {
-        const float us = time([&] { return launch_gemm(n, o, algo, plan, false); });
+        const float us = time([&] {
+          const Operands normed_o = standardize(n, o);
+          return launch_gemm(n, normed_o, algo, plan, false);
+        });
         if (std::isfinite(us)) timed.push_back({n, "cublaslt", algo_string(algo), us});
       }
       KILN_CHECK(!timed.empty(), "node '{}': no kernel ran a {} linear of [{}, {}] x [{}, {}]^T",
@@ -193,13 +233,50 @@ class LinearKernel final : public CudaKernel {
     cublasLtMatmulAlgo_t algo{};
     std::vector<cublasLtMatmulAlgo_t> candidates;  // the heuristic's, best first
   };
+  struct NormOperands {
+    bool on = false;                 // a folded norm
+    const void* row_sums = nullptr;  // f32 [out]; null: RMSNorm
+    void* scratch = nullptr;         // [n, in] of the activations' type, for standardize()
+  };
   struct Operands {
     const void* x;
     const void* w;
     const Tensor* bias;
     const void* residual;
     void* y;
+    NormOperands norm{};
   };
+
+  // n rows on the GEMV, which takes a folded norm itself where it can, or on cuBLASLt.
+  void run_rows(int64_t n, const Operands& o, const LinearTactic* tactic) {
+    if (gemv_runs(n, o.x, o.w) && (!o.norm.on || ctx_.use_gemv_norm()) && launch_gemv_for(n, o))
+      return;
+    const Operands plain = standardize(n, o);
+    if (gemv_runs(n, plain.x, plain.w)) {
+      launch_gemv_for(n, plain);
+      return;
+    }
+    const Plan& plan = plan_for(n, tactic);
+    launch_gemm(n, plain, plan.algo, plan);
+  }
+
+  // The operands with a folded norm's rows standardized into the scratch memory by the norm
+  // kernel with unit weight and zero bias ((x - mean) / std, or x / rms): the folded weight and
+  // bias do the rest. o itself without a folded norm.
+  Operands standardize(int64_t n, const Operands& o) {
+    if (!o.norm.on) return o;
+    const FloatType t = float_type(dtype_);
+    if (o.norm.row_sums != nullptr)
+      launch_layer_norm(t, t, o.x, unit_.raw(), zero_.raw(), o.norm.scratch, n, in_, norm_eps_,
+                        ctx_.kernel_stream());
+    else
+      launch_rms_norm(t, t, o.x, unit_.raw(), o.norm.scratch, n, in_, norm_eps_,
+                      ctx_.kernel_stream());
+    Operands plain = o;
+    plain.x = o.norm.scratch;
+    plain.norm = {};
+    return plain;
+  }
 
   // Whether n rows run on kiln's GEMV: few enough, operands that fit it, and the tactic for n
   // (when tuned) chose it.
@@ -217,7 +294,8 @@ class LinearKernel final : public CudaKernel {
     return &tactics_.back();
   }
 
-  void launch_gemv_for(int64_t n, const Operands& o) {
+  // False, launching nothing, when the GEMV cannot take o's folded norm.
+  bool launch_gemv_for(int64_t n, const Operands& o) {
     GemvParams p{};
     p.type = float_type(dtype_);
     p.x = o.x;
@@ -232,7 +310,10 @@ class LinearKernel final : public CudaKernel {
     p.split = gemv_split_;
     p.has_act = activation_.has_value();
     p.act = act_fn(activation_.value_or(Activation::kRelu));
-    launch_gemv(p, ctx_.kernel_stream());
+    p.norm = o.norm.on;
+    p.norm_row_sums = o.norm.row_sums;
+    p.norm_eps = norm_eps_;
+    return launch_gemv(p, ctx_.kernel_stream());
   }
 
   // D = w·x + beta·C (+ bias), C the fused residual or y itself with beta 0; then the bias of
@@ -348,6 +429,10 @@ class LinearKernel final : public CudaKernel {
   int64_t in_ = 0, out_ = 0;
   DType dtype_ = DType::kF32;
   std::optional<Activation> activation_;
+  std::optional<InputNorm> norm_;
+  float norm_eps_ = 0.0f;
+  SymShape x_shape_;
+  Tensor unit_, zero_;  // [in] of the activations' type: a folded norm's standardizing kernel
   bool bias_in_epilogue_ = false, bias_after_ = false;
   int gemv_split_ = 1;
   cublasLtMatmulDesc_t desc_ = nullptr;

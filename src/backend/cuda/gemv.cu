@@ -5,7 +5,10 @@
 // at once (x is small and stays in L1/L2; each x chunk it loads serves the four rows). When
 // there are too few features to fill the GPU (out = 1024 on a 132-SM chip), `split` warps share
 // a group of features, each over an interleaved part of the rows, and their sums are added in a
-// fixed order. Bias, activation and a fused residual ride on the store.
+// fixed order. Bias, activation and a fused residual ride on the store. A folded input norm
+// (fuse_norm_linear: BLOOM's LayerNorms before query_key_value and dense_h_to_4h; one row, see
+// gemv_norm_fits) needs the row's sum and sum of squares: the lanes add up the x chunks they
+// multiply anyway, and the store applies mean and 1 / std (or 1 / rms) to the product.
 #include "backend/cuda/device_types.cuh"
 
 namespace kiln::cuda {
@@ -46,20 +49,23 @@ __device__ __forceinline__ float dot16(const uint4& w, const uint4& x) {
   return s;
 }
 
-template <typename T, typename B, int N>
+// kNorm: a folded norm (row_sums null: RMSNorm).
+template <typename T, typename B, int N, bool kNorm>
 __global__ void __launch_bounds__(kWarps * 32)
     gemv_kernel(const uint4* __restrict__ x, const uint4* __restrict__ w,
                 const B* __restrict__ bias, const T* residual, T* y, int64_t chunks, int64_t out,
-                int split, bool has_act, ActFn act) {
-  __shared__ float partial_s[kWarps][kFeatures][N];
+                int split, bool has_act, ActFn act, const float* __restrict__ row_sums, float eps) {
+  // Per warp: the features' sums, then (kNorm) each row's sum and sum of squares.
+  constexpr int kSlots = kNorm ? kFeatures + 2 : kFeatures;
+  __shared__ float partial_s[kWarps][kSlots][N];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int groups_per_block = kWarps / split;
   const int sub = warp % split;  // this warp's part of its features' rows
   const int64_t f0 =
       (static_cast<int64_t>(blockIdx.x) * groups_per_block + warp / split) * kFeatures;
-  float acc[kFeatures][N];
+  float acc[kSlots][N];  // kNorm: acc[kFeatures] the rows' sums, acc[kFeatures + 1] squares
 #pragma unroll
-  for (int k = 0; k < kFeatures; ++k)
+  for (int k = 0; k < kSlots; ++k)
 #pragma unroll
     for (int r = 0; r < N; ++r) acc[k][r] = 0.0f;
   // Rows past `out` (the last group) read row out - 1 again and are never stored.
@@ -94,24 +100,34 @@ __global__ void __launch_bounds__(kWarps * 32)
           const uint4 xv = __ldg(x + r * chunks + c + u * stride);
 #pragma unroll
           for (int k = 0; k < kFeatures; ++k) acc[k][r] += dot16<T>(wv[u][k], xv);
+          if constexpr (kNorm) {
+            // The warps of a group cover the row's chunks once between them.
+            float xf[Vec<T>::kN];
+            unpack<T>(xv, xf);
+#pragma unroll
+            for (int e = 0; e < Vec<T>::kN; ++e) {
+              acc[kFeatures][r] += xf[e];
+              acc[kFeatures + 1][r] = fmaf(xf[e], xf[e], acc[kFeatures + 1][r]);
+            }
+          }
         }
       }
     }
   }
 #pragma unroll
-  for (int k = 0; k < kFeatures; ++k)
+  for (int k = 0; k < kSlots; ++k)
 #pragma unroll
     for (int r = 0; r < N; ++r) acc[k][r] = warp_sum(acc[k][r]);
   if (split > 1) {
     if (lane == 0)
 #pragma unroll
-      for (int k = 0; k < kFeatures; ++k)
+      for (int k = 0; k < kSlots; ++k)
 #pragma unroll
         for (int r = 0; r < N; ++r) partial_s[warp][k][r] = acc[k][r];
     __syncthreads();
     if (sub != 0) return;
 #pragma unroll
-    for (int k = 0; k < kFeatures; ++k)
+    for (int k = 0; k < kSlots; ++k)
 #pragma unroll
       for (int r = 0; r < N; ++r) {
         float s = 0.0f;
@@ -129,6 +145,23 @@ __global__ void __launch_bounds__(kWarps * 32)
     for (int r = 0; r < N; ++r)
       if (k == kk && r == rr) v = acc[k][r];
   const int64_t f = f0 + kk;
+  if constexpr (kNorm) {
+    float sum = 0.0f, squares = 0.0f;
+#pragma unroll
+    for (int r = 0; r < N; ++r)
+      if (r == rr) {
+        sum = acc[kFeatures][r];
+        squares = acc[kFeatures + 1][r];
+      }
+    const float in = static_cast<float>(chunks * Vec<T>::kN);
+    if (row_sums != nullptr) {  // LayerNorm: rstd * (x · w - mean * rowsum(w))
+      const float mean = sum / in;
+      const float var = fmaxf(squares / in - mean * mean, 0.0f);
+      v = rsqrtf(var + eps) * fmaf(-mean, row_sums[f], v);
+    } else {  // RMSNorm
+      v *= rsqrtf(squares / in + eps);
+    }
+  }
   if (bias != nullptr) v += to_float(bias[f]);
   v = round_as<T>(v);
   if (has_act) v = apply_act(act, v);
@@ -144,10 +177,17 @@ void launch_n(const GemvParams& p, KernelStream stream) {
   const int64_t groups = (p.out + kFeatures - 1) / kFeatures;
   const int64_t per_block = kWarps / p.split;
   const auto blocks = static_cast<unsigned>((groups + per_block - 1) / per_block);
-  launch(gemv_kernel<T, B, N>, blocks, kWarps * 32, 0, stream, static_cast<const uint4*>(p.x),
-         static_cast<const uint4*>(p.w), static_cast<const B*>(p.bias),
-         static_cast<const T*>(p.residual), static_cast<T*>(p.y), chunks, p.out, p.split, p.has_act,
-         p.act);
+  auto go = [&](auto kernel) {
+    launch(kernel, blocks, kWarps * 32, 0, stream, static_cast<const uint4*>(p.x),
+           static_cast<const uint4*>(p.w), static_cast<const B*>(p.bias),
+           static_cast<const T*>(p.residual), static_cast<T*>(p.y), chunks, p.out, p.split,
+           p.has_act, p.act, static_cast<const float*>(p.norm_row_sums), p.norm_eps);
+  };
+  // The folded norm's instances exist where gemv_norm_fits allows them, as launch_gemv checked.
+  if constexpr (std::is_same_v<T, B> && N <= kGemvNormMaxRows) {
+    if (p.norm) return go(gemv_kernel<T, B, N, true>);
+  }
+  go(gemv_kernel<T, B, N, false>);
 }
 
 template <typename T, typename B>
@@ -180,6 +220,10 @@ bool gemv_fits(FloatType t, const void* x, const void* w, int64_t in) {
          (reinterpret_cast<uintptr_t>(w) & 15) == 0;
 }
 
+bool gemv_norm_fits(FloatType t, FloatType bias_type, int64_t rows) {
+  return bias_type == t && rows <= kGemvNormMaxRows;
+}
+
 int gemv_split(FloatType t, int64_t in, int64_t out, int sms) {
   const int64_t chunks = in * (t == FloatType::kF32 ? 4 : 2) / 16;
   // Enough warps to keep every SM's load units busy (about 32 resident warps per SM), but no
@@ -190,13 +234,15 @@ int gemv_split(FloatType t, int64_t in, int64_t out, int sms) {
   return split;
 }
 
-void launch_gemv(const GemvParams& p, KernelStream stream) {
-  if (p.rows <= 0 || p.out <= 0) return;
+bool launch_gemv(const GemvParams& p, KernelStream stream) {
+  if (p.norm && !gemv_norm_fits(p.type, p.bias_type, p.rows)) return false;
+  if (p.rows <= 0 || p.out <= 0) return true;
   dispatch_float(p.type, [&](auto tag) {
     dispatch_float(p.bias_type, [&](auto bias_tag) {
       launch_rows<decltype(tag), decltype(bias_tag)>(p, stream);
     });
   });
+  return true;
 }
 
 }  // namespace kiln::cuda

@@ -23,6 +23,19 @@ void rms_row(const std::vector<double>& x, int64_t row, int64_t d, const Tensor&
   for (int64_t i = 0; i < d; ++i) put(y, row * d + i, at(w, i) * (x[row * d + i] * inv_rms));
 }
 
+// x [rows, d], w [d], b [d] -> (x - mean) / sqrt(var + eps) * w + b for one row, biased variance.
+void layer_row(const std::vector<double>& x, int64_t row, int64_t d, const Tensor& w,
+               const Tensor& b, double eps, Tensor& y) {
+  double mean = 0.0, var = 0.0;
+  for (int64_t i = 0; i < d; ++i) mean += x[row * d + i];
+  mean /= static_cast<double>(d);
+  for (int64_t i = 0; i < d; ++i) var += (x[row * d + i] - mean) * (x[row * d + i] - mean);
+  var /= static_cast<double>(d);
+  const double inv_std = 1.0 / std::sqrt(var + eps);
+  for (int64_t i = 0; i < d; ++i)
+    put(y, row * d + i, (x[row * d + i] - mean) * inv_std * at(w, i) + at(b, i));
+}
+
 // Copies row `src` of a [n, d] tensor into row `dst` of a [r, d] tensor of the same dtype.
 void copy_row(const Tensor& from, int64_t src, Tensor& to, int64_t dst, int64_t d) {
   const size_t row_bytes = dtype_bytes(from.dtype(), static_cast<size_t>(d));
@@ -53,7 +66,10 @@ void embedding(const Node& node, const KernelArgs& args) {
 
 // x [n, in], w [out, in], bias [out] (optional), scales [out] (i8 weights) ->
 // act(x (w * scales)^T + bias) [n, out]. Block-quantized weights decode with their own scales.
+// A folded input norm (LinearAttrs::norm) scales each row's products by the row's 1 / std (or
+// 1 / rms) after subtracting its mean times the weight's row sums (LayerNorm).
 void linear(const Node& node, const KernelArgs& args) {
+  const LinearAttrs& attrs = node.attr<LinearAttrs>();
   const Tensor& x = args.in[0];
   const Tensor& w = args.in[1];
   const bool has_bias = args.in.size() > 2 && args.in[2].defined();
@@ -61,12 +77,24 @@ void linear(const Node& node, const KernelArgs& args) {
   const bool has_residual = args.in.size() > kLinearResidual && args.in[kLinearResidual].defined();
   Tensor& y = args.out[0];
   const int64_t in = w.dim(1), out = w.dim(0), n = x.numel() / in;
-  const std::optional<Activation> act = node.attr<LinearAttrs>().activation;
+  const std::optional<Activation> act = attrs.activation;
   const std::vector<double> xs = load(x), ws = load(w);
-  for (int64_t t = 0; t < n; ++t)
+  for (int64_t t = 0; t < n; ++t) {
+    double mean = 0.0, inv = 1.0;
+    if (attrs.norm) {
+      double sum = 0.0, sq = 0.0;
+      for (int64_t i = 0; i < in; ++i) sum += xs[t * in + i];
+      if (*attrs.norm == InputNorm::kLayerNorm) mean = sum / static_cast<double>(in);
+      for (int64_t i = 0; i < in; ++i) sq += (xs[t * in + i] - mean) * (xs[t * in + i] - mean);
+      inv = 1.0 / std::sqrt(sq / static_cast<double>(in) + attrs.norm_eps);
+    }
     for (int64_t o = 0; o < out; ++o) {
       double acc = 0.0;
       for (int64_t i = 0; i < in; ++i) acc += xs[t * in + i] * ws[o * in + i];
+      if (attrs.norm) {
+        if (*attrs.norm == InputNorm::kLayerNorm) acc -= mean * at(args.in[kLinearNormRowSums], o);
+        acc *= inv;
+      }
       if (has_scales) acc *= at(args.in[3], o);
       if (has_bias) acc += at(args.in[2], o);
       if (act) acc = activation(*act, round_to(y.dtype(), acc));
@@ -74,6 +102,7 @@ void linear(const Node& node, const KernelArgs& args) {
       if (has_residual) acc = at(args.in[kLinearResidual], t * out + o) + round_to(y.dtype(), acc);
       put(y, t * out + o, acc);
     }
+  }
 }
 
 // a, b [n, d] -> a + b
@@ -104,20 +133,10 @@ void rms_norm(const Node& node, const KernelArgs& args) {
 
 // x [n, d], w [d], b [d] -> (x - mean) / sqrt(var + eps) * w + b, biased variance
 void layer_norm(const Node& node, const KernelArgs& args) {
-  const Tensor& x = args.in[0];
-  const int64_t d = x.dim(-1), n = x.numel() / d;
-  const double eps = node.attr<NormAttrs>().eps;
-  for (int64_t r = 0; r < n; ++r) {
-    double mean = 0.0, var = 0.0;
-    for (int64_t i = 0; i < d; ++i) mean += at(x, r * d + i);
-    mean /= static_cast<double>(d);
-    for (int64_t i = 0; i < d; ++i) var += (at(x, r * d + i) - mean) * (at(x, r * d + i) - mean);
-    var /= static_cast<double>(d);
-    const double inv_std = 1.0 / std::sqrt(var + eps);
-    for (int64_t i = 0; i < d; ++i)
-      put(args.out[0], r * d + i,
-          (at(x, r * d + i) - mean) * inv_std * at(args.in[1], i) + at(args.in[2], i));
-  }
+  const int64_t d = args.in[0].dim(-1), n = args.in[0].numel() / d;
+  const std::vector<double> x = load(args.in[0]);
+  for (int64_t r = 0; r < n; ++r)
+    layer_row(x, r, d, args.in[1], args.in[2], node.attr<NormAttrs>().eps, args.out[0]);
 }
 
 // x -> act(x)
