@@ -180,6 +180,8 @@ OpAttrs attrs_from_json(const json& j, AttrKind kind, const std::string& source)
       LinearAttrs a;
       if (j.contains("activation")) a.activation = activation_from(j.at("activation"), source);
       if (j.contains("tf32")) a.tf32 = j.at("tf32").get<bool>();
+      KILN_CHECK(j.contains("norm") || !j.contains("norm_eps"),
+                 "{}: a linear's norm_eps without its norm", source);
       if (j.contains("norm")) {
         a.norm = enum_by_name(j.at("norm"), {InputNorm::kLayerNorm, InputNorm::kRmsNorm},
                               input_norm_name, "fused linear norm", source);

@@ -59,9 +59,10 @@ struct Value {
 enum class OpKind : uint8_t {
   kEmbedding,        // (table [vocab, d], ids [n] i64, scales? [vocab]) -> [n, d];
                      // scales (f32) only, and always, for i8 tables (rows come out f32)
-  kLinear,           // (x [n, in], w [out, in], bias? [out], scales? [out], residual? [n, out])
-                     // -> [n, out]; LinearAttrs. scales (f32) only, and always, for i8
-                     // weights; residual (fuse_linear_residual, CUDA plans): added last
+  kLinear,           // (x [n, in], w [out, in], bias? [out], scales? [out], residual? [n, out],
+                     // row_sums? [out]) -> [n, out]; LinearAttrs. scales (f32) only, and
+                     // always, for i8 weights; residual (fuse_linear_residual, CUDA plans):
+                     // added last; row_sums (f32): a folded LayerNorm's (fuse_norm_linear)
   kAdd,              // (a [n, d], b [n, d]) -> [n, d]
   kMul,              // (a [n, d], b [n, d]) -> [n, d]
   kScale,            // (x) -> x * ScaleAttrs::scale

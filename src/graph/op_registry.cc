@@ -99,9 +99,11 @@ std::vector<ValueType> infer_linear(const Graph& g, const Node& n) {
     const bool layer = *attrs.norm == InputNorm::kLayerNorm;
     KILN_CHECK(attrs.norm_eps >= 0.0, "node '{}' (Linear): negative norm epsilon {}", n.name,
                attrs.norm_eps);
-    KILN_CHECK(has_in(n, kLinearNormRowSums) == layer && !per_channel,
-               "node '{}' (Linear): a folded {} takes {} (and float weights)", n.name,
-               input_norm_name(*attrs.norm), layer ? "the weight's row sums" : "no row sums");
+    KILN_CHECK(!per_channel, "node '{}' (Linear): a folded {} needs float weights, not i8", n.name,
+               input_norm_name(*attrs.norm));
+    KILN_CHECK(has_in(n, kLinearNormRowSums) == layer, "node '{}' (Linear): a folded {} takes {}",
+               n.name, input_norm_name(*attrs.norm),
+               layer ? "the weight's row sums" : "no row sums");
     if (layer) {
       const Value& s = in(g, n, kLinearNormRowSums);
       KILN_CHECK(s.dtype == DType::kF32, "node '{}' (Linear): row sums '{}' must be f32", n.name,

@@ -110,7 +110,7 @@ Graph graph_from_json(const json& j, const std::function<void(int, Value&)>& bin
       n.inputs = ids(jn.at("inputs"), "node input");
       n.outputs = ids(jn.at("outputs"), "node output");
       n.attrs =
-          attrs_from_json(jn.at("attrs"), op_schema(n.op).attrs, where + " node  + n.name + ");
+          attrs_from_json(jn.at("attrs"), op_schema(n.op).attrs, where + " node '" + n.name + "'");
       g.nodes.push_back(std::move(n));
     }
     g.inputs = ids(j.at("inputs"), "graph input");

@@ -2,17 +2,21 @@
 // (x - mean) * rstd * gamma + beta, multiplied by w, is
 //   rstd * (x · (w * gamma)^T - mean * rowsum(w * gamma)) + w · beta,
 // so the Linear takes x itself with the weight w * gamma, the bias bias + w · beta and the row
-// sums as input 5, and the kernel applies mean and rstd after the product: a decode step's GEMV
-// computes a row's sums while it streams the weights, off the critical path, and the norm's
+// sums as input 5, and the kernel applies mean and rstd after the product: a one-row decode
+// step's GEMV sums the row while it streams the weights, off the critical path, and the norm's
 // kernel is gone (BLOOM: both LayerNorms of every layer). RMSNorm (T5) folds the same way without
-// the mean and the row sums. The normalized activation is no longer rounded to the activations'
-// type before the product (more precise than the unfused graph, not bit-identical to it).
-// Folded only when every reader of the norm's output is a Linear reading it as its input, of the
-// same type, with a constant float weight that no other node reads (a tied lm_head shares its
-// table with the embedding and is left alone); the norm then disappears from the graph. Runs
-// after narrow_graph (the types are final) and before plan_memory (the planner then keeps x
-// alive until the last Linear has read it).
+// the mean and the row sums. The one-row GEMV never rounds the normalized row; other steps
+// standardize x with the norm kernel into the activations' type first, so a row's result can
+// differ in the last bits between one row and more (the GEMV's row sums and cuBLASLt already
+// made CUDA's Linears batch-dependent above 8 rows).
+// Folded only when every reader of the norm's output is a Linear reading it as its input, with
+// a constant f32/f16/bf16 weight that no other node reads (a tied lm_head shares its table with
+// the embedding and is left alone), and when the folded weight and bias stay finite in the
+// weight's type; the norm then disappears from the graph. Runs after narrow_graph (the types
+// are final) and before plan_memory (the planner then keeps x alive until the last Linear has
+// read it).
 #include <algorithm>
+#include <cmath>
 #include <vector>
 
 #include "passes/pass.h"
@@ -20,8 +24,10 @@
 namespace kiln {
 namespace {
 
+bool plain_float(DType t) { return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16; }
+
 // Whether node `i` reads `value` exactly once, as the input of a Linear whose weight can absorb
-// a norm: constant, float, plain, read by this node only.
+// a norm: constant, f32/f16/bf16, plain, read by this node only.
 bool foldable_reader(const Graph& g, int i, int value, const std::vector<int>& uses) {
   const Node& n = g.nodes[i];
   if (n.op != OpKind::kLinear || n.attr<LinearAttrs>().norm || n.inputs.size() < 2 ||
@@ -31,15 +37,13 @@ bool foldable_reader(const Graph& g, int i, int value, const std::vector<int>& u
     if (n.inputs[k] == value) return false;
   if (n.inputs.size() > 3 && n.inputs[3] >= 0) return false;  // per-channel scales
   const Value& w = g.values[n.inputs[1]];
-  if (w.kind != ValueKind::kWeight || !w.data.defined() || !w.layout.plain() ||
-      w.data.rank() != 2 || uses[n.inputs[1]] != 1 || !dtype_traits(w.dtype).is_float)
-    return false;
-  return g.values[n.outputs[0]].dtype == g.values[value].dtype;
+  return w.kind == ValueKind::kWeight && w.data.defined() && w.layout.plain() &&
+         w.data.rank() == 2 && uses[n.inputs[1]] == 1 && plain_float(w.dtype);
 }
 
 bool constant_float(const Graph& g, int id) {
   return id >= 0 && g.values[id].kind == ValueKind::kWeight && g.values[id].data.defined() &&
-         dtype_traits(g.values[id].dtype).is_float;
+         plain_float(g.values[id].dtype);
 }
 
 int add_weight(Graph& g, std::string name, Tensor data) {
@@ -53,9 +57,21 @@ int add_weight(Graph& g, std::string name, Tensor data) {
   return static_cast<int>(g.values.size()) - 1;
 }
 
-// Folds norm (gamma, beta: f32 [in]; beta empty for RMSNorm) into Linear `lin`.
-void fold(Graph& g, Node& lin, const std::vector<float>& gamma, const std::vector<float>& beta,
-          const NormAttrs& norm, bool layer, int x) {
+bool all_finite(const Tensor& t) {
+  const Tensor f = t.to_f32();
+  const float* p = f.data<float>();
+  return std::all_of(p, p + f.numel(), [](float v) { return std::isfinite(v); });
+}
+
+// One reader's folded operands: w * gamma in the weight's type; for LayerNorm the bias plus
+// w · beta (in the bias's type, the weight's without a bias) and the f32 row sums of the stored
+// folded weight.
+struct Folded {
+  Tensor weight, bias, row_sums;
+};
+
+Folded fold(const Graph& g, const Node& lin, const std::vector<float>& gamma,
+            const std::vector<float>& beta, bool layer) {
   const Value& wv = g.values[lin.inputs[1]];
   const Tensor w = wv.data.to_f32();
   const int64_t out = w.dim(0), in = w.dim(1);
@@ -64,37 +80,36 @@ void fold(Graph& g, Node& lin, const std::vector<float>& gamma, const std::vecto
   float* sf = scaled.data<float>();
   for (int64_t o = 0; o < out; ++o)
     for (int64_t i = 0; i < in; ++i) sf[o * in + i] = wf[o * in + i] * gamma[i];
-  const Tensor stored = scaled.to(wv.dtype);
-  const std::string wname = wv.name;
-  const DType dtype = wv.dtype;
-  const int w_id = add_weight(g, wname + ".norm_folded", stored);
-  lin.inputs[1] = w_id;
+  Folded f{scaled.to(wv.dtype), {}, {}};
+  if (!layer) return f;
+  const Tensor back = f.weight.to_f32();
+  std::vector<float> sums(static_cast<size_t>(out)), bias(static_cast<size_t>(out), 0.0f);
+  const bool has_bias = lin.inputs.size() > 2 && lin.inputs[2] >= 0;
+  if (has_bias) {
+    const Tensor b = g.values[lin.inputs[2]].data.to_f32();
+    std::copy(b.data<float>(), b.data<float>() + out, bias.begin());
+  }
+  for (int64_t o = 0; o < out; ++o) {
+    double s = 0.0, b = bias[o];
+    for (int64_t i = 0; i < in; ++i) {
+      s += back.data<float>()[o * in + i];
+      b += static_cast<double>(wf[o * in + i]) * beta[i];
+    }
+    sums[o] = static_cast<float>(s);
+    bias[o] = static_cast<float>(b);
+  }
+  f.bias = Tensor::from_vector(bias, {out}).to(has_bias ? g.values[lin.inputs[2]].dtype : wv.dtype);
+  f.row_sums = Tensor::from_vector(sums, {out});
+  return f;
+}
+
+void apply(Graph& g, Node& lin, Folded f, const NormAttrs& norm, bool layer, int x) {
+  const std::string wname = g.values[lin.inputs[1]].name;
+  lin.inputs[1] = add_weight(g, wname + ".norm_folded", std::move(f.weight));
   if (layer) {
-    // The row sums of the weight as stored, and the bias plus w · beta (in the bias's type).
-    const Tensor back = stored.to_f32();
-    std::vector<float> sums(static_cast<size_t>(out));
-    for (int64_t o = 0; o < out; ++o) {
-      double s = 0.0;
-      for (int64_t i = 0; i < in; ++i) s += back.data<float>()[o * in + i];
-      sums[o] = static_cast<float>(s);
-    }
-    const bool has_bias = lin.inputs.size() > 2 && lin.inputs[2] >= 0;
-    const DType bias_type = has_bias ? g.values[lin.inputs[2]].dtype : dtype;
-    std::vector<float> bias(static_cast<size_t>(out), 0.0f);
-    if (has_bias) {
-      const Tensor b = g.values[lin.inputs[2]].data.to_f32();
-      std::copy(b.data<float>(), b.data<float>() + out, bias.begin());
-    }
-    for (int64_t o = 0; o < out; ++o) {
-      double s = bias[o];
-      for (int64_t i = 0; i < in; ++i) s += static_cast<double>(wf[o * in + i]) * beta[i];
-      bias[o] = static_cast<float>(s);
-    }
     if (lin.inputs.size() <= kLinearNormRowSums) lin.inputs.resize(kLinearNormRowSums + 1, -1);
-    lin.inputs[2] = add_weight(g, lin.name + ".norm_folded_bias",
-                               Tensor::from_vector(bias, {out}).to(bias_type));
-    lin.inputs[kLinearNormRowSums] =
-        add_weight(g, wname + ".norm_row_sums", Tensor::from_vector(sums, {out}));
+    lin.inputs[2] = add_weight(g, lin.name + ".norm_folded_bias", std::move(f.bias));
+    lin.inputs[kLinearNormRowSums] = add_weight(g, wname + ".norm_row_sums", std::move(f.row_sums));
   }
   lin.inputs[0] = x;
   LinearAttrs& a = lin.attr<LinearAttrs>();
@@ -132,12 +147,21 @@ int fuse_norm_linear(Graph& graph, const Logger& log) {
       continue;
     const std::vector<float> gamma = floats_of(graph, norm.inputs[1]);
     const std::vector<float> beta = layer ? floats_of(graph, norm.inputs[2]) : std::vector<float>();
+    std::vector<Folded> folded;
+    for (int i : rs) folded.push_back(fold(graph, graph.nodes[i], gamma, beta, layer));
+    if (!std::all_of(folded.begin(), folded.end(), [](const Folded& f) {
+          return all_finite(f.weight) && (!f.bias.defined() || all_finite(f.bias));
+        })) {
+      log.info("fuse_norm_linear: {} stays a node: its folded weights leave {}'s range", norm.name,
+               dtype_name(graph.values[graph.nodes[rs[0]].inputs[1]].dtype));
+      continue;
+    }
     const NormAttrs attrs = norm.attr<NormAttrs>();
     const int x = norm.inputs[0];
     const std::string norm_name = norm.name;
-    for (int i : rs) {
-      fold(graph, graph.nodes[i], gamma, beta, attrs, layer, x);
-      log.debug("fuse_norm_linear: {} into {}", norm_name, graph.nodes[i].name);
+    for (size_t k = 0; k < rs.size(); ++k) {
+      apply(graph, graph.nodes[rs[k]], std::move(folded[k]), attrs, layer, x);
+      log.debug("fuse_norm_linear: {} into {}", norm_name, graph.nodes[rs[k]].name);
       ++linears;
     }
     graph.values[y].producer = -1;

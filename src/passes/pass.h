@@ -41,9 +41,9 @@ int fuse_qkv(Graph& graph, const Logger& log);
 // CUDA plans: y = Add(r, Linear(x)) -> Linear(x, ..., residual = r). Returns the adds fused.
 int fuse_linear_residual(Graph& graph, const Logger& log);
 
-// CUDA plans: y = Linear(LayerNorm(x)) (or RMSNorm) -> Linear(x, ..., norm weight, norm bias)
-// with LinearAttrs::norm, when Linears of the norm's type are its only readers. Returns the norms
-// fused.
+// CUDA plans: y = Linear(LayerNorm(x)) (or RMSNorm) -> Linear(x, w * gamma, bias + w · beta,
+// ..., row sums of w * gamma) with LinearAttrs::norm, when Linears with float weights of their
+// own are the norm's only readers. Returns the norms folded.
 int fuse_norm_linear(Graph& graph, const Logger& log);
 
 // CUDA fp16 / bf16 plans: float weights and activations in that type, logits widened to f32 by

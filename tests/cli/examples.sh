@@ -40,8 +40,20 @@ def log_message(line):
     return mask(re.sub(r"^\[kiln [DIWE] \d\d:\d\d:\d\d\] ", "", line))
 
 
+# The README's outputs were made on an AVX-512 CPU: elsewhere kiln packs no weights (no
+# pack_weights line, plain layouts), and that is the only difference it allows.
+avx512 = "AVX-512" in subprocess.run([kiln, "--version"], capture_output=True, text=True).stdout
+
+
+def for_this_cpu(lines):
+    if avx512:
+        return lines
+    return [re.sub(r"panel16 for avx512", "plain", l) for l in lines
+            if not l.startswith("pack_weights:")]
+
+
 def check_output(cmd, expected, got, stream):
-    exp = [mask(l) for l in expected]
+    exp = for_this_cpu([mask(l) for l in expected])
     out = [mask(l) for l in got]
     if any("..." in l for l in exp):
         # Lines left out: the others must appear in this order.

@@ -475,7 +475,14 @@ TEST_F(BadInputGraphJson, BadEnums) {
   expect_rejected([&](Json& j) { node(j, "proj")["attrs"].erase("norm_eps"); });
   expect_rejected([&](Json& j) { node(j, "proj")["attrs"]["norm"] = "rms_norm"; }, "no row sums");
   expect_rejected([&](Json& j) { node(j, "proj")["inputs"][5] = -1; }, "row sums");
-  expect_rejected([&](Json& j) { node(j, "proj")["attrs"].erase("norm"); }, "without a folded");
+  expect_rejected([&](Json& j) { node(j, "proj")["attrs"].erase("norm"); },
+                  "node 'proj': a linear's norm_eps without its norm");
+  expect_rejected(
+      [&](Json& j) {
+        node(j, "proj")["attrs"].erase("norm");
+        node(j, "proj")["attrs"].erase("norm_eps");
+      },
+      "without a folded");
   // A node holding another op's attributes (a Linear's on an RMSNorm) is refused by name.
   expect_rejected([&](Json& j) { node(j, "ln")["attrs"] = {{"activation", "relu"}}; });
 }

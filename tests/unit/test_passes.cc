@@ -316,6 +316,45 @@ TEST(Passes, FuseNormLinearFiresOnBloomCudaPlans) {
   }
 }
 
+// A norm whose folded weight would overflow the weight's type (an fp16 weight times a gamma of
+// 1e5) stays a node, and the graph is untouched; the same norm with gamma 1 folds, and its
+// folded weight, bias and row sums hold w * gamma, bias + w · beta and the row sums.
+TEST(Passes, FuseNormLinearKeepsANormWhoseFoldedWeightsOverflow) {
+  for (const float gamma : {1e5f, 1.0f}) {
+    GraphBuilder b("norm_linear");
+    const int x = b.input("x", DType::kF16, {Dim::sym("tokens"), Dim::of(4)});
+    const auto f16 = [](std::vector<float> v, Shape shape) {
+      return Tensor::from_vector(v, std::move(shape)).to(DType::kF16);
+    };
+    const int y = b.layer_norm(x, b.weight("g", f16(std::vector<float>(4, gamma), {4})),
+                               b.weight("beta", f16({1, 0, 0, 0}, {4})), 1e-5, "ln");
+    b.output(b.linear(y, b.weight("w", f16({1, 2, 3, 4, 5, 6, 7, 8}, {2, 4})),
+                      b.weight("b", f16({0.5f, 0.25f}, {2})), "fc"),
+             "out");
+    Graph g = b.finish();
+    const size_t nodes = g.nodes.size();
+    const int folded = fuse_norm_linear(g, kQuiet);
+    verify_graph(g);
+    if (gamma > 1.0f) {
+      EXPECT_EQ(folded, 0);
+      EXPECT_EQ(g.nodes.size(), nodes);
+      continue;
+    }
+    ASSERT_EQ(folded, 1);
+    ASSERT_EQ(g.nodes.size(), 1u);
+    const Node& fc = g.nodes[0];
+    EXPECT_EQ(fc.inputs[0], g.inputs[0]);
+    const Tensor w = g.values[fc.inputs[1]].data.to_f32(),
+                 bias = g.values[fc.inputs[2]].data.to_f32(),
+                 sums = g.values[fc.inputs[kLinearNormRowSums]].data;
+    EXPECT_EQ(w.data<float>()[5], 6.0f);
+    EXPECT_EQ(bias.data<float>()[0], 1.5f);  // 0.5 + w[0][0] * beta[0]
+    EXPECT_EQ(bias.data<float>()[1], 5.25f);
+    EXPECT_EQ(sums.data<float>()[0], 10.0f);
+    EXPECT_EQ(sums.data<float>()[1], 26.0f);
+  }
+}
+
 // CUDA fp16 plans of T5 keep the residual stream in f32 (issue 9: fp16 T5 overflows): the
 // wo Linears compute in f32 with f32 weights, norms and residual adds read and write f32, every
 // other Linear stays fp16, casts join them, and the graph still verifies. bf16 and BLOOM

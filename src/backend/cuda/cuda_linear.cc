@@ -202,7 +202,8 @@ class LinearKernel final : public CudaKernel {
       std::vector<LinearTactic> timed;
       if (n <= kGemvMaxRows && gemv_fits(float_type(dtype_), x.get(), w.raw(), in_)) {
         timed.push_back({n, "gemv", "", time([&] {
-                           if (!launch_gemv_for(n, o)) launch_gemv_for(n, standardize(n, o));
+                           if (!(ctx_.use_gemv_norm() && launch_gemv_for(n, o)))
+                             launch_gemv_for(n, standardize(n, o));
                            return true;
                          })});
       }

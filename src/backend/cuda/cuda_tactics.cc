@@ -50,12 +50,13 @@ void select_linear_tactics(Graph& graph, const ShapeProfile& profile, CudaContex
     if (x.shape.empty() || !x.shape[0].is_symbolic()) continue;
     const LinearAttrs& a = n.attr<LinearAttrs>();
     const std::string key = fmt::format(
-        "[{}] -> [{}] {}{}{}{}{} over {}", sym_shape_str(x.shape), w.shape[0].value,
+        "[{}] -> [{}] {}{}{}{}{}{} over {}", sym_shape_str(x.shape), w.shape[0].value,
         dtype_name(w.dtype),
         bias ? fmt::format(", {} bias", dtype_name(graph.values[n.inputs[2]].dtype)) : "",
         a.activation ? fmt::format(", {}", activation_name(*a.activation)) : "",
         n.inputs.size() > kLinearResidual && n.inputs[kLinearResidual] >= 0 ? ", residual" : "",
-        a.tf32 ? ", tf32" : "", x.shape[0].symbol);
+        a.norm ? fmt::format(", folded {}", input_norm_name(*a.norm)) : "", a.tf32 ? ", tf32" : "",
+        x.shape[0].symbol);
     groups[key].push_back(static_cast<int>(i));
   }
   for (const auto& [key, nodes] : groups) {

@@ -86,13 +86,6 @@ void launch_bias_activation(FloatType t, void* y, FloatType bias_t, const void* 
 inline constexpr int kGemvMaxRows = 8;
 bool gemv_fits(FloatType t, const void* x, const void* w, int64_t in);
 int gemv_split(FloatType t, int64_t in, int64_t out, int sms);
-// Whether a GEMV can apply a folded input norm itself (GemvParams::norm): a bias of the
-// activations' type (or none), and one row. Summing the rows costs ALU work per weight load and
-// registers (162 a thread at 8 rows against 128: half the blocks per SM): on the H200,
-// bloom-560m's decode step was 12 % faster at one row, even at two, and slower from three
-// (1.12 against 1.04 ms; 4.18 against 2.12 at eight) than standardizing the rows first.
-inline constexpr int64_t kGemvNormMaxRows = 1;
-bool gemv_norm_fits(FloatType t, FloatType bias_type, int64_t rows);
 struct GemvParams {
   FloatType type;
   const void* x;
@@ -105,13 +98,14 @@ struct GemvParams {
   int split;
   bool has_act;
   ActFn act;
-  // A folded input norm (gemv_norm_fits): y = rstd * (x · w^T - mean * row_sums) + bias, mean
-  // and rstd of each row of x from its own sums; RMSNorm (null row sums): y = x · w^T / rms + bias.
+  // A folded input norm: y = rstd * (x · w^T - mean * row_sums) + bias, the row's mean and rstd
+  // from its own sums; RMSNorm (null row sums): y = x · w^T / rms + bias. One row, a bias of the
+  // activations' type (or none).
   bool norm = false;
   const void* norm_row_sums = nullptr;  // f32 [out]
   float norm_eps = 0.0f;
 };
-// False, launching nothing, when p asks for a folded norm that gemv_norm_fits refuses.
+// False, launching nothing, when p asks for a folded norm it cannot take (see norm).
 bool launch_gemv(const GemvParams& p, KernelStream stream);
 // y = round(act(gate)) * up
 void launch_gated(ActFn act, FloatType t, const void* gate, const void* up, void* y, int64_t n,
