@@ -22,14 +22,7 @@ int GraphBuilder::input(const std::string& name, DType dtype, SymShape shape) {
 int GraphBuilder::weight(const std::string& name, Tensor data) {
   KILN_CHECK(graph_.find_value(name) < 0, "graph '{}': duplicate value name '{}'", graph_.name,
              name);
-  Value v;
-  v.name = name;
-  v.dtype = data.dtype();
-  for (int64_t d : data.shape()) v.shape.push_back(Dim::of(d));
-  v.kind = ValueKind::kWeight;
-  v.data = std::move(data);
-  graph_.values.push_back(std::move(v));
-  return static_cast<int>(graph_.values.size()) - 1;
+  return graph_.add_weight(name, std::move(data));
 }
 
 void GraphBuilder::output(int value, const std::string& name) {

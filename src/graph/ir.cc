@@ -28,6 +28,17 @@ Shape resolve_shape(const SymShape& shape, const std::map<std::string, int64_t>&
   return out;
 }
 
+int Graph::add_weight(std::string value_name, Tensor data) {
+  Value v;
+  v.name = std::move(value_name);
+  v.dtype = data.dtype();
+  for (int64_t d : data.shape()) v.shape.push_back(Dim::of(d));
+  v.kind = ValueKind::kWeight;
+  v.data = std::move(data);
+  values.push_back(std::move(v));
+  return static_cast<int>(values.size()) - 1;
+}
+
 int Graph::find_value(std::string_view value_name) const {
   for (size_t i = 0; i < values.size(); ++i)
     if (values[i].name == value_name) return static_cast<int>(i);

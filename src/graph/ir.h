@@ -123,6 +123,9 @@ struct Graph {
   int input_index(std::string_view value_name) const;
   int output_index(std::string_view value_name) const;
   int64_t weight_bytes() const;
+  // Appends a constant weight value holding `data` (dtype and shape from the tensor); returns
+  // its id. Used by the builder and by passes that make new weights.
+  int add_weight(std::string value_name, Tensor data);
 };
 
 std::string_view op_name(OpKind op);

@@ -154,15 +154,8 @@ int assign_precision(Graph& graph, Precision precision, std::vector<PrecisionNot
     if (to == DType::kI8) {
       Tensor q, scales;
       quantize_rows(graph.values[id].data, &q, &scales);
-      Value s;
-      s.name = graph.values[id].name + ".scales";
-      s.dtype = DType::kF32;
-      s.shape = {graph.values[id].shape[0]};
-      s.kind = ValueKind::kWeight;
-      s.data = std::move(scales);
-      bytes_after += static_cast<int64_t>(s.data.nbytes());
-      graph.values.push_back(std::move(s));
-      const int scales_id = static_cast<int>(graph.values.size()) - 1;
+      bytes_after += static_cast<int64_t>(scales.nbytes());
+      const int scales_id = graph.add_weight(graph.values[id].name + ".scales", std::move(scales));
       Value& v = graph.values[id];
       v.data = std::move(q);
       v.dtype = DType::kI8;

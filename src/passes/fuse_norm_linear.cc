@@ -46,17 +46,6 @@ bool constant_float(const Graph& g, int id) {
          plain_float(g.values[id].dtype);
 }
 
-int add_weight(Graph& g, std::string name, Tensor data) {
-  Value v;
-  v.name = std::move(name);
-  v.dtype = data.dtype();
-  for (int64_t d : data.shape()) v.shape.push_back(Dim::of(d));
-  v.kind = ValueKind::kWeight;
-  v.data = std::move(data);
-  g.values.push_back(std::move(v));
-  return static_cast<int>(g.values.size()) - 1;
-}
-
 bool all_finite(const Tensor& t) {
   const Tensor f = t.to_f32();
   const float* p = f.data<float>();
@@ -105,11 +94,11 @@ Folded fold(const Graph& g, const Node& lin, const std::vector<float>& gamma,
 
 void apply(Graph& g, Node& lin, Folded f, const NormAttrs& norm, bool layer, int x) {
   const std::string wname = g.values[lin.inputs[1]].name;
-  lin.inputs[1] = add_weight(g, wname + ".norm_folded", std::move(f.weight));
+  lin.inputs[1] = g.add_weight(wname + ".norm_folded", std::move(f.weight));
   if (layer) {
     if (lin.inputs.size() <= kLinearNormRowSums) lin.inputs.resize(kLinearNormRowSums + 1, -1);
-    lin.inputs[2] = add_weight(g, lin.name + ".norm_folded_bias", std::move(f.bias));
-    lin.inputs[kLinearNormRowSums] = add_weight(g, wname + ".norm_row_sums", std::move(f.row_sums));
+    lin.inputs[2] = g.add_weight(lin.name + ".norm_folded_bias", std::move(f.bias));
+    lin.inputs[kLinearNormRowSums] = g.add_weight(wname + ".norm_row_sums", std::move(f.row_sums));
   }
   lin.inputs[0] = x;
   LinearAttrs& a = lin.attr<LinearAttrs>();

@@ -80,14 +80,7 @@ int fuse_qkv(Graph& graph, const Logger& log) {
     }
     Node& q = graph.nodes[lin[0]];
     const std::string name = stacked_name(q.name);
-    Value weight;
-    weight.name = name + ".weight";
-    weight.dtype = wq.dtype();
-    weight.shape = {Dim::of(3 * rows), Dim::of(cols)};
-    weight.kind = ValueKind::kWeight;
-    weight.data = std::move(stacked);
-    const int weight_id = static_cast<int>(graph.values.size());
-    graph.values.push_back(std::move(weight));
+    const int weight_id = graph.add_weight(name + ".weight", std::move(stacked));
     // The q Linear becomes the stacked one (it comes first, and x exists by then); its output
     // value widens to [tokens, 3·inner].
     Node& stacked_linear = graph.nodes[lin[0]];

@@ -520,4 +520,11 @@ Tensor CudaContext::device_weight(const Tensor& host) {
   return device;
 }
 
+Tensor CudaContext::filled_vector(DType dtype, int64_t n, float value) {
+  Tensor& t = filled_[{dtype, n, value}];
+  if (!t.defined())
+    t = allocator_.upload(Tensor::from_vector(std::vector<float>(n, value), {n}).to(dtype));
+  return t;
+}
+
 }  // namespace kiln::cuda

@@ -9,6 +9,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <tuple>
 
 #include "backend/backend.h"
 #include "backend/cuda/kernels.cuh"
@@ -143,6 +144,9 @@ class CudaContext {
   // The device copy of a weight, uploaded once per backend (graphs that share a weight share
   // the copy).
   Tensor device_weight(const Tensor& host);
+  // A device vector of n copies of `value` in `dtype`, made once per (dtype, n, value) and
+  // shared (the norm kernel's unit weight and zero bias for folded norms).
+  Tensor filled_vector(DType dtype, int64_t n, float value);
 
  private:
   static constexpr size_t kBlasWorkspaceBytes = 32u << 20;
@@ -179,6 +183,7 @@ class CudaContext {
   std::shared_ptr<void> split_scratch_;
   // Keyed by the host bytes; the host tensor is kept so that its address is not reused.
   std::map<const void*, std::pair<Tensor, Tensor>> weights_;
+  std::map<std::tuple<DType, int64_t, float>, Tensor> filled_;
   std::shared_ptr<void> argmax_device_;
   size_t argmax_capacity_ = 0;
   // Device memory of top_k_rows: its inputs, scratch and results, grown when a call needs more.

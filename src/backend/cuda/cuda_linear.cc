@@ -71,10 +71,8 @@ class LinearKernel final : public CudaKernel {
     x_shape_ = graph.values[node_.inputs[0]].shape;
     if (norm_) {
       // The norm kernel's unit weight and zero bias, for the steps that standardize x first.
-      unit_ = ctx_.allocator().upload(
-          Tensor::from_vector(std::vector<float>(in_, 1.0f), {in_}).to(dtype_));
-      zero_ = ctx_.allocator().upload(
-          Tensor::from_vector(std::vector<float>(in_, 0.0f), {in_}).to(dtype_));
+      unit_ = ctx_.filled_vector(dtype_, in_, 1.0f);
+      zero_ = ctx_.filled_vector(dtype_, in_, 0.0f);
     }
     tactics_ = attrs.tactics;
     const cublasComputeType_t compute =
@@ -200,10 +198,11 @@ class LinearKernel final : public CudaKernel {
       // in real decode steps), so a tactic only overrides the default on a clear win.
       constexpr float kClearWin = 0.9f;
       std::vector<LinearTactic> timed;
-      if (n <= kGemvMaxRows && gemv_fits(float_type(dtype_), x.get(), w.raw(), in_)) {
+      if (n <= kGemvMaxRows && ctx_.use_gemv() &&
+          gemv_fits(float_type(dtype_), x.get(), w.raw(), in_)) {
+        const LinearTactic gemv{n, "gemv", "", 0.0f};
         timed.push_back({n, "gemv", "", time([&] {
-                           if (!(ctx_.use_gemv_norm() && launch_gemv_for(n, o)))
-                             launch_gemv_for(n, standardize(n, o));
+                           run_rows(n, o, &gemv);
                            return true;
                          })});
       }
@@ -250,10 +249,11 @@ class LinearKernel final : public CudaKernel {
 
   // n rows on the GEMV, which takes a folded norm itself where it can, or on cuBLASLt.
   void run_rows(int64_t n, const Operands& o, const LinearTactic* tactic) {
-    if (gemv_runs(n, o.x, o.w) && (!o.norm.on || ctx_.use_gemv_norm()) && launch_gemv_for(n, o))
+    if (gemv_runs(n, o.x, o.w, tactic) && (!o.norm.on || ctx_.use_gemv_norm()) &&
+        launch_gemv_for(n, o))
       return;
     const Operands plain = standardize(n, o);
-    if (gemv_runs(n, plain.x, plain.w)) {
+    if (gemv_runs(n, plain.x, plain.w, tactic)) {
       launch_gemv_for(n, plain);
       return;
     }
@@ -281,8 +281,7 @@ class LinearKernel final : public CudaKernel {
 
   // Whether n rows run on kiln's GEMV: few enough, operands that fit it, and the tactic for n
   // (when tuned) chose it.
-  bool gemv_runs(int64_t n, const void* x, const void* w) const {
-    const LinearTactic* tactic = tactic_for(n);
+  bool gemv_runs(int64_t n, const void* x, const void* w, const LinearTactic* tactic) const {
     return n <= kGemvMaxRows && ctx_.use_gemv() && gemv_fits(float_type(dtype_), x, w, in_) &&
            (tactic == nullptr || tactic->kernel == "gemv");
   }
