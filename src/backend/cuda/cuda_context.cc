@@ -228,6 +228,7 @@ Tensor CudaAllocator::to_host(const Tensor& t) {
     KILN_CUDA_CHECK(
         cudaMemcpyAsync(host.raw(), t.raw(), t.nbytes(), cudaMemcpyDeviceToHost, stream_));
     KILN_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    if (after_read_) after_read_();
   }
   return host;
 }
@@ -240,6 +241,7 @@ void CudaAllocator::copy_to_host(const Tensor& t, void* dst) {
   if (t.nbytes() == 0) return;
   KILN_CUDA_CHECK(cudaMemcpyAsync(dst, t.raw(), t.nbytes(), cudaMemcpyDeviceToHost, stream_));
   KILN_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  if (after_read_) after_read_();
 }
 
 // The kernels' fixed-size copy of the ids to ban (at most BannedIds::kMax, checked by callers).
@@ -281,7 +283,7 @@ void CudaContext::argmax_rows(const Tensor& logits, std::span<int64_t> out,
   static_assert(sizeof(long long) == sizeof(int64_t));
   KILN_CUDA_CHECK(cudaMemcpyAsync(out.data(), ids, out.size() * sizeof(long long),
                                   cudaMemcpyDeviceToHost, stream_));
-  KILN_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  synchronize();
 }
 
 void CudaContext::top_k_rows(const Tensor& logits, int k, std::span<const float> temperature,
@@ -331,7 +333,7 @@ void CudaContext::top_k_rows(const Tensor& logits, int k, std::span<const float>
   KILN_CUDA_CHECK(cudaGetLastError());
   KILN_CUDA_CHECK(
       cudaMemcpyAsync(topk_host_.data(), result, result_bytes, cudaMemcpyDeviceToHost, stream_));
-  KILN_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  synchronize();
   const size_t n = rows * static_cast<size_t>(k);
   std::memcpy(out->values.data(), topk_host_.data(), n * sizeof(float));
   const auto* host_columns = reinterpret_cast<const int*>(topk_host_.data() + n * sizeof(float));
@@ -374,6 +376,7 @@ CudaContext::CudaContext(Context& host) : host_(host) {
                        : std::string_view(v) == "always" ? TiledAttention::kAlways
                                                          : TiledAttention::kAuto;
   programmatic_ = sm_ >= 90 && !off("KILN_CUDA_PDL");
+  defer_checks_ = !off("KILN_CUDA_DEFER_CHECK");
   const std::string no_blas = cublaslt_load_error();
   KILN_CHECK_USAGE(no_blas.empty(), "device cuda: {}", no_blas);
   KILN_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
@@ -382,6 +385,9 @@ CudaContext::CudaContext(Context& host) : host_(host) {
   KILN_CUDA_CHECK(cudaMalloc(&blas_workspace_, kBlasWorkspaceBytes));
   KILN_CUDA_CHECK(cudaMalloc(&status_, sizeof(DeviceStatus)));
   KILN_CUDA_CHECK(cudaMemset(status_, 0, sizeof(DeviceStatus)));
+  KILN_CUDA_CHECK(cudaMallocHost(&status_host_, sizeof(DeviceStatus)));
+  *status_host_ = DeviceStatus{};
+  allocator_.set_after_read([this] { synchronize(); });
   split_scratch_ =
       allocator_.allocate(static_cast<size_t>(kSplitBlocks) * (kMaxHeadDim + 2) * sizeof(float));
 }
@@ -396,16 +402,27 @@ CudaContext::~CudaContext() {
   cudaFree(step_device_);
   cudaFreeHost(step_host_);
   cudaFree(status_);
+  cudaFreeHost(status_host_);
   cudaFree(blas_workspace_);
   if (blas_ != nullptr) cublasLtDestroy(blas_);
   if (stream_ != nullptr) cudaStreamDestroy(stream_);
 }
 
-void CudaContext::finish_step(const Graph& graph) {
-  DeviceStatus st{};
-  KILN_CUDA_CHECK(cudaMemcpyAsync(&st, status_, sizeof(st), cudaMemcpyDeviceToHost, stream_));
+void CudaContext::finish_step(const Graph& graph, bool wait) {
+  settle();
+  KILN_CUDA_CHECK(cudaMemcpyAsync(status_host_, status_, sizeof(DeviceStatus),
+                                  cudaMemcpyDeviceToHost, stream_));
+  pending_check_ = &graph;
+  if (wait || !defer_checks_) synchronize();
+}
+
+void CudaContext::synchronize() {
   KILN_CUDA_CHECK(cudaStreamSynchronize(stream_));
   KILN_CUDA_CHECK(cudaGetLastError());
+  if (pending_check_ == nullptr) return;
+  const Graph& graph = *pending_check_;
+  pending_check_ = nullptr;
+  const DeviceStatus st = *status_host_;
   if (st.code == kStatusOk) return;
   KILN_CUDA_CHECK(cudaMemsetAsync(status_, 0, sizeof(DeviceStatus), stream_));
   KILN_CUDA_CHECK(cudaStreamSynchronize(stream_));
@@ -423,6 +440,15 @@ void CudaContext::finish_step(const Graph& graph) {
                 st.value, st.limit);
     default:
       KILN_FAIL("node '{}': the GPU reported error {}", node, st.code);
+  }
+}
+
+void CudaContext::forget_step(const Graph& graph) {
+  if (pending_check_ != &graph) return;
+  try {
+    synchronize();
+  } catch (const std::exception& e) {
+    host_.log().warn("graph '{}' went away with an unchecked step: {}", graph.name, e.what());
   }
 }
 

@@ -6,6 +6,7 @@
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -51,6 +52,8 @@ class CudaAllocator final : public Allocator {
       std::span<const std::vector<Tensor>> groups) override;
   // Bytes held in the cache, free for reuse.
   size_t cached_bytes() const;
+  // Called after each copy to the host has been waited for (CudaContext: a pending step check).
+  void set_after_read(std::function<void()> after_read) { after_read_ = std::move(after_read); }
 
   static constexpr size_t kMaxCachedBlock = 64u << 20;
   static constexpr size_t kMaxCachedBytes = 2ull << 30;
@@ -61,6 +64,7 @@ class CudaAllocator final : public Allocator {
   std::shared_ptr<void> allocate_raw(size_t bytes);
   cudaStream_t stream_;
   std::shared_ptr<Cache> cache_;
+  std::function<void()> after_read_;
 };
 
 class CudaContext {
@@ -112,11 +116,28 @@ class CudaContext {
   // the keys (for A/B runs). KILN_CUDA_PDL=0: kernels wait for the one before them to finish
   // before they start, instead of programmatic dependent launch (sm_90+: the next kernel starts
   // early and streams its weights while the one before it finishes; for A/B runs).
+  // KILN_CUDA_DEFER_CHECK=0: every step waits for the GPU in execute() (finish_step, for A/B
+  // runs).
 
   DeviceStatus* status() { return status_; }
-  // Waits for the stream, then throws if a kernel reported bad data (naming the node of
-  // `graph`) and clears the status.
-  void finish_step(const Graph& graph);
+  // Ends a step of `graph`: the status word kernels report bad data in is copied to pinned host
+  // memory behind the step's kernels. With `wait` (or KILN_CUDA_DEFER_CHECK=0) it waits for the
+  // stream and checks it now; otherwise the check is pending and returns at once, so that the
+  // host queues what reads the step's results (the argmax, its copy back) while the GPU still
+  // runs the step: one wait a decode step instead of two. A pending check is made by the next
+  // synchronize() — every read of device results on the host goes through it — or before the
+  // next step begins (settle()).
+  void finish_step(const Graph& graph, bool wait);
+  // Waits for the stream; then a pending check of a step's status throws if a kernel reported
+  // bad data (naming the node of that step's graph) and clears the status.
+  void synchronize();
+  // Makes a pending check (waiting for the stream) before the next step reuses the step buffers.
+  void settle() {
+    if (pending_check_ != nullptr) synchronize();
+  }
+  // The executor of `graph` goes away: a pending check of it is made without throwing (a
+  // reported error is logged and cleared, not left to be blamed on another graph).
+  void forget_step(const Graph& graph);
 
   // Uploads the step's layout (one copy) and makes it the current one kernels read.
   void upload_step(const StepLayout& layout);
@@ -164,12 +185,15 @@ class CudaContext {
   bool profile_ = false;
   bool profile_steps_ = false;
   bool programmatic_ = false;   // programmatic dependent launch (sm_90+, not KILN_CUDA_PDL=0)
+  bool defer_checks_ = true;    // not KILN_CUDA_DEFER_CHECK=0
   bool after_library_ = false;  // note_library_launch(), until the next kiln launch
   std::string device_name_;
   cudaStream_t stream_ = nullptr;
   cublasLtHandle_t blas_ = nullptr;
   void* blas_workspace_ = nullptr;
   DeviceStatus* status_ = nullptr;
+  DeviceStatus* status_host_ = nullptr;   // pinned: the last finished step's copy
+  const Graph* pending_check_ = nullptr;  // the step whose status_host_ is not checked yet
   CudaAllocator allocator_{nullptr};
   // The step's layout: packed on the host (pinned), copied to device memory that grows only
   // when a step needs more than any before.

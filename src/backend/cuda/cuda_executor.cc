@@ -48,6 +48,7 @@ CudaExecutor::CudaExecutor(const Graph& graph, const ShapeProfile& profile, Cuda
 }
 
 CudaExecutor::~CudaExecutor() {
+  ctx_.forget_step(graph_);
   for (auto& [key, g] : graphs_)
     if (g.exec != nullptr) cudaGraphExecDestroy(g.exec);
   for (cudaEvent_t e : events_) cudaEventDestroy(e);
@@ -172,6 +173,9 @@ void CudaExecutor::run_graph(const GraphKey& key, char* scratch, const StepConte
 
 std::span<const Tensor> CudaExecutor::execute(std::span<const Tensor> inputs,
                                               const StepContext* step) {
+  // A step whose check is pending (its results were not read) finishes before this one reuses
+  // the step buffers; an error it reported is thrown here, naming its own node.
+  ctx_.settle();
   const StepShape shape = bind_step_inputs(graph_, profile_, inputs);
   const Bindings& bindings = shape.bindings;
   const int64_t bucket = shape.bucket;
@@ -246,7 +250,12 @@ std::span<const Tensor> CudaExecutor::execute(std::span<const Tensor> inputs,
   if (!events_.empty())
     KILN_CUDA_CHECK(cudaEventRecord(events_[graph_.nodes.size()], ctx_.stream()));
   if (step_end_ != nullptr) KILN_CUDA_CHECK(cudaEventRecord(step_end_, ctx_.stream()));
-  ctx_.finish_step(graph_);
+  // Decode steps (a KV cache) return before the GPU is done: the scheduler reads their results
+  // at once (the argmax and its copy back wait for the step, then check it). Other steps, and
+  // profiled ones (their events are read below), wait here.
+  const bool wait =
+      step == nullptr || step->kv == nullptr || step_end_ != nullptr || !events_.empty();
+  ctx_.finish_step(graph_, wait);
   const double wall_ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - wall0).count();
   if (step_end_ != nullptr) {
