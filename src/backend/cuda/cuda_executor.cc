@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 
 #include "backend/cuda/cuda_kv_storage.h"
 #include "backend/executor.h"
@@ -27,6 +28,9 @@ CudaExecutor::CudaExecutor(const Graph& graph, const ShapeProfile& profile, Cuda
   KILN_CHECK(kernels_.size() == graph_.nodes.size(), "graph '{}': {} kernels for {} nodes",
              graph_.name, kernels_.size(), graph_.nodes.size());
   values_.resize(graph_.values.size());
+  is_output_.assign(graph_.values.size(), false);
+  KILN_CUDA_CHECK(cudaEventCreateWithFlags(&staged_, cudaEventDisableTiming));
+  for (int id : graph_.outputs) is_output_[id] = true;
   for (size_t i = 0; i < graph_.values.size(); ++i)
     if (graph_.values[i].kind == ValueKind::kWeight)
       values_[i] = ctx_.device_weight(graph_.values[i].data);
@@ -49,6 +53,9 @@ CudaExecutor::CudaExecutor(const Graph& graph, const ShapeProfile& profile, Cuda
 
 CudaExecutor::~CudaExecutor() {
   ctx_.forget_step(graph_);
+  cudaEventSynchronize(staged_);
+  cudaEventDestroy(staged_);
+  cudaFreeHost(staging_);
   for (auto& [key, g] : graphs_)
     if (g.exec != nullptr) cudaGraphExecDestroy(g.exec);
   for (cudaEvent_t e : events_) cudaEventDestroy(e);
@@ -171,6 +178,60 @@ void CudaExecutor::run_graph(const GraphKey& key, char* scratch, const StepConte
   KILN_CUDA_CHECK(cudaGraphLaunch(g.exec, ctx_.stream()));
 }
 
+// Host inputs are copied to pinned memory first: an asynchronous copy from pageable memory is
+// staged by the driver at several microseconds of host time each (a decode step has two or three).
+char* CudaExecutor::stage_host_inputs(std::span<const Tensor> inputs) {
+  int64_t bytes = 0;
+  for (const Tensor& t : inputs)
+    if (t.device() != Device::kCuda) bytes += aligned(static_cast<int64_t>(t.nbytes()));
+  // The previous step's copies may still read the buffer.
+  KILN_CUDA_CHECK(cudaEventSynchronize(staged_));
+  if (bytes > staging_bytes_) {
+    cudaFreeHost(staging_);
+    staging_ = nullptr;
+    staging_bytes_ = std::max<int64_t>(2 * bytes, 4096);
+    KILN_CUDA_CHECK(cudaMallocHost(&staging_, static_cast<size_t>(staging_bytes_)));
+  }
+  char* at = static_cast<char*>(staging_);
+  for (const Tensor& t : inputs) {
+    if (t.device() == Device::kCuda) continue;
+    if (t.nbytes() > 0) std::memcpy(at, t.raw(), t.nbytes());
+    at += aligned(static_cast<int64_t>(t.nbytes()));
+  }
+  return static_cast<char*>(staging_);
+}
+
+CudaExecutor::GraphKey CudaExecutor::graph_key(int64_t tokens, const StepContext* step) const {
+  GraphKey key;
+  key.tokens = tokens;
+  if (has_attention_) {
+    const StepLayout& layout = *step->layout;
+    key.seqs = layout.num_seqs();
+    key.max_blocks = ctx_.step().max_blocks;
+    key.cross_layers = ctx_.step().cross_layers;
+    key.key_class = ctx_.step_key_class();
+    key.step_buffer = ctx_.step_buffer();
+    // The checks the attention kernels make on the host, which a replay skips.
+    for (int s = 0; s < layout.num_seqs() && cross_layers_ > 0; ++s) {
+      const CrossKv* c = layout.cross[s];
+      KILN_CHECK(c != nullptr && static_cast<int>(c->keys.size()) >= cross_layers_ &&
+                     static_cast<int>(c->values.size()) >= cross_layers_,
+                 "graph '{}': sequence {} has no cross K/V for its {} cross-attention layers",
+                 graph_.name, s, cross_layers_);
+    }
+    if (step->kv != nullptr) {
+      auto* kv = dynamic_cast<CudaKvStorage*>(step->kv);
+      KILN_CHECK(kv != nullptr, "graph '{}': the KV storage is not in CUDA memory", graph_.name);
+      const DeviceKv view = kv->device_view();
+      key.kv_blocks = view.block_base;
+      key.kv_capacity = view.capacity;
+      key.kv_block_size = view.block_size;
+      key.kv_layer_bytes = view.layer_bytes;
+    }
+  }
+  return key;
+}
+
 std::span<const Tensor> CudaExecutor::execute(std::span<const Tensor> inputs,
                                               const StepContext* step) {
   // A step whose check is pending (its results were not read) finishes before this one reuses
@@ -193,6 +254,7 @@ std::span<const Tensor> CudaExecutor::execute(std::span<const Tensor> inputs,
   // host's launch gaps; ncu gives kernel-only times).
   const bool graphed =
       ctx_.use_graphs() && !graphs_off_ && events_.empty() && shape.tokens <= kMaxGraphTokens;
+  char* staged = stage_host_inputs(inputs);
   for (size_t i = 0; i < inputs.size(); ++i) {
     const int id = graph_.inputs[i];
     const Tensor& t = inputs[i];
@@ -203,12 +265,24 @@ std::span<const Tensor> CudaExecutor::execute(std::span<const Tensor> inputs,
       continue;
     }
     char* dst = base + arena.input_offset[i];
+    const void* src = t.raw();
+    if (t.device() != Device::kCuda) {
+      src = staged;
+      staged += aligned(static_cast<int64_t>(t.nbytes()));
+    }
     if (t.nbytes() > 0)
-      KILN_CUDA_CHECK(cudaMemcpyAsync(dst, t.raw(), t.nbytes(), cudaMemcpyDefault, ctx_.stream()));
+      KILN_CUDA_CHECK(cudaMemcpyAsync(dst, src, t.nbytes(), cudaMemcpyDefault, ctx_.stream()));
     values_[id] = Tensor::view(t.dtype(), t.shape(), dst, arena.memory, Device::kCuda);
   }
+  KILN_CUDA_CHECK(cudaEventRecord(staged_, ctx_.stream()));
+  GraphKey key;
+  if (graphed) key = graph_key(shape.tokens, step);
+  // A replay needs only the outputs' views (the graph holds the kernels' addresses): the other
+  // activations' views are made for the steps that launch kernels one by one.
+  const auto captured = graphed ? graphs_.find(key) : graphs_.end();
+  const bool replay = captured != graphs_.end() && captured->second.exec != nullptr;
   for (size_t id = 0; id < graph_.values.size(); ++id) {
-    if (graph_.values[id].kind != ValueKind::kActivation) continue;
+    if (graph_.values[id].kind != ValueKind::kActivation || (replay && !is_output_[id])) continue;
     values_[id] =
         Tensor::view(graph_.values[id].dtype, resolve_shape(graph_.values[id].shape, bindings),
                      base + arena.offset[id], arena.memory, Device::kCuda);
@@ -216,33 +290,6 @@ std::span<const Tensor> CudaExecutor::execute(std::span<const Tensor> inputs,
   const auto wall0 = std::chrono::steady_clock::now();
   if (step_begin_ != nullptr) KILN_CUDA_CHECK(cudaEventRecord(step_begin_, ctx_.stream()));
   if (graphed) {
-    GraphKey key;
-    key.tokens = shape.tokens;
-    if (has_attention_) {
-      const StepLayout& layout = *step->layout;
-      key.seqs = layout.num_seqs();
-      key.max_blocks = ctx_.step().max_blocks;
-      key.cross_layers = ctx_.step().cross_layers;
-      key.key_class = ctx_.step_key_class();
-      key.step_buffer = ctx_.step_buffer();
-      // The checks the attention kernels make on the host, which a replay skips.
-      for (int s = 0; s < layout.num_seqs() && cross_layers_ > 0; ++s) {
-        const CrossKv* c = layout.cross[s];
-        KILN_CHECK(c != nullptr && static_cast<int>(c->keys.size()) >= cross_layers_ &&
-                       static_cast<int>(c->values.size()) >= cross_layers_,
-                   "graph '{}': sequence {} has no cross K/V for its {} cross-attention layers",
-                   graph_.name, s, cross_layers_);
-      }
-      if (step->kv != nullptr) {
-        auto* kv = dynamic_cast<CudaKvStorage*>(step->kv);
-        KILN_CHECK(kv != nullptr, "graph '{}': the KV storage is not in CUDA memory", graph_.name);
-        const DeviceKv view = kv->device_view();
-        key.kv_blocks = view.block_base;
-        key.kv_capacity = view.capacity;
-        key.kv_block_size = view.block_size;
-        key.kv_layer_bytes = view.layer_bytes;
-      }
-    }
     run_graph(key, base + arena.scratch_offset, step);
   } else {
     run_nodes(base + arena.scratch_offset, step);

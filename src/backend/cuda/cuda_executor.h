@@ -67,6 +67,9 @@ class CudaExecutor final : public Executable {
   };
   // Runs the step from its graph (capturing it when due); false when it ran eagerly.
   void run_graph(const GraphKey& key, char* scratch, const StepContext* step);
+  // The key of a step of `tokens` rows (after upload_step); throws where a replay would skip a
+  // check the kernels make on the host.
+  GraphKey graph_key(int64_t tokens, const StepContext* step) const;
 
   const Graph& graph_;
   ShapeProfile profile_;
@@ -75,6 +78,13 @@ class CudaExecutor final : public Executable {
   std::vector<std::string> kernel_names_;
   std::map<int64_t, Arena> arenas_;
   std::vector<Tensor> values_;
+  std::vector<bool> is_output_;  // per value
+  // Pinned staging of the host inputs (stage_host_inputs), reused once `staged_` (recorded
+  // after their copies) has passed.
+  char* stage_host_inputs(std::span<const Tensor> inputs);
+  void* staging_ = nullptr;
+  int64_t staging_bytes_ = 0;
+  cudaEvent_t staged_ = nullptr;
   std::vector<Tensor> outputs_;
   std::vector<Tensor> node_in_, node_out_;
   bool has_attention_ = false;
