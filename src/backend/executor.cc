@@ -200,16 +200,26 @@ std::span<const Tensor> GraphExecutor::execute(std::span<const Tensor> inputs,
     times->node_ms.resize(graph_.nodes.size());
     step_start = Clock::now();
   }
-  for (size_t n = 0; n < graph_.nodes.size(); ++n) {
-    args.in = node_io_[n].in;
-    args.out = node_io_[n].out;
-    if (times == nullptr) {
+  size_t n = 0;
+  try {
+    for (; n < graph_.nodes.size(); ++n) {
+      args.in = node_io_[n].in;
+      args.out = node_io_[n].out;
+      if (times == nullptr) {
+        kernels_[n]->run(args);
+        continue;
+      }
+      const Clock::time_point t0 = Clock::now();
       kernels_[n]->run(args);
-      continue;
+      times->node_ms[n] += ms_since(t0);
     }
-    const Clock::time_point t0 = Clock::now();
-    kernels_[n]->run(args);
-    times->node_ms[n] += ms_since(t0);
+  } catch (const Error& e) {
+    // Bad data a kernel found (a block table naming no KV block): the message names the node,
+    // as the device backends' reports do.
+    const std::string what = e.what();
+    if (what.starts_with("node '")) throw;
+    throw Error(e.kind(), fmt::format("node '{}': {}", graph_.nodes[n].name, what), e.file(),
+                e.line());
   }
   if (times != nullptr) {
     times->steps += 1;

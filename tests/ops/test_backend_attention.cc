@@ -661,8 +661,8 @@ TEST(BackendOps, BadInputStepLayout) {
 }
 
 // Bad data a kernel finds in a step whose results are never read (CUDA returns from a KV step
-// before the GPU is done) is still reported, by the next execute(), and the steps after it run
-// normally.
+// before the GPU is done) is still reported, by the next execute(), naming the node, and the
+// steps after it run normally.
 TEST(BackendOps, BadInputUnreadStepIsReportedByTheNextStep) {
   AttnConfig c;
   c.kind = AttentionKind::kCachedSelf;
@@ -694,6 +694,7 @@ TEST(BackendOps, BadInputUnreadStepIsReportedByTheNextStep) {
     } catch (const Error& e) {
       error = e.what();
     }
+    EXPECT_NE(error.find("node 'attn'"), std::string::npos) << nb.name << ": " << error;
     EXPECT_NE(error.find("KV block -1"), std::string::npos) << nb.name << ": " << error;
     Tensor out;
     EXPECT_NO_THROW(out = be.allocator().to_host(exe->execute(in, &good_step)[0])) << nb.name;
