@@ -473,9 +473,10 @@ TEST(BackendOps, ReferencePagedAttentionEqualsWholeSequence) {
 // x -> Linear (packed qkv) -> cached ALiBi attention -> Linear, BLOOM-like, H heads of dh, a
 // KV cache of `cache` rows in blocks of `block_size`: a prefill of `lengths` then `decode_steps`
 // single tokens. Sequence 1's outputs are bitwise the same alone, in a batch, and in a batch of
-// another order, on every backend that promises it (the CPU's: alone, a sequence's heads are
-// split across the threads; in a batch each thread takes whole sequences). Returns how many
-// backends were checked.
+// another order, on every backend that promises it (the CPU's: alone, a prompt's heads are
+// split across the threads and a decode row's two halves of keys are computed by two threads
+// and joined after; in a batch each thread takes whole sequences and joins the halves itself).
+// Returns how many backends were checked.
 int expect_batch_invariant(int H, int dh, int block_size, DType cache,
                            const std::vector<int64_t>& lengths, int decode_steps) {
   const int W = H * dh;

@@ -100,12 +100,13 @@ void paged_rows(KeyRows<E>& r, KvStorage* cache, int layer, std::span<const int3
   }
 }
 
-// p[j] = p[j] * scale + slope * j for j < n (ALiBi; slope 0: no bias), eight at a time; returns
-// the largest.
-float scale_and_bias(float* p, int64_t n, float scale, float slope) {
+// p[j] = p[j] * scale + slope * (first + j) for j < n (ALiBi over keys from position `first`;
+// slope 0: no bias), eight at a time; returns the largest.
+float scale_and_bias(float* p, int64_t n, float scale, float slope, int64_t first) {
   const V8 s = {scale, scale, scale, scale, scale, scale, scale, scale};
   const V8 m = {slope, slope, slope, slope, slope, slope, slope, slope};
-  V8 pos = {0, 1, 2, 3, 4, 5, 6, 7};
+  const float f = static_cast<float>(first);
+  V8 pos = {f, f + 1, f + 2, f + 3, f + 4, f + 5, f + 6, f + 7};
   const V8 step = {8, 8, 8, 8, 8, 8, 8, 8};
   V8 mx = {-INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY};
   int64_t j = 0;
@@ -117,7 +118,7 @@ float scale_and_bias(float* p, int64_t n, float scale, float slope) {
   float best = -INFINITY;
   for (int l = 0; l < 8; ++l) best = std::max(best, mx[l]);
   for (; j < n; ++j) {
-    p[j] = p[j] * scale + slope * static_cast<float>(j);
+    p[j] = p[j] * scale + slope * static_cast<float>(first + j);
     best = std::max(best, p[j]);
   }
   return best;
@@ -164,6 +165,31 @@ void weighted_sum(const float* p, int64_t ldp, const E* const* values, int64_t h
       }
       for (; d < dh; ++d) ah[d] += w * to_f32(vh[d]);
     }
+  }
+}
+
+// One query row's attention over a range of keys for nh heads, not yet normalized: per head
+// the largest score, the sum of e^(score - largest) and the value rows weighted by those
+// exponentials. Empty range: largest -inf, sum 0, acc 0.
+struct Partial {
+  float* largest;  // [nh]
+  float* sum;      // [nh]
+  float* acc;      // [nh * dh]
+};
+
+// y[h] = (a0 acc0[h] + a1 acc1[h]) / (a0 sum0[h] + a1 sum1[h]) with a_i = e^(largest_i[h] - m),
+// m the larger of the two (a_i = 0 for an empty part): the softmax-weighted sum over both parts.
+void combine(const Partial& p0, const Partial& p1, int64_t nh, int64_t dh, float* y) {
+  for (int64_t h = 0; h < nh; ++h) {
+    const float m = std::max(p0.largest[h], p1.largest[h]);
+    const float a0 = p0.sum[h] > 0.0f ? std::exp(p0.largest[h] - m) : 0.0f;
+    const float a1 = p1.sum[h] > 0.0f ? std::exp(p1.largest[h] - m) : 0.0f;
+    const float inv = 1.0f / (a0 * p0.sum[h] + a1 * p1.sum[h]);
+    const float w0 = a0 * inv, w1 = a1 * inv;
+    const float* x0 = p0.acc + h * dh;
+    const float* x1 = p1.acc + h * dh;
+    float* yh = y + h * dh;
+    for (int64_t d = 0; d < dh; ++d) yh[d] = w0 * x0[d] + w1 * x1[d];
   }
 }
 
@@ -285,27 +311,64 @@ void attention_with(const Node& node, std::span<const Tensor> in, std::span<Tens
     }
   }
 
-  // Work items: (sequence, group of heads, block of queries), so one long prompt still spreads
-  // over every thread. A group's heads are adjacent columns, so an item reads one contiguous
-  // slice of each key and value row (in decode the cache comes from memory: the weights streamed
-  // since evicted it). Each (query, head) is computed by one item in a fixed order, whatever the
-  // grouping, so results depend neither on the batch nor on the thread count.
-  // Heads are split into groups only as far as needed to keep every thread busy: a group's
-  // slice of a cache row is contiguous, and whole rows (one group) stream through a block's
-  // consecutive rows, where slices of rows a page apart left decode at batch 16 bound by memory
-  // latency (13 GB/s for the KV cache).
+  // Every query row attends to its visible keys in two halves, [0, m) and [m, visible) with m =
+  // ceil(visible / 2): each half's scores, softmax numerators and weighted values, then the two
+  // joined (combine). A row's sums thus depend only on its own keys, whoever computes the halves:
+  // at batch 1 a decode row (one query row in its sequence) is split into two work items, one
+  // half each, all heads, so that both threads stream whole contiguous K/V rows (a split of the
+  // heads read a slice of every row, ~13-20 GB/s of cache: flan-t5-base int8 cross attention
+  // 26 -> 16 us a layer, bloom-560m 63-72 -> 51 us) and the halves are joined after the loop;
+  // other rows are computed half after half inside one item.
+  //
+  // Other work items: (sequence, group of heads, block of queries), so one long prompt still
+  // spreads over every thread. A group's heads are adjacent columns, so an item reads one
+  // contiguous slice of each key and value row. Heads are split into groups only as far as
+  // needed to keep every thread busy. Each (query, head) is computed by one item in a fixed
+  // order, whatever the grouping, so results depend neither on the batch nor on the thread
+  // count.
   constexpr int64_t kQueryBlock = 32;
-  int64_t items_per_group = 0;
-  for (int s = 0; s < nseq; ++s)
-    items_per_group += (L.num_tokens(s) + kQueryBlock - 1) / kQueryBlock;
+  // Decode rows are split only while there are fewer of them than threads (batch 1): beyond
+  // that whole rows already stream per item, and joining the halves after the loop on one
+  // thread cost batch 16 5-15 % of its attention time.
+  int64_t decode_rows = 0;
+  for (int s = 0; s < nseq; ++s) decode_rows += L.num_tokens(s) == 1;
+  const bool split_decode = decode_rows < env.pool.size();
+  const auto split = [&](int s) { return split_decode && L.num_tokens(s) == 1; };
+  int64_t items_per_group = 0, split_items = 0;
+  for (int s = 0; s < nseq; ++s) {
+    if (split(s))
+      split_items += 2;
+    else
+      items_per_group += (L.num_tokens(s) + kQueryBlock - 1) / kQueryBlock;
+  }
   const int64_t want_groups =
-      std::clamp<int64_t>((env.pool.size() + items_per_group - 1) / items_per_group, 1, H);
+      items_per_group == 0
+          ? 1
+          : std::clamp<int64_t>((env.pool.size() - std::min<int64_t>(split_items, env.pool.size()) +
+                                 items_per_group - 1) /
+                                    items_per_group,
+                                1, H);
   const int64_t group = (H + want_groups - 1) / want_groups;
   const int64_t groups = (H + group - 1) / group;
   std::vector<int64_t> first_item(static_cast<size_t>(nseq) + 1, 0);
-  for (int s = 0; s < nseq; ++s)
-    first_item[s + 1] =
-        first_item[s] + groups * ((L.num_tokens(s) + kQueryBlock - 1) / kQueryBlock);
+  // The halves of split rows: per split sequence, two parts of [largest H, sum H, acc H * dh].
+  const int64_t part_floats = 2 * H + H * dh;
+  std::vector<int64_t> split_slot(static_cast<size_t>(nseq), -1);
+  int64_t splits = 0;
+  for (int s = 0; s < nseq; ++s) {
+    if (split(s)) split_slot[s] = splits++;
+    const int64_t n_items =
+        split(s) ? 2 : groups * ((L.num_tokens(s) + kQueryBlock - 1) / kQueryBlock);
+    first_item[s + 1] = first_item[s] + n_items;
+  }
+  static thread_local std::vector<float> split_parts;
+  split_parts.resize(static_cast<size_t>(splits * 2 * part_floats));
+  // (A thread_local is not captured: the pool's threads reach it through this pointer.)
+  float* const split_base = split_parts.data();
+  const auto part_at = [&](int64_t slot, int64_t half) {
+    float* base = split_base + (slot * 2 + half) * part_floats;
+    return Partial{base, base + H, base + 2 * H};
+  };
   // Items are taken from a shared counter rather than split in equal ranges up front: the two
   // vCPUs' speeds differ from call to call, and a static split left one idle. Which thread runs
   // an item does not change its sums.
@@ -314,7 +377,7 @@ void attention_with(const Node& node, std::span<const Tensor> in, std::span<Tens
   const auto attend = [&]<class E>(const std::vector<KeyRows<E>>& rows,
                                    const AttentionRowLoops<E>& row) {
     env.pool.parallel_for(std::min<int64_t>(env.pool.size(), items), 1, [&](int64_t, int64_t) {
-      std::vector<float> scores, acc;
+      std::vector<float> scores, parts;
       std::vector<int64_t> bucket_rows;
       for (;;) {
         const int64_t work = next_item.fetch_add(1, std::memory_order_relaxed);
@@ -322,58 +385,87 @@ void attention_with(const Node& node, std::span<const Tensor> in, std::span<Tens
         const int s = static_cast<int>(
             std::upper_bound(first_item.begin(), first_item.end(), work) - first_item.begin() - 1);
         const int64_t local = work - first_item[s];
+        const bool halves_apart = split(s);
         const int64_t blocks = (L.num_tokens(s) + kQueryBlock - 1) / kQueryBlock;
-        const int64_t h0 = local / blocks * group, h1 = std::min(H, h0 + group), nh = h1 - h0;
-        const int64_t q0 = (local % blocks) * kQueryBlock;
-        const int64_t q1 = std::min(L.num_tokens(s), q0 + kQueryBlock);
+        const int64_t h0 = halves_apart ? 0 : local / blocks * group;
+        const int64_t h1 = halves_apart ? H : std::min(H, h0 + group), nh = h1 - h0;
+        const int64_t q0 = halves_apart ? 0 : (local % blocks) * kQueryBlock;
+        const int64_t q1 = halves_apart ? 1 : std::min(L.num_tokens(s), q0 + kQueryBlock);
         const int64_t token_begin = L.token_begin[s];
         const int64_t past = a.kind == AttentionKind::kCachedSelf ? L.past_len[s] : 0;
         const KeyRows<E>& kv = rows[s];
         const int64_t key_len = static_cast<int64_t>(kv.keys.size());
-        scores.resize(static_cast<size_t>(nh * key_len));
-        acc.resize(static_cast<size_t>(nh * dh));
-        for (int64_t i = q0; i < q1; ++i) {
-          const int64_t qpos = past + i;
-          const float* qr = q + (token_begin + i) * q_stride;
-          const int64_t visible = a.causal ? std::min(key_len, qpos + 1) : key_len;
-          // Raw scores, key row by key row: scores[(h - h0) * key_len + j].
-          row.scores(qr, kv.keys.data(), h0, nh, dh, visible, scores.data(), key_len);
+        const int64_t ld = (key_len + 1) / 2;  // the longer half
+        scores.resize(static_cast<size_t>(nh * ld));
+        parts.resize(static_cast<size_t>(2 * (2 * nh + nh * dh)));
+        // Half [j0, j1) of query row i into `out`.
+        const auto half = [&](const float* qr, int64_t qpos, int64_t j0, int64_t j1,
+                              const Partial& out) {
+          const int64_t n = j1 - j0;
+          if (n <= 0) {
+            std::fill(out.largest, out.largest + nh, -INFINITY);
+            std::fill(out.sum, out.sum + nh, 0.0f);
+            std::fill(out.acc, out.acc + nh * dh, 0.0f);
+            return;
+          }
+          // Raw scores, key row by key row: scores[(h - h0) * ld + j - j0].
+          row.scores(qr, kv.keys.data() + j0, h0, nh, dh, n, scores.data(), ld);
           // T5's bucket of each key for this query (the same for every head): offsets into
           // the table [buckets, H].
           if (a.bias == PositionBias::kT5Relative) {
-            bucket_rows.resize(static_cast<size_t>(visible));
-            for (int64_t j = 0; j < visible; ++j)
-              bucket_rows[j] = t5_relative_bucket(j - qpos, a.bidirectional_buckets, a.num_buckets,
-                                                  a.max_distance) *
+            bucket_rows.resize(static_cast<size_t>(n));
+            for (int64_t j = 0; j < n; ++j)
+              bucket_rows[j] = t5_relative_bucket(j0 + j - qpos, a.bidirectional_buckets,
+                                                  a.num_buckets, a.max_distance) *
                                H;
           }
           for (int64_t h = h0; h < h1; ++h) {
-            float* sc = scores.data() + (h - h0) * key_len;
+            float* sc = scores.data() + (h - h0) * ld;
             float mx = -INFINITY;
             switch (a.bias) {
               case PositionBias::kNone:
-                mx = scale_and_bias(sc, visible, a.scale, 0.0f);
+                mx = scale_and_bias(sc, n, a.scale, 0.0f, j0);
                 break;
               case PositionBias::kAlibi:
-                mx = scale_and_bias(sc, visible, a.scale, slopes[h]);
+                mx = scale_and_bias(sc, n, a.scale, slopes[h], j0);
                 break;
               case PositionBias::kT5Relative:
-                for (int64_t j = 0; j < visible; ++j) {
+                for (int64_t j = 0; j < n; ++j) {
                   sc[j] = sc[j] * a.scale + rel_table[bucket_rows[j] + h];
                   mx = std::max(mx, sc[j]);
                 }
                 break;
             }
-            // Probabilities, normalized in place.
-            const float inv = 1.0f / exp_shifted(sc, visible, mx);
-            for (int64_t j = 0; j < visible; ++j) sc[j] *= inv;
+            out.largest[h - h0] = mx;
+            out.sum[h - h0] = exp_shifted(sc, n, mx);
           }
-          row.weighted_sum(scores.data(), key_len, kv.values.data(), h0, nh, dh, visible,
-                           acc.data());
-          std::memcpy(y + (token_begin + i) * width + h0 * dh, acc.data(), nh * dh * sizeof(float));
+          row.weighted_sum(scores.data(), ld, kv.values.data() + j0, h0, nh, dh, n, out.acc);
+        };
+        for (int64_t i = q0; i < q1; ++i) {
+          const int64_t qpos = past + i;
+          const float* qr = q + (token_begin + i) * q_stride;
+          const int64_t visible = a.causal ? std::min(key_len, qpos + 1) : key_len;
+          const int64_t mid = (visible + 1) / 2;
+          if (halves_apart) {
+            const int64_t which = local;  // 0: [0, mid), 1: [mid, visible)
+            half(qr, qpos, which == 0 ? 0 : mid, which == 0 ? mid : visible,
+                 part_at(split_slot[s], which));
+            continue;
+          }
+          float* base = parts.data();
+          const Partial p0{base, base + nh, base + 2 * nh};
+          base += 2 * nh + nh * dh;
+          const Partial p1{base, base + nh, base + 2 * nh};
+          half(qr, qpos, 0, mid, p0);
+          half(qr, qpos, mid, visible, p1);
+          combine(p0, p1, nh, dh, y + (token_begin + i) * width + h0 * dh);
         }
       }
     });
+    for (int s = 0; s < nseq; ++s)
+      if (split(s))
+        combine(part_at(split_slot[s], 0), part_at(split_slot[s], 1), H, dh,
+                y + L.token_begin[s] * width);
   };
   if (bf16_cache)
     attend(bf16_rows, loops.bf16);
