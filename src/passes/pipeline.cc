@@ -12,9 +12,9 @@ void optimize_model(ModelIR& model, const PassOptions& options, const Logger& lo
       fuse_add_rms_norm(g, log);
     }
     if (options.fuse && model.device == Device::kCuda) fuse_linear_residual(g, log);
-    // CPU only: CUDA plans keep their three projections (their GEMV and tactics are tuned per
-    // Linear shape, and their attention's packed path is BLOOM's).
-    if (options.fuse && model.device == Device::kCpu) fuse_qkv(g, log);
+    // Before narrow_graph and assign_precision: the stacked weight is narrowed or quantized as
+    // one (per-row scales are the rows' own).
+    if (options.fuse) fuse_qkv(g, log);
     if (model.device == Device::kCuda) {
       narrow_graph(g, model.precision, log);
       if (options.fuse) fuse_norm_linear(g, log);

@@ -282,6 +282,26 @@ std::vector<OpCase> attention_op_cases() {
          dtype,
          {check},
          [](Gen& g) { return cached_scenario(g, alibi_cached_packed(), kPrefillThenDecode); }});
+  // T5 self attention with q, k and v stacked (fuse_qkv, CPU and CUDA plans): relative bias
+  // over packed rows, bidirectional in the encoder, causal over the cache in the decoder.
+  for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16}) {
+    cases.push_back({"Attention_encoder_t5_packed_ragged_9_4" + dtype_suffix(dtype),
+                     dtype,
+                     {check},
+                     [](Gen& g) {
+                       AttnConfig c = t5_encoder();
+                       c.packed = true;
+                       return encoder_scenario(g, c, {9, 4});
+                     }});
+    cases.push_back({"Attention_cached_t5_packed_prefill_then_decode" + dtype_suffix(dtype),
+                     dtype,
+                     {check},
+                     [](Gen& g) {
+                       AttnConfig c = t5_cached();
+                       c.packed = true;
+                       return cached_scenario(g, c, kPrefillThenDecode);
+                     }});
+  }
   cases.push_back(
       {"Attention_cached_t5_causal_prefill_then_decode", DType::kF32, {check}, [](Gen& g) {
          return cached_scenario(g, t5_cached(), {{{}, {{0, 11}, {1, 3}}}, {{}, {{0, 1}, {1, 1}}}});
