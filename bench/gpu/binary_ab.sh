@@ -11,6 +11,10 @@
 set -u
 HERE=$(cd "$(dirname "$0")" && pwd)
 OUT=${OUT:-/tmp/out}
+if [ $# -lt 1 ] || [ ! -x "$1" ]; then
+  echo "usage: binary_ab.sh BEFORE_KILN [--rounds R] [--runs N] [--batches \"1 16\"] [--models \"...\"] [--own-plans]" >&2
+  exit 2
+fi
 BEFORE=$1
 shift
 ROUNDS=3
@@ -38,7 +42,8 @@ for model in $MODELS; do
   before_plan=$plan
   if [ "$OWN_PLANS" = 1 ]; then
     before_plan=${plan%.plan}-before.plan
-    [ -f "$before_plan" ] || "$BEFORE" build --model "/tmp/synth/$model" --device cuda \
+    rm -f "$before_plan"  # BEFORE may be another binary than the last run's
+    "$BEFORE" build --model "/tmp/synth/$model" --device cuda \
       --precision "$prec" --max-input-tokens 128 --max-step-tokens 8192 --no-tune \
       -o "$before_plan" >>"$LOG" 2>&1 || { echo "before build $model failed" | tee -a "$LOG"; continue; }
   fi

@@ -184,7 +184,9 @@ void combine(const Partial& p0, const Partial& p1, int64_t nh, int64_t dh, float
     const float m = std::max(p0.largest[h], p1.largest[h]);
     const float a0 = p0.sum[h] > 0.0f ? std::exp(p0.largest[h] - m) : 0.0f;
     const float a1 = p1.sum[h] > 0.0f ? std::exp(p1.largest[h] - m) : 0.0f;
-    const float inv = 1.0f / (a0 * p0.sum[h] + a1 * p1.sum[h]);
+    // No keys at all (an empty cross K/V): zeros, not 0 / 0.
+    const float total = a0 * p0.sum[h] + a1 * p1.sum[h];
+    const float inv = total > 0.0f ? 1.0f / total : 0.0f;
     const float w0 = a0 * inv, w1 = a1 * inv;
     const float* x0 = p0.acc + h * dh;
     const float* x1 = p1.acc + h * dh;

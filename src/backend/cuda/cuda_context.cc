@@ -443,6 +443,13 @@ void CudaContext::synchronize() {
   }
 }
 
+void CudaContext::abandon_step() {
+  cudaStreamSynchronize(stream_);
+  cudaMemsetAsync(status_, 0, sizeof(DeviceStatus), stream_);
+  cudaStreamSynchronize(stream_);
+  pending_check_ = nullptr;
+}
+
 void CudaContext::forget_step(const Graph& graph) {
   if (pending_check_ != &graph) return;
   try {

@@ -138,6 +138,9 @@ class CudaContext {
   // The executor of `graph` goes away: a pending check of it is made without throwing (a
   // reported error is logged and cleared, not left to be blamed on another graph).
   void forget_step(const Graph& graph);
+  // A step failed on the host after some of its kernels were queued: waits for them and clears
+  // whatever they reported (the step's error is the one being thrown).
+  void abandon_step();
 
   // Uploads the step's layout (one copy) and makes it the current one kernels read.
   void upload_step(const StepLayout& layout);

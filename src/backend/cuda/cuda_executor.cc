@@ -189,8 +189,12 @@ char* CudaExecutor::stage_host_inputs(std::span<const Tensor> inputs) {
   if (bytes > staging_bytes_) {
     cudaFreeHost(staging_);
     staging_ = nullptr;
-    staging_bytes_ = std::max<int64_t>(2 * bytes, 4096);
-    KILN_CUDA_CHECK(cudaMallocHost(&staging_, static_cast<size_t>(staging_bytes_)));
+    staging_bytes_ = 0;
+    const int64_t grown = std::max<int64_t>(2 * bytes, 4096);
+    void* fresh = nullptr;
+    KILN_CUDA_CHECK(cudaMallocHost(&fresh, static_cast<size_t>(grown)));
+    staging_ = fresh;
+    staging_bytes_ = grown;
   }
   char* at = static_cast<char*>(staging_);
   for (const Tensor& t : inputs) {
@@ -255,6 +259,12 @@ std::span<const Tensor> CudaExecutor::execute(std::span<const Tensor> inputs,
   const bool graphed =
       ctx_.use_graphs() && !graphs_off_ && events_.empty() && shape.tokens <= kMaxGraphTokens;
   char* staged = stage_host_inputs(inputs);
+  // Recorded however the copies end: the next step waits on it before reusing the staging.
+  struct RecordStaged {
+    cudaEvent_t event;
+    cudaStream_t stream;
+    ~RecordStaged() { cudaEventRecord(event, stream); }
+  } record_staged{staged_, ctx_.stream()};
   for (size_t i = 0; i < inputs.size(); ++i) {
     const int id = graph_.inputs[i];
     const Tensor& t = inputs[i];
@@ -274,7 +284,6 @@ std::span<const Tensor> CudaExecutor::execute(std::span<const Tensor> inputs,
       KILN_CUDA_CHECK(cudaMemcpyAsync(dst, src, t.nbytes(), cudaMemcpyDefault, ctx_.stream()));
     values_[id] = Tensor::view(t.dtype(), t.shape(), dst, arena.memory, Device::kCuda);
   }
-  KILN_CUDA_CHECK(cudaEventRecord(staged_, ctx_.stream()));
   GraphKey key;
   if (graphed) key = graph_key(shape.tokens, step);
   // A replay needs only the outputs' views (the graph holds the kernels' addresses): the other
@@ -289,10 +298,16 @@ std::span<const Tensor> CudaExecutor::execute(std::span<const Tensor> inputs,
   }
   const auto wall0 = std::chrono::steady_clock::now();
   if (step_begin_ != nullptr) KILN_CUDA_CHECK(cudaEventRecord(step_begin_, ctx_.stream()));
-  if (graphed) {
-    run_graph(key, base + arena.scratch_offset, step);
-  } else {
-    run_nodes(base + arena.scratch_offset, step);
+  try {
+    if (graphed)
+      run_graph(key, base + arena.scratch_offset, step);
+    else
+      run_nodes(base + arena.scratch_offset, step);
+  } catch (...) {
+    // A kernel refused on the host after earlier ones were queued: what they report must not
+    // be blamed on the next step.
+    ctx_.abandon_step();
+    throw;
   }
   if (!events_.empty())
     KILN_CUDA_CHECK(cudaEventRecord(events_[graph_.nodes.size()], ctx_.stream()));
