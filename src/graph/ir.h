@@ -69,7 +69,7 @@ enum class OpKind : uint8_t {
   kRmsNorm,          // (x [n, d], w [d]) -> [n, d]; T5: no mean, no bias, fp32 variance
   kLayerNorm,        // (x [n, d], w [d], b [d]) -> [n, d]
   kActivation,       // (x) -> act(x); ActivationAttrs
-  kGatedActivation,  // (gate [n, f], up [n, f]) -> act(gate) * up
+  kGatedActivation,  // (gate [n, f], up [n, f]) -> act(gate) * up; or packed [n, 2f] (gate | up)
   kSoftmax,          // (x [n, d]) -> softmax over the last dim, fp32 accumulation
   kCast,             // (x) -> x as CastAttrs::to
   kAttention,        // see AttentionAttrs

@@ -133,6 +133,20 @@ std::vector<ValueType> infer_binary(const Graph& g, const Node& n) {
   return {{a.dtype, a.shape}};
 }
 
+// GatedActivation: (gate, up) of one shape, or one packed input [..., 2f] whose rows are the
+// gate's f values then the up's (fuse_gate_up) -> [..., f].
+std::vector<ValueType> infer_gated(const Graph& g, const Node& n) {
+  if (n.inputs.size() == 2) return infer_binary(g, n);
+  const Value& x = in(g, n, 0);
+  expect_float(n, x);
+  KILN_CHECK(!x.shape.empty() && !x.shape.back().is_symbolic() && x.shape.back().value % 2 == 0,
+             "node '{}' ({}): a packed gate|up input '{}' needs an even last dim, has shape {}",
+             n.name, op_name(n.op), x.name, sym_shape_str(x.shape));
+  SymShape shape = x.shape;
+  shape.back() = Dim::of(x.shape.back().value / 2);
+  return {{x.dtype, shape}};
+}
+
 std::vector<ValueType> infer_unary(const Graph& g, const Node& n) {
   const Value& x = in(g, n, 0);
   expect_float(n, x);
@@ -226,7 +240,7 @@ constexpr std::array<OpSchema, kNumOpKinds> kSchemas = {{
     {OpKind::kRmsNorm, "RMSNorm", 2, 2, 1, AttrKind::kNorm, infer_rms_norm},
     {OpKind::kLayerNorm, "LayerNorm", 3, 3, 1, AttrKind::kNorm, infer_layer_norm},
     {OpKind::kActivation, "Activation", 1, 1, 1, AttrKind::kActivation, infer_unary},
-    {OpKind::kGatedActivation, "GatedActivation", 2, 2, 1, AttrKind::kActivation, infer_binary},
+    {OpKind::kGatedActivation, "GatedActivation", 1, 2, 1, AttrKind::kActivation, infer_gated},
     {OpKind::kSoftmax, "Softmax", 1, 1, 1, AttrKind::kNone, infer_unary},
     {OpKind::kCast, "Cast", 1, 1, 1, AttrKind::kCast, infer_cast},
     {OpKind::kAttention, "Attention", 1, 4, 1, AttrKind::kAttention, infer_attention},

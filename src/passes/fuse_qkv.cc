@@ -10,7 +10,12 @@
 // results are unchanged on the CPU's panel kernel (one chain per output over the input in
 // order, bit for bit). Runs before assign_precision: per-output-channel quantization of the
 // stacked rows gives every row the scale it had alone.
+//
+// fuse_gate_up does the same for a gated feed-forward's two projections of one input (T5's
+// wi_0 and wi_1): one Linear over [gate; up] feeding a GatedActivation that reads the packed
+// [n, 2f] rows.
 #include <cstring>
+#include <span>
 
 #include "passes/pass.h"
 
@@ -42,6 +47,42 @@ std::string stacked_name(const std::string& q_linear) {
   return q_linear + ".qkv";
 }
 
+// Whether the Linears lin (weights w, each stackable_weight's) all read lin[0]'s input with
+// weights of one dtype and shape.
+bool same_input_and_shape(const Graph& g, std::span<const int> lin, std::span<const int> w) {
+  const int x = g.nodes[lin[0]].inputs[0];
+  const Tensor& w0 = g.values[w[0]].data;
+  for (size_t j = 1; j < lin.size(); ++j) {
+    const Tensor& wj = g.values[w[j]].data;
+    if (g.nodes[lin[j]].inputs[0] != x || wj.dtype() != w0.dtype() || wj.dim(0) != w0.dim(0) ||
+        wj.dim(1) != w0.dim(1))
+      return false;
+  }
+  return true;
+}
+
+// lin[0] becomes one Linear named `name` over the weights w stacked in order ([k·rows, cols]: the
+// first's rows, then the second's, ...); its output widens to k·rows. The other Linears are left
+// for the caller to erase.
+void stack_into_first(Graph& g, std::span<const int> lin, std::span<const int> w,
+                      const std::string& name) {
+  const Tensor& w0 = g.values[w[0]].data;
+  const int64_t k = static_cast<int64_t>(w.size()), rows = w0.dim(0), cols = w0.dim(1);
+  Tensor stacked = Tensor::empty(w0.dtype(), {k * rows, cols});
+  char* dst = static_cast<char*>(stacked.raw());
+  for (int64_t j = 0; j < k; ++j) {
+    const Tensor& wj = g.values[w[j]].data;
+    std::memcpy(dst + j * wj.nbytes(), wj.raw(), wj.nbytes());
+  }
+  const int weight_id = g.add_weight(name + ".weight", std::move(stacked));
+  Node& first = g.nodes[lin[0]];
+  first.inputs[1] = weight_id;
+  first.name = name;
+  const int out = first.outputs[0];
+  g.values[out].shape.back() = Dim::of(k * rows);
+  g.values[out].name = name;
+}
+
 }  // namespace
 
 int fuse_qkv(Graph& graph, const Logger& log) {
@@ -63,34 +104,13 @@ int fuse_qkv(Graph& graph, const Logger& log) {
     const int lin[3] = {graph.values[attn.inputs[0]].producer,
                         graph.values[attn.inputs[1]].producer,
                         graph.values[attn.inputs[2]].producer};
-    const int x = graph.nodes[lin[0]].inputs[0];
-    const Tensor& wq = graph.values[w[0]].data;
-    const int64_t rows = wq.dim(0), cols = wq.dim(1);
-    if (rows != static_cast<int64_t>(a.num_heads) * a.head_dim) continue;
-    for (int j = 1; j < 3; ++j) {
-      const Tensor& wj = graph.values[w[j]].data;
-      ok = ok && graph.nodes[lin[j]].inputs[0] == x && wj.dtype() == wq.dtype() &&
-           wj.dim(0) == rows && wj.dim(1) == cols;
-    }
-    if (!ok) continue;
+    if (graph.values[w[0]].data.dim(0) != static_cast<int64_t>(a.num_heads) * a.head_dim ||
+        !same_input_and_shape(graph, lin, w))
+      continue;
     // The stacked weight [3·inner, d]: q's rows, then k's, then v's (packed_qkv's [3, H, dh]).
-    Tensor stacked = Tensor::empty(wq.dtype(), {3 * rows, cols});
-    char* dst = static_cast<char*>(stacked.raw());
-    for (int j = 0; j < 3; ++j) {
-      const Tensor& wj = graph.values[w[j]].data;
-      std::memcpy(dst + j * wj.nbytes(), wj.raw(), wj.nbytes());
-    }
-    Node& q = graph.nodes[lin[0]];
-    const std::string name = stacked_name(q.name);
-    const int weight_id = graph.add_weight(name + ".weight", std::move(stacked));
-    // The q Linear becomes the stacked one (it comes first, and x exists by then); its output
-    // value widens to [tokens, 3·inner].
-    Node& stacked_linear = graph.nodes[lin[0]];
-    stacked_linear.inputs[1] = weight_id;
-    stacked_linear.name = name;
-    const int out = stacked_linear.outputs[0];
-    graph.values[out].shape.back() = Dim::of(3 * rows);
-    graph.values[out].name = name;
+    // The q Linear becomes the stacked one (it comes first, and x exists by then).
+    const std::string name = stacked_name(graph.nodes[lin[0]].name);
+    stack_into_first(graph, lin, w, name);
     Node& at = graph.nodes[i];
     at.inputs.erase(at.inputs.begin() + 1, at.inputs.begin() + 3);
     at.attr<AttentionAttrs>().packed_qkv = true;
@@ -102,6 +122,38 @@ int fuse_qkv(Graph& graph, const Logger& log) {
   remove_nodes(graph, erase);
   compact_values(graph);
   log.info("fuse_qkv[{}]: stacked q/k/v into one Linear for {} attentions", graph.name, fused);
+  return fused;
+}
+
+int fuse_gate_up(Graph& graph, const Logger& log) {
+  const std::vector<int> uses = use_counts(graph);
+  std::vector<bool> erase(graph.nodes.size(), false);
+  int fused = 0;
+  for (size_t i = 0; i < graph.nodes.size(); ++i) {
+    const Node& gated = graph.nodes[i];
+    if (gated.op != OpKind::kGatedActivation || gated.inputs.size() != 2) continue;
+    const int w[2] = {stackable_weight(graph, gated.inputs[0], uses),
+                      stackable_weight(graph, gated.inputs[1], uses)};
+    if (w[0] < 0 || w[1] < 0) continue;
+    const int lin[2] = {graph.values[gated.inputs[0]].producer,
+                        graph.values[gated.inputs[1]].producer};
+    if (lin[0] == lin[1] || !same_input_and_shape(graph, lin, w)) continue;
+    // "….DenseReluDense.wi_0" -> "….DenseReluDense.wi"; else "<gate>.gate_up".
+    const std::string& gate = graph.nodes[lin[0]].name;
+    const std::string name =
+        gate.ends_with("_0") ? gate.substr(0, gate.size() - 2) : gate + ".gate_up";
+    stack_into_first(graph, lin, w, name);
+    Node& g = graph.nodes[i];
+    g.inputs.erase(g.inputs.begin() + 1);
+    erase[lin[1]] = true;
+    ++fused;
+    log.debug("fuse_gate_up: {} reads {}", g.name, name);
+  }
+  if (fused == 0) return 0;
+  remove_nodes(graph, erase);
+  compact_values(graph);
+  log.info("fuse_gate_up[{}]: stacked gate/up into one Linear for {} gated activations", graph.name,
+           fused);
   return fused;
 }
 

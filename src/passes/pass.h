@@ -34,9 +34,12 @@ void remove_nodes(Graph& graph, const std::vector<bool>& erase);
 // How many node inputs and graph outputs read each value (the fusions' "used once" test).
 std::vector<int> use_counts(const Graph& graph);
 
-// CPU plans: self attention's q, k and v Linears of one input -> one Linear over the stacked
+// Self attention's q, k and v Linears of one input -> one Linear over the stacked
 // weights feeding a packed_qkv Attention. Returns the attentions rewritten.
 int fuse_qkv(Graph& graph, const Logger& log);
+// GatedActivation(Linear(x, w_gate), Linear(x, w_up)) -> GatedActivation(Linear(x, [w_gate;
+// w_up])) reading the packed [n, 2f] rows. Returns the gated activations rewritten.
+int fuse_gate_up(Graph& graph, const Logger& log);
 
 // CUDA plans: y = Add(r, Linear(x)) -> Linear(x, ..., residual = r). Returns the adds fused.
 int fuse_linear_residual(Graph& graph, const Logger& log);

@@ -14,7 +14,10 @@ void optimize_model(ModelIR& model, const PassOptions& options, const Logger& lo
     if (options.fuse && model.device == Device::kCuda) fuse_linear_residual(g, log);
     // Before narrow_graph and assign_precision: the stacked weight is narrowed or quantized as
     // one (per-row scales are the rows' own).
-    if (options.fuse) fuse_qkv(g, log);
+    if (options.fuse) {
+      fuse_qkv(g, log);
+      fuse_gate_up(g, log);
+    }
     if (model.device == Device::kCuda) {
       narrow_graph(g, model.precision, log);
       if (options.fuse) fuse_norm_linear(g, log);

@@ -230,6 +230,20 @@ void add_activation_cases(std::vector<OpCase>& cases) {
                        return one_step(b.finish(), {{"gate", g.random({16, 64}, -4, 4)},
                                                     {"up", g.random({16, 64})}});
                      }});
+  // One packed input [n, 2f], each row gate | up (fuse_gate_up): a width the 16-byte kernels
+  // take and one they do not.
+  for (DType narrow : {DType::kF32, DType::kF16, DType::kBF16})
+    for (int64_t f : {64, 37})
+      cases.push_back(
+          {fmt::format("GatedActivation_packed_gelu_tanh_n16_d{}{}", f, dtype_suffix(narrow)),
+           narrow,
+           {kMaxRelative},
+           [f](Gen& g) {
+             GraphBuilder b("gated");
+             const int x = b.input("x", g.dtype(), {kTokens, Dim::of(2 * f)});
+             b.output(b.gated_activation(x, -1, Activation::kGeluTanh, "gated"), "y");
+             return one_step(b.finish(), {{"x", g.random({16, 2 * f}, -4, 4)}});
+           }});
 }
 
 // Rows: ordinary; shifted by 1000 (needs the max subtracted); a wide range; two masked scores.

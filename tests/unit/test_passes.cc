@@ -202,6 +202,39 @@ TEST(Passes, FuseQkvStacksT5SelfAttentionExactly) {
   verify_graph(dec);
 }
 
+// T5's gated feed-forward: wi_0 and wi_1 become one Linear over [wi_0; wi_1] feeding a
+// GatedActivation over the packed rows; on the avx512 panel kernel every output is the same
+// dot product, so the logits are bit-identical to the unfused graph's.
+TEST(Passes, FuseGateUpStacksT5FeedForwardExactly) {
+  ModelIR plain_ir = build("t5-tiny", false);
+  ModelIR fused_ir = build("t5-tiny", false);
+  for (Graph& g : fused_ir.graphs) {
+    const int gated = count_ops(g, OpKind::kGatedActivation);
+    ASSERT_GT(gated, 0) << g.name;
+    const int linears = count_ops(g, OpKind::kLinear);
+    EXPECT_EQ(fuse_gate_up(g, kQuiet), gated) << g.name;
+    EXPECT_EQ(count_ops(g, OpKind::kLinear), linears - gated) << g.name;
+    for (const Node& n : g.nodes) {
+      if (n.op != OpKind::kGatedActivation) continue;
+      EXPECT_EQ(n.inputs.size(), 1u) << n.name;
+      const Node& lin = g.nodes[g.values[n.inputs[0]].producer];
+      EXPECT_TRUE(lin.name.ends_with(".wi")) << lin.name;
+    }
+    verify_graph(g);
+    EXPECT_EQ(fuse_gate_up(g, kQuiet), 0) << "a second run finds nothing to stack";
+  }
+  Context ctx{ContextOptions{LogLevel::kWarning, 2}};
+  const bool exact = ctx.cpu_isa() == CpuIsa::kAvx512;
+  CompiledModel plain(ctx, std::move(plain_ir)), fused(ctx, std::move(fused_ir));
+  const Forward a = run_forward(plain, {100, 3, 250, 7, 9, 60, 1}, {0, 12, 33, 7}, true);
+  const Forward b = run_forward(fused, {100, 3, 250, 7, 9, 60, 1}, {0, 12, 33, 7}, true);
+  ASSERT_EQ(a.logits.numel(), b.logits.numel());
+  if (exact)
+    EXPECT_EQ(std::memcmp(a.logits.raw(), b.logits.raw(), a.logits.nbytes()), 0);
+  else
+    EXPECT_LE(relative_error(b.logits, a.logits), 1e-6);
+}
+
 // CPU and CUDA plans get fuse_qkv from the pipeline: every T5 self attention reads a packed
 // q/k/v.
 TEST(Passes, FuseQkvRunsOnCpuAndCudaPlans) {

@@ -51,13 +51,23 @@ void activation(const Node& node, std::span<const Tensor> in, std::span<Tensor> 
                         [&](int64_t b, int64_t e) { apply_activation(a, x + b, y + b, e - b); });
 }
 
-// gate [n, f], up [n, f] -> act(gate) * up
+// gate [n, f], up [n, f] -> act(gate) * up; or packed [n, 2f], each row gate | up
 void gated_activation(const Node& node, std::span<const Tensor> in, std::span<Tensor> out,
                       const KernelEnv& env) {
-  const float* g = in[0].data<float>();
-  const float* u = in[1].data<float>();
   float* y = out[0].data<float>();
   const Activation a = node.attr<ActivationAttrs>().activation;
+  if (in.size() == 1 || !in[1].defined()) {
+    const float* x = in[0].data<float>();
+    const int64_t f = out[0].dim(-1), rows = out[0].numel() / std::max<int64_t>(f, 1);
+    const int64_t grain = std::max<int64_t>(1, kActivationGrain / std::max<int64_t>(f, 1));
+    env.pool.parallel_for(rows, grain, [&](int64_t b, int64_t e) {
+      for (int64_t r = b; r < e; ++r)
+        apply_gated_activation(a, x + r * 2 * f, x + r * 2 * f + f, y + r * f, f);
+    });
+    return;
+  }
+  const float* g = in[0].data<float>();
+  const float* u = in[1].data<float>();
   env.pool.parallel_for(in[0].numel(), kActivationGrain, [&](int64_t b, int64_t e) {
     apply_gated_activation(a, g + b, u + b, y + b, e - b);
   });

@@ -81,11 +81,20 @@ void activation(const Launch& l) {
                     l.args.in[0].raw(), y.raw(), y.numel(), l.stream());
 }
 
-// gate, up [n, f] -> act(gate) * up
+// gate, up [n, f] -> act(gate) * up; or packed [n, 2f], each row gate | up
 void gated_activation(const Launch& l) {
   Tensor& y = l.args.out[0];
-  launch_gated(act_fn(l.node.attr<ActivationAttrs>().activation), float_type(y.dtype()),
-               l.args.in[0].raw(), l.args.in[1].raw(), y.raw(), y.numel(), l.stream());
+  const ActFn act = act_fn(l.node.attr<ActivationAttrs>().activation);
+  const FloatType t = float_type(y.dtype());
+  if (l.args.in.size() == 1 || !l.args.in[1].defined()) {
+    const int64_t f = y.dim(-1), rows = f > 0 ? y.numel() / f : 0;
+    const char* x = static_cast<const char*>(l.args.in[0].raw());
+    launch_gated(act, t, x, x + dtype_bytes(y.dtype(), static_cast<size_t>(f)), y.raw(), rows, f,
+                 2 * f, l.stream());
+    return;
+  }
+  launch_gated(act, t, l.args.in[0].raw(), l.args.in[1].raw(), y.raw(), 1, y.numel(), y.numel(),
+               l.stream());
 }
 
 // x [n, d] -> softmax over d

@@ -107,9 +107,10 @@ struct GemvParams {
 };
 // False, launching nothing, when p asks for a folded norm it cannot take (see norm).
 bool launch_gemv(const GemvParams& p, KernelStream stream);
-// y = round(act(gate)) * up
-void launch_gated(ActFn act, FloatType t, const void* gate, const void* up, void* y, int64_t n,
-                  KernelStream stream);
+// y [rows, cols] = round(act(gate)) * up, gate's and up's rows `ld` elements apart (cols for
+// two inputs; 2 * cols for a packed gate | up, up = gate + cols)
+void launch_gated(ActFn act, FloatType t, const void* gate, const void* up, void* y, int64_t rows,
+                  int64_t cols, int64_t ld, KernelStream stream);
 
 // x [rows, d], w [d] -> y [rows, d]
 void launch_rms_norm(FloatType t, FloatType wt, const void* x, const void* w, void* y, int64_t rows,

@@ -168,15 +168,19 @@ __global__ void bias_activation_vec_kernel(T* y, const B* bias, int64_t rows, in
   }
 }
 
+// y [rows, cols] = act(gate) * up, gate's and up's rows `ld` elements apart (cols for two
+// inputs, 2 * cols for a packed gate | up).
 template <typename T>
-__global__ void gated_vec_kernel(ActFn act, const T* gate, const T* up, T* y, int64_t vecs) {
+__global__ void gated_vec_kernel(ActFn act, const T* gate, const T* up, T* y, int64_t vecs,
+                                 int64_t row_vecs, int64_t ld) {
   constexpr int N = kVec<T>;
   pdl_begin();
   for (int64_t v = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; v < vecs;
        v += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t r = v / row_vecs, at = r * ld + (v - r * row_vecs) * N;
     float g[N], u[N];
-    load_vec(gate + v * N, g);
-    load_vec(up + v * N, u);
+    load_vec(gate + at, g);
+    load_vec(up + at, u);
 #pragma unroll
     for (int k = 0; k < N; ++k) g[k] = round_as<T>(apply_act(act, g[k])) * u[k];
     store_vec(y + v * N, g);
@@ -184,11 +188,14 @@ __global__ void gated_vec_kernel(ActFn act, const T* gate, const T* up, T* y, in
 }
 
 template <typename T>
-__global__ void gated_kernel(ActFn act, const T* gate, const T* up, T* y, int64_t n) {
+__global__ void gated_kernel(ActFn act, const T* gate, const T* up, T* y, int64_t n, int64_t cols,
+                             int64_t ld) {
   pdl_begin();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
-       i += int64_t(gridDim.x) * blockDim.x)
-    y[i] = from_float<T>(round_as<T>(apply_act(act, to_float(gate[i]))) * to_float(up[i]));
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t r = i / cols, at = r * ld + (i - r * cols);
+    y[i] = from_float<T>(round_as<T>(apply_act(act, to_float(gate[at]))) * to_float(up[at]));
+  }
 }
 
 }  // namespace
@@ -283,18 +290,21 @@ void launch_bias_activation(FloatType t, void* y, FloatType bias_t, const void* 
   });
 }
 
-void launch_gated(ActFn act, FloatType t, const void* gate, const void* up, void* y, int64_t n,
-                  KernelStream stream) {
+void launch_gated(ActFn act, FloatType t, const void* gate, const void* up, void* y, int64_t rows,
+                  int64_t cols, int64_t ld, KernelStream stream) {
+  const int64_t n = rows * cols;
   if (n == 0) return;
   dispatch_float(t, [&](auto tag) {
     using T = decltype(tag);
-    if (n % kVec<T> == 0 && aligned16(gate) && aligned16(up) && aligned16(y))
+    if (cols % kVec<T> == 0 && ld % kVec<T> == 0 && aligned16(gate) && aligned16(up) &&
+        aligned16(y))
       launch(gated_vec_kernel<T>, grid_for(n / kVec<T>, kThreads), kThreads, 0, stream, act,
              static_cast<const T*>(gate), static_cast<const T*>(up), static_cast<T*>(y),
-             n / kVec<T>);
+             n / kVec<T>, cols / kVec<T>, ld);
     else
       launch(gated_kernel<T>, grid_for(n, kThreads), kThreads, 0, stream, act,
-             static_cast<const T*>(gate), static_cast<const T*>(up), static_cast<T*>(y), n);
+             static_cast<const T*>(gate), static_cast<const T*>(up), static_cast<T*>(y), n, cols,
+             ld);
   });
 }
 

@@ -150,6 +150,16 @@ void activation(const Node& node, const KernelArgs& args) {
 void gated_activation(const Node& node, const KernelArgs& args) {
   const Activation act = node.attr<ActivationAttrs>().activation;
   const DType dtype = args.out[0].dtype();
+  if (args.in.size() == 1 || !args.in[1].defined()) {  // packed [n, 2f]: gate | up per row
+    const int64_t f = args.out[0].dim(-1);
+    for (int64_t i = 0; i < args.out[0].numel(); ++i) {
+      const int64_t r = i / f, c = i % f;
+      put(args.out[0], i,
+          round_to(dtype, activation(act, at(args.in[0], r * 2 * f + c))) *
+              at(args.in[0], r * 2 * f + f + c));
+    }
+    return;
+  }
   for (int64_t i = 0; i < args.out[0].numel(); ++i)
     put(args.out[0], i, round_to(dtype, activation(act, at(args.in[0], i))) * at(args.in[1], i));
 }
