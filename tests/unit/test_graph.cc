@@ -115,6 +115,11 @@ TEST(BadInputGraphBuilder, MismatchedShapesNameTheNode) {
        }},
       {"gated",
        [](GraphBuilder& b, int x, int y) { b.gated_activation(x, y, Activation::kSilu, "gated"); }},
+      {"gated_packed_odd",  // one packed gate | up input needs an even width
+       [](GraphBuilder& b, int, int) {
+         b.gated_activation(b.input("odd", DType::kF32, tokens_by(15)), -1, Activation::kSilu,
+                            "gated_packed_odd");
+       }},
       {"embed",
        [](GraphBuilder& b, int x, int) {
          b.embedding(b.weight("t", weight_data({10, 4})), x, "embed");
