@@ -622,15 +622,21 @@ TEST(BackendOps, CpuBf16KvCacheStoresRoundedKeysAndValues) {
   EXPECT_GT(checked, 0);
 }
 
-TEST(BackendOps, BadInputStepLayout) {
-  std::vector<NamedBackend> backends = available_backends();
-  backends.push_back({"reference", nullptr, reference_backend()});
+// The bad-input tests' attention: causal, cached, two heads of two.
+AttnConfig tiny_cached() {
   AttnConfig c;
   c.kind = AttentionKind::kCachedSelf;
   c.heads = 2;
   c.head_dim = 2;
   c.causal = true;
   c.layer = 0;
+  return c;
+}
+
+TEST(BackendOps, BadInputStepLayout) {
+  std::vector<NamedBackend> backends = available_backends();
+  backends.push_back({"reference", nullptr, reference_backend()});
+  AttnConfig c = tiny_cached();
   Gen g(DType::kF32, DType::kF32, 3);
   const Graph cached = attention_graph(g, c);
   c.kind = AttentionKind::kCross;
@@ -685,14 +691,8 @@ TEST(BackendOps, BadInputStepLayout) {
 // before the GPU is done) is still reported, by the next execute(), naming the node, and the
 // steps after it run normally.
 TEST(BackendOps, BadInputUnreadStepIsReportedByTheNextStep) {
-  AttnConfig c;
-  c.kind = AttentionKind::kCachedSelf;
-  c.heads = 2;
-  c.head_dim = 2;
-  c.causal = true;
-  c.layer = 0;
   Gen g(DType::kF32, DType::kF32, 5);
-  const Graph cached = attention_graph(g, c);
+  const Graph cached = attention_graph(g, tiny_cached());
   const Tensor q = g.random({3, 4});
   const std::vector<Tensor> in = {q, q, q};
   int checked = 0;
