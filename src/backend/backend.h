@@ -101,6 +101,19 @@ class Backend {
                            std::span<const uint8_t> banned_rows = {}) {
     return false;
   }
+  // argmax_rows in two halves, for a caller that queues the next decoder step before it reads
+  // this one's tokens (the scheduler's run-ahead): start_argmax_rows starts the same argmax and
+  // returns its ids where the logits live ([rows] int64, valid until the next start; they may be
+  // the next step's input_ids), or false (*ids untouched) where argmax_rows would be false;
+  // finish_argmax_rows waits for them and copies them to `out` (the started rows), reporting
+  // errors of the steps before them as argmax_rows does. A step executed in between does not
+  // delay finish_argmax_rows on a backend that runs_ahead(). Default: argmax_rows at the start.
+  virtual bool start_argmax_rows(const Tensor& logits, std::span<const int64_t> banned,
+                                 std::span<const uint8_t> banned_rows, Tensor* ids);
+  virtual void finish_argmax_rows(std::span<int64_t> out);
+  // True when execute() of a decode step returns before the step has run (CUDA): a caller that
+  // queues the next step before reading this one's tokens keeps the device busy meanwhile.
+  virtual bool runs_ahead() const { return false; }
   // Sampling and beam search without copying logits: for every row r of `logits` [rows, vocab]
   // (f32), the k best ids by logits[r][id] / temperature[r] (temperature empty: 1), best first
   // with ties to the lower id, never one of `banned` where banned_rows[r] is non-zero, and the
@@ -113,6 +126,9 @@ class Backend {
                           TopKRows* out) {
     return false;
   }
+
+ private:
+  std::vector<int64_t> started_ids_;  // the default start_argmax_rows's result
 };
 
 // Empty when this build can run plans for the device at the precision; otherwise why not. The

@@ -2,42 +2,16 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <optional>
+#include <string_view>
 #include <utility>
 
 #include "runtime/beam_search.h"
 #include "runtime/sampler.h"
+#include "runtime/scheduler_request.h"
 
 namespace kiln {
-
-struct Scheduler::Beam {
-  // Every token of the sequence: the prompt (decoder-only) or the start token (encoder-decoder),
-  // then the generated ones. Positions [kv.length(), seq.size()) are still to be fed.
-  std::vector<int64_t> seq;
-  int64_t generated = 0;  // trailing tokens of seq that were generated
-  SequenceKv kv;
-  int64_t scheduled = 0;  // tokens fed this step
-  int64_t row = -1;       // logits row this step
-  int64_t pending() const { return static_cast<int64_t>(seq.size()) - kv.length(); }
-};
-
-struct Scheduler::Request {
-  RequestId id = 0;
-  GenerationParams params;
-  int64_t max_new = 0;  // resolved from max_new_tokens or max_length
-  std::vector<int64_t> prompt;
-  std::shared_ptr<CrossKv> cross;  // encoder-decoder: shared by every beam
-  std::vector<Beam> beams;
-  std::optional<BeamSearch> beam_search;
-  std::mt19937_64 rng;
-  int64_t admitted = -1;   // admission order (preemption takes the youngest)
-  bool done = false;       // finished, failed or cancelled: leaves the running batch
-  bool preempted = false;  // blocks freed; goes back to the waiting queue
-  std::vector<int64_t> generated_tokens() const {
-    const Beam& b = beams.front();
-    return {b.seq.end() - b.generated, b.seq.end()};
-  }
-};
 
 GenerationParams default_generation_params(const ModelDesc& desc) {
   GenerationParams p;
@@ -97,9 +71,22 @@ Scheduler::Scheduler(CompiledModel& model, SchedulerOptions options)
   // A decode step gives each running sequence one token.
   options_.max_step_tokens = std::max<int64_t>(options_.max_step_tokens, options_.max_batch);
   eos_ids_ = model_.desc().eos_token_ids;
+  const char* env = std::getenv("KILN_RUN_AHEAD");
+  run_ahead_ = options_.run_ahead == RunAhead::kOn ||
+               (options_.run_ahead == RunAhead::kAuto && model_.backend().runs_ahead() &&
+                !(env != nullptr && std::string_view(env) == "0"));
 }
 
 Scheduler::~Scheduler() {
+  if (unread_) {
+    // Nothing reads it any more: only the backend's wait and check of it.
+    std::vector<int64_t> ids(unread_->requests.size());
+    try {
+      model_.backend().finish_argmax_rows(ids);
+    } catch (const std::exception& e) {
+      model_.context().log().warn("the last decoder step's check failed: {}", e.what());
+    }
+  }
   for (auto& r : running_) release(*r);
 }
 
@@ -118,7 +105,7 @@ bool Scheduler::is_eos(int64_t token) const {
 
 bool Scheduler::idle() const {
   std::lock_guard<std::mutex> lock(inbox_mutex_);
-  return inbox_.empty() && cancels_.empty() && waiting_.empty() && running_.empty();
+  return inbox_.empty() && cancels_.empty() && waiting_.empty() && running_.empty() && !unread_;
 }
 
 RequestId Scheduler::submit(std::vector<int64_t> prompt_ids, const GenerationParams& params) {
@@ -350,7 +337,8 @@ bool Scheduler::reserve_blocks(Request& r, std::vector<GenerationEvent>& events)
   }
 }
 
-void Scheduler::run_decoder(const std::vector<Request*>& batch, bool apply_copies) {
+void Scheduler::run_decoder(const std::vector<Request*>& batch, bool apply_copies,
+                            bool leave_unread) {
   const CompiledModel::DecoderIo& io = model_.decoder_io();
   // This step's copy-on-write copies were recorded while reserving blocks; a retry after a
   // failed batch must not make them again.
@@ -374,20 +362,34 @@ void Scheduler::run_decoder(const std::vector<Request*>& batch, bool apply_copie
   inputs[io.logit_rows] = Tensor::from_vector(rows_, {static_cast<int64_t>(rows_.size())});
   StepContext step{&layout_, kv_.get()};
   const std::span<const Tensor> out = model_.decoder().execute(inputs, &step);
-  const Tensor& logits = out[io.logits];
-  row_argmax_.clear();
-  row_topk_.clear();
+  decoder_logits_ = out[io.logits];
   // Greedy rows cross as token ids (argmax where the logits live, when the backend can); rows
   // that sample, search beams or mask EOS copy their own logits row.
-  row_argmax_.assign(rows_.size(), -1);
   // Greedy rows still below min_new_tokens may not pick EOS: the device argmax skips it there.
   ban_eos_.assign(rows_.size(), 0);
   for (Request* r : batch)
     for (const Beam& b : r->beams)
       if (b.row >= 0 && b.generated < r->params.min_new_tokens) ban_eos_[b.row] = 1;
+  Tensor tokens;
+  argmax_started_ =
+      model_.backend().start_argmax_rows(decoder_logits_, eos_ids_, ban_eos_, &tokens);
+  if (leave_unread && argmax_started_) {
+    Unread u;
+    for (Request* r : batch) u.requests.push_back(r->id);
+    u.tokens = std::move(tokens);
+    unread_ = std::move(u);
+    return;
+  }
+  read_decoder(batch);
+}
+
+void Scheduler::read_decoder(const std::vector<Request*>& batch) {
+  const Tensor& logits = decoder_logits_;
+  row_topk_.clear();
+  row_argmax_.assign(rows_.size(), -1);
   Backend& backend = model_.backend();
-  const bool on_device = backend.argmax_rows(logits, row_argmax_, eos_ids_, ban_eos_);
-  if (!on_device) row_argmax_.assign(rows_.size(), -1);
+  const bool on_device = argmax_started_;
+  if (on_device) backend.finish_argmax_rows(row_argmax_);
   // Sampling with top-k and beam search need only each row's best few tokens: the device picks
   // them (after the temperature, with the EOS ban) and they cross instead of the row.
   int k = 0;
@@ -443,6 +445,8 @@ static size_t candidate_count(const TopKRows& t, int64_t row) {
 std::vector<GenerationEvent> Scheduler::step() {
   std::vector<GenerationEvent> events;
   drain_inbox(events);
+  // A step left unread: the one after it is queued first where nothing changes.
+  if (unread_ && step_unread(events)) return events;
   admit(events);
   if (running_.empty()) {
     blocks_.shrink();  // idle: give the cache's memory back
@@ -489,16 +493,18 @@ std::vector<GenerationEvent> Scheduler::step() {
   if (batch.empty()) return events;
 
   try {
-    run_decoder(batch, true);
-    for (Request* r : batch) {
+    run_decoder(batch, true, can_run_ahead(batch));
+    for (Request* r : batch)
       for (Beam& b : r->beams) b.kv.commit(b.scheduled);
-      advance(*r, events);
-    }
+    // Left unread: the next step() queues the step after it, then reads it.
+    if (!unread_)
+      for (Request* r : batch) advance(*r, events);
   } catch (const std::exception& batch_error) {
     // Isolate: run each request alone; the ones that fail again get an error event.
+    unread_.reset();
     for (Request* r : batch) {
       try {
-        run_decoder({r}, false);
+        run_decoder({r}, false, false);
         for (Beam& b : r->beams) b.kv.commit(b.scheduled);
         advance(*r, events);
       } catch (const std::exception& e) {

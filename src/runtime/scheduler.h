@@ -21,6 +21,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -34,11 +35,22 @@ namespace kiln {
 
 using RequestId = int64_t;
 
+// Run-ahead: when every running request decodes greedily one token a step and nothing waits to
+// join, a decode step is queued before the tokens of the step before it are read; those tokens
+// feed it where the argmax left them (Backend::start_argmax_rows). On a backend whose execute()
+// returns before the step has run (CUDA), the device then has the next step queued while the
+// host reads tokens, emits events and plans: no gap between steps. A request that stops (EOS)
+// while the next step is queued wastes that step's row. kAuto: on where the backend
+// runs_ahead(), unless the environment sets KILN_RUN_AHEAD=0 (A/B runs); kOn: on any backend
+// (tests of the schedule on the CPU, where it changes the order of the work, not its amount).
+enum class RunAhead { kAuto, kOn, kOff };
+
 struct SchedulerOptions {
   int max_batch = 8;             // sequences (beams included) stepped together
   int64_t max_step_tokens = 0;   // 0: the plan's profile
   int64_t kv_budget_blocks = 0;  // 0: no limit
   int kv_block_size = 16;        // positions per KV block
+  RunAhead run_ahead = RunAhead::kAuto;
 };
 
 struct GenerationEvent {
@@ -66,6 +78,10 @@ class Scheduler {
   // One iteration (engine thread only). Returns this step's events.
   std::vector<GenerationEvent> step();
   bool idle() const;
+  // Whether this scheduler runs ahead (SchedulerOptions::run_ahead resolved).
+  bool runs_ahead() const { return run_ahead_; }
+  // Decode steps that were queued behind an unread one.
+  int64_t steps_ahead() const { return steps_ahead_; }
 
   // Convenience: submits all, steps until done, results in prompt order. A failed request
   // throws naming its index.
@@ -95,7 +111,15 @@ class Scheduler {
   void encode_batch(const std::vector<Request*>& batch);
   bool reserve_blocks(Request& r, std::vector<GenerationEvent>& events);
   void preempt(Request& r);
-  void run_decoder(const std::vector<Request*>& batch, bool apply_copies);
+  // Queues a decoder step over the batch and starts its argmax; reads the results unless
+  // leave_unread and the argmax stayed where the logits are (then unread_ is set).
+  void run_decoder(const std::vector<Request*>& batch, bool apply_copies, bool leave_unread);
+  // The last decoder step's token choices to the host (argmax, top-k, logits rows).
+  void read_decoder(const std::vector<Request*>& batch);
+  // Run-ahead (scheduler_run_ahead.cc).
+  bool can_run_ahead(const std::vector<Request*>& batch) const;
+  bool step_unread(std::vector<GenerationEvent>& events);
+  Tensor launch_ahead(const std::vector<Request*>& batch, const Tensor& tokens);
   void advance(Request& r, std::vector<GenerationEvent>& events);
   void advance_beams(Request& r, std::vector<GenerationEvent>& events);
   void continue_beams(Request& r, const std::vector<BeamContinuation>& next,
@@ -122,6 +146,15 @@ class Scheduler {
   int64_t admissions_ = 0;
   int64_t steps_ = 0;
   int64_t preemptions_ = 0;
+  int64_t steps_ahead_ = 0;
+  bool run_ahead_ = false;
+  // A decode step whose tokens are not read yet: its requests in row order, and its argmax ids
+  // where the logits were.
+  struct Unread {
+    std::vector<RequestId> requests;
+    Tensor tokens;
+  };
+  std::optional<Unread> unread_;
 
   // Reused every step.
   StepLayout layout_;
@@ -135,6 +168,8 @@ class Scheduler {
   std::vector<uint8_t> row_topk_;
   std::vector<float> row_temperature_;
   std::vector<float> logits_;  // [rows, vocab] copied out of the decoder's workspace
+  Tensor decoder_logits_;      // the last decoder step's output (in its workspace)
+  bool argmax_started_ = false;
 };
 
 }  // namespace kiln

@@ -65,6 +65,14 @@ class CudaBackend final : public Backend {
     cuda_->argmax_rows(logits, out, banned, banned_rows);
     return true;
   }
+  bool start_argmax_rows(const Tensor& logits, std::span<const int64_t> banned,
+                         std::span<const uint8_t> banned_rows, Tensor* ids) override {
+    if (logits.device() != Device::kCuda || banned.size() > BannedIds::kMax) return false;
+    *ids = cuda_->start_argmax_rows(logits, banned, banned_rows);
+    return true;
+  }
+  void finish_argmax_rows(std::span<int64_t> out) override { cuda_->finish_argmax_rows(out); }
+  bool runs_ahead() const override { return true; }
 
   int max_top_k() const override { return CudaContext::kMaxTopK; }
   bool top_k_rows(const Tensor& logits, int k, std::span<const float> temperature,

@@ -255,35 +255,66 @@ static BannedIds banned_ids(std::span<const int64_t> banned) {
 void CudaContext::argmax_rows(const Tensor& logits, std::span<int64_t> out,
                               std::span<const int64_t> banned,
                               std::span<const uint8_t> banned_rows) {
-  KILN_CHECK(logits.device() == Device::kCuda && logits.rank() == 2 &&
-                 static_cast<size_t>(logits.dim(0)) == out.size(),
-             "argmax_rows: {} logits {} for {} rows", kiln::device_name(logits.device()),
-             shape_str(logits.shape()), out.size());
+  start_argmax_rows(logits, banned, banned_rows);
+  finish_argmax_rows(out);
+}
+
+Tensor CudaContext::start_argmax_rows(const Tensor& logits, std::span<const int64_t> banned,
+                                      std::span<const uint8_t> banned_rows) {
+  KILN_CHECK(logits.device() == Device::kCuda && logits.rank() == 2, "argmax_rows: {} logits {}",
+             kiln::device_name(logits.device()), shape_str(logits.shape()));
+  const size_t rows = static_cast<size_t>(logits.dim(0));
   KILN_CHECK(banned.size() <= static_cast<size_t>(BannedIds::kMax) &&
-                 (banned_rows.empty() || banned_rows.size() == out.size()),
+                 (banned_rows.empty() || banned_rows.size() == rows),
              "argmax_rows: {} banned ids (at most {}), {} row flags for {} rows", banned.size(),
-             BannedIds::kMax, banned_rows.size(), out.size());
-  if (out.empty()) return;
-  if (out.size() > argmax_capacity_) {
-    argmax_capacity_ = std::max<size_t>(out.size(), 256);
-    // The ids, then one flag byte per row.
-    argmax_device_ = allocator_.allocate(argmax_capacity_ * (sizeof(long long) + 1));
+             BannedIds::kMax, banned_rows.size(), rows);
+  if (rows > argmax_capacity_) {
+    // The pinned copy of the last start may still be in flight.
+    KILN_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    argmax_capacity_ = std::max<size_t>(rows, 256);
+    // The ids, then one flag byte per row (device and pinned host alike).
+    const size_t bytes = argmax_capacity_ * (sizeof(long long) + 1);
+    argmax_device_ = allocator_.allocate(bytes);
+    cudaFreeHost(argmax_host_);
+    argmax_host_ = nullptr;
+    void* host = nullptr;
+    KILN_CUDA_CHECK(cudaMallocHost(&host, bytes));
+    argmax_host_ = static_cast<unsigned char*>(host);
   }
+  argmax_started_ = rows;
   auto* ids = static_cast<long long*>(argmax_device_.get());
+  if (rows == 0) return Tensor::view(DType::kI64, {0}, ids, argmax_device_, Device::kCuda);
   unsigned char* flags = nullptr;
   BannedIds ban{};
   if (!banned.empty() && !banned_rows.empty()) {
+    // Through pinned memory: a copy from pageable memory may wait for the stream. The previous
+    // start's copy of the flags ran before its ids were read, which was before this start.
     flags = reinterpret_cast<unsigned char*>(ids + argmax_capacity_);
-    KILN_CUDA_CHECK(cudaMemcpyAsync(flags, banned_rows.data(), banned_rows.size(),
-                                    cudaMemcpyHostToDevice, stream_));
+    unsigned char* staged = argmax_host_ + argmax_capacity_ * sizeof(long long);
+    std::memcpy(staged, banned_rows.data(), rows);
+    KILN_CUDA_CHECK(cudaMemcpyAsync(flags, staged, rows, cudaMemcpyHostToDevice, stream_));
     ban = banned_ids(banned);
   }
   launch_argmax_rows(float_type(logits.dtype()), logits.raw(), logits.dim(0), logits.dim(1), ban,
                      flags, ids, kernel_stream());
   static_assert(sizeof(long long) == sizeof(int64_t));
-  KILN_CUDA_CHECK(cudaMemcpyAsync(out.data(), ids, out.size() * sizeof(long long),
+  KILN_CUDA_CHECK(cudaMemcpyAsync(argmax_host_, ids, rows * sizeof(long long),
                                   cudaMemcpyDeviceToHost, stream_));
-  synchronize();
+  KILN_CUDA_CHECK(cudaEventRecord(argmax_copied_, stream_));
+  return Tensor::view(DType::kI64, {static_cast<int64_t>(rows)}, ids, argmax_device_,
+                      Device::kCuda);
+}
+
+void CudaContext::finish_argmax_rows(std::span<int64_t> out) {
+  KILN_CHECK(out.size() == argmax_started_, "finish_argmax_rows: {} outputs for {} rows",
+             out.size(), argmax_started_);
+  if (out.empty()) return;
+  KILN_CUDA_CHECK(cudaEventSynchronize(argmax_copied_));
+  KILN_CUDA_CHECK(cudaGetLastError());
+  // The checks of the steps the argmax read (queued before it) are due; later ones stay.
+  while (pending_ > 0 && check_oldest(false)) {
+  }
+  std::memcpy(out.data(), argmax_host_, out.size() * sizeof(int64_t));
 }
 
 void CudaContext::top_k_rows(const Tensor& logits, int k, std::span<const float> temperature,
@@ -385,8 +416,15 @@ CudaContext::CudaContext(Context& host) : host_(host) {
   KILN_CUDA_CHECK(cudaMalloc(&blas_workspace_, kBlasWorkspaceBytes));
   KILN_CUDA_CHECK(cudaMalloc(&status_, sizeof(DeviceStatus)));
   KILN_CUDA_CHECK(cudaMemset(status_, 0, sizeof(DeviceStatus)));
-  KILN_CUDA_CHECK(cudaMallocHost(&status_host_, sizeof(DeviceStatus)));
-  *status_host_ = DeviceStatus{};
+  KILN_CUDA_CHECK(cudaMallocHost(&status_host_, kMaxPending * sizeof(DeviceStatus)));
+  for (int i = 0; i < kMaxPending; ++i) {
+    status_host_[i] = DeviceStatus{};
+    checks_[i].host = status_host_ + i;
+    KILN_CUDA_CHECK(cudaEventCreateWithFlags(&checks_[i].copied, cudaEventDisableTiming));
+  }
+  for (cudaEvent_t& e : step_copied_)
+    KILN_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  KILN_CUDA_CHECK(cudaEventCreateWithFlags(&argmax_copied_, cudaEventDisableTiming));
   allocator_.set_after_read([this] { synchronize(); });
   split_scratch_ =
       allocator_.allocate(static_cast<size_t>(kSplitBlocks) * (kMaxHeadDim + 2) * sizeof(float));
@@ -403,27 +441,46 @@ CudaContext::~CudaContext() {
   cudaFreeHost(step_host_);
   cudaFree(status_);
   cudaFreeHost(status_host_);
+  cudaFreeHost(argmax_host_);
+  for (PendingCheck& c : checks_)
+    if (c.copied != nullptr) cudaEventDestroy(c.copied);
+  for (cudaEvent_t e : step_copied_)
+    if (e != nullptr) cudaEventDestroy(e);
+  if (argmax_copied_ != nullptr) cudaEventDestroy(argmax_copied_);
   cudaFree(blas_workspace_);
   if (blas_ != nullptr) cublasLtDestroy(blas_);
   if (stream_ != nullptr) cudaStreamDestroy(stream_);
 }
 
 void CudaContext::finish_step(const Graph& graph, bool wait) {
-  settle();
-  KILN_CUDA_CHECK(cudaMemcpyAsync(status_host_, status_, sizeof(DeviceStatus),
-                                  cudaMemcpyDeviceToHost, stream_));
-  pending_check_ = &graph;
+  if (pending_ == kMaxPending) check_oldest(true);
+  PendingCheck& c = checks_[(first_check_ + pending_) % kMaxPending];
+  KILN_CUDA_CHECK(
+      cudaMemcpyAsync(c.host, status_, sizeof(DeviceStatus), cudaMemcpyDeviceToHost, stream_));
+  KILN_CUDA_CHECK(cudaEventRecord(c.copied, stream_));
+  c.graph = &graph;
+  ++pending_;
   if (wait || !defer_checks_) synchronize();
 }
 
-void CudaContext::synchronize() {
+bool CudaContext::check_oldest(bool block) {
+  PendingCheck& c = checks_[first_check_];
+  if (block) {
+    KILN_CUDA_CHECK(cudaEventSynchronize(c.copied));
+  } else {
+    const cudaError_t e = cudaEventQuery(c.copied);
+    if (e == cudaErrorNotReady) return false;
+    KILN_CUDA_CHECK(e);
+  }
+  const Graph& graph = *c.graph;
+  const DeviceStatus st = *c.host;
+  first_check_ = (first_check_ + 1) % kMaxPending;
+  --pending_;
+  if (st.code == kStatusOk) return true;
+  // The status word keeps what the failed step wrote: the steps queued after it are not
+  // checked on their own (their results are not trusted either), and the word is cleared.
   KILN_CUDA_CHECK(cudaStreamSynchronize(stream_));
-  KILN_CUDA_CHECK(cudaGetLastError());
-  if (pending_check_ == nullptr) return;
-  const Graph& graph = *pending_check_;
-  pending_check_ = nullptr;
-  const DeviceStatus st = *status_host_;
-  if (st.code == kStatusOk) return;
+  pending_ = 0;
   KILN_CUDA_CHECK(cudaMemsetAsync(status_, 0, sizeof(DeviceStatus), stream_));
   KILN_CUDA_CHECK(cudaStreamSynchronize(stream_));
   const std::string node = st.node >= 0 && st.node < static_cast<int>(graph.nodes.size())
@@ -443,15 +500,25 @@ void CudaContext::synchronize() {
   }
 }
 
+void CudaContext::synchronize() {
+  KILN_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  KILN_CUDA_CHECK(cudaGetLastError());
+  while (pending_ > 0) check_oldest(true);
+}
+
 void CudaContext::abandon_step() {
+  // The pending checks' copies were queued before this step's kernels: they stay, and hold
+  // only what the steps before reported.
   cudaStreamSynchronize(stream_);
   cudaMemsetAsync(status_, 0, sizeof(DeviceStatus), stream_);
   cudaStreamSynchronize(stream_);
-  pending_check_ = nullptr;
 }
 
 void CudaContext::forget_step(const Graph& graph) {
-  if (pending_check_ != &graph) return;
+  bool mine = false;
+  for (int i = 0; i < pending_; ++i)
+    mine |= checks_[(first_check_ + i) % kMaxPending].graph == &graph;
+  if (!mine) return;
   try {
     synchronize();
   } catch (const std::exception& e) {
@@ -484,13 +551,14 @@ void CudaContext::upload_step(const StepLayout& layout) {
       step_device_ = step_host_ = nullptr;
     }
     KILN_CUDA_CHECK(cudaMalloc(&step_device_, grown));
-    KILN_CUDA_CHECK(cudaMallocHost(&step_host_, grown));
+    KILN_CUDA_CHECK(cudaMallocHost(&step_host_, 2 * grown));
     step_capacity_ = grown;
-  } else {
-    // The previous step's copy may still be reading the pinned buffer.
-    KILN_CUDA_CHECK(cudaStreamSynchronize(stream_));
   }
-  auto** ptr = static_cast<const void**>(step_host_);
+  // This half's last copy (two steps ago) may still be reading it.
+  step_half_ ^= 1;
+  KILN_CUDA_CHECK(cudaEventSynchronize(step_copied_[step_half_]));
+  void* packed = static_cast<char*>(step_host_) + step_half_ * step_capacity_;
+  auto** ptr = static_cast<const void**>(packed);
   for (int s = 0; s < seqs; ++s)
     for (int l = 0; l < cross_layers; ++l) {
       const CrossKv* c = layout.cross[s];
@@ -517,8 +585,8 @@ void CudaContext::upload_step(const StepLayout& layout) {
   const size_t cross_off = static_cast<size_t>(at - ints_host);
   for (int s = 0; s < seqs; ++s)
     *at++ = layout.cross[s] != nullptr ? static_cast<int>(layout.cross[s]->length()) : 0;
-  KILN_CUDA_CHECK(
-      cudaMemcpyAsync(step_device_, step_host_, bytes, cudaMemcpyHostToDevice, stream_));
+  KILN_CUDA_CHECK(cudaMemcpyAsync(step_device_, packed, bytes, cudaMemcpyHostToDevice, stream_));
+  KILN_CUDA_CHECK(cudaEventRecord(step_copied_[step_half_], stream_));
   const void* const* dptr = static_cast<const void* const*>(step_device_);
   const int* dints = reinterpret_cast<const int*>(dptr + pointers);
   step_.num_seqs = seqs;

@@ -125,15 +125,19 @@ class CudaContext {
   // stream and checks it now; otherwise the check is pending and returns at once, so that the
   // host queues what reads the step's results (the argmax, its copy back) while the GPU still
   // runs the step: one wait a decode step instead of two. A pending check is made by the next
-  // synchronize() — every read of device results on the host goes through it — or before the
-  // next step begins (settle()).
+  // synchronize() — every read of device results on the host goes through it or through
+  // finish_argmax_rows — or before the next step begins (settle()). Up to kMaxPending checks
+  // wait at once (a step queued behind an unread one: StepContext::behind_unread); a third
+  // step waits for the oldest.
   void finish_step(const Graph& graph, bool wait);
-  // Waits for the stream; then a pending check of a step's status throws if a kernel reported
-  // bad data (naming the node of that step's graph) and clears the status.
+  // Waits for the stream; then each pending check, oldest first, throws if a kernel reported
+  // bad data (naming the node of that step's graph) and clears the status and the later checks
+  // (steps after a failed one are not trusted).
   void synchronize();
-  // Makes a pending check (waiting for the stream) before the next step reuses the step buffers.
+  // Makes the pending checks (waiting for the stream) before the next step reuses the step
+  // buffers; a step queued behind an unread one skips this.
   void settle() {
-    if (pending_check_ != nullptr) synchronize();
+    if (pending_ > 0) synchronize();
   }
   // The executor of `graph` goes away: a pending check of it is made without throwing (a
   // reported error is logged and cleared, not left to be blamed on another graph).
@@ -159,6 +163,13 @@ class CudaContext {
   // rows flagged by `banned_rows` (empty: none); at most BannedIds::kMax ids.
   void argmax_rows(const Tensor& logits, std::span<int64_t> out,
                    std::span<const int64_t> banned = {}, std::span<const uint8_t> banned_rows = {});
+  // The same in two halves (Backend::start_argmax_rows): the start queues the argmax and the
+  // copy of its ids to pinned memory and returns the device ids ([rows] int64, until the next
+  // start); the finish waits for that copy only (not for steps queued after it), makes the
+  // pending checks it passed, and copies the ids to `out`.
+  Tensor start_argmax_rows(const Tensor& logits, std::span<const int64_t> banned,
+                           std::span<const uint8_t> banned_rows);
+  void finish_argmax_rows(std::span<int64_t> out);
   // Backend::top_k_rows on the device (select.cu): k <= kMaxTopK, at most BannedIds::kMax ids.
   static constexpr int kMaxTopK = 256;
   void top_k_rows(const Tensor& logits, int k, std::span<const float> temperature,
@@ -195,12 +206,27 @@ class CudaContext {
   cublasLtHandle_t blas_ = nullptr;
   void* blas_workspace_ = nullptr;
   DeviceStatus* status_ = nullptr;
-  DeviceStatus* status_host_ = nullptr;   // pinned: the last finished step's copy
-  const Graph* pending_check_ = nullptr;  // the step whose status_host_ is not checked yet
+  // A step's status copied behind it and not checked yet: the graph it ran, the pinned copy,
+  // and an event after the copy. A ring of kMaxPending, oldest at first_check_.
+  struct PendingCheck {
+    const Graph* graph = nullptr;
+    DeviceStatus* host = nullptr;
+    cudaEvent_t copied = nullptr;
+  };
+  static constexpr int kMaxPending = 2;
+  PendingCheck checks_[kMaxPending];
+  DeviceStatus* status_host_ = nullptr;  // pinned: kMaxPending copies
+  int first_check_ = 0;
+  int pending_ = 0;
+  // Checks the oldest pending copy, waiting for it (block) or not (false: not copied yet).
+  bool check_oldest(bool block);
   CudaAllocator allocator_{nullptr};
-  // The step's layout: packed on the host (pinned), copied to device memory that grows only
-  // when a step needs more than any before.
+  // The step's layout: packed on the host (pinned, two halves used in turn so that a step can
+  // be packed while the copy of the one before is queued; step_copied_ follows each half's
+  // copy), copied to device memory that grows only when a step needs more than any before.
   void* step_host_ = nullptr;
+  cudaEvent_t step_copied_[2] = {nullptr, nullptr};
+  int step_half_ = 0;
   void* step_device_ = nullptr;
   size_t step_capacity_ = 0;
   int block_stride_ = 0;
@@ -211,8 +237,11 @@ class CudaContext {
   // Keyed by the host bytes; the host tensor is kept so that its address is not reused.
   std::map<const void*, std::pair<Tensor, Tensor>> weights_;
   std::map<std::tuple<DType, int64_t, float>, Tensor> filled_;
-  std::shared_ptr<void> argmax_device_;
+  std::shared_ptr<void> argmax_device_;   // ids, then a flag byte per row
+  unsigned char* argmax_host_ = nullptr;  // pinned: the same
   size_t argmax_capacity_ = 0;
+  size_t argmax_started_ = 0;  // rows of the last start_argmax_rows
+  cudaEvent_t argmax_copied_ = nullptr;
   // Device memory of top_k_rows: its inputs, scratch and results, grown when a call needs more.
   std::shared_ptr<void> topk_device_;
   size_t topk_capacity_ = 0;

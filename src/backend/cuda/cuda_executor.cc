@@ -239,8 +239,10 @@ CudaExecutor::GraphKey CudaExecutor::graph_key(int64_t tokens, const StepContext
 std::span<const Tensor> CudaExecutor::execute(std::span<const Tensor> inputs,
                                               const StepContext* step) {
   // A step whose check is pending (its results were not read) finishes before this one reuses
-  // the step buffers; an error it reported is thrown here, naming its own node.
-  ctx_.settle();
+  // the step buffers; an error it reported is thrown here, naming its own node. A step queued
+  // behind an unread one on purpose (its tokens are this step's input) leaves it pending: the
+  // read reports it, and the stream keeps the order.
+  if (step == nullptr || !step->behind_unread) ctx_.settle();
   const StepShape shape = bind_step_inputs(graph_, profile_, inputs);
   const Bindings& bindings = shape.bindings;
   const int64_t bucket = shape.bucket;
