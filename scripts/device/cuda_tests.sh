@@ -19,7 +19,7 @@ for model in t5-tiny bloom-tiny; do
 done
 nvidia-smi -L
 "$KILN" --version
-FILTER=${1:-'BackendOps*:*Parity*:*Cuda*:PlanTest*'}
+FILTER=${1:-'BackendOps*:*Parity*:*Cuda*:PlanTest*:*RunAhead*'}
 "$HERE/x/bin/kiln_tests" --gtest_filter="$FILTER" 2>&1 | tee "$OUT/${TESTLOG:-cuda_tests.log}" |
   grep -E '^\[  FAILED|^\[  PASSED|^\[  SKIPPED|parity\]|Failure|error|expected|differ'
 echo "tests exit: ${PIPESTATUS[0]}"
