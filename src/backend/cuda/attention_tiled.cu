@@ -6,15 +6,14 @@
 // rounded to the activation type as HuggingFace's eager attention rounds its probabilities before
 // they multiply the values. No score matrix beyond a tile; each key row is read once per 32 or 64
 // queries instead of once per query as the row kernel (attention.cu) reads it. Cached self
-// attention also stores its rows' K/V of the head in the paged cache.
-#include <mma.h>
-
+// attention also stores its rows' K/V of the head in the paged cache. S, P and O stay in
+// registers (mma.sync fragments: a warp's 16 rows, its quads' lanes sharing a row), and each K/V
+// tile comes in through cp.async with all of a thread's chunks in flight at once.
 #include "backend/cuda/attention_common.cuh"
 
 namespace kiln::cuda {
 namespace {
 
-namespace wmma = nvcuda::wmma;
 using attn::alibi_slope;
 using attn::cache_row;
 using attn::key_row;
@@ -29,44 +28,80 @@ constexpr int64_t kMinRowsPerSeq = 16;
 // tokens, 32 blocks, runs faster on the row kernel's 1248).
 constexpr int64_t kMinBlocks = 256;
 
-// Shared memory of a block, in bytes from its start. Row pitches are padded (8 elements of T,
-// 4 floats) against bank conflicts; every fragment's first element stays 32-byte aligned, as
-// wmma's loads and stores require.
-template <int DH, int kRows>
-struct Smem {
-  static constexpr int ldt = DH + 8;     // T per row of Q, K, V
-  static constexpr int lds = kKeys + 4;  // floats per score row
-  static constexpr int ldp = kKeys + 8;  // T per probability row
-  static constexpr int ldo = DH + 4;     // floats per output row
-  static constexpr size_t q = 0;
-  static constexpr size_t k = q + size_t{kRows} * ldt * 2;
-  static constexpr size_t v = k + size_t{kKeys} * ldt * 2;
-  static constexpr size_t s = v + size_t{kKeys} * ldt * 2;
-  static constexpr size_t p = s + size_t{kRows} * lds * 4;
-  static constexpr size_t o = p + size_t{kRows} * ldp * 2;
-  static constexpr size_t bytes = o + size_t{kRows} * ldo * 4;
-  static_assert(k % 32 == 0 && v % 32 == 0 && s % 32 == 0 && p % 32 == 0 && o % 32 == 0);
-};
+// K and V tiles in shared memory, row pitch padded by 8 elements (16 bytes): the fragment loads
+// below (a row per lane group) then touch every bank once.
+template <int DH>
+constexpr int kPitch = DH + 8;
 
 __device__ __forceinline__ uint4 load16(const void* p) {
   return *reinterpret_cast<const uint4*>(p);
 }
 __device__ __forceinline__ void store16(void* p, uint4 v) { *reinterpret_cast<uint4*>(p) = v; }
+// 16 bytes from global to shared memory without passing through registers (cp.async, sm_80+):
+// a thread's chunks of a tile are all in flight at once, where a load and a store per chunk
+// wait for each load in turn. src null: the chunk is zero-filled (nothing is read; `any` is a
+// valid address to name).
+__device__ __forceinline__ void copy16_async(void* dst, const void* src, const void* any) {
+  const unsigned to = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  const int bytes = src != nullptr ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(to),
+               "l"(src != nullptr ? src : any), "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void copies_done() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
 
+__device__ __forceinline__ uint32_t load32(const void* p) {
+  return *reinterpret_cast<const uint32_t*>(p);
+}
+
+// Two values as one register of the activation type (the mma operand layout: low half first).
+template <typename T>
+__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
+  T pair[2] = {from_float<T>(lo), from_float<T>(hi)};
+  return *reinterpret_cast<const uint32_t*>(pair);
+}
+
+// D (16 x 8, fp32) += A (16 x 16, row-major) · B (16 x 8, column-major), fp16 or bf16 operands:
+// lane l holds A rows l/4 and l/4 + 8, B column l/4, D rows l/4 and l/4 + 8 at columns
+// 2 (l % 4) and 2 (l % 4) + 1 (PTX's m16n8k16 fragment layout).
+template <typename T>
+__device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                         uint32_t b1) {
+  if constexpr (std::is_same_v<T, __half>) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  } else {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+}
+
+// The B operand of P · V for 16 keys and 8 dimensions: V's rows are keys, so the fragment is
+// V transposed (ldmatrix .trans); lanes 0-15 name the 16 key rows at dimension d0.
+__device__ __forceinline__ void load_v_fragment(const void* row, uint32_t& b0, uint32_t& b1) {
+  const unsigned at = static_cast<unsigned>(__cvta_generic_to_shared(row));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];\n"
+               : "=r"(b0), "=r"(b1)
+               : "r"(at));
+}
+
+// Head dim 64 is held to 128 registers a thread: four blocks of 64 rows an SM (16 warps).
 template <typename T, int DH, int kRows>
-__global__ void __launch_bounds__(kRows * 2)
+__global__ void __launch_bounds__(kRows * 2, DH == 64 ? 4 * 64 / kRows : 1)
     tiled_attention_kernel(AttentionParams p, int seq_tiles) {
-  constexpr int kThreads = kRows * 2;  // a warp per 16 query rows
-  using L = Smem<DH, kRows>;
-  using Frag16 = wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major>;
-  using Acc = wmma::fragment<wmma::accumulator, 16, 16, 16, float>;
+  constexpr int kThreads = kRows * 2;                     // a warp per 16 query rows
   constexpr int kPer = 16 / static_cast<int>(sizeof(T));  // elements per 16-byte chunk
   constexpr int kChunks = DH / kPer;                      // chunks per head row
-  extern __shared__ __align__(128) unsigned char smem[];
-  T* q_s = reinterpret_cast<T*>(smem + L::q);
-  T* k_s = reinterpret_cast<T*>(smem + L::k);
-  T* v_s = reinterpret_cast<T*>(smem + L::v);
-  // T5: the bias of every distance key - query a tile spans (-63 .. 63), per tile.
+  constexpr int ldt = kPitch<DH>;
+  __shared__ __align__(16) T k_s[kKeys * ldt];
+  __shared__ __align__(16) T v_s[kKeys * ldt];
+  // T5: the bias of every distance key - query a tile spans (-(kRows - 1) .. 63), per tile.
   __shared__ float rel_s[kRows + kKeys - 1];
   __shared__ int bad_block;
   pdl_begin();
@@ -81,6 +116,7 @@ __global__ void __launch_bounds__(kRows * 2)
   if (i0 >= tokens) return;
   const int h = blockIdx.y;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int g = lane / 4, t = lane % 4;  // fragment row group and column pair
   const int rows = static_cast<int>(min(static_cast<int64_t>(kRows), tokens - i0));
   const int64_t past = p.kind == AttnKind::kCachedSelf ? st.past_len[s] : 0;
   const int64_t key_len = past + tokens;
@@ -89,152 +125,176 @@ __global__ void __launch_bounds__(kRows * 2)
   const int64_t head_off = static_cast<int64_t>(h) * DH;
 
   if (tid == 0) bad_block = 0;
-  for (int c = tid; c < kRows * kChunks; c += kThreads) {
-    const int r = c / kChunks, part = c % kChunks;
-    uint4 val = make_uint4(0, 0, 0, 0);  // rows past the sequence's end attend to nothing
-    if (r < rows)
-      val = load16(static_cast<const T*>(p.q) + (begin + i0 + r) * p.q_stride + head_off +
-                   part * kPer);
-    store16(q_s + r * L::ldt + part * kPer, val);
-  }
   if (p.kind == AttnKind::kCachedSelf) {
     // The rows' key and value of head h into the sequence's cache blocks (the KV append: this
     // step's keys are read below from the step's rows, so nothing waits for these stores).
-    for (int c = tid; c < rows * kChunks; c += kThreads) {
-      const int r = c / kChunks, part = c % kChunks;
+    // All of a thread's loads are issued before its first store.
+    constexpr int kAppend = (kRows * kChunks + kThreads - 1) / kThreads;
+    uint4 kc[kAppend], vc[kAppend];
+#pragma unroll
+    for (int i = 0; i < kAppend; ++i) {
+      const int c = tid + i * kThreads, r = c / kChunks, part = c % kChunks;
+      if (r >= rows) continue;
+      const int64_t src = (begin + i0 + r) * p.kv_stride + head_off + part * kPer;
+      kc[i] = load16(static_cast<const T*>(p.k) + src);
+      vc[i] = load16(static_cast<const T*>(p.v) + src);
+    }
+#pragma unroll
+    for (int i = 0; i < kAppend; ++i) {
+      const int c = tid + i * kThreads, r = c / kChunks, part = c % kChunks;
+      if (r >= rows) continue;
       const KeyRow<T> dst = cache_row<T>(p, s, q0 + r);
       if (dst.key == nullptr) continue;  // reported by cache_row: the step fails
-      const int64_t src = (begin + i0 + r) * p.kv_stride + head_off + part * kPer;
-      store16(const_cast<T*>(dst.key) + head_off + part * kPer,
-              load16(static_cast<const T*>(p.k) + src));
-      store16(const_cast<T*>(dst.value) + head_off + part * kPer,
-              load16(static_cast<const T*>(p.v) + src));
+      store16(const_cast<T*>(dst.key) + head_off + part * kPer, kc[i]);
+      store16(const_cast<T*>(dst.value) + head_off + part * kPer, vc[i]);
     }
   }
-  float* s_w = reinterpret_cast<float*>(smem + L::s) + warp * 16 * L::lds;
-  T* p_w = reinterpret_cast<T*>(smem + L::p) + warp * 16 * L::ldp;
-  float* o_w = reinterpret_cast<float*>(smem + L::o) + warp * 16 * L::ldo;
-  for (int e = lane; e < 16 * L::ldo; e += 32) o_w[e] = 0.0f;
-  __syncthreads();  // q_s and bad_block
-  Frag16 q_frag[DH / 16];
+  // This warp's 16 query rows as A fragments, straight from memory (rows past the sequence's
+  // end are zeros: they attend to nothing and are never written). Lane rows ra and ra + 8.
+  const int ra = warp * 16 + g, rb = ra + 8;
+  const bool real_a = ra < rows, real_b = rb < rows;
+  const T* qa = static_cast<const T*>(p.q) + (begin + i0 + ra) * p.q_stride + head_off;
+  const T* qb = qa + 8 * p.q_stride;
+  uint32_t qf[DH / 16][4];
 #pragma unroll
-  for (int kk = 0; kk < DH / 16; ++kk)
-    wmma::load_matrix_sync(q_frag[kk], q_s + warp * 16 * L::ldt + kk * 16, L::ldt);
-  // The softmax runs a row per lane pair: lane 2rr + half takes row rr of the warp's 16 and
-  // the keys half, half + 2, ... of each tile (and, of the output, dimensions half * DH/2 ..).
-  const int rr = lane / 2, half = lane % 2;
-  const int r = warp * 16 + rr;  // the row in the block
-  const bool real = r < rows;
-  const int64_t qpos = q0 + r;
-  const int64_t visible = p.causal ? min(key_len, qpos + 1) : key_len;
-  float m_run = -INFINITY, l_run = 0.0f;
+  for (int kk = 0; kk < DH / 16; ++kk) {
+    const int c = kk * 16 + 2 * t;
+    qf[kk][0] = real_a ? load32(qa + c) : 0u;
+    qf[kk][1] = real_b ? load32(qb + c) : 0u;
+    qf[kk][2] = real_a ? load32(qa + c + 8) : 0u;
+    qf[kk][3] = real_b ? load32(qb + c + 8) : 0u;
+  }
+  const int64_t pos_a = q0 + ra, pos_b = q0 + rb;
+  const int64_t visible_a = p.causal ? min(key_len, pos_a + 1) : key_len;
+  const int64_t visible_b = p.causal ? min(key_len, pos_b + 1) : key_len;
   const float slope = p.bias == AttnBias::kAlibi ? alibi_slope(h, p.heads) : 0.0f;
+  // Running max and sum of rows ra and rb (each lane of a quad holds the same), and the output
+  // accumulators: dimension group n, columns 2t and 2t + 1 of rows ra (0, 1) and rb (2, 3).
+  float m_a = -INFINITY, m_b = -INFINITY, l_a = 0.0f, l_b = 0.0f;
+  float o[DH / 8][4];
+#pragma unroll
+  for (int n = 0; n < DH / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
 
   for (int64_t j0 = 0; j0 < key_end; j0 += kKeys) {
     // K and V rows j0 .. j0 + 63 of head h (zeros past the keys this block may see).
     for (int c = tid; c < kKeys * kChunks; c += kThreads) {
       const int kr = c / kChunks, part = c % kChunks;
       const int64_t key = j0 + kr;
-      uint4 kc = make_uint4(0, 0, 0, 0), vc = kc;
+      const T *kc = nullptr, *vc = nullptr;  // zeros: keys this block may not see
       if (key < key_end) {
         const KeyRow<T> row = key_row<T>(p, s, key);
         if (row.key == nullptr) {
           bad_block = 1;
         } else {
-          kc = load16(row.key + head_off + part * kPer);
-          vc = load16(row.value + head_off + part * kPer);
+          kc = row.key + head_off + part * kPer;
+          vc = row.value + head_off + part * kPer;
         }
       }
-      store16(k_s + kr * L::ldt + part * kPer, kc);
-      store16(v_s + kr * L::ldt + part * kPer, vc);
+      copy16_async(k_s + kr * ldt + part * kPer, kc, p.q);
+      copy16_async(v_s + kr * ldt + part * kPer, vc, p.q);
     }
+    // The bias table's lookups overlap the copies.
     if (p.bias == AttnBias::kT5Relative)
       for (int e = tid; e < kRows + kKeys - 1; e += kThreads)
         rel_s[e] = attn::relative_bias(p, j0 - q0 + e - (kRows - 1), h);
+    copies_done();
     __syncthreads();
     if (bad_block) return;  // reported by key_row; the step fails
 
-      // S (16 rows x 64 keys of this warp) = Q · Kᵀ.
+    // S (16 rows x 64 keys of this warp) = Q · Kᵀ, in fragments: key group n holds keys
+    // j0 + 8n + 2t and + 1 of rows ra (x[n][0], x[n][1]) and rb (x[n][2], x[n][3]).
+    float x[kKeys / 8][4];
 #pragma unroll
-    for (int n = 0; n < kKeys / 16; ++n) {
-      Acc acc;
-      wmma::fill_fragment(acc, 0.0f);
+    for (int n = 0; n < kKeys / 8; ++n) {
+      x[n][0] = x[n][1] = x[n][2] = x[n][3] = 0.0f;
+      const T* krow = k_s + (n * 8 + g) * ldt + 2 * t;
 #pragma unroll
-      for (int kk = 0; kk < DH / 16; ++kk) {
-        wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::col_major> kf;
-        wmma::load_matrix_sync(kf, k_s + n * 16 * L::ldt + kk * 16, L::ldt);
-        wmma::mma_sync(acc, q_frag[kk], kf, acc);
-      }
-      wmma::store_matrix_sync(s_w + n * 16, acc, L::lds, wmma::mem_row_major);
+      for (int kk = 0; kk < DH / 16; ++kk)
+        mma16816<T>(x[n], qf[kk], load32(krow + kk * 16), load32(krow + kk * 16 + 8));
     }
-    __syncwarp();
-
-    // Scale, bias, masks, and the online softmax of row rr over this tile, in fp32.
-    float x[kKeys / 2];
-    float tile_max = -INFINITY;
+    // Scale, bias, masks, and the online softmax of rows ra and rb over this tile, in fp32.
+    float max_a = -INFINITY, max_b = -INFINITY;
 #pragma unroll
-    for (int i = 0; i < kKeys / 2; ++i) {
-      const int c = half + 2 * i;
-      const int64_t key = j0 + c;
-      float v = s_w[rr * L::lds + c] * p.scale;
-      if (!real)
-        v = 0.0f;  // a row past the sequence: finite, never written out
-      else if (key >= visible)
-        v = -INFINITY;
-      else if (p.bias == AttnBias::kT5Relative)
-        v += rel_s[c - r + kRows - 1];
-      else if (p.bias == AttnBias::kAlibi)
-        v += slope * static_cast<float>(key);
-      x[i] = v;
-      tile_max = fmaxf(tile_max, v);
+    for (int n = 0; n < kKeys / 8; ++n)
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        const int c = n * 8 + 2 * t + (u & 1);  // key offset in the tile
+        const bool row_b = u >= 2;
+        const int r = row_b ? rb : ra;
+        const int64_t key = j0 + c;
+        float v = x[n][u] * p.scale;
+        if (!(row_b ? real_b : real_a))
+          v = 0.0f;  // a row past the sequence: finite, never written out
+        else if (key >= (row_b ? visible_b : visible_a))
+          v = -INFINITY;
+        else if (p.bias == AttnBias::kT5Relative)
+          v += rel_s[c - r + kRows - 1];
+        else if (p.bias == AttnBias::kAlibi)
+          v += slope * static_cast<float>(key);
+        x[n][u] = v;
+        if (row_b)
+          max_b = fmaxf(max_b, v);
+        else
+          max_a = fmaxf(max_a, v);
+      }
+      // The quad's four lanes hold a row's 64 keys between them.
+#pragma unroll
+    for (int off = 1; off <= 2; off *= 2) {
+      max_a = fmaxf(max_a, __shfl_xor_sync(0xffffffffu, max_a, off));
+      max_b = fmaxf(max_b, __shfl_xor_sync(0xffffffffu, max_b, off));
     }
     // A real row sees key 0 in the first tile, so its running max is finite from then on.
-    const float m_new = fmaxf(m_run, fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1)));
-    const float correction = expf(m_run - m_new);  // 0 for the first tile
-    float sum = 0.0f;
+    const float new_a = fmaxf(m_a, max_a), new_b = fmaxf(m_b, max_b);
+    const float corr_a = expf(m_a - new_a), corr_b = expf(m_b - new_b);  // 0 for the first tile
+    m_a = new_a;
+    m_b = new_b;
+    // P (rounded to the activation type, as HF's eager attention rounds its probabilities) as
+    // the A fragments of P · V: keys 16kk .. 16kk + 15 are key groups 2kk and 2kk + 1.
+    uint32_t pf[kKeys / 16][4];
+    float sum_a = 0.0f, sum_b = 0.0f;
 #pragma unroll
-    for (int i = 0; i < kKeys / 2; ++i) {
-      const float e = expf(x[i] - m_new);
-      sum += e;
-      p_w[rr * L::ldp + half + 2 * i] = from_float<T>(e);
+    for (int n = 0; n < kKeys / 8; ++n) {
+      const float e0 = expf(x[n][0] - new_a), e1 = expf(x[n][1] - new_a);
+      const float e2 = expf(x[n][2] - new_b), e3 = expf(x[n][3] - new_b);
+      sum_a += e0 + e1;
+      sum_b += e2 + e3;
+      pf[n / 2][(n % 2) * 2] = pack2<T>(e0, e1);
+      pf[n / 2][(n % 2) * 2 + 1] = pack2<T>(e2, e3);
     }
-    l_run = l_run * correction + sum + __shfl_xor_sync(0xffffffffu, sum, 1);
-    m_run = m_new;
-    if (correction != 1.0f)
 #pragma unroll
-      for (int d = 0; d < DH / 2; ++d) o_w[rr * L::ldo + half * (DH / 2) + d] *= correction;
-    __syncwarp();
-
-    // O (16 rows x DH) += P · V.
+    for (int off = 1; off <= 2; off *= 2) {
+      sum_a += __shfl_xor_sync(0xffffffffu, sum_a, off);
+      sum_b += __shfl_xor_sync(0xffffffffu, sum_b, off);
+    }
+    l_a = l_a * corr_a + sum_a;
+    l_b = l_b * corr_b + sum_b;
+    // O (16 rows x DH) = O * correction + P · V.
 #pragma unroll
-    for (int n = 0; n < DH / 16; ++n) {
-      Acc acc;
-      wmma::load_matrix_sync(acc, o_w + n * 16, L::ldo, wmma::mem_row_major);
+    for (int n = 0; n < DH / 8; ++n) {
+      o[n][0] *= corr_a;
+      o[n][1] *= corr_a;
+      o[n][2] *= corr_b;
+      o[n][3] *= corr_b;
 #pragma unroll
       for (int kk = 0; kk < kKeys / 16; ++kk) {
-        Frag16 pf;
-        wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::row_major> vf;
-        wmma::load_matrix_sync(pf, p_w + kk * 16, L::ldp);
-        wmma::load_matrix_sync(vf, v_s + kk * 16 * L::ldt + n * 16, L::ldt);
-        wmma::mma_sync(acc, pf, vf, acc);
+        uint32_t b0, b1;
+        load_v_fragment(v_s + (kk * 16 + (lane & 15)) * ldt + n * 8, b0, b1);
+        mma16816<T>(o[n], pf[kk], b0, b1);
       }
-      wmma::store_matrix_sync(o_w + n * 16, acc, L::ldo, wmma::mem_row_major);
     }
     __syncthreads();  // k_s, v_s and rel_s are rewritten by the next tile
   }
 
-  if (!real) return;
-  const float inv = 1.0f / l_run;
-  T* yr = static_cast<T*>(p.y) + (begin + i0 + r) * static_cast<int64_t>(p.heads) * DH + head_off +
-          half * (DH / 2);
-  const float* orow = o_w + rr * L::ldo + half * (DH / 2);
+  const float inv_a = 1.0f / l_a, inv_b = 1.0f / l_b;
+  T* ya = static_cast<T*>(p.y) + (begin + i0 + ra) * static_cast<int64_t>(p.heads) * DH + head_off +
+          2 * t;
+  T* yb = ya + 8 * static_cast<int64_t>(p.heads) * DH;
 #pragma unroll
-  for (int d = 0; d < DH / 2; d += kPer) {
-    uint4 out;
-    T* e = reinterpret_cast<T*>(&out);
-#pragma unroll
-    for (int u = 0; u < kPer; ++u) e[u] = from_float<T>(orow[d + u] * inv);
-    store16(yr + d, out);
+  for (int n = 0; n < DH / 8; ++n) {
+    if (real_a)
+      *reinterpret_cast<uint32_t*>(ya + n * 8) = pack2<T>(o[n][0] * inv_a, o[n][1] * inv_a);
+    if (real_b)
+      *reinterpret_cast<uint32_t*>(yb + n * 8) = pack2<T>(o[n][2] * inv_b, o[n][3] * inv_b);
   }
 }
 
@@ -245,8 +305,8 @@ void launch_dh(const AttentionParams& p, KernelStream stream) {
   const int seq_tiles = static_cast<int>((p.longest_seq + kRows - 1) / kRows);
   const int64_t blocks = static_cast<int64_t>(p.step.num_seqs) * seq_tiles;
   launch(tiled_attention_kernel<T, DH, kRows>,
-         dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(p.heads)), kRows * 2,
-         Smem<DH, kRows>::bytes, stream, p, seq_tiles);
+         dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(p.heads)), kRows * 2, 0, stream,
+         p, seq_tiles);
 }
 
 }  // namespace
@@ -276,22 +336,8 @@ template void launch_tiled_attention<__half>(const AttentionParams&, KernelStrea
 template void launch_tiled_attention<__nv_bfloat16>(const AttentionParams&, KernelStream);
 
 cudaError_t prepare_tiled_attention() {
-  // Above 48 KB of dynamic shared memory a kernel has to ask for it.
-  cudaError_t err = cudaSuccess;
-  auto allow = [&](auto kernel, size_t bytes) {
-    if (err == cudaSuccess)
-      err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 static_cast<int>(bytes));
-  };
-  allow(tiled_attention_kernel<__half, 64, 64>, Smem<64, 64>::bytes);
-  allow(tiled_attention_kernel<__half, 128, 64>, Smem<128, 64>::bytes);
-  allow(tiled_attention_kernel<__nv_bfloat16, 64, 64>, Smem<64, 64>::bytes);
-  allow(tiled_attention_kernel<__nv_bfloat16, 128, 64>, Smem<128, 64>::bytes);
-  allow(tiled_attention_kernel<__half, 64, 32>, Smem<64, 32>::bytes);
-  allow(tiled_attention_kernel<__half, 128, 32>, Smem<128, 32>::bytes);
-  allow(tiled_attention_kernel<__nv_bfloat16, 64, 32>, Smem<64, 32>::bytes);
-  allow(tiled_attention_kernel<__nv_bfloat16, 128, 32>, Smem<128, 32>::bytes);
-  return err;
+  // The kernels' shared memory is static (under 48 KB): nothing to ask for.
+  return cudaSuccess;
 }
 
 }  // namespace kiln::cuda
