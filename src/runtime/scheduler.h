@@ -43,6 +43,9 @@ using RequestId = int64_t;
 // while the next step is queued wastes that step's row. kAuto: on where the backend
 // runs_ahead(), unless the environment sets KILN_RUN_AHEAD=0 (A/B runs); kOn: on any backend
 // (tests of the schedule on the CPU, where it changes the order of the work, not its amount).
+// While a step is unread its tokens live in the backend's argmax buffer and its results in the
+// executor's workspace: one scheduler at a time steps a compiled model (as the workspaces
+// already require).
 enum class RunAhead { kAuto, kOn, kOff };
 
 struct SchedulerOptions {

@@ -189,6 +189,27 @@ TEST_P(RunAhead, JoinsCancelsAndSamplingWhileAStepIsQueued) {
   }
 }
 
+// More requests than the batch holds: the ones waiting for room do not stop run-ahead, and are
+// admitted as the running ones finish.
+TEST_P(RunAhead, RequestsWaitingForRoomInAFullBatch) {
+  SchedulerOptions o = options(true);
+  o.max_batch = 2;
+  SchedulerOptions plain = o;
+  plain.run_ahead = kiln::RunAhead::kOff;
+  std::vector<Job> jobs;
+  int64_t n = 4;
+  for (const char* t : {"reverse: suvogi", "add: 456 + 95", "copy: vica vica vica vica",
+                        "sort: f r t d e", "upper: lubu"}) {
+    GenerationParams p = greedy(n);
+    p.ignore_eos = true;
+    jobs.push_back({t, p});
+    n += 3;
+  }
+  int64_t ahead = 0;
+  expect_same(drive(o, jobs, &ahead), drive(plain, jobs));
+  EXPECT_GT(ahead, 0);
+}
+
 // A KV budget small enough that requests are preempted: run-ahead stops where a queued step
 // would need a block the budget does not have, and the results stay the same.
 TEST_P(RunAhead, PreemptionUnderAKvBudget) {

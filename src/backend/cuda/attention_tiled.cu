@@ -103,7 +103,6 @@ __global__ void __launch_bounds__(kRows * 2, DH == 64 ? 4 * 64 / kRows : 1)
   __shared__ __align__(16) T v_s[kKeys * ldt];
   // T5: the bias of every distance key - query a tile spans (-(kRows - 1) .. 63), per tile.
   __shared__ float rel_s[kRows + kKeys - 1];
-  __shared__ int bad_block;
   pdl_begin();
   const DeviceStep& st = p.step;
   // Block x has query tile x % seq_tiles of sequence x / seq_tiles (seq_tiles: the most any
@@ -124,7 +123,6 @@ __global__ void __launch_bounds__(kRows * 2, DH == 64 ? 4 * 64 / kRows : 1)
   const int64_t key_end = p.causal ? min(key_len, q0 + rows) : key_len;
   const int64_t head_off = static_cast<int64_t>(h) * DH;
 
-  if (tid == 0) bad_block = 0;
   if (p.kind == AttnKind::kCachedSelf) {
     // The rows' key and value of head h into the sequence's cache blocks (the KV append: this
     // step's keys are read below from the step's rows, so nothing waits for these stores).
@@ -175,6 +173,7 @@ __global__ void __launch_bounds__(kRows * 2, DH == 64 ? 4 * 64 / kRows : 1)
 #pragma unroll
   for (int n = 0; n < DH / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
 
+  bool bad_block = false;  // this thread met a cache block that does not exist
   for (int64_t j0 = 0; j0 < key_end; j0 += kKeys) {
     // K and V rows j0 .. j0 + 63 of head h (zeros past the keys this block may see).
     for (int c = tid; c < kKeys * kChunks; c += kThreads) {
@@ -184,7 +183,7 @@ __global__ void __launch_bounds__(kRows * 2, DH == 64 ? 4 * 64 / kRows : 1)
       if (key < key_end) {
         const KeyRow<T> row = key_row<T>(p, s, key);
         if (row.key == nullptr) {
-          bad_block = 1;
+          bad_block = true;
         } else {
           kc = row.key + head_off + part * kPer;
           vc = row.value + head_off + part * kPer;
@@ -198,8 +197,7 @@ __global__ void __launch_bounds__(kRows * 2, DH == 64 ? 4 * 64 / kRows : 1)
       for (int e = tid; e < kRows + kKeys - 1; e += kThreads)
         rel_s[e] = attn::relative_bias(p, j0 - q0 + e - (kRows - 1), h);
     copies_done();
-    __syncthreads();
-    if (bad_block) return;  // reported by key_row; the step fails
+    if (__syncthreads_or(bad_block)) return;  // reported by key_row; the step fails
 
     // S (16 rows x 64 keys of this warp) = Q · Kᵀ, in fragments: key group n holds keys
     // j0 + 8n + 2t and + 1 of rows ra (x[n][0], x[n][1]) and rb (x[n][2], x[n][3]).

@@ -282,6 +282,7 @@ Tensor CudaContext::start_argmax_rows(const Tensor& logits, std::span<const int6
     argmax_host_ = static_cast<unsigned char*>(host);
   }
   argmax_started_ = rows;
+  argmax_after_ = checks_made_;
   auto* ids = static_cast<long long*>(argmax_device_.get());
   if (rows == 0) return Tensor::view(DType::kI64, {0}, ids, argmax_device_, Device::kCuda);
   unsigned char* flags = nullptr;
@@ -311,9 +312,10 @@ void CudaContext::finish_argmax_rows(std::span<int64_t> out) {
   if (out.empty()) return;
   KILN_CUDA_CHECK(cudaEventSynchronize(argmax_copied_));
   KILN_CUDA_CHECK(cudaGetLastError());
-  // The checks of the steps the argmax read (queued before it) are due; later ones stay.
-  while (pending_ > 0 && check_oldest(false)) {
-  }
+  // The checks of the steps queued before the argmax are due (their copies came before its
+  // ids'); a step queued after it (run-ahead) stays pending, even if it has finished: its
+  // errors are its own read's.
+  while (pending_ > 0 && checks_[first_check_].number <= argmax_after_) check_oldest();
   std::memcpy(out.data(), argmax_host_, out.size() * sizeof(int64_t));
 }
 
@@ -453,30 +455,25 @@ CudaContext::~CudaContext() {
 }
 
 void CudaContext::finish_step(const Graph& graph, bool wait) {
-  if (pending_ == kMaxPending) check_oldest(true);
+  if (pending_ == kMaxPending) check_oldest();
   PendingCheck& c = checks_[(first_check_ + pending_) % kMaxPending];
   KILN_CUDA_CHECK(
       cudaMemcpyAsync(c.host, status_, sizeof(DeviceStatus), cudaMemcpyDeviceToHost, stream_));
   KILN_CUDA_CHECK(cudaEventRecord(c.copied, stream_));
   c.graph = &graph;
+  c.number = ++checks_made_;
   ++pending_;
   if (wait || !defer_checks_) synchronize();
 }
 
-bool CudaContext::check_oldest(bool block) {
+void CudaContext::check_oldest() {
   PendingCheck& c = checks_[first_check_];
-  if (block) {
-    KILN_CUDA_CHECK(cudaEventSynchronize(c.copied));
-  } else {
-    const cudaError_t e = cudaEventQuery(c.copied);
-    if (e == cudaErrorNotReady) return false;
-    KILN_CUDA_CHECK(e);
-  }
+  KILN_CUDA_CHECK(cudaEventSynchronize(c.copied));
   const Graph& graph = *c.graph;
   const DeviceStatus st = *c.host;
   first_check_ = (first_check_ + 1) % kMaxPending;
   --pending_;
-  if (st.code == kStatusOk) return true;
+  if (st.code == kStatusOk) return;
   // The status word keeps what the failed step wrote: the steps queued after it are not
   // checked on their own (their results are not trusted either), and the word is cleared.
   KILN_CUDA_CHECK(cudaStreamSynchronize(stream_));
@@ -503,7 +500,7 @@ bool CudaContext::check_oldest(bool block) {
 void CudaContext::synchronize() {
   KILN_CUDA_CHECK(cudaStreamSynchronize(stream_));
   KILN_CUDA_CHECK(cudaGetLastError());
-  while (pending_ > 0) check_oldest(true);
+  while (pending_ > 0) check_oldest();
 }
 
 void CudaContext::abandon_step() {

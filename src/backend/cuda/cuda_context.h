@@ -209,6 +209,7 @@ class CudaContext {
   // A step's status copied behind it and not checked yet: the graph it ran, the pinned copy,
   // and an event after the copy. A ring of kMaxPending, oldest at first_check_.
   struct PendingCheck {
+    uint64_t number = 0;
     const Graph* graph = nullptr;
     DeviceStatus* host = nullptr;
     cudaEvent_t copied = nullptr;
@@ -218,8 +219,12 @@ class CudaContext {
   DeviceStatus* status_host_ = nullptr;  // pinned: kMaxPending copies
   int first_check_ = 0;
   int pending_ = 0;
-  // Checks the oldest pending copy, waiting for it (block) or not (false: not copied yet).
-  bool check_oldest(bool block);
+  // Checks are numbered in the order steps end; the last start_argmax_rows came after check
+  // argmax_after_ (its finish makes that one and those before it, not later steps').
+  uint64_t checks_made_ = 0;
+  uint64_t argmax_after_ = 0;
+  // Waits for the oldest pending copy and checks it.
+  void check_oldest();
   CudaAllocator allocator_{nullptr};
   // The step's layout: packed on the host (pinned, two halves used in turn so that a step can
   // be packed while the copy of the one before is queued; step_copied_ follows each half's

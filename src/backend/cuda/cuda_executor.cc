@@ -261,11 +261,20 @@ std::span<const Tensor> CudaExecutor::execute(std::span<const Tensor> inputs,
   const bool graphed =
       ctx_.use_graphs() && !graphs_off_ && events_.empty() && shape.tokens <= kMaxGraphTokens;
   char* staged = stage_host_inputs(inputs);
-  // Recorded however the copies end: the next step waits on it before reusing the staging.
+  // Recorded right after the input copies (not after the step's kernels: a step queued behind
+  // an unread one stages its inputs while that one runs), or, if they throw, when this scope
+  // ends: the next step waits on it before reusing the staging.
   struct RecordStaged {
     cudaEvent_t event;
     cudaStream_t stream;
-    ~RecordStaged() { cudaEventRecord(event, stream); }
+    bool done = false;
+    void record() {
+      cudaEventRecord(event, stream);
+      done = true;
+    }
+    ~RecordStaged() {
+      if (!done) cudaEventRecord(event, stream);
+    }
   } record_staged{staged_, ctx_.stream()};
   for (size_t i = 0; i < inputs.size(); ++i) {
     const int id = graph_.inputs[i];
@@ -286,6 +295,7 @@ std::span<const Tensor> CudaExecutor::execute(std::span<const Tensor> inputs,
       KILN_CUDA_CHECK(cudaMemcpyAsync(dst, src, t.nbytes(), cudaMemcpyDefault, ctx_.stream()));
     values_[id] = Tensor::view(t.dtype(), t.shape(), dst, arena.memory, Device::kCuda);
   }
+  record_staged.record();
   GraphKey key;
   if (graphed) key = graph_key(shape.tokens, step);
   // A replay needs only the outputs' views (the graph holds the kernels' addresses): the other
