@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/cuda_info.h"
 #include "core/tensor.h"
 #include "io/jsonl.h"
 #include "io/safetensors.h"
@@ -16,6 +17,15 @@ namespace kiln::test {
 
 inline std::string fixture(const std::string& rel) {
   return std::string(KILN_FIXTURES_DIR) + "/" + rel;
+}
+
+// Empty when a GPU is visible; otherwise why not ("no GPU visible (...)"), for CUDA tests to
+// skip with.
+inline std::string no_gpu_reason() {
+  const CudaInfo cuda = query_cuda();
+  if (cuda.device_count > 0) return {};
+  return "no GPU visible (" + (cuda.compiled ? cuda.error : std::string("built without CUDA")) +
+         ")";
 }
 
 inline std::vector<int64_t> ids_of(const Tensor& t) {

@@ -29,10 +29,8 @@ struct PrecisionCase {
 class CudaPrecision : public testing::TestWithParam<PrecisionCase> {
  protected:
   void SetUp() override {
-    const CudaInfo cuda = query_cuda();
-    if (cuda.device_count == 0)
-      GTEST_SKIP() << "no GPU visible (" << (cuda.compiled ? cuda.error : "built without CUDA")
-                   << "): fp16/bf16 plans run on the GPU machine";
+    if (const std::string why = no_gpu_reason(); !why.empty())
+      GTEST_SKIP() << why << ": fp16/bf16 plans run on the GPU machine";
     ctx_ = std::make_unique<Context>(ContextOptions{LogLevel::kWarning, 2});
     BuildOptions options;
     options.device = Device::kCuda;

@@ -5,7 +5,6 @@
 #include <cstdio>
 #include <memory>
 
-#include "backend/cuda_info.h"
 #include "builder/builder.h"
 #include "model_runner.h"
 #include "parity_util.h"
@@ -27,12 +26,9 @@ double logits_tolerance(Device device) { return device == Device::kCpu ? 1e-4 : 
 class Parity : public testing::TestWithParam<ModelCase> {
  protected:
   void SetUp() override {
-    if (GetParam().device == Device::kCuda) {
-      const CudaInfo cuda = query_cuda();
-      if (cuda.device_count == 0)
-        GTEST_SKIP() << "no GPU visible (" << (cuda.compiled ? cuda.error : "built without CUDA")
-                     << "): the CUDA parity runs on the GPU machine";
-    }
+    if (GetParam().device == Device::kCuda)
+      if (const std::string why = no_gpu_reason(); !why.empty())
+        GTEST_SKIP() << why << ": the CUDA parity runs on the GPU machine";
     ctx_ = std::make_unique<Context>(ContextOptions{LogLevel::kWarning, 2});
     BuildOptions options;
     options.device = GetParam().device;

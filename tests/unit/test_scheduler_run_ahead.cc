@@ -9,7 +9,6 @@
 #include <memory>
 
 #include "../models/parity_util.h"
-#include "backend/cuda_info.h"
 #include "builder/builder.h"
 #include "runtime/scheduler.h"
 
@@ -48,12 +47,9 @@ struct Outcome {
 class RunAhead : public testing::TestWithParam<Case> {
  protected:
   void SetUp() override {
-    if (GetParam().device == Device::kCuda) {
-      const CudaInfo cuda = query_cuda();
-      if (cuda.device_count == 0)
-        GTEST_SKIP() << "no GPU visible (" << (cuda.compiled ? cuda.error : "built without CUDA")
-                     << "): run-ahead on CUDA is tested on the GPU machine";
-    }
+    if (GetParam().device == Device::kCuda)
+      if (const std::string why = no_gpu_reason(); !why.empty())
+        GTEST_SKIP() << why << ": run-ahead on CUDA is tested on the GPU machine";
     ctx_ = std::make_unique<Context>(ContextOptions{LogLevel::kWarning, 2});
     BuildOptions options;
     options.device = GetParam().device;
