@@ -365,14 +365,8 @@ void Scheduler::run_decoder(const std::vector<Request*>& batch, bool apply_copie
   decoder_logits_ = out[io.logits];
   // Greedy rows cross as token ids (argmax where the logits live, when the backend can); rows
   // that sample, search beams or mask EOS copy their own logits row.
-  // Greedy rows still below min_new_tokens may not pick EOS: the device argmax skips it there.
-  ban_eos_.assign(rows_.size(), 0);
-  for (Request* r : batch)
-    for (const Beam& b : r->beams)
-      if (b.row >= 0 && b.generated < r->params.min_new_tokens) ban_eos_[b.row] = 1;
   Tensor tokens;
-  argmax_started_ =
-      model_.backend().start_argmax_rows(decoder_logits_, eos_ids_, ban_eos_, &tokens);
+  start_argmax(batch, &tokens);
   if (leave_unread && argmax_started_) {
     Unread u;
     for (Request* r : batch) u.requests.push_back(r->id);
@@ -381,6 +375,15 @@ void Scheduler::run_decoder(const std::vector<Request*>& batch, bool apply_copie
     return;
   }
   read_decoder(batch);
+}
+
+void Scheduler::start_argmax(const std::vector<Request*>& batch, Tensor* tokens) {
+  // Greedy rows still below min_new_tokens may not pick EOS: the device argmax skips it there.
+  ban_eos_.assign(rows_.size(), 0);
+  for (Request* r : batch)
+    for (const Beam& b : r->beams)
+      if (b.row >= 0 && b.generated < r->params.min_new_tokens) ban_eos_[b.row] = 1;
+  argmax_started_ = model_.backend().start_argmax_rows(decoder_logits_, eos_ids_, ban_eos_, tokens);
 }
 
 void Scheduler::read_decoder(const std::vector<Request*>& batch) {

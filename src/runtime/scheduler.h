@@ -117,12 +117,15 @@ class Scheduler {
   // Queues a decoder step over the batch and starts its argmax; reads the results unless
   // leave_unread and the argmax stayed where the logits are (then unread_ is set).
   void run_decoder(const std::vector<Request*>& batch, bool apply_copies, bool leave_unread);
+  // Starts the argmax of decoder_logits_ (the rows of the batch's scheduled beams), with the
+  // EOS bans of min_new_tokens; sets argmax_started_ and, when started, *tokens.
+  void start_argmax(const std::vector<Request*>& batch, Tensor* tokens);
   // The last decoder step's token choices to the host (argmax, top-k, logits rows).
   void read_decoder(const std::vector<Request*>& batch);
   // Run-ahead (scheduler_run_ahead.cc).
   bool can_run_ahead(const std::vector<Request*>& batch) const;
   bool step_unread(std::vector<GenerationEvent>& events);
-  Tensor launch_ahead(const std::vector<Request*>& batch, const Tensor& tokens);
+  void launch_ahead(const std::vector<Request*>& batch, const Tensor& tokens);
   void advance(Request& r, std::vector<GenerationEvent>& events);
   void advance_beams(Request& r, std::vector<GenerationEvent>& events);
   void continue_beams(Request& r, const std::vector<BeamContinuation>& next,

@@ -37,8 +37,8 @@ bool Scheduler::can_run_ahead(const std::vector<Request*>& batch) const {
 }
 
 // Queues the decode step after the unread one, fed by its tokens where they are; each sequence
-// appends one position (its KV length counts it from now on).
-Tensor Scheduler::launch_ahead(const std::vector<Request*>& batch, const Tensor& tokens) {
+// appends one position (its KV length counts it from now on). Its logits: decoder_logits_.
+void Scheduler::launch_ahead(const std::vector<Request*>& batch, const Tensor& tokens) {
   const CompiledModel::DecoderIo& io = model_.decoder_io();
   layout_.clear();
   rows_.clear();
@@ -56,7 +56,7 @@ Tensor Scheduler::launch_ahead(const std::vector<Request*>& batch, const Tensor&
   StepContext step{&layout_, kv_.get(), /*behind_unread=*/true};
   const std::span<const Tensor> out = model_.decoder().execute(inputs, &step);
   for (Request* r : batch) r->beams.front().kv.commit(1);
-  return out[io.logits];
+  decoder_logits_ = out[io.logits];
 }
 
 // Reads the unread step: first queues the step after it when can_run_ahead still holds (no
@@ -77,10 +77,9 @@ bool Scheduler::step_unread(std::vector<GenerationEvent>& events) {
     for (const Request* r : batch) need += r->beams.front().kv.blocks_needed(blocks_, 1);
     ahead = need <= blocks_.available();
   }
-  Tensor ahead_logits;
   if (ahead) {
     try {
-      ahead_logits = launch_ahead(batch, unread.tokens);
+      launch_ahead(batch, unread.tokens);
     } catch (const std::exception& e) {
       // Nothing was committed: the next call plans this step again from the host's tokens
       // (and isolates a request that makes it fail).
@@ -105,14 +104,11 @@ bool Scheduler::step_unread(std::vector<GenerationEvent>& events) {
   for (Request* r : batch)
     if (r != nullptr && !r->done) advance(*r, events);
   if (ahead) {
-    // The queued step's argmax, after this step's tokens were counted (min_new_tokens bans).
-    ban_eos_.assign(batch.size(), 0);
-    for (size_t i = 0; i < batch.size(); ++i) {
-      const Request* r = batch[i];
-      if (!r->done && r->beams.front().generated < r->params.min_new_tokens) ban_eos_[i] = 1;
-    }
+    // The queued step's argmax, after this step's tokens were counted (min_new_tokens bans; a
+    // request that stopped here keeps a row whose token nobody reads).
     Tensor tokens;
-    KILN_CHECK(backend.start_argmax_rows(ahead_logits, eos_ids_, ban_eos_, &tokens),
+    start_argmax(batch, &tokens);
+    KILN_CHECK(argmax_started_,
                "the backend took the argmax of one decode step and not of the next");
     unread_ = Unread{std::move(unread.requests), std::move(tokens)};
     ++steps_;

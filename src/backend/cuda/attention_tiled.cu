@@ -18,7 +18,6 @@ using attn::alibi_slope;
 using attn::cache_row;
 using attn::key_row;
 using attn::KeyRow;
-using attn::position_bias;
 
 constexpr int kKeys = 64;  // keys per tile
 // A step takes the tiled kernel when its sequences average at least this many rows (prompts);
@@ -332,10 +331,5 @@ void launch_tiled_attention(const AttentionParams& p, KernelStream stream) {
 }
 template void launch_tiled_attention<__half>(const AttentionParams&, KernelStream);
 template void launch_tiled_attention<__nv_bfloat16>(const AttentionParams&, KernelStream);
-
-cudaError_t prepare_tiled_attention() {
-  // The kernels' shared memory is static (under 48 KB): nothing to ask for.
-  return cudaSuccess;
-}
 
 }  // namespace kiln::cuda

@@ -44,7 +44,6 @@ class AttentionKernel final : public CudaKernel {
 
   void prepare(const Graph& graph) override {
     CudaKernel::prepare(graph);
-    KILN_CUDA_CHECK(prepare_tiled_attention());
     const AttentionAttrs& a = node_.attr<AttentionAttrs>();
     KILN_CHECK(a.head_dim >= 1 && a.head_dim <= kMaxHeadDim && a.num_heads >= 1,
                "node '{}': the cuda attention handles head_dim 1..{}, not {}", node_.name,

@@ -261,41 +261,35 @@ std::span<const Tensor> CudaExecutor::execute(std::span<const Tensor> inputs,
   const bool graphed =
       ctx_.use_graphs() && !graphs_off_ && events_.empty() && shape.tokens <= kMaxGraphTokens;
   char* staged = stage_host_inputs(inputs);
-  // Recorded right after the input copies (not after the step's kernels: a step queued behind
-  // an unread one stages its inputs while that one runs), or, if they throw, when this scope
-  // ends: the next step waits on it before reusing the staging.
-  struct RecordStaged {
-    cudaEvent_t event;
-    cudaStream_t stream;
-    bool done = false;
-    void record() {
-      cudaEventRecord(event, stream);
-      done = true;
+  {
+    // The next step waits on this event before reusing the staging. It is recorded when this
+    // block ends, however the copies end: right after them, not after the step's kernels (a
+    // step queued behind an unread one stages its inputs while that one runs).
+    struct RecordStaged {
+      cudaEvent_t event;
+      cudaStream_t stream;
+      ~RecordStaged() { cudaEventRecord(event, stream); }
+    } record_staged{staged_, ctx_.stream()};
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      const int id = graph_.inputs[i];
+      const Tensor& t = inputs[i];
+      // A graph replays with the addresses it was captured with: device inputs are copied into
+      // the arena too.
+      if (t.device() == Device::kCuda && !graphed) {
+        values_[id] = t;
+        continue;
+      }
+      char* dst = base + arena.input_offset[i];
+      const void* src = t.raw();
+      if (t.device() != Device::kCuda) {
+        src = staged;
+        staged += aligned(static_cast<int64_t>(t.nbytes()));
+      }
+      if (t.nbytes() > 0)
+        KILN_CUDA_CHECK(cudaMemcpyAsync(dst, src, t.nbytes(), cudaMemcpyDefault, ctx_.stream()));
+      values_[id] = Tensor::view(t.dtype(), t.shape(), dst, arena.memory, Device::kCuda);
     }
-    ~RecordStaged() {
-      if (!done) cudaEventRecord(event, stream);
-    }
-  } record_staged{staged_, ctx_.stream()};
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    const int id = graph_.inputs[i];
-    const Tensor& t = inputs[i];
-    // A graph replays with the addresses it was captured with: device inputs are copied into
-    // the arena too.
-    if (t.device() == Device::kCuda && !graphed) {
-      values_[id] = t;
-      continue;
-    }
-    char* dst = base + arena.input_offset[i];
-    const void* src = t.raw();
-    if (t.device() != Device::kCuda) {
-      src = staged;
-      staged += aligned(static_cast<int64_t>(t.nbytes()));
-    }
-    if (t.nbytes() > 0)
-      KILN_CUDA_CHECK(cudaMemcpyAsync(dst, src, t.nbytes(), cudaMemcpyDefault, ctx_.stream()));
-    values_[id] = Tensor::view(t.dtype(), t.shape(), dst, arena.memory, Device::kCuda);
   }
-  record_staged.record();
   GraphKey key;
   if (graphed) key = graph_key(shape.tokens, step);
   // A replay needs only the outputs' views (the graph holds the kernels' addresses): the other

@@ -237,9 +237,6 @@ void launch_topk_rows(FloatType t, const void* x, int64_t rows, int64_t cols, in
 // Attends; cached self attention also stores this step's K/V rows in the cache (in the same
 // kernel: its own keys it reads from the step's rows).
 void launch_attention(const AttentionParams& p, KernelStream stream);
-// Lets the tensor-core prompt kernels use the shared memory they need (once per context, before
-// any launch, outside graph capture).
-cudaError_t prepare_tiled_attention();
 // Largest head_dim launch_attention handles.
 inline constexpr int kMaxHeadDim = 256;
 
