@@ -3,6 +3,9 @@
 #include <gtest/gtest.h>
 
 #include "backend/cuda_info.h"
+#if KILN_HAVE_CUDA
+#include "backend/cuda/cuda_kernels.h"
+#endif
 
 namespace kiln {
 namespace {
@@ -14,6 +17,51 @@ TEST(Cuda, DeviceIsVisibleWhenPresent) {
   EXPECT_FALSE(info.first_device.empty());
   EXPECT_NE(info.first_device.find("sm_"), std::string::npos) << info.first_device;
 }
+
+#if KILN_HAVE_CUDA
+// Host-side choices of the CUDA backend, testable without a GPU.
+
+// A Linear's tactic at n rows: the one timed at n, the next larger timed count's up to 8 rows,
+// none (cuBLASLt's heuristic for n) for a prompt's other counts; with `inexact`, the next larger
+// timed count's at every n.
+TEST(Cuda, TacticForRowsUsesTimedCountsOnly) {
+  std::vector<LinearTactic> tactics;
+  for (int64_t rows : {1, 2, 4, 8, 16, 64, 256, 1024, 4096, 8192})
+    tactics.push_back({rows, rows <= 2 ? "gemv" : "cublaslt", "", 1.0f});
+  auto rows_of = [&](int64_t n, bool inexact) {
+    const LinearTactic* t = cuda::tactic_for_rows(tactics, n, inexact);
+    return t == nullptr ? int64_t{-1} : t->rows;
+  };
+  for (bool inexact : {false, true}) {
+    EXPECT_EQ(rows_of(1, inexact), 1);
+    EXPECT_EQ(rows_of(3, inexact), 4);  // up to 8 rows: the next larger timed count
+    EXPECT_EQ(rows_of(8, inexact), 8);
+    EXPECT_EQ(rows_of(16, inexact), 16);
+    EXPECT_EQ(rows_of(4096, inexact), 4096);
+  }
+  EXPECT_EQ(rows_of(12, false), -1);
+  EXPECT_EQ(rows_of(4992, false), -1);  // a batch-64 prompt of 78 tokens
+  EXPECT_EQ(rows_of(9000, false), -1);
+  EXPECT_EQ(rows_of(12, true), 16);
+  EXPECT_EQ(rows_of(4992, true), 8192);
+  EXPECT_EQ(rows_of(9000, true), 8192);
+  EXPECT_EQ(cuda::tactic_for_rows({}, 1, false), nullptr);
+  EXPECT_EQ(cuda::tactic_for_rows({}, 1, true), nullptr);
+}
+
+// The key-count buckets a batch-1 decode graph is captured per (the warp attention's block size
+// follows them): 64 keys each, all counts above four buckets in one.
+TEST(Cuda, AttentionKeyBuckets) {
+  EXPECT_EQ(cuda::attention_key_bucket(0), 0);
+  EXPECT_EQ(cuda::attention_key_bucket(1), 1);
+  EXPECT_EQ(cuda::attention_key_bucket(64), 1);
+  EXPECT_EQ(cuda::attention_key_bucket(65), 2);
+  EXPECT_EQ(cuda::attention_key_bucket(128), 2);
+  EXPECT_EQ(cuda::attention_key_bucket(256), 4);
+  EXPECT_EQ(cuda::attention_key_bucket(257), 5);
+  EXPECT_EQ(cuda::attention_key_bucket(100000), 5);
+}
+#endif
 
 }  // namespace
 }  // namespace kiln

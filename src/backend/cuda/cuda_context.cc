@@ -409,7 +409,21 @@ CudaContext::CudaContext(Context& host) : host_(host) {
                        : std::string_view(v) == "always" ? TiledAttention::kAlways
                                                          : TiledAttention::kAuto;
   programmatic_ = sm_ >= 90 && !off("KILN_CUDA_PDL");
+  if (const char* v = std::getenv("KILN_CUDA_GEMV_WARPS")) {
+    char* end = nullptr;
+    const long parsed = std::strtol(v, &end, 10);
+    KILN_CHECK_USAGE(end != v && *end == '\0' && parsed >= 1 && parsed <= 64,
+                     "KILN_CUDA_GEMV_WARPS={}: give the warps per SM, 1 to 64", v);
+    gemv_warps_per_sm_ = static_cast<int>(parsed);
+  }
+  if (const char* v = std::getenv("KILN_CUDA_ATTN_WARPS"))
+    attention_warps_ = std::string_view(v) == "4"    ? 4
+                       : std::string_view(v) == "8"  ? 8
+                       : std::string_view(v) == "16" ? 16
+                                                     : 0;
   defer_checks_ = !off("KILN_CUDA_DEFER_CHECK");
+  if (const char* v = std::getenv("KILN_CUDA_TACTICS_INEXACT"))
+    inexact_tactics_ = std::string_view(v) == "1";
   const std::string no_blas = cublaslt_load_error();
   KILN_CHECK_USAGE(no_blas.empty(), "device cuda: {}", no_blas);
   KILN_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
@@ -604,6 +618,7 @@ void CudaContext::upload_step(const StepLayout& layout) {
     if (layout.cross[s] != nullptr) longest = std::max(longest, layout.cross[s]->length());
   }
   step_key_class_ = use_splits_ ? attention_key_class(longest) : 0;
+  step_key_bucket_ = attention_key_bucket(longest);
 }
 
 Tensor CudaContext::device_weight(const Tensor& host) {

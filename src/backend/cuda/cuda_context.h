@@ -78,6 +78,14 @@ class CudaContext {
   cudaStream_t stream() const { return stream_; }
   // The stream with this context's launch policy, for kiln's kernel launchers (kernels.cuh).
   KernelStream kernel_stream() { return KernelStream(stream_, programmatic_, &after_library_); }
+  // The warps per SM the GEMV's split aims at (KILN_CUDA_GEMV_WARPS, default 16; for A/B runs).
+  int gemv_warps_per_sm() const { return gemv_warps_per_sm_; }
+  // The warps of a block of the warp attention kernel at a block per SM or fewer:
+  // KILN_CUDA_ATTN_WARPS=16|8|4 forces them (for A/B runs); 0 (default): by the key count.
+  int attention_warps() const { return attention_warps_; }
+  // KILN_CUDA_TACTICS_INEXACT=1: a Linear runs the tactic of the smallest tuned row count >= its
+  // rows at every count (LinearKernel::tactic_for; for A/B runs).
+  bool inexact_tactics() const { return inexact_tactics_; }
   // A cuBLASLt kernel was just enqueued: the next kiln kernel is launched plainly.
   void note_library_launch() { after_library_ = true; }
   cublasLtHandle_t blas() const { return blas_; }
@@ -155,6 +163,9 @@ class CudaContext {
   // attention_key_class of the current step's longest key count (split-sequence decode), and
   // the device memory of the splits' partial results (kSplitBlocks slots).
   int step_key_class() const { return step_key_class_; }
+  // attention_key_bucket of the current step's longest key count (the warp kernel's block
+  // size follows it at batch 1).
+  int step_key_bucket() const { return step_key_bucket_; }
   // The current step's longest sequence, in rows (this step's tokens only).
   int64_t step_longest_rows() const { return step_longest_rows_; }
   float* split_scratch() const { return static_cast<float*>(split_scratch_.get()); }
@@ -185,6 +196,9 @@ class CudaContext {
 
  private:
   static constexpr size_t kBlasWorkspaceBytes = 32u << 20;
+  // Warps per SM of a GEMV (gemv_split): 16 measured 4.6 % faster than 32 on flan-t5-large's
+  // batch-1 decode step on the H200 and the same on bloom-560m's.
+  static constexpr int kDefaultGemvWarps = 16;
   Context& host_;
   int device_ = 0;
   int sm_ = 0;
@@ -201,6 +215,9 @@ class CudaContext {
   bool programmatic_ = false;   // programmatic dependent launch (sm_90+, not KILN_CUDA_PDL=0)
   bool defer_checks_ = true;    // not KILN_CUDA_DEFER_CHECK=0
   bool after_library_ = false;  // note_library_launch(), until the next kiln launch
+  int gemv_warps_per_sm_ = kDefaultGemvWarps;
+  int attention_warps_ = 0;
+  bool inexact_tactics_ = false;
   std::string device_name_;
   cudaStream_t stream_ = nullptr;
   cublasLtHandle_t blas_ = nullptr;
@@ -237,6 +254,7 @@ class CudaContext {
   int block_stride_ = 0;
   DeviceStep step_{};
   int step_key_class_ = 0;
+  int step_key_bucket_ = 0;
   int64_t step_longest_rows_ = 0;
   std::shared_ptr<void> split_scratch_;
   // Keyed by the host bytes; the host tensor is kept so that its address is not reused.

@@ -214,6 +214,7 @@ CudaExecutor::GraphKey CudaExecutor::graph_key(int64_t tokens, const StepContext
     key.max_blocks = ctx_.step().max_blocks;
     key.cross_layers = ctx_.step().cross_layers;
     key.key_class = ctx_.step_key_class();
+    key.key_bucket = ctx_.step_key_bucket();
     key.step_buffer = ctx_.step_buffer();
     // The checks the attention kernels make on the host, which a replay skips.
     for (int s = 0; s < layout.num_seqs() && cross_layers_ > 0; ++s) {

@@ -51,7 +51,8 @@ class CudaExecutor final : public Executable {
     int seqs = 0;
     int max_blocks = 0;
     int cross_layers = 0;
-    int key_class = 0;  // split-sequence attention's launch shape depends on it
+    int key_class = 0;   // split-sequence attention's launch shape depends on it
+    int key_bucket = 0;  // and the warp kernel's block size at batch 1
     const void* step_buffer = nullptr;
     const void* kv_blocks = nullptr;
     int64_t kv_capacity = 0;

@@ -27,6 +27,16 @@ std::unique_ptr<Kernel> make_attention_kernel(const Node& node, CudaContext& ctx
 std::vector<LinearTactic> time_linear_tactics(const Graph& graph, const Node& node,
                                               CudaContext& ctx, std::span<const int64_t> rows);
 
+// The tactic a Linear runs at n rows, from its tactics sorted by row count: the one timed at n;
+// for other counts up to kGemvMaxRows the one of the smallest timed count >= n (GEMV or
+// cuBLASLt); null for other counts above (a prompt's rows: cuBLASLt's heuristic for the exact
+// count beats an algorithm timed at the bucket's bound — on the H200 the tuned plans' batch-64
+// time to first token was longer than --no-tune plans' in 11 of 12 runs, flan-t5-large 14.3
+// against 12.0 ms, when 4992 rows ran the algorithm timed at 8192). `inexact`
+// (KILN_CUDA_TACTICS_INEXACT=1, for A/B runs): the smallest timed count >= n at every n, else
+// the largest.
+const LinearTactic* tactic_for_rows(std::span<const LinearTactic> tactics, int64_t n, bool inexact);
+
 // Times every Linear of `graph` at the row counts `profile` can run and stores the fastest
 // kernel per count in its LinearAttrs::tactics (cuda_tactics.cc).
 void select_linear_tactics(Graph& graph, const ShapeProfile& profile, CudaContext& ctx);

@@ -63,7 +63,8 @@ class LinearKernel final : public CudaKernel {
     const bool has_bias = node_.inputs.size() > 2 && node_.inputs[2] >= 0;
     bias_in_epilogue_ = has_bias && graph.values[node_.inputs[2]].dtype == dtype_;
     bias_after_ = has_bias && !bias_in_epilogue_;
-    gemv_split_ = gemv_split(float_type(dtype_), in_, out_, ctx_.multiprocessors());
+    gemv_split_ =
+        gemv_split(float_type(dtype_), in_, out_, ctx_.multiprocessors(), ctx_.gemv_warps_per_sm());
 
     const LinearAttrs& attrs = node_.attr<LinearAttrs>();
     norm_ = attrs.norm;
@@ -286,12 +287,9 @@ class LinearKernel final : public CudaKernel {
            (tactic == nullptr || tactic->kernel == "gemv");
   }
 
-  // The tactic of the smallest tuned row count >= n (else the largest); null without tactics.
+  // The tactic for n rows (tactic_for_rows); null without tactics.
   const LinearTactic* tactic_for(int64_t n) const {
-    if (tactics_.empty()) return nullptr;
-    for (const LinearTactic& t : tactics_)
-      if (t.rows >= n) return &t;
-    return &tactics_.back();
+    return tactic_for_rows(tactics_, n, ctx_.inexact_tactics());
   }
 
   // False, launching nothing, when the GEMV cannot take o's folded norm.

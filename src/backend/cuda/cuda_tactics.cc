@@ -36,6 +36,13 @@ std::string describe(const LinearTactic& t) {
 
 }  // namespace
 
+const LinearTactic* tactic_for_rows(std::span<const LinearTactic> tactics, int64_t n,
+                                    bool inexact) {
+  for (const LinearTactic& t : tactics)
+    if (t.rows >= n) return t.rows == n || n <= kGemvMaxRows || inexact ? &t : nullptr;
+  return inexact && !tactics.empty() ? &tactics.back() : nullptr;
+}
+
 void select_linear_tactics(Graph& graph, const ShapeProfile& profile, CudaContext& ctx) {
   std::map<std::string, std::vector<int>> groups;  // signature -> nodes
   for (size_t i = 0; i < graph.nodes.size(); ++i) {

@@ -82,10 +82,11 @@ void launch_bias_activation(FloatType t, void* y, FloatType bias_t, const void* 
 // in]^T + bias)) (+ residual [rows, out], rounded again, when not null), rows <= kGemvMaxRows,
 // fp32 accumulation, weights streamed with 16-byte loads.
 // gemv_fits says whether the operands allow it (rows of whole 16-byte chunks, aligned);
-// gemv_split how many warps share a feature's row so that `out` features fill `sms` SMs.
+// gemv_split how many warps share a feature's row so that `out` features fill `sms` SMs with
+// about `warps_per_sm` warps each.
 inline constexpr int kGemvMaxRows = 8;
 bool gemv_fits(FloatType t, const void* x, const void* w, int64_t in);
-int gemv_split(FloatType t, int64_t in, int64_t out, int sms);
+int gemv_split(FloatType t, int64_t in, int64_t out, int sms, int warps_per_sm);
 struct GemvParams {
   FloatType type;
   const void* x;
@@ -197,6 +198,12 @@ struct AttentionParams {
   // Whether row-kernel steps may take the warp kernel (attention_warps.cu) where it fits.
   bool warp_rows;
   int sms;  // the GPU's multiprocessors (the warp kernel's block size follows the step's blocks)
+  // The warp kernel's warps per block when the step has a block per SM or fewer: 0 (default)
+  // the fewest of 8 and 16 that score key_bound keys in one pass; 16, 8 or 4 forced (A/B runs).
+  int warps_forced;
+  // The step's longest key count rounded up to kKeyBucket (a CUDA graph is captured per
+  // bucket: CudaContext::step_key_bucket); above kKeyBuckets buckets, more than that.
+  int64_t key_bound;
 };
 // Decode attention over long contexts splits each (row, head) along its keys: shares of at
 // least kSplitKeys keys, at most kMaxSplits of them, and only while the step's (row, head,
@@ -204,6 +211,13 @@ struct AttentionParams {
 inline constexpr int kSplitKeys = 256;
 inline constexpr int kMaxSplits = 16;
 inline constexpr int kSplitBlocks = 512;
+// Buckets of the longest key count for the warp kernel's block size (key_bound).
+inline constexpr int kKeyBucket = 64;
+inline constexpr int kKeyBuckets = 4;
+inline int attention_key_bucket(int64_t longest_keys) {
+  const int64_t b = (longest_keys + kKeyBucket - 1) / kKeyBucket;
+  return static_cast<int>(b < kKeyBuckets + 1 ? b : kKeyBuckets + 1);
+}
 inline int attention_key_class(int64_t longest_keys) {
   int c = 0;
   while (c < 4 && (int64_t{kSplitKeys} << c) < longest_keys) ++c;
