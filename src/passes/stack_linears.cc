@@ -1,9 +1,11 @@
-// Self attention's three projections of one input → one Linear over the three weights stacked
-// ([3·inner, d] as q, k, v) feeding a packed_qkv Attention (BLOOM's layout). On the CPU a
-// batch-1 decode step runs each Linear as one short pool job with its weight streams starting
-// cold: on flan-t5-base int8-weight the 768 × 768 projections took ~15 us each against ~10 us
-// for their bytes at the machine's rate, and the three of a layer in one call stream as one
-// weight. On CUDA a decode step is a chain of dependent kernels, each a few microseconds of
+// Stacking Linears that read one input into one Linear: fuse_qkv and fuse_gate_up.
+//
+// fuse_qkv: self attention's three projections of one input → one Linear over the three
+// weights stacked ([3·inner, d] as q, k, v) feeding a packed_qkv Attention (BLOOM's layout). On
+// the CPU a batch-1 decode step runs each Linear as one short pool job with its weight streams
+// starting cold: on flan-t5-base int8-weight the 768 × 768 projections took ~15 us each against
+// ~10 us for their bytes at the machine's rate, and the three of a layer in one call stream as
+// one weight. On CUDA a decode step is a chain of dependent kernels, each a few microseconds of
 // latency: one GEMV instead of three per T5 layer (and one GEMM instead of three in prefill).
 //
 // Each output is still the same dot product of the same weight row with the same input row, so
