@@ -1,4 +1,5 @@
-# Sourced by decode_ab.sh and profile.sh (needs $KILN and $LOG). `untuned_plan MODEL`
+# Sourced by decode_ab.sh, binary_ab.sh, profile.sh, tactics_ab.sh and timeline.sh (needs $KILN
+# and $LOG). `untuned_plan MODEL`
 # synthesizes MODEL's real-size checkpoint into /tmp/synth (once per machine: bloom-* in fp16,
 # the rest in fp32) and builds a CUDA plan of it with --no-tune (no tactic timing: quick) into
 # /tmp/plans, fp16 for BLOOM and bf16 for T5, logging both to $LOG. Sets `prec` and `plan`;

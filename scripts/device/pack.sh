@@ -19,6 +19,12 @@ for lib in $(ldd "$BUILD/kiln" "$BUILD/tests/kiln_tests" | awk '/=> \//{print $3
     *) cp -L "$lib" "$STAGE/lib/" ;;
   esac
 done
+# Profiling tools' libraries the GPU machine lacks (Nsight Systems' importer needs libdw), kept
+# apart from lib/ so that kiln itself never loads them.
+mkdir -p "$STAGE/toollib"
+for lib in libdw.so.1 libelf.so.1; do
+  [ -e "/usr/lib/x86_64-linux-gnu/$lib" ] && cp -L "/usr/lib/x86_64-linux-gnu/$lib" "$STAGE/toollib/"
+done
 # The fixture models' own files travel in the working tree (models/); only what the repo copy
 # lacks (HF's reference outputs) goes in the bundle, and cuda_tests.sh joins the two.
 for model in t5-tiny bloom-tiny; do

@@ -38,7 +38,9 @@ struct NoAttrs {
 
 // Linear: an activation applied to the output, when a fusion put one there.
 // A Linear kernel chosen by timing at build time (`kiln build --device cuda`, TensorRT's tactic
-// selection) for steps of up to `rows` rows (down to the next smaller tactic's rows + 1).
+// selection) for steps of `rows` rows, and of fewer rows down to the next smaller tactic's rows
+// + 1 while they are at most 64 (decode batches; cuda::tactic_for_rows: larger prompts run
+// cuBLASLt's heuristic for their exact count).
 struct LinearTactic {
   int64_t rows = 0;
   std::string kernel;  // "gemv" (kiln's) or "cublaslt"

@@ -21,9 +21,9 @@ TEST(Cuda, DeviceIsVisibleWhenPresent) {
 #if KILN_HAVE_CUDA
 // Host-side choices of the CUDA backend, testable without a GPU.
 
-// A Linear's tactic at n rows: the one timed at n, the next larger timed count's up to 8 rows,
-// none (cuBLASLt's heuristic for n) for a prompt's other counts; with `inexact`, the next larger
-// timed count's at every n.
+// A Linear's tactic at n rows: the one timed at n, the next larger timed count's up to 64 rows
+// (decode batches), none (cuBLASLt's heuristic for n) for other counts above (prompts); with
+// `inexact`, the next larger timed count's at every n.
 TEST(Cuda, TacticForRowsUsesTimedCountsOnly) {
   std::vector<LinearTactic> tactics;
   for (int64_t rows : {1, 2, 4, 8, 16, 64, 256, 1024, 4096, 8192})
@@ -34,15 +34,16 @@ TEST(Cuda, TacticForRowsUsesTimedCountsOnly) {
   };
   for (bool inexact : {false, true}) {
     EXPECT_EQ(rows_of(1, inexact), 1);
-    EXPECT_EQ(rows_of(3, inexact), 4);  // up to 8 rows: the next larger timed count
+    EXPECT_EQ(rows_of(3, inexact), 4);  // up to 64 rows: the next larger timed count
     EXPECT_EQ(rows_of(8, inexact), 8);
-    EXPECT_EQ(rows_of(16, inexact), 16);
+    EXPECT_EQ(rows_of(12, inexact), 16);  // a decode batch of 12
+    EXPECT_EQ(rows_of(33, inexact), 64);
     EXPECT_EQ(rows_of(4096, inexact), 4096);
   }
-  EXPECT_EQ(rows_of(12, false), -1);
+  EXPECT_EQ(rows_of(78, false), -1);    // a prompt of 78 tokens
   EXPECT_EQ(rows_of(4992, false), -1);  // a batch-64 prompt of 78 tokens
   EXPECT_EQ(rows_of(9000, false), -1);
-  EXPECT_EQ(rows_of(12, true), 16);
+  EXPECT_EQ(rows_of(78, true), 256);
   EXPECT_EQ(rows_of(4992, true), 8192);
   EXPECT_EQ(rows_of(9000, true), 8192);
   EXPECT_EQ(cuda::tactic_for_rows({}, 1, false), nullptr);

@@ -25,6 +25,7 @@ using attn::valid_block;
 
 constexpr int kRounds = 4;     // key rounds per chunk, loaded before any is used
 constexpr int kMaxWarps = 16;  // per block (512 threads) when the step has a block per SM or less
+constexpr int kMidWarps = 8;   // per block at up to two blocks per SM, or few keys (launch_l)
 constexpr int kFewWarps = 4;   // per block when it has more than two per SM
 
 template <typename T>
@@ -260,28 +261,29 @@ void launch_w(const AttentionParams& p, dim3 grid, KernelStream stream) {
 
 // Warps per block: as many as keep the step's blocks one wave (about one block of 16 warps, two
 // of 8 or five of 4 fit an SM at ~100 registers a thread). At a block per SM or fewer (batch-1
-// decode), 16 only where 8 would need a second pass over the keys: on the H200 flan-t5-large's
-// batch-1 decode (up to 100 keys) ran 6.6 % faster on 8-warp blocks than on 16, bloom-560m's
-// (79-177 keys) 0.9 % faster with 8 up to 128 keys and 16 after, and 1.8 % slower with 8
-// throughout (a second pass). Forced by KILN_CUDA_ATTN_WARPS for A/B runs.
+// decode; up to 8 sequences of 16 heads on 132 SMs), 16 only where kMidWarps would need a
+// second pass over the keys: on the H200 flan-t5-large's batch-1 decode (up to 100 keys) ran
+// 6.6 % faster on 8-warp blocks than on 16, bloom-560m's (79-177 keys) 1.0 % faster with 8 up to
+// 128 keys and 16 after, and 1.8 % slower with 8 throughout (a second pass). Batches 2-8 were
+// not measured. Forced by KILN_CUDA_ATTN_WARPS for A/B runs.
 template <typename T, int L>
 void launch_l(const AttentionParams& p, dim3 grid, KernelStream stream) {
   const int64_t blocks = static_cast<int64_t>(grid.x) * grid.y * grid.z;
   if (blocks <= p.sms) {
     // As few warps as score the keys in one pass (a block of 16 warps for 100 keys leaves 9
-    // idle, holding registers that the next kernel's blocks could use), at least 8 (4 was
-    // slower on both models).
+    // idle, holding registers that the next kernel's blocks could use), at least kMidWarps (4
+    // was slower on both models). Keys past the last bucket give a key_bound beyond
+    // kMaxKeyBuckets * kKeyBucketSize, which is at least what kMidWarps score in one pass.
     constexpr int kChunk = (32 / L) * kRounds;
-    const int warps =
-        p.warps_forced != 0 ? p.warps_forced
-        : p.key_bound > static_cast<int64_t>(kKeyBuckets) * kKeyBucket || p.key_bound > 8 * kChunk
-            ? kMaxWarps
-            : 8;
+    static_assert(kMidWarps * kChunk <= kMaxKeyBuckets * kKeyBucketSize);
+    const int warps = p.warps_forced != 0                ? p.warps_forced
+                      : p.key_bound > kMidWarps * kChunk ? kMaxWarps
+                                                         : kMidWarps;
     if (warps >= kMaxWarps) return launch_w<T, L, kMaxWarps>(p, grid, stream);
-    if (warps == 8) return launch_w<T, L, 8>(p, grid, stream);
+    if (warps == kMidWarps) return launch_w<T, L, kMidWarps>(p, grid, stream);
     return launch_w<T, L, kFewWarps>(p, grid, stream);
   }
-  if (blocks <= 2 * p.sms) return launch_w<T, L, 8>(p, grid, stream);
+  if (blocks <= 2 * p.sms) return launch_w<T, L, kMidWarps>(p, grid, stream);
   launch_w<T, L, kFewWarps>(p, grid, stream);
 }
 

@@ -164,7 +164,7 @@ class AttentionKernel final : public CudaKernel {
     p.warp_rows = ctx_.use_warp_attention();
     p.sms = ctx_.multiprocessors();
     p.warps_forced = ctx_.attention_warps();
-    p.key_bound = static_cast<int64_t>(ctx_.step_key_bucket()) * kKeyBucket;
+    p.key_bound = static_cast<int64_t>(ctx_.step_key_bucket()) * kKeyBucketSize;
     // The tiled kernel's grid has a block per 64 rows of the longest sequence for each sequence.
     // A replayed graph keeps it: graphs hold steps of at most 64 tokens, whose sequences all fit
     // one such block, so the grid depends on the step's shape only.

@@ -416,14 +416,18 @@ CudaContext::CudaContext(Context& host) : host_(host) {
                      "KILN_CUDA_GEMV_WARPS={}: give the warps per SM, 1 to 64", v);
     gemv_warps_per_sm_ = static_cast<int>(parsed);
   }
-  if (const char* v = std::getenv("KILN_CUDA_ATTN_WARPS"))
-    attention_warps_ = std::string_view(v) == "4"    ? 4
-                       : std::string_view(v) == "8"  ? 8
-                       : std::string_view(v) == "16" ? 16
-                                                     : 0;
+  if (const char* v = std::getenv("KILN_CUDA_ATTN_WARPS")) {
+    const std::string_view s(v);
+    KILN_CHECK_USAGE(s == "0" || s == "4" || s == "8" || s == "16",
+                     "KILN_CUDA_ATTN_WARPS={}: give 16, 8 or 4 (0: by the key count)", v);
+    attention_warps_ = s == "0" ? 0 : std::stoi(std::string(s));
+  }
   defer_checks_ = !off("KILN_CUDA_DEFER_CHECK");
-  if (const char* v = std::getenv("KILN_CUDA_TACTICS_INEXACT"))
+  if (const char* v = std::getenv("KILN_CUDA_TACTICS_INEXACT")) {
+    KILN_CHECK_USAGE(std::string_view(v) == "0" || std::string_view(v) == "1",
+                     "KILN_CUDA_TACTICS_INEXACT={}: give 1 or 0", v);
     inexact_tactics_ = std::string_view(v) == "1";
+  }
   const std::string no_blas = cublaslt_load_error();
   KILN_CHECK_USAGE(no_blas.empty(), "device cuda: {}", no_blas);
   KILN_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));

@@ -38,6 +38,7 @@ CudaExecutor::CudaExecutor(const Graph& graph, const ShapeProfile& profile, Cuda
     if (n.op != OpKind::kAttention) continue;
     has_attention_ = true;
     const AttentionAttrs& a = n.attr<AttentionAttrs>();
+    min_heads_ = min_heads_ == 0 ? a.num_heads : std::min(min_heads_, a.num_heads);
     if (a.kind == AttentionKind::kCross) cross_layers_ = std::max(cross_layers_, a.layer + 1);
   }
   if (ctx_.profile()) {
@@ -214,7 +215,11 @@ CudaExecutor::GraphKey CudaExecutor::graph_key(int64_t tokens, const StepContext
     key.max_blocks = ctx_.step().max_blocks;
     key.cross_layers = ctx_.step().cross_layers;
     key.key_class = ctx_.step_key_class();
-    key.key_bucket = ctx_.step_key_bucket();
+    // The warp attention's block size follows the key count's bucket only at a block per SM or
+    // fewer (when it is not forced): other steps do not capture a graph per bucket.
+    if (tokens * min_heads_ <= ctx_.multiprocessors() && ctx_.attention_warps() == 0 &&
+        ctx_.use_warp_attention())
+      key.key_bucket = ctx_.step_key_bucket();
     key.step_buffer = ctx_.step_buffer();
     // The checks the attention kernels make on the host, which a replay skips.
     for (int s = 0; s < layout.num_seqs() && cross_layers_ > 0; ++s) {

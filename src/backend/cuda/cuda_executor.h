@@ -8,7 +8,9 @@
 // Steps of up to kMaxGraphTokens tokens (decode steps) are replayed from CUDA graphs: the second
 // time a step of the same shape runs (same token and sequence counts, same device layout buffer
 // and KV storage), its kernels are captured into a graph, and from then on the step is one
-// graph launch instead of a launch per node. Everything a replay reads that changes per step
+// graph launch instead of a launch per node (the longest key count's class and, at a block per
+// SM or fewer, its bucket of 64 are part of the shape: the split and the block size of the decode
+// attention follow them). Everything a replay reads that changes per step
 // (inputs, the step's layout, the KV block tables) lives at fixed device addresses, and the
 // host-side checks the kernels would make are made here before each replay.
 #pragma once
@@ -52,7 +54,7 @@ class CudaExecutor final : public Executable {
     int max_blocks = 0;
     int cross_layers = 0;
     int key_class = 0;   // split-sequence attention's launch shape depends on it
-    int key_bucket = 0;  // and the warp kernel's block size at batch 1
+    int key_bucket = 0;  // and the warp kernel's block size at a block per SM or fewer
     const void* step_buffer = nullptr;
     const void* kv_blocks = nullptr;
     int64_t kv_capacity = 0;
@@ -89,6 +91,7 @@ class CudaExecutor final : public Executable {
   std::vector<Tensor> outputs_;
   std::vector<Tensor> node_in_, node_out_;
   bool has_attention_ = false;
+  int min_heads_ = 0;     // the fewest heads of the graph's attention nodes
   int cross_layers_ = 0;  // layers of cross K/V the graph's cross attention reads
   std::map<GraphKey, StepGraph> graphs_;
   bool graphs_off_ = false;  // a capture failed: eager from then on

@@ -28,13 +28,15 @@ std::vector<LinearTactic> time_linear_tactics(const Graph& graph, const Node& no
                                               CudaContext& ctx, std::span<const int64_t> rows);
 
 // The tactic a Linear runs at n rows, from its tactics sorted by row count: the one timed at n;
-// for other counts up to kGemvMaxRows the one of the smallest timed count >= n (GEMV or
-// cuBLASLt); null for other counts above (a prompt's rows: cuBLASLt's heuristic for the exact
-// count beats an algorithm timed at the bucket's bound — on the H200 the tuned plans' batch-64
-// time to first token was longer than --no-tune plans' in 11 of 12 runs, flan-t5-large 14.3
-// against 12.0 ms, when 4992 rows ran the algorithm timed at 8192). `inexact`
-// (KILN_CUDA_TACTICS_INEXACT=1, for A/B runs): the smallest timed count >= n at every n, else
-// the largest.
+// for other counts up to kTacticNearestRows (decode batches, short prompts) the one of the
+// smallest timed count >= n (GEMV or cuBLASLt); null for other counts above (prompts of many
+// rows: cuBLASLt's heuristic for the exact count beats an algorithm timed at the bucket's bound
+// — on the H200, in 11 of the 12 model comparisons of 2026-12-01's six full runs before this
+// rule, the tuned plan's batch-64 time to first token was longer than the --no-tune plan's;
+// flan-t5-large 14.3 against 12.0 ms when 4992 rows ran the algorithm timed at 8192).
+// `inexact` (KILN_CUDA_TACTICS_INEXACT=1, for A/B runs): the smallest timed count >= n at every
+// n, else the largest.
+inline constexpr int64_t kTacticNearestRows = 64;
 const LinearTactic* tactic_for_rows(std::span<const LinearTactic> tactics, int64_t n, bool inexact);
 
 // Times every Linear of `graph` at the row counts `profile` can run and stores the fastest

@@ -5,12 +5,12 @@
 // B = x. fp16/bf16 multiply with fp32 accumulation; fp32 stays fp32 unless the node allows TF32
 // (`kiln build --tf32`). The bias rides on cuBLASLt's bias epilogue when it has the output's
 // type; the activation (and a bias of another type) is one elementwise kernel after the GEMM.
-// Which kernel and cuBLASLt algorithm run for n rows: the node's tactics, timed at build time
-// (time_linear_tactics, below), or without them GEMV up to kGemvMaxRows and cuBLASLt's
-// heuristic's first algorithm above. A folded input norm (fuse_norm_linear) rides in a one-row
-// GEMV, which sums the row while it streams the weights and applies mean and 1 / std after the
-// product; before other GEMVs and cuBLASLt GEMMs the norm kernel (unit weight, no bias) writes the
-// standardized rows to the node's scratch memory.
+// Which kernel and cuBLASLt algorithm run for n rows: the node's tactic for n, timed at build
+// time (time_linear_tactics, below; tactic_for_rows), or without one GEMV up to kGemvMaxRows
+// and cuBLASLt's heuristic's first algorithm above. A folded input norm (fuse_norm_linear) rides in
+// a one-row GEMV, which sums the row while it streams the weights and applies mean and 1 / std
+// after the product; before other GEMVs and cuBLASLt GEMMs the norm kernel (unit weight, no bias)
+// writes the standardized rows to the node's scratch memory.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>

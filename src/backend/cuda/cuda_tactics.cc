@@ -39,7 +39,7 @@ std::string describe(const LinearTactic& t) {
 const LinearTactic* tactic_for_rows(std::span<const LinearTactic> tactics, int64_t n,
                                     bool inexact) {
   for (const LinearTactic& t : tactics)
-    if (t.rows >= n) return t.rows == n || n <= kGemvMaxRows || inexact ? &t : nullptr;
+    if (t.rows >= n) return t.rows == n || n <= kTacticNearestRows || inexact ? &t : nullptr;
   return inexact && !tactics.empty() ? &tactics.back() : nullptr;
 }
 

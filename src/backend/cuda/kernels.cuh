@@ -201,8 +201,8 @@ struct AttentionParams {
   // The warp kernel's warps per block when the step has a block per SM or fewer: 0 (default)
   // the fewest of 8 and 16 that score key_bound keys in one pass; 16, 8 or 4 forced (A/B runs).
   int warps_forced;
-  // The step's longest key count rounded up to kKeyBucket (a CUDA graph is captured per
-  // bucket: CudaContext::step_key_bucket); above kKeyBuckets buckets, more than that.
+  // The step's longest key count rounded up to kKeyBucketSize (a CUDA graph is captured per
+  // bucket: CudaContext::step_key_bucket); above kMaxKeyBuckets buckets, more than that.
   int64_t key_bound;
 };
 // Decode attention over long contexts splits each (row, head) along its keys: shares of at
@@ -212,11 +212,11 @@ inline constexpr int kSplitKeys = 256;
 inline constexpr int kMaxSplits = 16;
 inline constexpr int kSplitBlocks = 512;
 // Buckets of the longest key count for the warp kernel's block size (key_bound).
-inline constexpr int kKeyBucket = 64;
-inline constexpr int kKeyBuckets = 4;
+inline constexpr int kKeyBucketSize = 64;
+inline constexpr int kMaxKeyBuckets = 4;
 inline int attention_key_bucket(int64_t longest_keys) {
-  const int64_t b = (longest_keys + kKeyBucket - 1) / kKeyBucket;
-  return static_cast<int>(b < kKeyBuckets + 1 ? b : kKeyBuckets + 1);
+  const int64_t b = (longest_keys + kKeyBucketSize - 1) / kKeyBucketSize;
+  return static_cast<int>(b < kMaxKeyBuckets + 1 ? b : kMaxKeyBuckets + 1);
 }
 inline int attention_key_class(int64_t longest_keys) {
   int c = 0;

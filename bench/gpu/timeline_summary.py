@@ -1,0 +1,88 @@
+#!/usr/bin/env python3
+"""Summarizes an Nsight Systems cuda_gpu_trace CSV of a `kiln bench` run (timeline.sh).
+
+The decode steps are the kernels between two groups of host-to-device copies (each step uploads
+its layout; groups of fewer than 8 kernels, such as a run-ahead step's argmax, are left out);
+the steps with the most common kernel count, past the first quarter (capture, warm-up), are the
+steady ones. Per kernel kind (name and grid) of those: launches per step, the
+median duration, the median gap from the end of the kernel before it (negative: they overlap,
+programmatic dependent launch) and the total per step; then the step's span against the sum of
+its kernels' durations, and the first kernels of one step with their offsets."""
+import csv
+import statistics
+import sys
+from collections import Counter, defaultdict
+
+
+def column(header, *names):
+    for i, h in enumerate(header):
+        if any(h.startswith(n) for n in names):
+            return i
+    raise SystemExit(f"no column {names} in {header}")
+
+
+table = list(csv.reader(open(sys.argv[1])))
+header, rows = table[0], table[1:]
+i_start, i_dur = column(header, "Start"), column(header, "Duration")
+i_name = column(header, "Name")
+i_gx, i_gy, i_gz = column(header, "GrdX"), column(header, "GrdY"), column(header, "GrdZ")
+events = []
+for r in rows:
+    if len(r) <= i_name:
+        continue
+    name = r[i_name]
+    lower = name.lower()
+    if "memcpy" in lower:
+        if "htod" in lower or "host-to-device" in lower:
+            events.append((int(r[i_start]), 0, "copy"))
+        continue
+    if "memset" in lower or r[i_gx] in ("", "0"):
+        continue
+    short = name.replace("(anonymous namespace)::", "").replace("void ", "")
+    short = short.split("(")[0].split("<")[0].strip()[-48:]
+    events.append((int(r[i_start]), int(r[i_dur]), f"{short} ({r[i_gx]},{r[i_gy]},{r[i_gz]})"))
+events.sort()
+steps, current, after_copy = [], [], False
+for start, dur, kind in events:
+    if kind == "copy":
+        if current and not after_copy:
+            steps.append(current)
+            current = []
+        after_copy = True
+        continue
+    after_copy = False
+    current.append((start, dur, kind))
+if current:
+    steps.append(current)
+if not steps:
+    raise SystemExit("no kernels found")
+# Run-ahead uploads the next step's layout before the last step's argmax: those few kernels form
+# groups of their own; the graph's steps are the groups of many kernels.
+long_steps = [s for s in steps if len(s) >= 8]
+steps = long_steps or steps
+n, _ = Counter(len(s) for s in steps).most_common(1)[0]
+steady = [s for s in steps if len(s) == n]
+steady = steady[len(steady) // 4:] or steady
+print(f"{len(steps)} steps; {len(steady)} steady steps of {n} kernels")
+spans = [(s[-1][0] + s[-1][1] - s[0][0]) / 1000 for s in steady]
+busy = [sum(d for _, d, _ in s) / 1000 for s in steady]
+print(f"step span {statistics.median(spans):.1f} us (first kernel's start to last kernel's end); "
+      f"kernel durations add up to {statistics.median(busy):.1f} us")
+per_kind = defaultdict(lambda: ([], []))
+for s in steady:
+    end = None
+    for start, dur, kind in s:
+        per_kind[kind][0].append(dur / 1000)
+        if end is not None:
+            per_kind[kind][1].append((start - end) / 1000)
+        end = start + dur
+print(f"{'kernel (grid)':<64} {'/step':>5} {'dur us':>8} {'gap us':>8} {'us/step':>8}")
+for kind, (durs, gaps) in sorted(per_kind.items(), key=lambda kv: -sum(kv[1][0])):
+    per = len(durs) / len(steady)
+    d = statistics.median(durs)
+    g = statistics.median(gaps) if gaps else 0.0
+    print(f"{kind:<64} {per:5.0f} {d:8.2f} {g:8.2f} {per * d:8.1f}")
+middle = steady[len(steady) // 2]
+print("one steady step, first 16 kernels: offset from its first kernel's start, duration (us)")
+for start, dur, kind in middle[:16]:
+    print(f"  {(start - middle[0][0]) / 1000:8.2f} {dur / 1000:7.2f}  {kind}")
