@@ -61,6 +61,11 @@ TEST(Cuda, AttentionKeyBuckets) {
   EXPECT_EQ(cuda::attention_key_bucket(256), 4);
   EXPECT_EQ(cuda::attention_key_bucket(257), 5);
   EXPECT_EQ(cuda::attention_key_bucket(100000), 5);
+  // Only steps of a block per SM or fewer, sizes not forced, follow the bucket.
+  EXPECT_TRUE(cuda::warps_follow_keys(16, 132, 0));
+  EXPECT_TRUE(cuda::warps_follow_keys(132, 132, 0));
+  EXPECT_FALSE(cuda::warps_follow_keys(133, 132, 0));
+  EXPECT_FALSE(cuda::warps_follow_keys(16, 132, 8));
 }
 #endif
 

@@ -276,9 +276,9 @@ void launch_l(const AttentionParams& p, dim3 grid, KernelStream stream) {
     // kMaxKeyBuckets * kKeyBucketSize, which is at least what kMidWarps score in one pass.
     constexpr int kChunk = (32 / L) * kRounds;
     static_assert(kMidWarps * kChunk <= kMaxKeyBuckets * kKeyBucketSize);
-    const int warps = p.warps_forced != 0                ? p.warps_forced
-                      : p.key_bound > kMidWarps * kChunk ? kMaxWarps
-                                                         : kMidWarps;
+    const int warps = !warps_follow_keys(blocks, p.sms, p.warps_forced) ? p.warps_forced
+                      : p.key_bound > kMidWarps * kChunk                ? kMaxWarps
+                                                                        : kMidWarps;
     if (warps >= kMaxWarps) return launch_w<T, L, kMaxWarps>(p, grid, stream);
     if (warps == kMidWarps) return launch_w<T, L, kMidWarps>(p, grid, stream);
     return launch_w<T, L, kFewWarps>(p, grid, stream);

@@ -420,7 +420,7 @@ CudaContext::CudaContext(Context& host) : host_(host) {
     const std::string_view s(v);
     KILN_CHECK_USAGE(s == "0" || s == "4" || s == "8" || s == "16",
                      "KILN_CUDA_ATTN_WARPS={}: give 16, 8 or 4 (0: by the key count)", v);
-    attention_warps_ = s == "0" ? 0 : std::stoi(std::string(s));
+    attention_warps_ = std::atoi(v);
   }
   defer_checks_ = !off("KILN_CUDA_DEFER_CHECK");
   if (const char* v = std::getenv("KILN_CUDA_TACTICS_INEXACT")) {

@@ -215,10 +215,10 @@ CudaExecutor::GraphKey CudaExecutor::graph_key(int64_t tokens, const StepContext
     key.max_blocks = ctx_.step().max_blocks;
     key.cross_layers = ctx_.step().cross_layers;
     key.key_class = ctx_.step_key_class();
-    // The warp attention's block size follows the key count's bucket only at a block per SM or
-    // fewer (when it is not forced): other steps do not capture a graph per bucket.
-    if (tokens * min_heads_ <= ctx_.multiprocessors() && ctx_.attention_warps() == 0 &&
-        ctx_.use_warp_attention())
+    // Only steps whose warp attention sizes its blocks by the keys capture a graph per bucket
+    // (the fewest heads give the fewest blocks; splits only add blocks).
+    if (ctx_.use_warp_attention() &&
+        warps_follow_keys(tokens * min_heads_, ctx_.multiprocessors(), ctx_.attention_warps()))
       key.key_bucket = ctx_.step_key_bucket();
     key.step_buffer = ctx_.step_buffer();
     // The checks the attention kernels make on the host, which a replay skips.

@@ -218,6 +218,12 @@ inline int attention_key_bucket(int64_t longest_keys) {
   const int64_t b = (longest_keys + kKeyBucketSize - 1) / kKeyBucketSize;
   return static_cast<int>(b < kMaxKeyBuckets + 1 ? b : kMaxKeyBuckets + 1);
 }
+// Whether the warp kernel sizes the blocks of a step of `blocks` (row, head, split) blocks by
+// key_bound: at a block per SM or fewer, unless the size is forced (warps_forced). The one rule
+// for the launch (attention_warps.cu) and for the CUDA graph key, which then holds the bucket.
+inline bool warps_follow_keys(int64_t blocks, int sms, int warps_forced) {
+  return blocks <= sms && warps_forced == 0;
+}
 inline int attention_key_class(int64_t longest_keys) {
   int c = 0;
   while (c < 4 && (int64_t{kSplitKeys} << c) < longest_keys) ++c;
