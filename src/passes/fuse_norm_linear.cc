@@ -8,7 +8,7 @@
 // the mean and the row sums. The one-row GEMV never rounds the normalized row; other steps
 // standardize x with the norm kernel into the activations' type first, so a row's result can
 // differ in the last bits between one row and more (the GEMV's row sums and cuBLASLt already
-// made CUDA's Linears batch-dependent above 8 rows).
+// made CUDA's Linears batch-dependent above a few rows).
 // Folded only when every reader of the norm's output is a Linear reading it as its input, with
 // a constant f32/f16/bf16 weight that no other node reads (a tied lm_head shares its table with
 // the embedding and is left alone), and when the folded weight and bias stay finite in the

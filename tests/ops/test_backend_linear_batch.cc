@@ -199,9 +199,10 @@ TEST(BackendOps, BadInputCpuRefusesAFusedNorm) {
   expect_cpu_refuses(fused, "folded input norm");
 }
 
-// Decode-sized linears (CUDA's GEMV: up to 8 rows, four features per warp, warps sharing a row
-// when features are few) against the reference: feature counts that are not a multiple of four,
-// long rows split across warps, with and without bias and activation, every float dtype.
+// Decode-sized linears (CUDA's GEMV: up to 3 rows, up to 8 on the backend variant that forces
+// it; four features per warp, warps sharing a row when features are few) against the reference:
+// feature counts that are not a multiple of four, long rows split across warps, with and without
+// bias and activation, every float dtype.
 TEST(BackendOps, FewRowLinearsMatchReference) {
   const std::unique_ptr<Backend> reference = reference_backend();
   struct Shape2 {

@@ -2,6 +2,10 @@
 // skipped, saying why, everywhere else.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+#include <string>
+
+#include "backend/backend.h"
 #include "backend/cuda_info.h"
 #if KILN_HAVE_CUDA
 #include "backend/cuda/cuda_kernels.h"
@@ -68,6 +72,29 @@ TEST(Cuda, AttentionKeyBuckets) {
   EXPECT_FALSE(cuda::warps_follow_keys(16, 132, 8));
 }
 #endif
+
+// The CUDA backend's A/B switches refuse values they do not take, naming the variable and the
+// value, instead of running with a default the user did not ask for.
+TEST(Cuda, BadInputSwitchValuesAreRefused) {
+  const CudaInfo info = query_cuda();
+  if (info.device_count == 0) GTEST_SKIP() << "no GPU visible: the switches are read with a device";
+  const std::pair<const char*, const char*> bad[] = {
+      {"KILN_CUDA_GEMV_ROWS", "0"},  {"KILN_CUDA_GEMV_ROWS", "9"},
+      {"KILN_CUDA_GEMV_ROWS", "2x"}, {"KILN_CUDA_GEMV_WARPS", "0"},
+      {"KILN_CUDA_ATTN_WARPS", "3"}, {"KILN_CUDA_TACTICS_INEXACT", "yes"}};
+  for (const auto& [name, value] : bad) {
+    setenv(name, value, 1);
+    Context ctx(ContextOptions{LogLevel::kError, 1});
+    try {
+      make_cuda_backend(ctx);
+      ADD_FAILURE() << name << "=" << value << " was accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(std::string(name) + "=" + value), std::string::npos)
+          << e.what();
+    }
+    unsetenv(name);
+  }
+}
 
 }  // namespace
 }  // namespace kiln

@@ -416,6 +416,15 @@ CudaContext::CudaContext(Context& host) : host_(host) {
                      "KILN_CUDA_GEMV_WARPS={}: give the warps per SM, 1 to 64", v);
     gemv_warps_per_sm_ = static_cast<int>(parsed);
   }
+  if (const char* v = std::getenv("KILN_CUDA_GEMV_ROWS")) {
+    char* end = nullptr;
+    const long parsed = std::strtol(v, &end, 10);
+    KILN_CHECK_USAGE(end != v && *end == '\0' && parsed >= 1 && parsed <= kGemvMaxRows,
+                     "KILN_CUDA_GEMV_ROWS={}: give the most rows an untuned Linear runs on the "
+                     "GEMV, 1 to {}",
+                     v, kGemvMaxRows);
+    gemv_rows_ = static_cast<int>(parsed);
+  }
   if (const char* v = std::getenv("KILN_CUDA_ATTN_WARPS")) {
     const std::string_view s(v);
     KILN_CHECK_USAGE(s == "0" || s == "4" || s == "8" || s == "16",

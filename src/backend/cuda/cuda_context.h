@@ -115,6 +115,9 @@ class CudaContext {
   // kernel (a block of threads per row and head) instead of the warp kernel
   // (attention_warps.cu) wherever that fits (for A/B runs, and tests of the row kernel).
   bool use_warp_attention() const { return use_warp_attention_; }
+  // The most rows a Linear without a tactic runs on the GEMV (kGemvDefaultRows;
+  // KILN_CUDA_GEMV_ROWS=1..8 for A/B runs and for tests of the GEMV at every row count).
+  int gemv_rows() const { return gemv_rows_; }
   // KILN_CUDA_GEMV_NORM=0: a Linear's fused input norm runs as the norm kernel into scratch
   // memory before the GEMV too, instead of inside it (the unfused kernels, for A/B runs).
   bool use_gemv_norm() const { return use_gemv_norm_; }
@@ -217,6 +220,7 @@ class CudaContext {
   bool defer_checks_ = true;    // not KILN_CUDA_DEFER_CHECK=0
   bool after_library_ = false;  // note_library_launch(), until the next kiln launch
   int gemv_warps_per_sm_ = kDefaultGemvWarps;
+  int gemv_rows_ = kGemvDefaultRows;
   int attention_warps_ = 0;
   bool inexact_tactics_ = false;
   std::string device_name_;

@@ -1,20 +1,21 @@
-// Linear: up to kGemvMaxRows rows (decode) on kiln's GEMV (gemv.cu), which streams the weights
-// at HBM speed where cuBLASLt's GEMMs spend 10-50 us on a single row; more rows on cuBLASLt:
+// Linear: decode's few rows on kiln's GEMV (gemv.cu), which streams the weights at HBM speed
+// where cuBLASLt's GEMMs spend 10-50 us on a single row; more rows on cuBLASLt:
 // y [n, out] = x [n, in] · w [out, in]^T (+ bias) (then the fused
 // activation). Row-major y is column-major y^T [out, n] = w · x^T, so A = w (transposed),
 // B = x. fp16/bf16 multiply with fp32 accumulation; fp32 stays fp32 unless the node allows TF32
 // (`kiln build --tf32`). The bias rides on cuBLASLt's bias epilogue when it has the output's
 // type; the activation (and a bias of another type) is one elementwise kernel after the GEMM.
 // Which kernel and cuBLASLt algorithm run for n rows: the node's tactic for n, timed at build
-// time (time_linear_tactics, below; tactic_for_rows), or without one GEMV up to kGemvMaxRows
-// and cuBLASLt's heuristic's first algorithm above. A folded input norm (fuse_norm_linear) rides in
-// a one-row GEMV, which sums the row while it streams the weights and applies mean and 1 / std
-// after the product; before other GEMVs and cuBLASLt GEMMs the norm kernel (unit weight, no bias)
-// writes the standardized rows to the node's scratch memory.
+// time (time_linear_tactics, below; tactic_for_rows), or without one GEMV up to
+// kGemvDefaultRows (CudaContext::gemv_rows) and cuBLASLt's heuristic's first algorithm above. A
+// folded input norm (fuse_norm_linear) rides in a one-row GEMV, which sums the row while it streams
+// the weights and applies mean and 1 / std after the product; before other GEMVs and cuBLASLt GEMMs
+// the norm kernel (unit weight, no bias) writes the standardized rows to the node's scratch memory.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <map>
+#include <optional>
 
 #include "backend/cuda/cuda_kernels.h"
 #include "graph/workspace.h"
@@ -193,20 +194,22 @@ class LinearKernel final : public CudaKernel {
     };
     std::vector<LinearTactic> out;
     for (int64_t n : rows) {
-      // The untuned choice (GEMV up to kGemvMaxRows, else the heuristic's first) is timed first
+      // The untuned choice (GEMV up to gemv_rows(), else the heuristic's first) is timed first
       // and kept unless another candidate beats it by kClearWin: one launch after an L2 flush is
       // a noisy measure (a 130 us lm_head GEMM timed faster here than the GEMV that runs faster
       // in real decode steps), so a tactic only overrides the default on a clear win.
       constexpr float kClearWin = 0.9f;
       std::vector<LinearTactic> timed;
+      std::optional<LinearTactic> gemv;
       if (n <= kGemvMaxRows && ctx_.use_gemv() &&
           gemv_fits(float_type(dtype_), x.get(), w.raw(), in_)) {
-        const LinearTactic gemv{n, "gemv", "", 0.0f};
-        timed.push_back({n, "gemv", "", time([&] {
-                           run_rows(n, o, &gemv);
-                           return true;
-                         })});
+        const LinearTactic chosen{n, "gemv", "", 0.0f};
+        gemv = LinearTactic{n, "gemv", "", time([&] {
+                              run_rows(n, o, &chosen);
+                              return true;
+                            })};
       }
+      if (gemv && n <= ctx_.gemv_rows()) timed.push_back(*gemv);
       const Plan& plan = plan_for(n, nullptr);
       for (const cublasLtMatmulAlgo_t& algo : plan.candidates) {
         const float us = time([&] {
@@ -215,6 +218,7 @@ class LinearKernel final : public CudaKernel {
         });
         if (std::isfinite(us)) timed.push_back({n, "cublaslt", algo_string(algo), us});
       }
+      if (gemv && n > ctx_.gemv_rows()) timed.push_back(*gemv);
       KILN_CHECK(!timed.empty(), "node '{}': no kernel ran a {} linear of [{}, {}] x [{}, {}]^T",
                  node_.name, dtype_name(dtype_), n, in_, out_, in_);
       const LinearTactic* fastest = &timed.front();
@@ -281,10 +285,10 @@ class LinearKernel final : public CudaKernel {
   }
 
   // Whether n rows run on kiln's GEMV: few enough, operands that fit it, and the tactic for n
-  // (when tuned) chose it.
+  // chose it (without one: up to gemv_rows()).
   bool gemv_runs(int64_t n, const void* x, const void* w, const LinearTactic* tactic) const {
     return n <= kGemvMaxRows && ctx_.use_gemv() && gemv_fits(float_type(dtype_), x, w, in_) &&
-           (tactic == nullptr || tactic->kernel == "gemv");
+           (tactic != nullptr ? tactic->kernel == "gemv" : n <= ctx_.gemv_rows());
   }
 
   // The tactic for n rows (tactic_for_rows); null without tactics.
