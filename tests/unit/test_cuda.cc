@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <optional>
 #include <string>
 
 #include "backend/backend.h"
@@ -73,17 +74,41 @@ TEST(Cuda, AttentionKeyBuckets) {
 }
 #endif
 
-// The CUDA backend's A/B switches refuse values they do not take, naming the variable and the
-// value, instead of running with a default the user did not ask for.
+// Sets an environment variable for its lifetime, then restores what was there.
+class EnvFor {
+ public:
+  EnvFor(const char* name, const char* value) : name_(name) {
+    if (const char* before = std::getenv(name)) saved_ = before;
+    setenv(name, value, 1);
+  }
+  ~EnvFor() {
+    if (saved_)
+      setenv(name_, saved_->c_str(), 1);
+    else
+      unsetenv(name_);
+  }
+  EnvFor(const EnvFor&) = delete;
+  EnvFor& operator=(const EnvFor&) = delete;
+
+ private:
+  const char* name_;
+  std::optional<std::string> saved_;
+};
+
+// The CUDA backend's numeric and on/off A/B switches (GEMV rows and warps, attention warps,
+// inexact tactics) refuse values they do not take, naming the variable and the value, instead
+// of running with a default the user did not ask for; the values they take are accepted.
 TEST(Cuda, BadInputSwitchValuesAreRefused) {
   const CudaInfo info = query_cuda();
   if (info.device_count == 0) GTEST_SKIP() << "no GPU visible: the switches are read with a device";
   const std::pair<const char*, const char*> bad[] = {
-      {"KILN_CUDA_GEMV_ROWS", "0"},  {"KILN_CUDA_GEMV_ROWS", "9"},
-      {"KILN_CUDA_GEMV_ROWS", "2x"}, {"KILN_CUDA_GEMV_WARPS", "0"},
-      {"KILN_CUDA_ATTN_WARPS", "3"}, {"KILN_CUDA_TACTICS_INEXACT", "yes"}};
+      {"KILN_CUDA_GEMV_ROWS", "0"},        {"KILN_CUDA_GEMV_ROWS", "9"},
+      {"KILN_CUDA_GEMV_ROWS", "2x"},       {"KILN_CUDA_GEMV_ROWS", " 3"},
+      {"KILN_CUDA_GEMV_ROWS", "+3"},       {"KILN_CUDA_GEMV_WARPS", "0"},
+      {"KILN_CUDA_GEMV_WARPS", ""},        {"KILN_CUDA_ATTN_WARPS", "3"},
+      {"KILN_CUDA_TACTICS_INEXACT", "yes"}};
   for (const auto& [name, value] : bad) {
-    setenv(name, value, 1);
+    const EnvFor env(name, value);
     Context ctx(ContextOptions{LogLevel::kError, 1});
     try {
       make_cuda_backend(ctx);
@@ -92,7 +117,16 @@ TEST(Cuda, BadInputSwitchValuesAreRefused) {
       EXPECT_NE(std::string(e.what()).find(std::string(name) + "=" + value), std::string::npos)
           << e.what();
     }
-    unsetenv(name);
+  }
+  const std::pair<const char*, const char*> good[] = {{"KILN_CUDA_GEMV_ROWS", "1"},
+                                                      {"KILN_CUDA_GEMV_ROWS", "8"},
+                                                      {"KILN_CUDA_GEMV_WARPS", "16"},
+                                                      {"KILN_CUDA_ATTN_WARPS", "8"},
+                                                      {"KILN_CUDA_TACTICS_INEXACT", "1"}};
+  for (const auto& [name, value] : good) {
+    const EnvFor env(name, value);
+    Context ctx(ContextOptions{LogLevel::kError, 1});
+    EXPECT_NO_THROW(make_cuda_backend(ctx)) << name << "=" << value;
   }
 }
 

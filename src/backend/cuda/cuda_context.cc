@@ -409,22 +409,22 @@ CudaContext::CudaContext(Context& host) : host_(host) {
                        : std::string_view(v) == "always" ? TiledAttention::kAlways
                                                          : TiledAttention::kAuto;
   programmatic_ = sm_ >= 90 && !off("KILN_CUDA_PDL");
-  if (const char* v = std::getenv("KILN_CUDA_GEMV_WARPS")) {
-    char* end = nullptr;
-    const long parsed = std::strtol(v, &end, 10);
-    KILN_CHECK_USAGE(end != v && *end == '\0' && parsed >= 1 && parsed <= 64,
-                     "KILN_CUDA_GEMV_WARPS={}: give the warps per SM, 1 to 64", v);
-    gemv_warps_per_sm_ = static_cast<int>(parsed);
-  }
-  if (const char* v = std::getenv("KILN_CUDA_GEMV_ROWS")) {
-    char* end = nullptr;
-    const long parsed = std::strtol(v, &end, 10);
-    KILN_CHECK_USAGE(end != v && *end == '\0' && parsed >= 1 && parsed <= kGemvMaxRows,
-                     "KILN_CUDA_GEMV_ROWS={}: give the most rows an untuned Linear runs on the "
-                     "GEMV, 1 to {}",
-                     v, kGemvMaxRows);
-    gemv_rows_ = static_cast<int>(parsed);
-  }
+  // A whole number switch: digits only, in [lo, hi]; else a usage error naming it.
+  auto number = [](const char* name, int lo, int hi, const char* what, int* out) {
+    const char* v = std::getenv(name);
+    if (v == nullptr) return;
+    const std::string_view s(v);
+    const bool digits = !s.empty() && s.size() <= 9 && std::all_of(s.begin(), s.end(), [](char c) {
+      return c >= '0' && c <= '9';
+    });
+    const long parsed = digits ? std::strtol(v, nullptr, 10) : -1;
+    KILN_CHECK_USAGE(digits && parsed >= lo && parsed <= hi, "{}={}: give {}, {} to {}", name, v,
+                     what, lo, hi);
+    *out = static_cast<int>(parsed);
+  };
+  number("KILN_CUDA_GEMV_WARPS", 1, 64, "the warps per SM", &gemv_warps_per_sm_);
+  number("KILN_CUDA_GEMV_ROWS", 1, kGemvMaxRows, "the most rows an untuned Linear runs on the GEMV",
+         &gemv_rows_);
   if (const char* v = std::getenv("KILN_CUDA_ATTN_WARPS")) {
     const std::string_view s(v);
     KILN_CHECK_USAGE(s == "0" || s == "4" || s == "8" || s == "16",

@@ -90,7 +90,8 @@ inline constexpr int kGemvMaxRows = 8;
 // (each row's sums in registers: fewer blocks an SM). On the H200, untuned decode at batch 2 /
 // 3 / 4 / 8 ran 2271 / 2886 / 3291 / 2800 tokens/s on the GEMV and 1907 / 2831 / 3760 / 7862 on
 // cuBLASLt (bloom-560m; flan-t5-large 1973 / 2449 / 2802 / 2794 against 1448 / 2428 / 3209 /
-// 6746; bench/gpu/h200-2026-12-01u-gemv-rows-ab.log). Tuned plans time both at 1, 2, 4 and 8.
+// 6746; bench/gpu/h200-2026-12-01u-gemv-rows-ab.log, batch 2 on cuBLASLt from
+// -01u-gemv-vs-cublaslt-b2-8.log). Tuned plans time both at 1, 2, 4 and 8.
 inline constexpr int kGemvDefaultRows = 3;
 bool gemv_fits(FloatType t, const void* x, const void* w, int64_t in);
 int gemv_split(FloatType t, int64_t in, int64_t out, int sms, int warps_per_sm);
