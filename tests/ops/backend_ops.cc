@@ -8,35 +8,11 @@
 #include <string>
 
 #include "../models/graph_runner.h"
+#include "../scoped_env.h"
 #include "backend/reference/reference_backend.h"
 #include "f16_reference.h"
 
 namespace kiln::test {
-namespace {
-
-// Sets an environment variable for its lifetime (the CUDA context reads its switches when it is
-// created), then restores it.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    if (const char* before = std::getenv(name)) saved_ = before;
-    setenv(name, value, 1);
-  }
-  ~ScopedEnv() {
-    if (saved_)
-      setenv(name_, saved_->c_str(), 1);
-    else
-      unsetenv(name_);
-  }
-  ScopedEnv(const ScopedEnv&) = delete;
-  ScopedEnv& operator=(const ScopedEnv&) = delete;
-
- private:
-  const char* name_;
-  std::optional<std::string> saved_;
-};
-
-}  // namespace
 
 std::vector<NamedBackend> available_backends() {
   std::vector<NamedBackend> out;

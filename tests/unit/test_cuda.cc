@@ -2,10 +2,9 @@
 // skipped, saying why, everywhere else.
 #include <gtest/gtest.h>
 
-#include <cstdlib>
-#include <optional>
 #include <string>
 
+#include "../scoped_env.h"
 #include "backend/backend.h"
 #include "backend/cuda_info.h"
 #if KILN_HAVE_CUDA
@@ -74,27 +73,6 @@ TEST(Cuda, AttentionKeyBuckets) {
 }
 #endif
 
-// Sets an environment variable for its lifetime, then restores what was there.
-class EnvFor {
- public:
-  EnvFor(const char* name, const char* value) : name_(name) {
-    if (const char* before = std::getenv(name)) saved_ = before;
-    setenv(name, value, 1);
-  }
-  ~EnvFor() {
-    if (saved_)
-      setenv(name_, saved_->c_str(), 1);
-    else
-      unsetenv(name_);
-  }
-  EnvFor(const EnvFor&) = delete;
-  EnvFor& operator=(const EnvFor&) = delete;
-
- private:
-  const char* name_;
-  std::optional<std::string> saved_;
-};
-
 // The CUDA backend's numeric and on/off A/B switches (GEMV rows and warps, attention warps,
 // inexact tactics) refuse values they do not take, naming the variable and the value, instead
 // of running with a default the user did not ask for; the values they take are accepted.
@@ -108,7 +86,7 @@ TEST(Cuda, BadInputSwitchValuesAreRefused) {
       {"KILN_CUDA_GEMV_WARPS", ""},        {"KILN_CUDA_ATTN_WARPS", "3"},
       {"KILN_CUDA_TACTICS_INEXACT", "yes"}};
   for (const auto& [name, value] : bad) {
-    const EnvFor env(name, value);
+    const test::ScopedEnv env(name, value);
     Context ctx(ContextOptions{LogLevel::kError, 1});
     try {
       make_cuda_backend(ctx);
@@ -124,7 +102,7 @@ TEST(Cuda, BadInputSwitchValuesAreRefused) {
                                                       {"KILN_CUDA_ATTN_WARPS", "8"},
                                                       {"KILN_CUDA_TACTICS_INEXACT", "1"}};
   for (const auto& [name, value] : good) {
-    const EnvFor env(name, value);
+    const test::ScopedEnv env(name, value);
     Context ctx(ContextOptions{LogLevel::kError, 1});
     EXPECT_NO_THROW(make_cuda_backend(ctx)) << name << "=" << value;
   }
