@@ -101,7 +101,7 @@ void select_tactics(ModelIR& model, Context& ctx) {
   if (gpu.device_count == 0) {
     ctx.log().info(
         "tactics: no GPU visible, so none are timed: kernels are chosen when the plan loads "
-        "(GEMV for up to 3 rows, cuBLASLt's heuristic above). Build on the GPU to time them.");
+        "(GEMV for up to 5 rows, cuBLASLt's heuristic above). Build on the GPU to time them.");
     return;
   }
   const std::unique_ptr<Backend> backend = make_backend(ctx, Device::kCuda);

@@ -42,7 +42,7 @@ std::vector<NamedBackend> available_backends() {
     out.push_back({"cuda", std::move(ctx), std::move(backend), /*batch_invariant=*/false});
     // Again with attention.cu's row kernel where the warp kernel would take the step, and
     // kiln's GEMV for every Linear of up to 8 rows (tuned plans may choose it there; without a
-    // tactic it takes up to 3 rows).
+    // tactic it takes up to 5 rows).
     {
       const ScopedEnv block_rows("KILN_CUDA_WARP_ATTN", "0"), gemv_rows("KILN_CUDA_GEMV_ROWS", "8");
       auto block_ctx = std::make_unique<Context>(ContextOptions{LogLevel::kError, 1});

@@ -78,8 +78,14 @@ class CudaContext {
   cudaStream_t stream() const { return stream_; }
   // The stream with this context's launch policy, for kiln's kernel launchers (kernels.cuh).
   KernelStream kernel_stream() { return KernelStream(stream_, programmatic_, &after_library_); }
-  // The warps per SM the GEMV's split aims at (KILN_CUDA_GEMV_WARPS, default 16; for A/B runs).
-  int gemv_warps_per_sm() const { return gemv_warps_per_sm_; }
+  // The warps per SM the GEMV's split aims at for `rows` rows: 16 at one row, 8 at more
+  // (kGemvWarpsOneRow, kGemvWarpsMoreRows); KILN_CUDA_GEMV_WARPS=N sets N at every row count (for
+  // A/B runs).
+  int gemv_warps_per_sm(int64_t rows) const {
+    return gemv_warps_forced_ > 0 ? gemv_warps_forced_
+           : rows <= 1            ? kGemvWarpsOneRow
+                                  : kGemvWarpsMoreRows;
+  }
   // The warps of a block of the warp attention kernel at a block per SM or fewer:
   // KILN_CUDA_ATTN_WARPS=16|8|4 forces them (for A/B runs); 0 (default): by the key count.
   int attention_warps() const { return attention_warps_; }
@@ -199,10 +205,15 @@ class CudaContext {
 
  private:
   static constexpr size_t kBlasWorkspaceBytes = 32u << 20;
-  // Warps per SM of a GEMV (gemv_split): 16 measured 4.6 % faster than 32 on flan-t5-large's
-  // batch-1 decode step on the H200 (its gate/up GEMV takes 2 warps a feature group instead of
-  // 4); bloom-560m's splits are the same at both.
-  static constexpr int kDefaultGemvWarps = 16;
+  // Warps per SM of a GEMV (gemv_split). One row: 16 measured 4.6 % faster than 32 on
+  // flan-t5-large's batch-1 decode step on the H200 (its gate/up GEMV takes 2 warps a feature
+  // group instead of 4; bloom-560m's splits are the same at both), and the same as 8 and 12
+  // within 1 %. Two rows and more (each row's sums in registers: 106+ a thread, two blocks an
+  // SM): 8 leaves room on every SM for the next kernel's blocks to start and load their weights
+  // early; batch-2 decode steps 0.83 -> 0.72 ms (bloom-560m), 0.95 -> 0.84 (flan-t5-large)
+  // against 16 (bench/gpu/h200-2026-12-01w-gemv-warps-ab.log).
+  static constexpr int kGemvWarpsOneRow = 16;
+  static constexpr int kGemvWarpsMoreRows = 8;
   Context& host_;
   int device_ = 0;
   int sm_ = 0;
@@ -219,7 +230,7 @@ class CudaContext {
   bool programmatic_ = false;   // programmatic dependent launch (sm_90+, not KILN_CUDA_PDL=0)
   bool defer_checks_ = true;    // not KILN_CUDA_DEFER_CHECK=0
   bool after_library_ = false;  // note_library_launch(), until the next kiln launch
-  int gemv_warps_per_sm_ = kDefaultGemvWarps;
+  int gemv_warps_forced_ = 0;   // KILN_CUDA_GEMV_WARPS; 0: by the row count
   int gemv_rows_ = kGemvDefaultRows;
   int attention_warps_ = 0;
   bool inexact_tactics_ = false;

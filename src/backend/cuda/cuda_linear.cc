@@ -64,8 +64,9 @@ class LinearKernel final : public CudaKernel {
     const bool has_bias = node_.inputs.size() > 2 && node_.inputs[2] >= 0;
     bias_in_epilogue_ = has_bias && graph.values[node_.inputs[2]].dtype == dtype_;
     bias_after_ = has_bias && !bias_in_epilogue_;
-    gemv_split_ =
-        gemv_split(float_type(dtype_), in_, out_, ctx_.multiprocessors(), ctx_.gemv_warps_per_sm());
+    for (int n = 1; n <= kGemvMaxRows; ++n)
+      gemv_split_[n] = gemv_split(float_type(dtype_), in_, out_, ctx_.multiprocessors(),
+                                  ctx_.gemv_warps_per_sm(n));
 
     const LinearAttrs& attrs = node_.attr<LinearAttrs>();
     norm_ = attrs.norm;
@@ -309,7 +310,7 @@ class LinearKernel final : public CudaKernel {
     p.rows = n;
     p.in = in_;
     p.out = out_;
-    p.split = gemv_split_;
+    p.split = gemv_split_[std::min<int64_t>(n, kGemvMaxRows)];
     p.has_act = activation_.has_value();
     p.act = act_fn(activation_.value_or(Activation::kRelu));
     p.norm = o.norm.on;
@@ -436,7 +437,7 @@ class LinearKernel final : public CudaKernel {
   SymShape x_shape_;
   Tensor unit_, zero_;  // [in] of the activations' type: a folded norm's standardizing kernel
   bool bias_in_epilogue_ = false, bias_after_ = false;
-  int gemv_split_ = 1;
+  int gemv_split_[kGemvMaxRows + 1] = {};  // per row count (gemv_split)
   cublasLtMatmulDesc_t desc_ = nullptr;
   cublasLtMatrixLayout_t a_ = nullptr;
   std::vector<LinearTactic> tactics_;

@@ -251,9 +251,9 @@ bool gemv_fits(FloatType t, const void* x, const void* w, int64_t in) {
 
 int gemv_split(FloatType t, int64_t in, int64_t out, int sms, int warps_per_sm) {
   const int64_t chunks = in * (t == FloatType::kF32 ? 4 : 2) / 16;
-  // Enough warps to keep every SM's load units busy (about warps_per_sm per SM: 16 by default,
-  // CudaContext::gemv_warps_per_sm), but no more warps on a feature than leave each lane at
-  // least one load. Fewer, longer blocks leave room on the SMs for the next kernel's blocks,
+  // Enough warps to keep every SM's load units busy (about warps_per_sm per SM: 16 at one row,
+  // 8 at more, CudaContext::gemv_warps_per_sm), but no more warps on a feature than leave each lane
+  // at least one load. Fewer, longer blocks leave room on the SMs for the next kernel's blocks,
   // which start (programmatic dependent launch) and load their weights while this one ends.
   const int64_t groups = (out + kFeatures - 1) / kFeatures;
   int split = 1;

@@ -87,12 +87,13 @@ void launch_bias_activation(FloatType t, void* y, FloatType bias_t, const void* 
 inline constexpr int kGemvMaxRows = 8;
 // Without a tactic (plans built with --no-tune, or row counts no tactic covers) a Linear of up
 // to this many rows runs on the GEMV, more on cuBLASLt. The GEMV's cost grows with its rows
-// (each row's sums in registers: fewer blocks an SM). On the H200, untuned decode at batch 2 /
-// 3 / 4 / 8 ran 2271 / 2886 / 3291 / 2800 tokens/s on the GEMV and 1907 / 2831 / 3760 / 7862 on
-// cuBLASLt (bloom-560m; flan-t5-large 1973 / 2449 / 2802 / 2794 against 1448 / 2428 / 3209 /
-// 6746; bench/gpu/h200-2026-12-01u-gemv-rows-ab.log, batch 2 on cuBLASLt from
-// -01u-gemv-vs-cublaslt-b2-8.log). Tuned plans time both at 1, 2, 4 and 8.
-inline constexpr int kGemvDefaultRows = 3;
+// (each row's sums in registers: fewer blocks an SM; at 6 rows one block). On the H200, untuned
+// decode steps at batch 4 / 5 / 6 / 8 took 0.95 / 1.07 / 1.65 / 2.06 ms on the GEMV (8 warps an SM
+// from two rows, gemv_warps_per_sm) and 1.16 / 1.13 / 1.15 / 1.11 on cuBLASLt (bloom-560m;
+// flan-t5-large 1.18 / 1.32 / 1.79 / 2.31 against 1.43 / 1.50 / 1.53 / 1.30;
+// bench/gpu/h200-2026-12-01w-gemv-warps-rows-ab.log, -01w-gemv-rows-5-6.log). Tuned plans time
+// both at 1, 2, 3, 4, 5 and 8 rows.
+inline constexpr int kGemvDefaultRows = 5;
 bool gemv_fits(FloatType t, const void* x, const void* w, int64_t in);
 int gemv_split(FloatType t, int64_t in, int64_t out, int sms, int warps_per_sm);
 struct GemvParams {
