@@ -6,17 +6,21 @@
 # under nsys, summarized by timeline_summary.py (per kernel kind of a steady decode step: its
 # duration and the gap from the kernel before it). Nsight Systems' importer needs libdw, which
 # the GPU machine lacks: pack.sh ships it in x/toollib.
-# Usage: timeline.sh [--batches "1"] [--models "bloom-560m flan-t5-large"] [VAR=value ...]
-# (the variables are set for the bench run). Logs in $OUT/timeline.log.
+# Usage: timeline.sh [--batches "1"] [--models "bloom-560m flan-t5-large"] [--prefill]
+#                    [VAR=value ...]
+# (the variables are set for the bench run; --prefill: the summary of the prompt step and the
+# first decode steps after it instead of the steady decode step). Logs in $OUT/timeline.log.
 set -u
 HERE=$(cd "$(dirname "$0")" && pwd)
 OUT=${OUT:-/tmp/out}
 BATCHES="1"
 MODELS="bloom-560m flan-t5-large"
+MODE=
 while [ $# -gt 0 ]; do
   case "$1" in
     --batches) BATCHES=$2; shift ;;
     --models) MODELS=$2; shift ;;
+    --prefill) MODE=--prefill ;;
     *) break ;;
   esac
   shift
@@ -45,6 +49,6 @@ for model in $MODELS; do
     fi
     LD_LIBRARY_PATH="$TOOLS_LD" "$NSYS" stats --report cuda_gpu_trace --format csv \
       --force-export true -o "$rep" "$rep.nsys-rep" >>"$LOG" 2>&1
-    python3 "$HERE/timeline_summary.py" "${rep}_cuda_gpu_trace.csv" 2>&1 | tee -a "$LOG"
+    python3 "$HERE/timeline_summary.py" "${rep}_cuda_gpu_trace.csv" $MODE 2>&1 | tee -a "$LOG"
   done
 done

@@ -60,6 +60,39 @@ if not steps:
 # groups of their own; the graph's steps are the groups of many kernels.
 long_steps = [s for s in steps if len(s) >= 8]
 steps = long_steps or steps
+if len(sys.argv) > 2 and sys.argv[2] == "--prefill":
+    # The prompt step that took the most GPU time (the last such: the measured run, after the
+    # warm-up) and the two steps after it (the first decode steps): per kernel kind, its
+    # launches and total; the gaps between the steps (the host's share of time to first token).
+    busy_of = [sum(d for _, d, _ in s) for s in steps]
+    top = max(busy_of)
+    i = max(k for k, b in enumerate(busy_of) if b >= 0.8 * top)
+    # Copies and memsets from the prompt step's first kernel to the third step's end.
+    lo = steps[i][0][0]
+    hi = steps[min(i + 2, len(steps) - 1)][-1][0] + steps[min(i + 2, len(steps) - 1)][-1][1]
+    copies = defaultdict(lambda: [0, 0.0])
+    for r in rows:
+        if len(r) <= i_name:
+            continue
+        lower = r[i_name].lower()
+        if ("memcpy" in lower or "memset" in lower) and lo <= int(r[i_start]) <= hi:
+            copies[r[i_name][:40]][0] += 1
+            copies[r[i_name][:40]][1] += int(r[i_dur]) / 1000
+    for kind, (count, us) in sorted(copies.items(), key=lambda kv: -kv[1][1]):
+        print(f"  copy {kind:<59} {count:5d} {us:9.1f} us")
+    for k in range(i, min(i + 3, len(steps))):
+        s = steps[k]
+        span = (s[-1][0] + s[-1][1] - s[0][0]) / 1000
+        gap = (s[0][0] - (steps[k - 1][-1][0] + steps[k - 1][-1][1])) / 1000 if k > 0 else 0.0
+        print(f"step {k - i}: {len(s)} kernels, span {span:.1f} us, kernels add up to "
+              f"{busy_of[k] / 1000:.1f} us, {gap:.1f} us after the step before it ended")
+        totals = defaultdict(lambda: [0, 0.0])
+        for _, dur, kind in s:
+            totals[kind][0] += 1
+            totals[kind][1] += dur / 1000
+        for kind, (count, us) in sorted(totals.items(), key=lambda kv: -kv[1][1])[:14]:
+            print(f"  {kind:<64} {count:5d} {us:9.1f} us")
+    sys.exit(0)
 n, _ = Counter(len(s) for s in steps).most_common(1)[0]
 steady = [s for s in steps if len(s) == n]
 steady = steady[len(steady) // 4:] or steady
