@@ -5,7 +5,8 @@
 // the caches, so each layer's rows come from memory as in `kiln bench`. Reports the cache read
 // rate in GB/s (Time: one step's attention, all layers); compare with the read bandwidth
 // `kiln bench` measures.
-// Args: batch, past, 1 = bf16 cache (0: f32), 1 = a layer's weights streamed between layers.
+// Args: batch, past, 1 = bf16 cache (0: f32), 1 = a layer's weights streamed between layers,
+// positions per KV block (the scheduler's kv_block_size: 16).
 // Run: KILN_CPU_ISA=avx512|avx2 build/kiln_attention_bench [--benchmark_filter=...]
 #include <benchmark/benchmark.h>
 
@@ -23,7 +24,7 @@ namespace {
 
 using namespace kiln;
 
-constexpr int kLayers = 24, kHeads = 16, kHeadDim = 64, kBlockSize = 16;
+constexpr int kLayers = 24, kHeads = 16, kHeadDim = 64;
 constexpr int64_t kWidth = kHeads * kHeadDim;
 
 Context& context() {
@@ -35,18 +36,20 @@ void BM_decode_attention(benchmark::State& state) {
   const int batch = static_cast<int>(state.range(0));
   const int64_t past = state.range(1);
   const DType cache_dtype = state.range(2) == 1 ? DType::kBF16 : DType::kF32;
+  const int block_size = static_cast<int>(state.range(4));
   std::unique_ptr<Backend> backend = make_cpu_backend(context());
-  const KvGeometry geo{kLayers, kWidth, kBlockSize, cache_dtype};
+  const KvGeometry geo{kLayers, kWidth, block_size, cache_dtype};
   std::unique_ptr<KvStorage> kv = backend->create_kv_storage(geo);
   // Each step writes the next position, as decoding does (a row rewritten every step stays in
   // the caches): steps cycle through positions past - 16 .. past + 15.
   constexpr int64_t kSpread = 16;
-  const int64_t blocks_per_seq = (past + kSpread + kBlockSize - 1) / kBlockSize;
+  const int64_t blocks_per_seq = (past + kSpread + block_size - 1) / block_size;
   kv->resize(batch * blocks_per_seq);
 
   // Blocks handed out as a scheduler does: every sequence's prompt blocks first, then the
   // blocks decode adds, one per sequence in turn.
-  const int64_t prompt_blocks = std::min<int64_t>(5, blocks_per_seq);
+  const int64_t prompt_blocks =
+      std::min<int64_t>((78 + block_size - 1) / block_size, blocks_per_seq);
   std::vector<std::vector<int32_t>> tables(static_cast<size_t>(batch));
   int32_t next = 0;
   for (int s = 0; s < batch; ++s)
@@ -56,7 +59,7 @@ void BM_decode_attention(benchmark::State& state) {
 
   std::mt19937 rng(1);
   std::uniform_real_distribution<float> u(-2.f, 2.f);
-  const int64_t block_elems = kBlockSize * kWidth;
+  const int64_t block_elems = block_size * kWidth;
   for (int32_t b = 0; b < next; ++b)
     for (int l = 0; l < kLayers; ++l)
       for (void* p : {kv->key_block(l, b), kv->value_block(l, b)})
@@ -139,16 +142,20 @@ void BM_decode_attention(benchmark::State& state) {
 // Batch 16 at `kiln bench`'s mean decode position (prompt 78, 64 new tokens), batch 1, and a
 // longer context.
 BENCHMARK(BM_decode_attention)
-    ->Args({16, 109, 1, 0})
-    ->Args({16, 109, 0, 0})
-    ->Args({1, 109, 1, 0})
-    ->Args({4, 109, 1, 0})
-    ->Args({16, 500, 1, 0})
+    ->Args({16, 109, 1, 0, 16})
+    ->Args({16, 109, 0, 0, 16})
+    ->Args({1, 109, 1, 0, 16})
+    ->Args({4, 109, 1, 0, 16})
+    ->Args({16, 500, 1, 0, 16})
+    ->Args({16, 109, 1, 0, 32})
+    ->Args({16, 109, 0, 0, 32})
     ->UseRealTime();
 BENCHMARK(BM_decode_attention)
-    ->Args({16, 109, 1, 1})
-    ->Args({16, 109, 0, 1})
-    ->Args({1, 109, 1, 1})
+    ->Args({16, 109, 1, 1, 16})
+    ->Args({16, 109, 0, 1, 16})
+    ->Args({1, 109, 1, 1, 16})
+    ->Args({16, 109, 1, 1, 32})
+    ->Args({16, 109, 0, 1, 32})
     ->UseManualTime();
 
 }  // namespace
