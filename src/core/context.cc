@@ -81,7 +81,7 @@ Context::Context(ContextOptions options)
                    "AVX512-BF16 dot products requested, but this CPU has no AVX512-BF16");
   cpu_bf16_dot_ =
       cpu_isa_ == CpuIsa::kAvx512 && options.cpu_bf16_dot.value_or(features.avx512_bf16);
-  // Likewise for int8-weight plans (activations quantized to int8 per row; see
+  // Likewise for int8-weight plans (activations quantized to int8 per row in groups; see
   // backend/cpu/kernels_vnni.cc). vpermb (VBMI) reorders the panel16 weights in registers.
   const bool int8_dot = features.avx512_vnni && features.avx512_vbmi;
   KILN_CHECK_USAGE(!options.cpu_int8_dot.value_or(false) || int8_dot,

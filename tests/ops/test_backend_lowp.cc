@@ -4,8 +4,8 @@
 // in double. Also: a row's result does not depend on the batch it runs in (the narrow kernels
 // switch strategy with the batch size), and malformed quantized nodes are refused. The AVX512-BF16
 // family rounds activations to bf16 for bf16 weights, and is checked on rounded activations; the
-// AVX512-VNNI family quantizes activations to int8 per row for i8 weights, and is checked on
-// activations quantized the same way.
+// AVX512-VNNI family quantizes activations to int8 (per row, in groups of 64) for i8 weights, and
+// is checked on activations quantized the same way.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -33,21 +33,25 @@ Tensor round_to_bf16(const Tensor& x) {
   return r;
 }
 
-// Each row of x [n, k] as the int8 dot products see it: q = x · (127 / max|row|) rounded to the
-// nearest integer (ties to even), times max|row| / 127; a row of zeros stays zero.
+// Each row of x [n, k] as the int8 dot products see it, in groups of 64 elements (the last one
+// shorter): q = x · (127 / max|group|) rounded to the nearest integer (ties to even), times
+// max|group| / 127; a group of zeros stays zero.
 Tensor quantize_rows_to_int8(const Tensor& x) {
+  constexpr int64_t kGroup = 64;
   Tensor r = x.clone();
   const int64_t k = x.dim(x.rank() - 1), n = x.numel() / k;
-  for (int64_t t = 0; t < n; ++t) {
-    float* row = r.data<float>() + t * k;
-    float amax = 0.f;
-    for (int64_t i = 0; i < k; ++i) amax = std::max(amax, std::fabs(row[i]));
-    const float inv = amax > 0.f ? 127.f / amax : 0.f, scale = amax / 127.f;
-    for (int64_t i = 0; i < k; ++i) {
-      const float q = std::nearbyint(row[i] * inv);
-      row[i] = q * scale;
+  for (int64_t t = 0; t < n; ++t)
+    for (int64_t g0 = 0; g0 < k; g0 += kGroup) {
+      float* group = r.data<float>() + t * k + g0;
+      const int64_t len = std::min(kGroup, k - g0);
+      float amax = 0.f;
+      for (int64_t i = 0; i < len; ++i) amax = std::max(amax, std::fabs(group[i]));
+      const float inv = amax > 0.f ? 127.f / amax : 0.f, scale = amax / 127.f;
+      for (int64_t i = 0; i < len; ++i) {
+        const float q = std::nearbyint(group[i] * inv);
+        group[i] = q * scale;
+      }
     }
-  }
   return r;
 }
 
@@ -235,12 +239,13 @@ TEST(LowPrecisionOps, Bf16DotProductsRoundActivationsToNearestEven) {
   }
 }
 
-// The AVX512-VNNI Linear quantizes each activation row on its own (scale max|row| / 127, ties to
-// even) and sums u8 × s8 products exactly in integers: on f32 activations it gives what the
-// reference gives on the quantized rows. Every row count up to two full tiles and beyond; `in`
-// a multiple of 64, of 4 only, and not of 4 (the last quad is partial: 1031, 19, 3, 2); `out`
-// ending in a narrower panel and below one panel; a row of zeros (its outputs are the bias) and
-// a row with one large value among small ones (the small ones round to few levels).
+// The AVX512-VNNI Linear quantizes each activation row on its own, in groups of 64 elements
+// (scale max|group| / 127, ties to even), and sums each group's products exactly in integers: on
+// f32 activations it gives what the reference gives on the quantized rows. Every row count up to
+// two full tiles and beyond; `in` a multiple of 64, of 4 only, and not of 4 (the last quad is
+// partial: 1031, 19, 3, 2); `out` ending in a narrower panel and below one panel; a row of zeros
+// (its outputs are the bias) and a row with one large value among small ones (only its group
+// rounds the small ones to few levels).
 TEST(LowPrecisionOps, Int8DotProductsQuantizeEachActivationRow) {
   std::vector<NamedBackend> backends = available_backends();
   const auto dot = std::find_if(backends.begin(), backends.end(),

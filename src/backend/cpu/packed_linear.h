@@ -24,16 +24,22 @@ namespace kiln::cpu::packed {
 
 #define KILN_TARGET_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")))
 
+// One group of a quantized activation row (int8 dot products, kernels_vnni.cc): its scale, and
+// what the weights' +128 shift added to each of its sums (128 · Σ q over the group).
+struct GroupQuant {
+  float scale;
+  int32_t shift;
+};
+
 // What a tile writes its outputs through: rows of y, and the per-output scales and bias.
 struct Epilogue {
   float* y;
   int64_t ldy;
   const float* scales;  // null unless i8
   const float* bias;    // null when absent
-  // Int8 dot products only (kernels_vnni.cc): each row's activation scale (row t of the tile at
-  // row_scales[t]) and, per output, what the +128 shift of the activations added to its sum.
-  const float* row_scales = nullptr;
-  const int32_t* shift_sums = nullptr;
+  // Int8 dot products only: the tile's rows' groups (group g of row t at groups[t·per_row + g]).
+  const GroupQuant* groups = nullptr;
+  int64_t groups_per_row = 0;
 };
 
 KILN_TARGET_AVX512 inline __m512 finish(__m512 acc, const Epilogue& e, int64_t o) {
@@ -168,14 +174,15 @@ class GroupQueue {
 };
 
 // How a family reads its activation rows. `stage` null: f32 rows, interleaved into xt when
-// there are several (a single row is read in place). Otherwise stage(x, k, rows, dst,
-// row_scales) converts `rows` rows of x [rows, k] into dst, `per_row` X a row, interleaved
-// (element i of row t at dst[i·rows + t]), and may record a scale per row.
+// there are several (a single row is read in place). Otherwise stage(x, k, rows, dst, groups)
+// converts `rows` rows of x [rows, k] into dst, `per_row` X a row, interleaved (element i of row
+// t at dst[i·rows + t]), and may record `groups_per_row` quantization groups a row.
 template <class X>
 struct Staging {
-  void (*stage)(const float* x, int64_t k, int64_t rows, X* dst, float* row_scales) = nullptr;
-  int64_t per_row = 0;          // X per row in xt
-  float* row_scales = nullptr;  // [n] when the family records scales
+  void (*stage)(const float* x, int64_t k, int64_t rows, X* dst, GroupQuant* groups) = nullptr;
+  int64_t per_row = 0;           // X per row in xt
+  GroupQuant* groups = nullptr;  // [n · groups_per_row] when the family quantizes
+  int64_t groups_per_row = 0;
 };
 
 // x [n, k], w [m, k] packed, y [n, m]: rows in tiles of up to kMaxTileRows, spread evenly; each
@@ -198,7 +205,8 @@ void run_packed_linear(const float* xp, int64_t n, int64_t k, const W* wp, int64
       X* dst = xt + t0 * xk;
       if (staged) {
         staging.stage(xp + t0 * k, k, rows, dst,
-                      staging.row_scales != nullptr ? staging.row_scales + t0 : nullptr);
+                      staging.groups != nullptr ? staging.groups + t0 * staging.groups_per_row
+                                                : nullptr);
       } else if constexpr (std::is_same_v<X, float>) {
         for (int64_t t = 0; t < rows; ++t)
           for (int64_t i = 0; i < k; ++i) dst[i * rows + t] = xp[(t0 + t) * k + i];
@@ -229,7 +237,10 @@ void run_packed_linear(const float* xp, int64_t n, int64_t k, const W* wp, int64
           const int64_t ldx = n > 1 ? rows : 1;
           Epilogue et = e;
           et.y = e.y + t * e.ldy;
-          if (staging.row_scales != nullptr) et.row_scales = staging.row_scales + t;
+          if (staging.groups != nullptr) {
+            et.groups = staging.groups + t * staging.groups_per_row;
+            et.groups_per_row = staging.groups_per_row;
+          }
           if (whole) {
             // Later row tiles of this group find its weights in cache; the last one streams on.
             tiles.full[rows][panel_choice(group)](x, ldx, wp + p0 * kPanelRows * k,
