@@ -11,14 +11,20 @@
 //             · scale[o] + bias[o],
 // each group's integer part exact (|Σ| <= 64 · 127 · 255). Groups rather than one scale a row:
 // at real size (synthesized flan-t5-base, last-token logits against fp32) one scale a row gave
-// cosine 0.99906 against 0.99982 for the f32 FMAs; groups of 64 gave <RESULT>.
+// cosine 0.99906 against 0.99982 for the f32 FMAs; groups of 64 give 0.99959 (bloom-560m 0.99976
+// -> 0.99983, f32 FMAs 0.99993) for ~5 % of the kernel's speed (kiln_linear_bench).
 //
 // Why: batched decode of int8-weight plans was compute-bound in f32 FMAs (each i8 weight widened
 // to f32, then one FMA per row): a 16-row bloom-560m step took 73-84 ms against ~12 ms at batch
 // 1. One vpdpbusd does 64 multiply-adds where an FMA does 16.
 //
+// Where: calls of two or more rows (batched decode, prefill); a call of one row (batch-1 decode)
+// keeps the f32 FMAs, which measured ~10 % faster there end to end (kMinRows below).
+//
 // Batch invariance: a row's groups depend on that row alone, and each output sums its groups in
-// order, so a row's result is bit-identical alone, in any batch, in any tile, on any thread.
+// order, so a row's result is bit-identical in any call of two or more rows, in any tile, on any
+// thread; alone (one row) it takes the f32 FMAs and differs in the last digits of the int8
+// activation rounding.
 //
 // Layout: a panel16 line of an i8 panel holds elements i .. i+3 (i a multiple of 4) of its 16
 // outputs, byte 16u + j = w[o0 + j][i + u]; vpdpbusd wants output j's four bytes side by side in
@@ -59,20 +65,21 @@ KILN_TARGET_AVX512_VNNI inline __m512i quad_permutation() {
 }
 
 // One quad of input elements (4·iq .. 4·iq + 3): P weight lines, each dotted with T broadcast
-// activation quads. `bytes` masks the line: all of it, or the 16·(k mod 4) bytes of a partial
-// last quad (the rest loads as zero, and meets zero activations). `flip` (0x80 in every byte)
+// activation quads. Without kWhole (k not a multiple of 4), `bytes` masks the line: all of it,
+// or the 16·(k mod 4) bytes of a partial last quad (the rest loads as zero, and meets zero
+// activations); kWhole tiles load whole lines unmasked. `flip` (0x80 in every byte)
 // makes the weights unsigned: u = w + 128.
-template <int T, int P>
+template <int T, int P, bool kWhole>
 KILN_TARGET_AVX512_VNNI __attribute__((always_inline)) inline void quad_step(
     __m512i (&acc)[T][P], const uint32_t* x, int64_t ldx, const int8_t* w, int64_t panel,
     int64_t iq, __m512i perm, __m512i flip, __mmask64 bytes) {
   __m512i wv[P];
 #pragma GCC unroll 16
-  for (int p = 0; p < P; ++p)
-    wv[p] = _mm512_xor_si512(
-        _mm512_permutexvar_epi8(
-            perm, _mm512_maskz_loadu_epi8(bytes, w + p * panel + iq * 4 * kPanelRows)),
-        flip);
+  for (int p = 0; p < P; ++p) {
+    const int8_t* line = w + p * panel + iq * 4 * kPanelRows;
+    const __m512i raw = kWhole ? _mm512_loadu_si512(line) : _mm512_maskz_loadu_epi8(bytes, line);
+    wv[p] = _mm512_xor_si512(_mm512_permutexvar_epi8(perm, raw), flip);
+  }
 #pragma GCC unroll 16
   for (int t = 0; t < T; ++t) {
     const __m512i xb = _mm512_set1_epi32(static_cast<int>(x[iq * ldx + t]));
@@ -101,9 +108,9 @@ KILN_TARGET_AVX512_VNNI __attribute__((always_inline)) inline void add_group(
 }
 
 // Rows [0, T) of x as interleaved quads (quad iq of row t at x[iq·ldx + t]) × P full panels
-// starting at output o. k need not be a multiple of 4: the last, partial line is loaded with its
-// missing elements zero.
-template <int T, int P>
+// starting at output o. kWhole: k is a multiple of 4 (every model's Linear); otherwise the last,
+// partial line is loaded with its missing elements zero.
+template <int T, int P, bool kWhole>
 KILN_TARGET_AVX512_VNNI void tile_quads(const uint32_t* x, int64_t ldx, const int8_t* w,
                                         const int8_t* next, int64_t k, int64_t o,
                                         const Epilogue& e) {
@@ -134,8 +141,8 @@ KILN_TARGET_AVX512_VNNI void tile_quads(const uint32_t* x, int64_t ldx, const in
                                              : w + iq * 4 * kPanelRows;
       for (int p = 0; p < P; ++p)
         _mm_prefetch(reinterpret_cast<const char*>(line + p * panel), _MM_HINT_T0);
-      quad_step<T, P>(acc, x, ldx, w, panel, iq, perm, flip,
-                      iq < quads ? _cvtu64_mask64(~uint64_t{0}) : last);
+      quad_step<T, P, kWhole>(acc, x, ldx, w, panel, iq, perm, flip,
+                              iq < quads ? _cvtu64_mask64(~uint64_t{0}) : last);
     }
     add_group<T, P>(sum, acc, e, g);
   }
@@ -209,39 +216,56 @@ KILN_TARGET_AVX512_VNNI void quantize_rows_to_quads(const float* x, int64_t k, i
   }
 }
 
-template <int T, int P>
+template <int T, int P, bool kWhole>
 constexpr TileSet<uint32_t, int8_t>::Full pick_tile() {
-  if constexpr (T * P + P + 2 <= 32)  // accumulators, weights, a broadcast and the permutation
-    return tile_quads<T, P>;
+  if constexpr (T * P + P + 3 <= 32)  // accumulators, weights, a broadcast, permutation and flip
+    return tile_quads<T, P, kWhole>;
   else
     return nullptr;
 }
 
-template <int T>
+template <bool kWhole, int T>
 constexpr void fill_row(TileSet<uint32_t, int8_t>& s) {
-  s.full[T][0] = pick_tile<T, kPanelChoices[0]>();
-  s.full[T][1] = pick_tile<T, kPanelChoices[1]>();
-  s.full[T][2] = pick_tile<T, kPanelChoices[2]>();
-  s.full[T][3] = pick_tile<T, kPanelChoices[3]>();
-  s.full[T][4] = pick_tile<T, kPanelChoices[4]>();
-  s.full[T][5] = pick_tile<T, kPanelChoices[5]>();
+  s.full[T][0] = pick_tile<T, kPanelChoices[0], kWhole>();
+  s.full[T][1] = pick_tile<T, kPanelChoices[1], kWhole>();
+  s.full[T][2] = pick_tile<T, kPanelChoices[2], kWhole>();
+  s.full[T][3] = pick_tile<T, kPanelChoices[3], kWhole>();
+  s.full[T][4] = pick_tile<T, kPanelChoices[4], kWhole>();
+  s.full[T][5] = pick_tile<T, kPanelChoices[5], kWhole>();
   s.narrow[T] = narrow_tile_quads<T>;
 }
 
-template <int... T>
+template <bool kWhole, int... T>
 constexpr TileSet<uint32_t, int8_t> make_tiles(std::integer_sequence<int, T...>) {
   TileSet<uint32_t, int8_t> s{};
-  (fill_row<T + 1>(s), ...);
+  (fill_row<kWhole, T + 1>(s), ...);
   return s;
 }
+// Whole lines (k a multiple of 4), and masked last lines (any k).
 constexpr TileSet<uint32_t, int8_t> kQuadTiles =
-    make_tiles(std::make_integer_sequence<int, kMaxTileRows>{});
+    make_tiles<true>(std::make_integer_sequence<int, kMaxTileRows>{});
+constexpr TileSet<uint32_t, int8_t> kPartialQuadTiles =
+    make_tiles<false>(std::make_integer_sequence<int, kMaxTileRows>{});
+
+// Rows from which a call takes the int8 dot products; a single row (batch-1 decode) keeps the f32
+// FMAs. Measured (bloom-560m int8-weight, batch 1, kiln bench N = 100, three interleaved rounds
+// of the same binary): 13.3 / 13.3 / 13.7 ms a token with the dot products at one row against
+// 12.1 / 12.1 / 12.4 with f32 FMAs and 11.5 / 11.7 / 12.3 with this threshold; flan-t5-base
+// 3-4 % slower at one row (A/B of the binaries). A single row is memory-bound either way, and in
+// kiln_linear_bench the dot products stream no slower (1 x 1024 x 62720: 0.79 against 0.91 ms);
+// where the decode loop loses ~10 % was not found. The price: a row alone (one row in the call)
+// and the same row in a batch of two or more take different paths, so int8-weight plans' rows
+// are bitwise the same in every batch of two or more rows but not alone (test_backend_lowp.cc,
+// test_precision.cc).
+constexpr int64_t kMinRows = 2;
 
 class VnniLinear final : public Kernel {
  public:
-  explicit VnniLinear(const Node& node) : node_(node) {}
+  explicit VnniLinear(const Node& node)
+      : node_(node), single_row_(packed_linear_factory(DType::kI8)(node)) {}
 
   void prepare(const Graph& graph) override {
+    single_row_->prepare(graph);
     x_shape_ = graph.values[node_.inputs[0]].shape;
     weight_ = panel16_weight(graph, node_);
     KILN_CHECK(weight_.dtype() == DType::kI8,
@@ -256,8 +280,9 @@ class VnniLinear final : public Kernel {
     for (int64_t d : shape) elems *= d;
     const int64_t k = shape.empty() ? 1 : std::max<int64_t>(shape.back(), 1);
     const int64_t rows = elems / k;
-    return rows * ((k + 3) / 4 * static_cast<int64_t>(sizeof(uint32_t)) +
-                   (k + kGroup - 1) / kGroup * static_cast<int64_t>(sizeof(GroupQuant)));
+    return std::max(single_row_->workspace_bytes(bindings),
+                    rows * ((k + 3) / 4 * static_cast<int64_t>(sizeof(uint32_t)) +
+                            (k + kGroup - 1) / kGroup * static_cast<int64_t>(sizeof(GroupQuant))));
   }
 
   void run(const KernelArgs& args) override {
@@ -273,6 +298,7 @@ class VnniLinear final : public Kernel {
     const int64_t m = weight_.dim(0), k = weight_.dim(1);
     KILN_CHECK(x.numel() % k == 0, "node '{}': input of {} elements is not rows of {}", node_.name,
                x.numel(), k);
+    if (x.numel() / k < kMinRows) return single_row_->run(args);
     const int64_t n = x.numel() / k, quads = (k + 3) / 4, per_row = (k + kGroup - 1) / kGroup;
     std::vector<uint32_t> own;  // callers without a workspace (micro-benchmarks)
     std::vector<GroupQuant> own_groups;
@@ -291,13 +317,16 @@ class VnniLinear final : public Kernel {
     const Epilogue e{args.out[0].data<float>(), m, scales, bias};
     const Staging<uint32_t> staging{quantize_rows_to_quads, quads, groups, per_row};
     run_packed_linear(x.data<float>(), n, k, static_cast<const int8_t*>(weight_.raw()), m, e,
-                      node_.attr<LinearAttrs>().activation, xt, staging, kQuadTiles, *args.pool);
+                      node_.attr<LinearAttrs>().activation, xt, staging,
+                      k % 4 == 0 ? kQuadTiles : kPartialQuadTiles, *args.pool);
   }
 
  private:
   const Node& node_;
   SymShape x_shape_;
   Tensor weight_;  // panel16: the plan's mapping, or packed here
+  // Fewer than kMinRows rows: the f32-FMA kernel over the same weights (see kMinRows).
+  std::unique_ptr<Kernel> single_row_;
 };
 
 }  // namespace
