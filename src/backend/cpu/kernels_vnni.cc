@@ -65,21 +65,20 @@ KILN_TARGET_AVX512_VNNI inline __m512i quad_permutation() {
 }
 
 // One quad of input elements (4·iq .. 4·iq + 3): P weight lines, each dotted with T broadcast
-// activation quads. Without kWhole (k not a multiple of 4), `bytes` masks the line: all of it,
-// or the 16·(k mod 4) bytes of a partial last quad (the rest loads as zero, and meets zero
-// activations); kWhole tiles load whole lines unmasked. `flip` (0x80 in every byte)
+// activation quads. `bytes` masks the line: all of it, or the 16·(k mod 4) bytes of a partial
+// last quad (the rest loads as zero, and meets zero activations). `flip` (0x80 in every byte)
 // makes the weights unsigned: u = w + 128.
-template <int T, int P, bool kWhole>
+template <int T, int P>
 KILN_TARGET_AVX512_VNNI __attribute__((always_inline)) inline void quad_step(
     __m512i (&acc)[T][P], const uint32_t* x, int64_t ldx, const int8_t* w, int64_t panel,
     int64_t iq, __m512i perm, __m512i flip, __mmask64 bytes) {
   __m512i wv[P];
 #pragma GCC unroll 16
-  for (int p = 0; p < P; ++p) {
-    const int8_t* line = w + p * panel + iq * 4 * kPanelRows;
-    const __m512i raw = kWhole ? _mm512_loadu_si512(line) : _mm512_maskz_loadu_epi8(bytes, line);
-    wv[p] = _mm512_xor_si512(_mm512_permutexvar_epi8(perm, raw), flip);
-  }
+  for (int p = 0; p < P; ++p)
+    wv[p] = _mm512_xor_si512(
+        _mm512_permutexvar_epi8(
+            perm, _mm512_maskz_loadu_epi8(bytes, w + p * panel + iq * 4 * kPanelRows)),
+        flip);
 #pragma GCC unroll 16
   for (int t = 0; t < T; ++t) {
     const __m512i xb = _mm512_set1_epi32(static_cast<int>(x[iq * ldx + t]));
@@ -108,9 +107,9 @@ KILN_TARGET_AVX512_VNNI __attribute__((always_inline)) inline void add_group(
 }
 
 // Rows [0, T) of x as interleaved quads (quad iq of row t at x[iq·ldx + t]) × P full panels
-// starting at output o. kWhole: k is a multiple of 4 (every model's Linear); otherwise the last,
-// partial line is loaded with its missing elements zero.
-template <int T, int P, bool kWhole>
+// starting at output o. k need not be a multiple of 4: the last, partial line is loaded with its
+// missing elements zero.
+template <int T, int P>
 KILN_TARGET_AVX512_VNNI void tile_quads(const uint32_t* x, int64_t ldx, const int8_t* w,
                                         const int8_t* next, int64_t k, int64_t o,
                                         const Epilogue& e) {
@@ -141,8 +140,8 @@ KILN_TARGET_AVX512_VNNI void tile_quads(const uint32_t* x, int64_t ldx, const in
                                              : w + iq * 4 * kPanelRows;
       for (int p = 0; p < P; ++p)
         _mm_prefetch(reinterpret_cast<const char*>(line + p * panel), _MM_HINT_T0);
-      quad_step<T, P, kWhole>(acc, x, ldx, w, panel, iq, perm, flip,
-                              iq < quads ? _cvtu64_mask64(~uint64_t{0}) : last);
+      quad_step<T, P>(acc, x, ldx, w, panel, iq, perm, flip,
+                      iq < quads ? _cvtu64_mask64(~uint64_t{0}) : last);
     }
     add_group<T, P>(sum, acc, e, g);
   }
@@ -216,36 +215,33 @@ KILN_TARGET_AVX512_VNNI void quantize_rows_to_quads(const float* x, int64_t k, i
   }
 }
 
-template <int T, int P, bool kWhole>
+template <int T, int P>
 constexpr TileSet<uint32_t, int8_t>::Full pick_tile() {
-  if constexpr (T * P + P + 3 <= 32)  // accumulators, weights, a broadcast, permutation and flip
-    return tile_quads<T, P, kWhole>;
+  if constexpr (T * P + P + 2 <= 32)  // accumulators, weights, a broadcast and the permutation
+    return tile_quads<T, P>;
   else
     return nullptr;
 }
 
-template <bool kWhole, int T>
+template <int T>
 constexpr void fill_row(TileSet<uint32_t, int8_t>& s) {
-  s.full[T][0] = pick_tile<T, kPanelChoices[0], kWhole>();
-  s.full[T][1] = pick_tile<T, kPanelChoices[1], kWhole>();
-  s.full[T][2] = pick_tile<T, kPanelChoices[2], kWhole>();
-  s.full[T][3] = pick_tile<T, kPanelChoices[3], kWhole>();
-  s.full[T][4] = pick_tile<T, kPanelChoices[4], kWhole>();
-  s.full[T][5] = pick_tile<T, kPanelChoices[5], kWhole>();
+  s.full[T][0] = pick_tile<T, kPanelChoices[0]>();
+  s.full[T][1] = pick_tile<T, kPanelChoices[1]>();
+  s.full[T][2] = pick_tile<T, kPanelChoices[2]>();
+  s.full[T][3] = pick_tile<T, kPanelChoices[3]>();
+  s.full[T][4] = pick_tile<T, kPanelChoices[4]>();
+  s.full[T][5] = pick_tile<T, kPanelChoices[5]>();
   s.narrow[T] = narrow_tile_quads<T>;
 }
 
-template <bool kWhole, int... T>
+template <int... T>
 constexpr TileSet<uint32_t, int8_t> make_tiles(std::integer_sequence<int, T...>) {
   TileSet<uint32_t, int8_t> s{};
-  (fill_row<kWhole, T + 1>(s), ...);
+  (fill_row<T + 1>(s), ...);
   return s;
 }
-// Whole lines (k a multiple of 4), and masked last lines (any k).
 constexpr TileSet<uint32_t, int8_t> kQuadTiles =
-    make_tiles<true>(std::make_integer_sequence<int, kMaxTileRows>{});
-constexpr TileSet<uint32_t, int8_t> kPartialQuadTiles =
-    make_tiles<false>(std::make_integer_sequence<int, kMaxTileRows>{});
+    make_tiles(std::make_integer_sequence<int, kMaxTileRows>{});
 
 // Rows from which a call takes the int8 dot products; a single row (batch-1 decode) keeps the f32
 // FMAs. Measured (bloom-560m int8-weight, batch 1, kiln bench N = 100, three interleaved rounds
@@ -317,8 +313,7 @@ class VnniLinear final : public Kernel {
     const Epilogue e{args.out[0].data<float>(), m, scales, bias};
     const Staging<uint32_t> staging{quantize_rows_to_quads, quads, groups, per_row};
     run_packed_linear(x.data<float>(), n, k, static_cast<const int8_t*>(weight_.raw()), m, e,
-                      node_.attr<LinearAttrs>().activation, xt, staging,
-                      k % 4 == 0 ? kQuadTiles : kPartialQuadTiles, *args.pool);
+                      node_.attr<LinearAttrs>().activation, xt, staging, kQuadTiles, *args.pool);
   }
 
  private:
