@@ -204,9 +204,9 @@ void run_packed_linear(const float* xp, int64_t n, int64_t k, const W* wp, int64
       const int64_t t0 = r * tile_rows, rows = std::min<int64_t>(tile_rows, n - t0);
       X* dst = xt + t0 * xk;
       if (staged) {
-        staging.stage(xp + t0 * k, k, rows, dst,
-                      staging.groups != nullptr ? staging.groups + t0 * staging.groups_per_row
-                                                : nullptr);
+        staging.stage(
+            xp + t0 * k, k, rows, dst,
+            staging.groups != nullptr ? staging.groups + t0 * staging.groups_per_row : nullptr);
       } else if constexpr (std::is_same_v<X, float>) {
         for (int64_t t = 0; t < rows; ++t)
           for (int64_t i = 0; i < k; ++i) dst[i * rows + t] = xp[(t0 + t) * k + i];
