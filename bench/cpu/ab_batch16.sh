@@ -4,16 +4,17 @@
 # model and precision, `kiln bench --input-len 78 --output-len N --warmup 1 --runs 3 --sweep
 # batch=1,16 --json` with BEFORE, then AFTER, each under an exclusive hold of LOCK (other jobs on
 # the machine wait on it) when set. Plans come from bench/cpu/run.sh's WORKDIR
-# (<model>-<precision>.plan). Writes bench/results/cpu-batch16-ab.jsonl (each line tagged with
-# variant and round) and prints a table with each binary's batch-16 / batch-1 tokens/s ratio.
-# Usage: [ROUNDS=2] [N=64] [PRECISIONS="bf16"] [LOCK=/tmp/kiln-quiet.lock]
+# (<model>-<precision>.plan). Writes OUT (default bench/results/cpu-batch16-ab.jsonl; each line
+# tagged with variant and round) and prints a table with each binary's batch-16 / batch-1
+# tokens/s ratio.
+# Usage: [ROUNDS=2] [N=64] [PRECISIONS="bf16"] [LOCK=/tmp/kiln-quiet.lock] [OUT=FILE]
 #        bench/cpu/ab_batch16.sh BEFORE_KILN AFTER_KILN WORKDIR [PRESET...]
 set -euo pipefail
 before="$1" after="$2" work="$3"
 shift 3
 presets=("$@")
 [ ${#presets[@]} -gt 0 ] || presets=(bloom-560m flan-t5-base)
-out="$(dirname "$0")/../results/cpu-batch16-ab.jsonl"
+out="${OUT:-$(dirname "$0")/../results/cpu-batch16-ab.jsonl}"
 : > "$out"
 for round in $(seq "${ROUNDS:-2}"); do
   for p in "${presets[@]}"; do

@@ -77,23 +77,28 @@ void report(benchmark::State& state, int64_t n, int64_t k, int64_t m, size_t ele
 
 // kiln's Linear as the CPU backend runs it: the AVX-512 kernel over panel16-packed weights
 // (packed once, when prepared), or the AVX2 tiles. range(3): 0 f32, 1 bf16, 2 i8 weights, 3 bf16
-// weights in AVX512-BF16 dot products.
+// weights in AVX512-BF16 dot products, 4 i8 weights in AVX512-VNNI dot products.
 void BM_kiln(benchmark::State& state) {
   const int64_t n = state.range(0), k = state.range(1), m = state.range(2);
-  const DType wt = state.range(3) == 0   ? DType::kF32
-                   : state.range(3) == 2 ? DType::kI8
-                                         : DType::kBF16;
+  const DType wt = state.range(3) == 0                          ? DType::kF32
+                   : state.range(3) == 2 || state.range(3) == 4 ? DType::kI8
+                                                                : DType::kBF16;
   Problem p(n, k, m, wt);
   const Node& node = p.graph.nodes[0];
   const bool avx512 = detect_cpu_features().avx512f;
-  const bool dot = state.range(3) == 3;
+  const bool dot = state.range(3) == 3, int8_dot = state.range(3) == 4;
   if (dot && !detect_cpu_features().avx512_bf16) {
     state.SkipWithError("no AVX512-BF16 here");
     return;
   }
-  std::unique_ptr<Kernel> kernel = dot      ? cpu::packed_bf16_dot_linear_factory()(node)
-                                   : avx512 ? cpu::packed_linear_factory(wt)(node)
-                                            : nullptr;
+  if (int8_dot && !(detect_cpu_features().avx512_vnni && detect_cpu_features().avx512_vbmi)) {
+    state.SkipWithError("no AVX512-VNNI and AVX512-VBMI here");
+    return;
+  }
+  std::unique_ptr<Kernel> kernel = dot        ? cpu::packed_bf16_dot_linear_factory()(node)
+                                   : int8_dot ? cpu::packed_int8_dot_linear_factory()(node)
+                                   : avx512   ? cpu::packed_linear_factory(wt)(node)
+                                              : nullptr;
   if (kernel) kernel->prepare(p.graph);
   const Tensor in[] = {p.x, p.w, Tensor(), p.scales};
   Tensor out[] = {p.y};
@@ -132,7 +137,7 @@ void shapes(benchmark::internal::Benchmark* b) {
 }
 
 void narrow_shapes(benchmark::internal::Benchmark* b) {
-  for (int64_t wt : {0, 1, 2, 3}) {
+  for (int64_t wt : {0, 1, 2, 3, 4}) {
     for (int64_t n : {1, 16, 78}) b->Args({n, 1024, 4096, wt});
     for (int64_t n : {1, 16}) b->Args({n, 1024, 250880 / 4, wt});  // past the caches
   }

@@ -14,6 +14,8 @@ std::string_view isa_name(Isa isa) {
       return "avx512";
     case Isa::kAvx512Bf16:
       return "avx512-bf16";
+    case Isa::kAvx512Vnni:
+      return "avx512-vnni";
     case Isa::kSm90:
       return "sm_90";
   }
@@ -46,7 +48,7 @@ const KernelRegistry::Entry* KernelRegistry::find(const KernelKey& key) const {
   for (;;) {
     if (auto it = entries_.find(k); it != entries_.end()) return &it->second;
     // Each CPU family falls back to the one below it.
-    if (k.isa == Isa::kAvx512Bf16)
+    if (k.isa == Isa::kAvx512Bf16 || k.isa == Isa::kAvx512Vnni)
       k.isa = Isa::kAvx512;
     else if (k.isa == Isa::kAvx512)
       k.isa = Isa::kAvx2;

@@ -23,7 +23,8 @@ namespace kiln {
 // Kernel families. kReference is the oracle (plain loops, double accumulation where it
 // matters); kAvx2 is the CPU baseline (x86-64-v3); kAvx512 needs AVX-512F at run time.
 // kAvx512Bf16: the AVX-512 kernels, with AVX512-BF16 dot products where a kernel has them.
-enum class Isa : uint8_t { kReference, kAvx2, kAvx512, kAvx512Bf16, kSm90 };
+// kAvx512Vnni: the AVX-512 kernels, with AVX512-VNNI int8 dot products for i8-weight Linears.
+enum class Isa : uint8_t { kReference, kAvx2, kAvx512, kAvx512Bf16, kAvx512Vnni, kSm90 };
 std::string_view isa_name(Isa isa);
 
 struct KernelKey {

@@ -33,6 +33,13 @@ ContextOptions options_from_environment(ContextOptions base) {
       base.cpu_bf16_dot = s == "on";
     }
   }
+  if (!base.cpu_int8_dot) {
+    if (const char* v = std::getenv("KILN_CPU_INT8_DOT")) {
+      const std::string s = v;
+      KILN_CHECK_USAGE(s == "on" || s == "off", "KILN_CPU_INT8_DOT must be on|off, got '{}'", s);
+      base.cpu_int8_dot = s == "on";
+    }
+  }
   if (!base.cpu_profile) {
     if (const char* v = std::getenv("KILN_CPU_PROFILE")) {
       const std::string s = v;
@@ -74,6 +81,13 @@ Context::Context(ContextOptions options)
                    "AVX512-BF16 dot products requested, but this CPU has no AVX512-BF16");
   cpu_bf16_dot_ =
       cpu_isa_ == CpuIsa::kAvx512 && options.cpu_bf16_dot.value_or(features.avx512_bf16);
+  // Likewise for int8-weight plans (activations quantized to int8 per row in groups; see
+  // backend/cpu/kernels_vnni.cc). vpermb (VBMI) reorders the panel16 weights in registers.
+  const bool int8_dot = features.avx512_vnni && features.avx512_vbmi;
+  KILN_CHECK_USAGE(!options.cpu_int8_dot.value_or(false) || int8_dot,
+                   "AVX512-VNNI int8 dot products requested, but this CPU has no AVX512-VNNI and "
+                   "AVX512-VBMI");
+  cpu_int8_dot_ = cpu_isa_ == CpuIsa::kAvx512 && options.cpu_int8_dot.value_or(int8_dot);
 }
 
 }  // namespace kiln

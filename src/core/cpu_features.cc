@@ -15,6 +15,7 @@ CpuFeatures detect_cpu_features() {
     f.avx2 = (b >> 5) & 1;
     f.avx512f = (b >> 16) & 1;
     f.avx512bw = (b >> 30) & 1;
+    f.avx512_vbmi = (c >> 1) & 1;
     f.avx512_vnni = (c >> 11) & 1;
     f.amx_bf16 = (d >> 22) & 1;
     f.amx_tile = (d >> 24) & 1;

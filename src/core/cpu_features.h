@@ -14,6 +14,7 @@ struct CpuFeatures {
   bool avx512bw = false;
   bool avx512_bf16 = false;
   bool avx512_vnni = false;
+  bool avx512_vbmi = false;  // vpermb, which the int8 dot products reorder weights with
   bool amx_tile = false;
   bool amx_bf16 = false;
   bool amx_int8 = false;

@@ -1,9 +1,11 @@
 // Accuracy of the narrow CPU precisions at real size: synthesized bloom-560m and flan-t5-base
 // (`kiln synth`: the public shapes, random weights), each built as an fp32 plan and as bf16, fp16
-// and int8-weight plans; the last token's logits of a prompt must have cosine similarity >= 0.999
-// with the fp32 plan's. The prompt is long enough (80 tokens) that prefill takes the GEMM paths
+// and int8-weight plans (the latter in f32 FMAs and, where the CPU has AVX512-VNNI, in int8 dot
+// products); the last token's logits of a prompt must have cosine similarity >= 0.999 with the
+// fp32 plan's. The prompt is long enough (80 tokens) that prefill takes the GEMM paths
 // (>= 64 rows: oneDNN sgemm for fp32, oneDNN's bf16 matmul for bf16). The one-row decode kernels
-// keep f32 activations and are checked against the one-pass forward in test_precision.cc.
+// are checked against the one-pass forward in test_precision.cc (the int8 dot products quantize
+// each row alike at every row count).
 //
 // The checkpoints are written once per test run into KILN_TEST_TMP (2.2 GB for bloom-560m, read
 // back by mmap). Suite name RealSize: `ctest -R RealSize` runs it alone.
@@ -13,6 +15,8 @@
 #include <filesystem>
 #include <memory>
 #include <random>
+#include <string>
+#include <vector>
 
 #include "builder/builder.h"
 #include "frontend/hf/synth.h"
@@ -60,16 +64,32 @@ TEST_P(RealSize, NarrowPrecisionLogitsFollowFp32) {
   }
   const Forward ref = run_forward(*fp32, prompt, decoder_ids, false);
   const int64_t v = d.vocab_size, last = static_cast<int64_t>(decoder_ids.size()) - 1;
-  for (Precision p : {Precision::kBf16, Precision::kFp16, Precision::kInt8Weight}) {
+  // int8-weight twice where the CPU has AVX512-VNNI: in int8 dot products (activations
+  // quantized per row in groups of 64; the default there) and in f32 FMAs (the path of every other
+  // CPU).
+  ContextOptions fma_options{LogLevel::kWarning, 0};
+  fma_options.cpu_int8_dot = false;
+  Context fma_ctx(fma_options);
+  struct Variant {
+    Precision precision;
+    Context* context;
+    std::string name;
+  };
+  std::vector<Variant> variants = {{Precision::kBf16, &ctx, "bf16"},
+                                   {Precision::kFp16, &ctx, "fp16"},
+                                   {Precision::kInt8Weight, &fma_ctx, "int8-weight (f32 FMAs)"}};
+  if (ctx.cpu_int8_dot())
+    variants.push_back({Precision::kInt8Weight, &ctx, "int8-weight (int8 dot products)"});
+  for (const Variant& variant : variants) {
     BuildOptions options;
-    options.precision = p;
-    const std::unique_ptr<CompiledModel> narrow = compile_model_dir(ctx, dir, options);
+    options.precision = variant.precision;
+    const std::unique_ptr<CompiledModel> narrow = compile_model_dir(*variant.context, dir, options);
     const Forward one_pass = run_forward(*narrow, prompt, decoder_ids, false);
     const double prefill_cos =
         cosine(one_pass.logits.data<float>() + last * v, ref.logits.data<float>() + last * v, v);
-    std::cout << "  [" << GetParam().preset << " " << precision_name(p)
+    std::cout << "  [" << GetParam().preset << " " << variant.name
               << ": last-token logits cosine vs fp32 " << prefill_cos << "]\n";
-    EXPECT_GE(prefill_cos, 0.999) << precision_name(p);
+    EXPECT_GE(prefill_cos, 0.999) << variant.name;
   }
 }
 

@@ -18,22 +18,26 @@ std::vector<NamedBackend> available_backends() {
   std::vector<NamedBackend> out;
   const CpuFeatures features = detect_cpu_features();
   const bool has_avx512 = best_cpu_isa(features) == CpuIsa::kAvx512;
-  // AVX-512 runs twice where the CPU has AVX512-BF16: with f32 FMAs for bf16 weights, and with
-  // bf16 dot products (kBf16DotBackend).
-  for (int family = 0; family < 3; ++family) {
+  // AVX-512 runs again where the CPU has AVX512-BF16 (bf16 weights in bf16 dot products:
+  // kBf16DotBackend) and where it has AVX512-VNNI and VBMI (i8 weights in int8 dot products:
+  // kInt8DotBackend); the plain avx512 family keeps f32 FMAs for both.
+  for (int family = 0; family < 4; ++family) {
     const CpuIsa isa = family == 0 ? CpuIsa::kAvx2 : CpuIsa::kAvx512;
-    const bool bf16_dot = family == 2;
+    const bool bf16_dot = family == 2, int8_dot = family == 3;
     if (isa == CpuIsa::kAvx512 && !has_avx512) continue;
     if (bf16_dot && !features.avx512_bf16) continue;
+    if (int8_dot && !(features.avx512_vnni && features.avx512_vbmi)) continue;
     // Three threads so that work splits unevenly across the pool.
     ContextOptions options{LogLevel::kError, 3};
     options.cpu_isa = isa;
     options.cpu_bf16_dot = bf16_dot;
+    options.cpu_int8_dot = int8_dot;
     auto ctx = std::make_unique<Context>(options);
     auto backend = make_cpu_backend(*ctx);
-    out.push_back(
-        {bf16_dot ? std::string(kBf16DotBackend) : fmt::format("cpu-{}", cpu_isa_name(isa)),
-         std::move(ctx), std::move(backend), /*batch_invariant=*/true});
+    const std::string name = bf16_dot   ? std::string(kBf16DotBackend)
+                             : int8_dot ? std::string(kInt8DotBackend)
+                                        : fmt::format("cpu-{}", cpu_isa_name(isa));
+    out.push_back({name, std::move(ctx), std::move(backend), /*batch_invariant=*/true});
   }
   // cuBLASLt picks its algorithm per shape, so CUDA does not promise batch invariance.
   if (query_cuda().device_count > 0) {

@@ -34,6 +34,9 @@ struct NamedBackend {
 // The CPU backend whose bf16-weight Linears round their activations to bf16 (AVX512-BF16 dot
 // products): compared with the reference on bf16-representable activations only.
 inline constexpr const char* kBf16DotBackend = "cpu-avx512-bf16";
+// The CPU backend whose i8-weight Linears quantize their activations to int8 (per row, in groups of
+// 64; AVX512-VNNI dot products): compared with the reference on activations quantized the same way.
+inline constexpr const char* kInt8DotBackend = "cpu-avx512-vnni";
 
 // Every backend besides the reference that this build can run here: each CPU kernel family the
 // machine supports (CUDA adds one line here once it has a backend).

@@ -3,7 +3,9 @@
 // family against the reference backend, which decodes each weight from its definition and sums
 // in double. Also: a row's result does not depend on the batch it runs in (the narrow kernels
 // switch strategy with the batch size), and malformed quantized nodes are refused. The AVX512-BF16
-// family rounds activations to bf16 for bf16 weights, and is checked on rounded activations.
+// family rounds activations to bf16 for bf16 weights, and is checked on rounded activations; the
+// AVX512-VNNI family quantizes activations to int8 (per row, in groups of 64) for i8 weights, and
+// is checked on activations quantized the same way.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -29,6 +31,34 @@ Tensor round_to_bf16(const Tensor& x) {
   for (int64_t i = 0; i < r.numel(); ++i)
     r.data<float>()[i] = bf16_to_float(float_to_bf16(r.data<float>()[i]));
   return r;
+}
+
+// Each row of x [n, k] as the int8 dot products see it, in groups of 64 elements (the last one
+// shorter): q = x · (127 / max|group|) rounded to the nearest integer (ties to even), times
+// max|group| / 127; a group of zeros stays zero.
+Tensor quantize_rows_to_int8(const Tensor& x) {
+  constexpr int64_t kGroup = 64;
+  Tensor r = x.clone();
+  const int64_t k = x.dim(x.rank() - 1), n = x.numel() / k;
+  for (int64_t t = 0; t < n; ++t)
+    for (int64_t g0 = 0; g0 < k; g0 += kGroup) {
+      float* group = r.data<float>() + t * k + g0;
+      const int64_t len = std::min(kGroup, k - g0);
+      float amax = 0.f;
+      for (int64_t i = 0; i < len; ++i) amax = std::max(amax, std::fabs(group[i]));
+      const float inv = amax > 0.f ? 127.f / amax : 0.f, scale = amax / 127.f;
+      for (int64_t i = 0; i < len; ++i) {
+        const float q = std::nearbyint(group[i] * inv);
+        group[i] = q * scale;
+      }
+    }
+  return r;
+}
+
+float max_abs(const float* v, int64_t n) {
+  float m = 0.f;
+  for (int64_t i = 0; i < n; ++i) m = std::max(m, std::fabs(v[i]));
+  return m;
 }
 
 enum class WeightKind : uint8_t { kBf16, kF16, kI8 };
@@ -152,12 +182,18 @@ TEST_P(LowPrecisionOps, EveryCpuFamilyMatchesReference) {
   const Check check = gather ? Check{CheckKind::kExact} : Check{CheckKind::kMaxRelative, 1e-5};
   // The bf16 dot products round the activations to bf16: on activations that are bf16 already
   // they must match the reference as closely as the f32 kernels do.
-  const bool bf16_linear =
-      !gather && scenario.graph.values[scenario.graph.nodes[0].inputs[1]].dtype == DType::kBF16;
+  const DType weight = scenario.graph.values[scenario.graph.nodes[0].inputs[1]].dtype;
+  const bool bf16_linear = !gather && weight == DType::kBF16;
   Scenario rounded = scenario;
   for (auto& [name, t] : rounded.steps[0].feed)
     if (name == "x") t = round_to_bf16(t);
   const ScenarioOutputs rounded_ref = run_scenario(*reference, rounded);
+  // The int8 dot products quantize each activation row: the same rows, quantized here.
+  const bool i8_linear = !gather && weight == DType::kI8;
+  Scenario quantized = scenario;
+  for (auto& [name, t] : quantized.steps[0].feed)
+    if (name == "x") t = quantize_rows_to_int8(t);
+  const ScenarioOutputs quantized_ref = run_scenario(*reference, quantized);
   std::vector<NamedBackend> backends = available_backends();
   ASSERT_FALSE(backends.empty());
   for (NamedBackend& b : backends) {
@@ -167,6 +203,12 @@ TEST_P(LowPrecisionOps, EveryCpuFamilyMatchesReference) {
     ASSERT_EQ(unsupported(*b.backend, scenario.graph), "") << b.name;
     if (bf16_linear && b.name == kBf16DotBackend) {
       expect_matches(run_scenario(*b.backend, rounded)[0][0], rounded_ref[0][0], check, b.name);
+      continue;
+    }
+    // ... from two rows up: a single row keeps the f32 FMAs (kernels_vnni.cc, kMinRows).
+    const bool one_row = scenario.steps[0].feed.begin()->second.dim(0) == 1;
+    if (i8_linear && b.name == kInt8DotBackend && !one_row) {
+      expect_matches(run_scenario(*b.backend, scenario)[0][0], quantized_ref[0][0], check, b.name);
       continue;
     }
     const ScenarioOutputs got = run_scenario(*b.backend, scenario);
@@ -205,6 +247,51 @@ TEST(LowPrecisionOps, Bf16DotProductsRoundActivationsToNearestEven) {
   }
 }
 
+// The AVX512-VNNI Linear quantizes each activation row on its own, in groups of 64 elements
+// (scale max|group| / 127, ties to even), and sums each group's products exactly in integers: on
+// f32 activations it gives what the reference gives on the quantized rows. Every row count up to
+// two full tiles and beyond; `in` a multiple of 64, of 4 only, and not of 4 (the last quad is
+// partial: 1031, 19, 3, 2); `out` ending in a narrower panel and below one panel; a row of zeros
+// (its outputs are the bias) and a row with one large value among small ones (only its group
+// rounds the small ones to few levels). A single row keeps the f32 FMAs (kMinRows in
+// kernels_vnni.cc: faster at batch 1) and matches the reference on its unquantized values.
+TEST(LowPrecisionOps, Int8DotProductsQuantizeEachActivationRow) {
+  std::vector<NamedBackend> backends = available_backends();
+  const auto dot = std::find_if(backends.begin(), backends.end(),
+                                [](const NamedBackend& b) { return b.name == kInt8DotBackend; });
+  if (dot == backends.end()) GTEST_SKIP() << "no AVX512-VNNI and AVX512-VBMI here";
+  const std::unique_ptr<Backend> reference = reference_backend();
+  int checked = 0;
+  for (const LinearShape& s :
+       {LinearShape{17, 1031, 45, true, std::nullopt},
+        LinearShape{16, 64, 32, false, Activation::kGeluTanh},
+        LinearShape{9, 1024, 48, true, std::nullopt},
+        LinearShape{11, 20, 70, true, Activation::kRelu},
+        LinearShape{3, 19, 5, false, std::nullopt}, LinearShape{2, 3, 16, true, std::nullopt},
+        LinearShape{1, 2, 16, false, std::nullopt}}) {
+    Gen g(DType::kF32, DType::kF32, kSeed);
+    const Graph graph = linear_graph(g, WeightKind::kI8, s);
+    std::vector<float> x = g.floats(s.n * s.in, -2.0f, 2.0f);
+    if (s.n > 2) {
+      std::fill(x.begin() + s.in, x.begin() + 2 * s.in, 0.f);  // row 1: zeros
+      for (int64_t i = 0; i < s.in; ++i) x[2 * s.in + i] *= 1e-3f;
+      x[2 * s.in + s.in / 2] = 40.f;  // row 2: one outlier
+    }
+    for (int64_t n = 1; n <= s.n; n += n < 10 ? 1 : 7) {
+      const Tensor xt =
+          Tensor::from_vector(std::vector<float>(x.begin(), x.begin() + n * s.in), {n, s.in});
+      const Tensor got = run_scenario(*dot->backend, one_step(graph, {{"x", xt}}))[0][0];
+      // One row alone keeps the f32 FMAs (kMinRows): the reference on the row as it is.
+      const Tensor want = run_scenario(
+          *reference, one_step(graph, {{"x", n == 1 ? xt : quantize_rows_to_int8(xt)}}))[0][0];
+      expect_matches(got, want, Check{CheckKind::kMaxRelative, 1e-5},
+                     fmt::format("n={} in={} out={}", n, s.in, s.out));
+      ++checked;
+    }
+  }
+  EXPECT_GT(checked, 40);
+}
+
 INSTANTIATE_TEST_SUITE_P(BackendOps, LowPrecisionOps, testing::ValuesIn(lowp_cases()),
                          [](const testing::TestParamInfo<LowpCase>& info) {
                            return info.param.name;
@@ -212,6 +299,10 @@ INSTANTIATE_TEST_SUITE_P(BackendOps, LowPrecisionOps, testing::ValuesIn(lowp_cas
 
 // Each row of a 9-row batch (widened once) gives exactly what the row alone (widened in
 // registers) gives, on every kernel family.
+//
+// The int8 dot products' family gives i8 weights this property from two rows up only: a row alone
+// keeps the f32 FMAs (kMinRows in kernels_vnni.cc). There each row is checked bitwise in a pair
+// (with the next row) against the 9-row batch, and alone within the int8 activation rounding.
 TEST(LowPrecisionOps, RowResultsDoNotDependOnTheBatch) {
   for (WeightKind kind : kAllWeightKinds) {
     Gen g(DType::kF32, DType::kF32, kSeed);
@@ -220,11 +311,29 @@ TEST(LowPrecisionOps, RowResultsDoNotDependOnTheBatch) {
     const std::vector<float> x = g.floats(s.n * s.in, -2.0f, 2.0f);
     const Scenario batch = one_step(graph, {{"x", Tensor::from_vector(x, {s.n, s.in})}});
     for (NamedBackend& b : available_backends()) {
+      const bool from_two = kind == WeightKind::kI8 && b.name == kInt8DotBackend;
       const Tensor all = run_scenario(*b.backend, batch)[0][0];
       for (int64_t r = 0; r < s.n; ++r) {
         const std::vector<float> row(x.begin() + r * s.in, x.begin() + (r + 1) * s.in);
         const Scenario alone = one_step(graph, {{"x", Tensor::from_vector(row, {1, s.in})}});
         const Tensor one = run_scenario(*b.backend, alone)[0][0];
+        if (from_two) {
+          std::vector<float> pair = row;
+          const int64_t other = (r + 1) % s.n;
+          pair.insert(pair.end(), x.begin() + other * s.in, x.begin() + (other + 1) * s.in);
+          const Tensor two = run_scenario(
+              *b.backend, one_step(graph, {{"x", Tensor::from_vector(pair, {2, s.in})}}))[0][0];
+          for (int64_t o = 0; o < s.out; ++o) {
+            ASSERT_EQ(two.data<float>()[o], all.data<float>()[r * s.out + o])
+                << b.name << " " << kind_name(kind) << " row " << r << " of a pair, output " << o;
+            // int8 activations in groups of 64 (steps of max|group| / 127 = 1/64 here): within a
+            // few percent of the row's largest output.
+            ASSERT_NEAR(one.data<float>()[o], all.data<float>()[r * s.out + o],
+                        0.05f * max_abs(one.data<float>(), s.out))
+                << b.name << " " << kind_name(kind) << " row " << r << " alone, output " << o;
+          }
+          continue;
+        }
         for (int64_t o = 0; o < s.out; ++o)
           ASSERT_EQ(one.data<float>()[o], all.data<float>()[r * s.out + o])
               << b.name << " " << kind_name(kind) << " row " << r << " output " << o;
@@ -233,11 +342,13 @@ TEST(LowPrecisionOps, RowResultsDoNotDependOnTheBatch) {
   }
 }
 
-// One AVX-512 family (f32 FMAs or bf16 dot products for bf16 weights): see below.
-void expect_packed_weights_give_the_plain_bits(bool bf16_dot) {
+// One AVX-512 family (f32 FMAs, bf16 dot products for bf16 weights or int8 dot products for i8
+// weights): see below.
+void expect_packed_weights_give_the_plain_bits(bool bf16_dot, bool int8_dot) {
   ContextOptions options{LogLevel::kError, 3};
   options.cpu_isa = CpuIsa::kAvx512;
   options.cpu_bf16_dot = bf16_dot;
+  options.cpu_int8_dot = int8_dot;
   Context ctx(options);
   const std::unique_ptr<Backend> cpu = make_cpu_backend(ctx);
   const int64_t in = 45, out = 70, max_rows = 130;
@@ -288,11 +399,21 @@ void expect_packed_weights_give_the_plain_bits(bool bf16_dot) {
       const auto [ya, ea] = run(*a, n);
       EXPECT_EQ(std::memcmp(yp.raw(), ya.raw(), yp.nbytes()), 0) << name << " n=" << n;
       EXPECT_EQ(std::memcmp(ep.raw(), ea.raw(), ep.nbytes()), 0) << name << " embedding n=" << n;
-      for (int64_t r = 0; r < std::min<int64_t>(n, 3); ++r)
+      for (int64_t r = 0; r < std::min<int64_t>(n, 3); ++r) {
+        // The int8 dot products take rows from two up (kMinRows): one row alone (r = 0 of a
+        // 1-row call) keeps the f32 FMAs and is compared within the int8 activation rounding.
+        if (int8_dot && kind == static_cast<int>(WeightKind::kI8) && (r == 0) != (n == 1)) {
+          for (int64_t o = 0; o < out; ++o)
+            EXPECT_NEAR(yp.data<float>()[r * out + o], alone[r].first.data<float>()[r * out + o],
+                        0.05f * max_abs(alone[r].first.data<float>() + r * out, out))
+                << name << ": row " << r << " of " << n << ", output " << o;
+          continue;
+        }
         EXPECT_EQ(std::memcmp(yp.data<float>() + r * out, alone[r].first.data<float>() + r * out,
                               out * sizeof(float)),
                   0)
             << name << ": row " << r << " of " << n;
+      }
     }
   }
 }
@@ -304,10 +425,13 @@ void expect_packed_weights_give_the_plain_bits(bool bf16_dot) {
 // ends in a narrower panel.
 TEST(LowPrecisionOps, PackedWeightsGiveThePlainBitsAtEveryBatchSize) {
   if (best_cpu_isa(detect_cpu_features()) != CpuIsa::kAvx512) GTEST_SKIP() << "no AVX-512 here";
-  for (bool bf16_dot : {false, true}) {
-    if (bf16_dot && !detect_cpu_features().avx512_bf16) continue;
-    SCOPED_TRACE(bf16_dot ? "bf16 dot products" : "f32 FMAs");
-    expect_packed_weights_give_the_plain_bits(bf16_dot);
+  const CpuFeatures f = detect_cpu_features();
+  for (int family = 0; family < 3; ++family) {
+    const bool bf16_dot = family == 1, int8_dot = family == 2;
+    if (bf16_dot && !f.avx512_bf16) continue;
+    if (int8_dot && !(f.avx512_vnni && f.avx512_vbmi)) continue;
+    SCOPED_TRACE(bf16_dot ? "bf16 dot products" : int8_dot ? "int8 dot products" : "f32 FMAs");
+    expect_packed_weights_give_the_plain_bits(bf16_dot, int8_dot);
   }
 }
 

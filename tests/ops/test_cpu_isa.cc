@@ -63,6 +63,43 @@ TEST(CpuIsa, Bf16DotProductsFollowTheirOption) {
   EXPECT_NE(make_cpu_backend(ctx)->describe().find("avx512-bf16"), std::string::npos);
 }
 
+// KILN_CPU_INT8_DOT likewise: on|off, avx512 family only, refused without AVX512-VNNI and VBMI,
+// and on by default where the CPU has them.
+TEST(CpuIsa, Int8DotProductsFollowTheirOption) {
+  setenv("KILN_CPU_INT8_DOT", "off", 1);
+  EXPECT_EQ(options_from_environment({}).cpu_int8_dot, std::optional<bool>(false));
+  setenv("KILN_CPU_INT8_DOT", "on", 1);
+  EXPECT_EQ(options_from_environment({}).cpu_int8_dot, std::optional<bool>(true));
+  unsetenv("KILN_CPU_INT8_DOT");
+  const CpuFeatures f = detect_cpu_features();
+  const bool has = f.avx512_vnni && f.avx512_vbmi && best_cpu_isa(f) == CpuIsa::kAvx512;
+  ContextOptions o{LogLevel::kError, 1};
+  EXPECT_EQ(Context(o).cpu_int8_dot(), has);
+  o.cpu_int8_dot = true;
+  if (!(f.avx512_vnni && f.avx512_vbmi)) {
+    EXPECT_THROW(Context{o}, Error);
+    return;
+  }
+  o.cpu_isa = CpuIsa::kAvx2;
+  EXPECT_FALSE(Context(o).cpu_int8_dot());
+  if (!has) return;
+  o.cpu_isa = CpuIsa::kAvx512;
+  Context ctx(o);
+  EXPECT_TRUE(ctx.cpu_int8_dot());
+  EXPECT_NE(make_cpu_backend(ctx)->describe().find("avx512-vnni"), std::string::npos);
+  o.cpu_int8_dot = false;
+  Context off(o);
+  EXPECT_EQ(make_cpu_backend(off)->describe().find("avx512-vnni"), std::string::npos);
+}
+
+TEST(CpuIsa, BadInputInt8DotSwitchInEnvironment) {
+  for (const char* bad : {"maybe", "", "ON", "1"}) {
+    setenv("KILN_CPU_INT8_DOT", bad, 1);
+    EXPECT_THROW(options_from_environment({}), Error) << "'" << bad << "'";
+  }
+  unsetenv("KILN_CPU_INT8_DOT");
+}
+
 TEST(CpuIsa, BadInputUnknownFamilyInEnvironment) {
   setenv("KILN_CPU_ISA", "sse9", 1);
   EXPECT_THROW(options_from_environment({}), Error);

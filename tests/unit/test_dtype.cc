@@ -2,6 +2,7 @@
 // conversion), and a quantized Linear carries its scales in the IR.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 
@@ -111,13 +112,29 @@ TEST(DType, QuantizedLinearOnTheReferenceEqualsTheDequantizedFloatLinear) {
     EXPECT_NEAR(a.data<float>()[i], a_ref.data<float>()[i], 1e-5f) << i;
     EXPECT_NEAR(q.data<float>()[i], q_ref.data<float>()[i], 1e-5f) << i;
   }
-  // The cpu backend's int8 Linear (int8-weight plans) gives the dequantized float Linear too.
-  auto cpu = make_cpu_backend(ctx);
-  const Tensor c = run(*cpu, [&](GraphBuilder& b, int x) {
-    return b.linear_quantized(x, b.weight("w", Tensor::from_vector(w8, {5, 64})), -1,
-                              b.weight("s", Tensor::from_vector(scales, {5})), "fc");
-  });
+  // The cpu backend's int8 Linear (int8-weight plans) gives the dequantized float Linear too: in
+  // f32 FMAs to float rounding; in AVX512-VNNI int8 dot products (where the CPU has them), which
+  // quantize the activations (groups of 64, steps of max|group| / 127), within that rounding.
+  auto cpu_linear = [&](bool int8_dot) {
+    ContextOptions o{LogLevel::kError, 1};
+    o.cpu_int8_dot = int8_dot;
+    Context cpu_ctx(o);
+    auto cpu = make_cpu_backend(cpu_ctx);
+    return run(*cpu, [&](GraphBuilder& b, int x) {
+      return b.linear_quantized(x, b.weight("w", Tensor::from_vector(w8, {5, 64})), -1,
+                                b.weight("s", Tensor::from_vector(scales, {5})), "fc");
+    });
+  };
+  const Tensor c = cpu_linear(false);
   for (int i = 0; i < 15; ++i) EXPECT_NEAR(c.data<float>()[i], a_ref.data<float>()[i], 1e-5f) << i;
+  if (Context(ContextOptions{LogLevel::kError, 1}).cpu_int8_dot()) {
+    const Tensor d = cpu_linear(true);
+    float top = 0.f;
+    for (int i = 0; i < 15; ++i) top = std::max(top, std::fabs(a_ref.data<float>()[i]));
+    for (int i = 0; i < 15; ++i)
+      EXPECT_NEAR(d.data<float>()[i], a_ref.data<float>()[i], 0.02f * top) << i;
+  }
+  auto cpu = make_cpu_backend(ctx);
   // Block-quantized weights have no cpu kernel: refused at compile time, naming the dtype.
   GraphBuilder b("q");
   const int x = b.input("x", DType::kF32, {Dim::sym("tokens"), Dim::of(64)});

@@ -128,10 +128,12 @@ class CpuBackend final : public Backend {
   explicit CpuBackend(Context& ctx)
       : ctx_(ctx),
         isa_(isa_of(ctx.cpu_isa())),
-        kernel_isa_(ctx.cpu_bf16_dot() ? Isa::kAvx512Bf16 : isa_) {}
+        kernel_isa_(ctx.cpu_bf16_dot() ? Isa::kAvx512Bf16 : isa_),
+        int8_dot_(ctx.cpu_int8_dot()) {}
   Device device() const override { return Device::kCpu; }
   std::string describe() const override {
-    return fmt::format("cpu ({} threads, {} kernels)", ctx_.pool().size(), isa_name(kernel_isa_));
+    return fmt::format("cpu ({} threads, {} kernels{})", ctx_.pool().size(), isa_name(kernel_isa_),
+                       int8_dot_ ? ", avx512-vnni i8 Linears" : "");
   }
   // Plans with weights packed for a kernel family name it ("avx512"); plain plans name none
   // and run on any CPU.
@@ -163,7 +165,7 @@ class CpuBackend final : public Backend {
             "this machine",
             graph.values[id].name, l.packing, l.target, isa_name(isa_));
     }
-    const KernelKey key = kernel_key(graph, node, Device::kCpu, kernel_isa_);
+    const KernelKey key = key_of(graph, node);
     if (cpu_registry().find(key) != nullptr) return {};
     return fmt::format("no cpu kernel for {}", describe_key(key));
   }
@@ -174,7 +176,7 @@ class CpuBackend final : public Backend {
       const std::string why = unsupported_reason(graph, n);
       KILN_CHECK(why.empty(), "graph '{}': node '{}' is not supported on cpu: {}", graph.name,
                  n.name, why);
-      const KernelKey key = kernel_key(graph, n, Device::kCpu, kernel_isa_);
+      const KernelKey key = key_of(graph, n);
       const KernelRegistry::Entry* e = cpu_registry().find(key);
       KILN_CHECK(e != nullptr, "graph '{}': node '{}' is not supported on cpu: no kernel for {}",
                  graph.name, n.name, describe_key(key));
@@ -206,9 +208,19 @@ class CpuBackend final : public Backend {
   }
 
  private:
+  // The registry key of a node's kernel: the context's family, and for i8-weight Linears the
+  // VNNI dot products where the context asks for them (independent of the bf16 choice).
+  KernelKey key_of(const Graph& graph, const Node& node) const {
+    KernelKey key = kernel_key(graph, node, Device::kCpu, kernel_isa_);
+    if (int8_dot_ && key.op == OpKind::kLinear && key.weight == DType::kI8)
+      key.isa = Isa::kAvx512Vnni;
+    return key;
+  }
+
   Context& ctx_;
   Isa isa_;         // the family weights are packed for (a plan's target)
   Isa kernel_isa_;  // the kernels: isa_, or AVX512-BF16 over the same avx512 packing
+  bool int8_dot_;   // i8-weight Linears in AVX512-VNNI dot products (same avx512 packing)
 };
 
 }  // namespace

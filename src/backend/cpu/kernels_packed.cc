@@ -15,7 +15,6 @@
 #include <immintrin.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cstring>
 #include <memory>
 #include <optional>
@@ -23,7 +22,7 @@
 #include <vector>
 
 #include "backend/cpu/kernels.h"
-#include "backend/cpu/vector_math.h"
+#include "backend/cpu/packed_linear.h"
 #include "core/half.h"
 #include "graph/packing.h"
 
@@ -34,7 +33,7 @@
 namespace kiln::cpu {
 namespace {
 
-#define KILN_TARGET_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")))
+using namespace packed;
 
 // 16 consecutive weights of a panel widened to f32.
 struct F32W {
@@ -78,53 +77,6 @@ struct Bf16DotW {
   using X = uint32_t;
   using T = uint16_t;
 };
-
-// What a tile writes its outputs through: rows of y, and the per-output scales and bias.
-struct Epilogue {
-  float* y;
-  int64_t ldy;
-  const float* scales;  // null unless i8
-  const float* bias;    // null when absent
-};
-
-KILN_TARGET_AVX512 inline __m512 finish(__m512 acc, const Epilogue& e, int64_t o) {
-  if (e.scales) acc = _mm512_mul_ps(acc, _mm512_loadu_ps(e.scales + o));
-  if (e.bias) acc = _mm512_add_ps(acc, _mm512_loadu_ps(e.bias + o));
-  return acc;
-}
-
-// A tile's T rows of P full panels, through the epilogue, into y (both tile families).
-template <int T, int P>
-KILN_TARGET_AVX512 inline void store_tile(const __m512 (&acc)[T][P], int64_t o, const Epilogue& e) {
-#pragma GCC unroll 16
-  for (int t = 0; t < T; ++t)
-#pragma GCC unroll 16
-    for (int p = 0; p < P; ++p)
-      _mm512_storeu_ps(e.y + t * e.ldy + o + p * kPanelRows,
-                       finish(acc[t][p], e, o + p * kPanelRows));
-}
-
-// A narrow last panel's T rows: its `width` < 16 outputs scaled, biased and stored one by one.
-template <int T>
-KILN_TARGET_AVX512 inline void store_narrow(const __m512 (&acc)[T], int64_t o, int64_t width,
-                                            const Epilogue& e) {
-  alignas(64) float out[kPanelRows];
-  for (int t = 0; t < T; ++t) {
-    _mm512_store_ps(out, acc[t]);
-    for (int64_t j = 0; j < width; ++j) {
-      float v = out[j];
-      if (e.scales) v *= e.scales[o + j];
-      if (e.bias) v += e.bias[o + j];
-      e.y[t * e.ldy + o + j] = v;
-    }
-  }
-}
-
-constexpr int64_t kPrefetchBytes = 2048;
-// The dot-product tiles at many rows spend ~12 cycles on each line of their panels, and reach
-// the memory's rate only with twice the distance (kiln_linear_bench, 16 × 1024 × 62720: 565 ->
-// 595 GFLOP/s; 8 KB was no better).
-constexpr int64_t kDotPrefetchBytes = 4096;
 
 // One input element i: P weight vectors, each multiplied by T broadcast activations.
 template <class W, int T, int P>
@@ -308,7 +260,7 @@ KILN_TARGET_AVX512_BF16 void narrow_tile_pairs(const uint32_t* x, int64_t ldx, c
 // of row t at dst[ip·rows + t]; an odd k's last pair is (x, 0)). Each value is rounded on its
 // own, so a row's pairs do not depend on the other rows.
 KILN_TARGET_AVX512_BF16 void round_rows_to_pairs(const float* x, int64_t k, int64_t rows,
-                                                 uint32_t* dst) {
+                                                 uint32_t* dst, GroupQuant* /*groups*/) {
   alignas(64) uint32_t words[16];
   for (int64_t t = 0; t < rows; ++t) {
     const float* xr = x + t * k;
@@ -327,49 +279,11 @@ KILN_TARGET_AVX512_BF16 void round_rows_to_pairs(const float* x, int64_t k, int6
   }
 }
 
-// Panels per tile for T rows: as many as the 32 vector registers hold (T·P accumulators, P
-// weights, one broadcast), and at least 8 independent chains for a single row so that the
-// fused-multiply-add latency does not cap the speed at which the weights stream.
-constexpr int panels_for(int rows) {
-  return rows == 1    ? 4
-         : rows == 2  ? 8
-         : rows == 3  ? 6
-         : rows <= 6  ? 4
-         : rows <= 9  ? 3
-         : rows <= 14 ? 2
-                      : 1;
-}
-// Rows per tile at most. (16-row dot-product tiles of one panel, which use each weight line
-// for every row as it streams in, were slower: kiln_linear_bench 16 × 1024 × 62720 540 against
-// 584 GFLOP/s for two 8-row tiles of 3 panels.)
-constexpr int kMaxTileRows = 8;
-
-// Every (rows, panels) tile a call can use: a call picks P = panels_for(its tile rows), and its
-// last row tile may be shorter than the others with the same P.
-constexpr int kPanelChoices[] = {1, 2, 3, 4, 6, 8};
-constexpr int kNumPanelChoices = 6;
-constexpr int panel_choice(int panels) {
-  return panels == 1   ? 0
-         : panels == 2 ? 1
-         : panels == 3 ? 2
-         : panels == 4 ? 3
-         : panels == 6 ? 4
-                       : 5;
-}
-
 template <class W>
-struct TileSet {
-  using X = typename W::X;
-  using Full = void (*)(const X*, int64_t, const typename W::T*, const typename W::T*, int64_t,
-                        int64_t, const Epilogue&);
-  using Narrow = void (*)(const X*, int64_t, const typename W::T*, int64_t, int64_t, int64_t,
-                          const Epilogue&);
-  Full full[kMaxTileRows + 1][kNumPanelChoices];  // [rows][panel_choice(P)]
-  Narrow narrow[kMaxTileRows + 1];
-};
+using TilesOf = TileSet<typename W::X, typename W::T>;
 
 template <class W, int T, int P>
-constexpr typename TileSet<W>::Full pick_tile() {
+constexpr typename TilesOf<W>::Full pick_tile() {
   if constexpr (std::is_same_v<W, Bf16DotW>) {
     if constexpr (T * P + P + 2 <= 32)  // ... and the pair permutation
       return tile_pairs<T, P>;
@@ -382,7 +296,7 @@ constexpr typename TileSet<W>::Full pick_tile() {
 }
 
 template <class W, int T>
-constexpr void fill_row(TileSet<W>& s) {
+constexpr void fill_row(TilesOf<W>& s) {
   s.full[T][0] = pick_tile<W, T, kPanelChoices[0]>();
   s.full[T][1] = pick_tile<W, T, kPanelChoices[1]>();
   s.full[T][2] = pick_tile<W, T, kPanelChoices[2]>();
@@ -396,136 +310,15 @@ constexpr void fill_row(TileSet<W>& s) {
 }
 
 template <class W, int... T>
-constexpr TileSet<W> make_tiles(std::integer_sequence<int, T...>) {
-  TileSet<W> s{};
+constexpr TilesOf<W> make_tiles(std::integer_sequence<int, T...>) {
+  TilesOf<W> s{};
   (fill_row<W, T + 1>(s), ...);
   return s;
 }
 template <class W>
-constexpr TileSet<W> kTiles = make_tiles<W>(std::make_integer_sequence<int, kMaxTileRows>{});
+constexpr TilesOf<W> kTiles = make_tiles<W>(std::make_integer_sequence<int, kMaxTileRows>{});
 
-// The groups of panels of one call, handed to the pool's threads: each thread owns an equal
-// contiguous range and takes groups from its front (one stream through memory); a thread whose
-// range is empty takes the last group of another thread's range. On this shared VM the two
-// cores' speeds differ from call to call, and a static split left the faster one waiting up to
-// 10 % of a decode Linear. Which thread computes a group never changes its results.
-class GroupQueue {
- public:
-  struct Take {
-    int64_t group;  // -1: nothing left
-    int64_t next;   // the group this thread will probably take next (to prefetch), or -1
-  };
-  GroupQueue(int64_t groups, int threads)
-      : workers_(static_cast<int>(std::clamp<int64_t>(groups, 1, threads))),
-        ranges_(std::make_unique<Range[]>(static_cast<size_t>(workers_))) {
-    for (int w = 0; w < workers_; ++w) {
-      const int64_t b = groups * w / workers_, e = groups * (w + 1) / workers_;
-      ranges_[w].front_back.store(pack(b, e), std::memory_order_relaxed);
-    }
-  }
-  int workers() const { return workers_; }
-
-  Take take(int64_t worker) {
-    Range& own = ranges_[worker];
-    for (uint64_t v = own.front_back.load(); front(v) < back(v);)
-      if (own.front_back.compare_exchange_weak(v, pack(front(v) + 1, back(v))))
-        return {front(v), front(v) + 1 < back(v) ? front(v) + 1 : -1};
-    for (int d = 1; d < workers_; ++d) {
-      Range& other = ranges_[(worker + d) % workers_];
-      for (uint64_t v = other.front_back.load(); front(v) < back(v);)
-        if (other.front_back.compare_exchange_weak(v, pack(front(v), back(v) - 1)))
-          return {back(v) - 1, back(v) - 2 >= front(v) ? back(v) - 2 : -1};
-    }
-    return {-1, -1};
-  }
-
- private:
-  struct alignas(64) Range {
-    std::atomic<uint64_t> front_back{0};  // [front, back) of the groups not yet taken
-  };
-  static uint64_t pack(int64_t f, int64_t b) {
-    return static_cast<uint64_t>(f) << 32 | static_cast<uint32_t>(b);
-  }
-  static int64_t front(uint64_t v) { return static_cast<int64_t>(v >> 32); }
-  static int64_t back(uint64_t v) { return static_cast<int64_t>(v & 0xffffffffu); }
-
-  int workers_;
-  std::unique_ptr<Range[]> ranges_;
-};
-
-// x [n, k], w [m, k] packed, y [n, m]: rows in tiles of up to kMaxTileRows, spread evenly; each
-// thread takes groups of panels from a GroupQueue and runs every row tile over a group while its
-// weights are in cache. Several rows are first interleaved into `xt` ([n, k] floats), tile by
-// tile (element i of a tile's row t at i·rows + t): rows k floats apart would all fall into the
-// same L1 sets (k a multiple of 1024), which at 16 rows made the broadcasts miss L1 every time.
-// Bf16DotW rounds every row, a single one too, into bf16 pairs there (ceil(k / 2) words a row).
-template <class W>
-void packed_linear(const float* xp, int64_t n, int64_t k, const typename W::T* wp, int64_t m,
-                   const Epilogue& e, std::optional<Activation> act, typename W::X* xt,
-                   ThreadPool& pool) {
-  constexpr bool kPairs = std::is_same_v<W, Bf16DotW>;
-  const int64_t row_tiles = (n + kMaxTileRows - 1) / kMaxTileRows;
-  const int tile_rows = static_cast<int>((n + row_tiles - 1) / row_tiles);
-  const int64_t xk = kPairs ? (k + 1) / 2 : k;  // elements of xt per row
-  const TileSet<W>& tiles = kTiles<W>;
-  if (n > 1 || kPairs)
-    pool.parallel_for(row_tiles, 1, [&](int64_t r0, int64_t r1) {
-      for (int64_t r = r0; r < r1; ++r) {
-        const int64_t t0 = r * tile_rows, rows = std::min<int64_t>(tile_rows, n - t0);
-        typename W::X* dst = xt + t0 * xk;
-        if constexpr (kPairs)
-          round_rows_to_pairs(xp + t0 * k, k, rows, dst);
-        else
-          for (int64_t t = 0; t < rows; ++t)
-            for (int64_t i = 0; i < k; ++i) dst[i * rows + t] = xp[(t0 + t) * k + i];
-      }
-    });
-  const int group = panels_for(tile_rows);
-  const int64_t panels = (m + kPanelRows - 1) / kPanelRows;
-  const int64_t groups = (panels + group - 1) / group;
-  GroupQueue queue(groups, pool.size());
-  pool.parallel_for(queue.workers(), 1, [&](int64_t w0, int64_t w1) {
-    for (int64_t worker = w0; worker < w1; ++worker)
-      for (GroupQueue::Take g = queue.take(worker); g.group >= 0; g = queue.take(worker)) {
-        const int64_t p0 = g.group * group, p1 = std::min(panels, p0 + group);
-        const bool whole = p1 - p0 == group && p1 * kPanelRows <= m;
-        const typename W::T* next =
-            g.next >= 0 && g.next < groups ? wp + g.next * group * kPanelRows * k : nullptr;
-        for (int64_t t = 0; t < n; t += tile_rows) {
-          const int rows = static_cast<int>(std::min<int64_t>(tile_rows, n - t));
-          const typename W::X* x;
-          if constexpr (kPairs)
-            x = xt + t * xk;
-          else
-            x = n > 1 ? xt + t * k : xp;
-          const int64_t ldx = n > 1 ? rows : 1;
-          Epilogue et = e;
-          et.y = e.y + t * e.ldy;
-          if (whole) {
-            // Later row tiles of this group find its weights in cache; the last one streams on.
-            tiles.full[rows][panel_choice(group)](x, ldx, wp + p0 * kPanelRows * k,
-                                                  t + rows < n ? nullptr : next, k, p0 * kPanelRows,
-                                                  et);
-            continue;
-          }
-          for (int64_t p = p0; p < p1; ++p) {
-            const int64_t o = p * kPanelRows, width = std::min(kPanelRows, m - o);
-            if (width == kPanelRows)
-              tiles.full[rows][0](x, ldx, wp + o * k, nullptr, k, o, et);
-            else
-              tiles.narrow[rows](x, ldx, wp + o * k, k, o, width, et);
-          }
-        }
-        if (act) {
-          const int64_t o0 = p0 * kPanelRows, o1 = std::min(m, p1 * kPanelRows);
-          for (int64_t t = 0; t < n; ++t)
-            apply_activation(*act, e.y + t * e.ldy + o0, e.y + t * e.ldy + o0, o1 - o0);
-        }
-      }
-  });
-}
-
-// The kernel object: finds (or makes) the packed weights once, then runs packed_linear.
+// The kernel object: finds (or makes) the packed weights once, then runs run_packed_linear.
 template <class W>
 class PackedLinear final : public Kernel {
  public:
@@ -533,20 +326,7 @@ class PackedLinear final : public Kernel {
 
   void prepare(const Graph& graph) override {
     x_shape_ = graph.values[node_.inputs[0]].shape;
-    const Value& w = graph.values[node_.inputs[1]];
-    KILN_CHECK(w.kind == ValueKind::kWeight && w.data.defined() && w.data.rank() == 2,
-               "node '{}': the avx512 Linear needs a constant 2-d weight", node_.name);
-    if (w.layout == panel16_layout()) {
-      weight_ = w.data;
-      return;
-    }
-    KILN_CHECK(w.layout.plain(), "node '{}': weight '{}' is packed as {} for {}", node_.name,
-               w.name, w.layout.packing, w.layout.target);
-    // A plain plan (built without packing, or in memory): pack once here.
-    const Tensor plain = w.data.is_contiguous() ? w.data : w.data.clone();
-    weight_ = Tensor::empty(plain.dtype(), plain.shape());
-    pack_panel16(plain.raw(), weight_.raw(), plain.dim(0), plain.dim(1),
-                 dtype_bytes(plain.dtype(), 1));
+    weight_ = panel16_weight(graph, node_);
   }
 
   // The interleaved input rows: as many floats as the input (bf16 pairs need half of that).
@@ -581,8 +361,10 @@ class PackedLinear final : public Kernel {
       own.resize(static_cast<size_t>(n * k));
       xt = own.data();
     }
-    packed_linear<W>(x.data<float>(), n, k, static_cast<const typename W::T*>(weight_.raw()), m, e,
-                     node_.attr<LinearAttrs>().activation, xt, *args.pool);
+    Staging<typename W::X> staging;
+    if constexpr (std::is_same_v<W, Bf16DotW>) staging = {round_rows_to_pairs, (k + 1) / 2};
+    run_packed_linear(x.data<float>(), n, k, static_cast<const typename W::T*>(weight_.raw()), m, e,
+                      node_.attr<LinearAttrs>().activation, xt, staging, kTiles<W>, *args.pool);
   }
 
  private:
@@ -592,6 +374,24 @@ class PackedLinear final : public Kernel {
 };
 
 }  // namespace
+
+namespace packed {
+
+Tensor panel16_weight(const Graph& graph, const Node& node) {
+  const Value& w = graph.values[node.inputs[1]];
+  KILN_CHECK(w.kind == ValueKind::kWeight && w.data.defined() && w.data.rank() == 2,
+             "node '{}': the avx512 Linear needs a constant 2-d weight", node.name);
+  if (w.layout == panel16_layout()) return w.data;
+  KILN_CHECK(w.layout.plain(), "node '{}': weight '{}' is packed as {} for {}", node.name, w.name,
+             w.layout.packing, w.layout.target);
+  // A plain plan (built without packing, or in memory): pack once here.
+  const Tensor plain = w.data.is_contiguous() ? w.data : w.data.clone();
+  Tensor out = Tensor::empty(plain.dtype(), plain.shape());
+  pack_panel16(plain.raw(), out.raw(), plain.dim(0), plain.dim(1), dtype_bytes(plain.dtype(), 1));
+  return out;
+}
+
+}  // namespace packed
 
 KernelFactory packed_linear_factory(DType weight) {
   switch (weight) {

@@ -59,6 +59,9 @@ void register_kernels(KernelRegistry& r) {
   // AVX512-BF16: bf16 weights in dot products of bf16 pairs; every other kernel is AVX-512's.
   r.add(KernelKey{OpKind::kLinear, f32, DType::kBF16, Device::kCpu, Isa::kAvx512Bf16},
         "avx512-bf16 packed bf16-weight linear (vdpbf16ps)", packed_bf16_dot_linear_factory());
+  // AVX512-VNNI: i8 weights in int8 dot products of per-row quantized activations.
+  r.add(KernelKey{OpKind::kLinear, f32, DType::kI8, Device::kCpu, Isa::kAvx512Vnni},
+        "avx512-vnni packed i8-weight linear (vpdpbusd)", packed_int8_dot_linear_factory());
   add_fn(r, OpKind::kEmbedding, DType::kBF16, DType::kBF16, base, "bf16 embedding gather",
          embedding_narrow);
   add_fn(r, OpKind::kEmbedding, DType::kF16, DType::kF16, base, "f16 embedding gather",

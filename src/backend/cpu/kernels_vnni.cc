@@ -1,0 +1,333 @@
+// The int8-weight Linear in AVX512-VNNI dot products (vpdpbusd: four u8 × s8 products summed
+// into each s32 lane) over the same panel16-packed i8 weights the f32 kernel reads, so a plan
+// packed for avx512 runs either way and the choice is the context's (cpu_int8_dot).
+//
+// Activations are quantized on the fly, each row in groups of kGroup = 64 elements: a group's
+// scale a = max|x| / 127 over the group, q = x · (127 / max|x|) rounded to nearest even (s8).
+// vpdpbusd multiplies unsigned by signed bytes, so the weights take the unsigned side as
+// u = w + 128 (one xor per line, in registers) and each group's sum carries 128 · Σ q, which the
+// quantization records per group and the tile takes off before scaling:
+//   y[t][o] = Σ_g f32(Σ_{i∈g} q[t][i] · u[o][i] − 128 · Σ_{i∈g} q[t][i]) · a[t][g]
+//             · scale[o] + bias[o],
+// each group's integer part exact (|Σ| <= 64 · 127 · 255). Groups rather than one scale a row:
+// at real size (synthesized flan-t5-base, last-token logits against fp32) one scale a row gave
+// cosine 0.99906 against 0.99982 for the f32 FMAs; groups of 64 give 0.99959 (bloom-560m 0.99976
+// -> 0.99983, f32 FMAs 0.99993) for ~5 % of the kernel's speed (kiln_linear_bench).
+//
+// Why: batched decode of int8-weight plans was compute-bound in f32 FMAs (each i8 weight widened
+// to f32, then one FMA per row): a 16-row bloom-560m step took 73-84 ms against ~12 ms at batch
+// 1. One vpdpbusd does 64 multiply-adds where an FMA does 16.
+//
+// Where: calls of two or more rows (batched decode, prefill); a call of one row (batch-1 decode)
+// keeps the f32 FMAs, which measured ~10 % faster there end to end (kMinRows below).
+//
+// Batch invariance: a row's groups depend on that row alone, and each output sums its groups in
+// order, so a row's result is bit-identical in any call of two or more rows, in any tile, on any
+// thread; alone (one row) it takes the f32 FMAs and differs in the last digits of the int8
+// activation rounding.
+//
+// Layout: a panel16 line of an i8 panel holds elements i .. i+3 (i a multiple of 4) of its 16
+// outputs, byte 16u + j = w[o0 + j][i + u]; vpdpbusd wants output j's four bytes side by side in
+// lane j (byte 4j + u). One vpermb (AVX512-VBMI) per line reorders it in registers, as the bf16
+// dot products reorder their pairs.
+#include <immintrin.h>
+
+#include <algorithm>
+#include <memory>
+#include <optional>
+#include <type_traits>
+#include <vector>
+
+#include "backend/cpu/kernels.h"
+#include "backend/cpu/packed_linear.h"
+#include "graph/packing.h"
+
+// GCC 12 reports the _mm512_undefined_* placeholders inside its own AVX-512 intrinsics as
+// "(maybe) uninitialized" once they inline here (a false positive).
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+
+namespace kiln::cpu {
+namespace {
+
+using namespace packed;
+
+#define KILN_TARGET_AVX512_VNNI \
+  __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx2,fma,f16c")))
+
+// Byte 4j + u of the result takes byte 16u + j of a panel16 line (see the layout above).
+KILN_TARGET_AVX512_VNNI inline __m512i quad_permutation() {
+  alignas(64) static constexpr uint8_t kIndex[64] = {
+      0,  16, 32, 48, 1,  17, 33, 49, 2,  18, 34, 50, 3,  19, 35, 51, 4,  20, 36, 52, 5,  21,
+      37, 53, 6,  22, 38, 54, 7,  23, 39, 55, 8,  24, 40, 56, 9,  25, 41, 57, 10, 26, 42, 58,
+      11, 27, 43, 59, 12, 28, 44, 60, 13, 29, 45, 61, 14, 30, 46, 62, 15, 31, 47, 63};
+  return _mm512_load_si512(kIndex);
+}
+
+// One quad of input elements (4·iq .. 4·iq + 3): P weight lines, each dotted with T broadcast
+// activation quads. `bytes` masks the line: all of it, or the 16·(k mod 4) bytes of a partial
+// last quad (the rest loads as zero, and meets zero activations). `flip` (0x80 in every byte)
+// makes the weights unsigned: u = w + 128.
+template <int T, int P>
+KILN_TARGET_AVX512_VNNI __attribute__((always_inline)) inline void quad_step(
+    __m512i (&acc)[T][P], const uint32_t* x, int64_t ldx, const int8_t* w, int64_t panel,
+    int64_t iq, __m512i perm, __m512i flip, __mmask64 bytes) {
+  __m512i wv[P];
+#pragma GCC unroll 16
+  for (int p = 0; p < P; ++p)
+    wv[p] = _mm512_xor_si512(
+        _mm512_permutexvar_epi8(
+            perm, _mm512_maskz_loadu_epi8(bytes, w + p * panel + iq * 4 * kPanelRows)),
+        flip);
+#pragma GCC unroll 16
+  for (int t = 0; t < T; ++t) {
+    const __m512i xb = _mm512_set1_epi32(static_cast<int>(x[iq * ldx + t]));
+#pragma GCC unroll 16
+    for (int p = 0; p < P; ++p) acc[t][p] = _mm512_dpbusd_epi32(acc[t][p], wv[p], xb);
+  }
+}
+
+constexpr int64_t kGroup = 64;  // activation elements per quantization group
+constexpr int64_t kGroupQuads = kGroup / 4;
+
+// A group's integer sums into the f32 sums: the shift taken off, × the group's scale.
+template <int T, int P>
+KILN_TARGET_AVX512_VNNI __attribute__((always_inline)) inline void add_group(
+    __m512 (&sum)[T][P], const __m512i (&acc)[T][P], const Epilogue& e, int64_t g) {
+#pragma GCC unroll 16
+  for (int t = 0; t < T; ++t) {
+    const GroupQuant& q = e.groups[t * e.groups_per_row + g];
+    const __m512i shift = _mm512_set1_epi32(q.shift);
+    const __m512 a = _mm512_set1_ps(q.scale);
+#pragma GCC unroll 16
+    for (int p = 0; p < P; ++p)
+      sum[t][p] =
+          _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(acc[t][p], shift)), a, sum[t][p]);
+  }
+}
+
+// Rows [0, T) of x as interleaved quads (quad iq of row t at x[iq·ldx + t]) × P full panels
+// starting at output o. k need not be a multiple of 4: the last, partial line is loaded with its
+// missing elements zero.
+template <int T, int P>
+KILN_TARGET_AVX512_VNNI void tile_quads(const uint32_t* x, int64_t ldx, const int8_t* w,
+                                        const int8_t* next, int64_t k, int64_t o,
+                                        const Epilogue& e) {
+  __m512 sum[T][P];
+#pragma GCC unroll 16
+  for (int t = 0; t < T; ++t)
+#pragma GCC unroll 16
+    for (int p = 0; p < P; ++p) sum[t][p] = _mm512_setzero_ps();
+  const __m512i perm = quad_permutation(), flip = _mm512_set1_epi8(static_cast<char>(0x80));
+  const int64_t panel = kPanelRows * k, quads = k / 4, steps = (k + 3) / 4;
+  const __mmask64 last =
+      _cvtu64_mask64(k % 4 == 0 ? ~uint64_t{0} : (uint64_t{1} << (16 * (k % 4))) - 1);
+  // A quad step reads one line of each panel: the prefetches run ahead, then on into the next
+  // group of panels (as the other tiles do), or repeat this line without one. Tiles of many rows
+  // spend longer on each line and need the longer distance.
+  constexpr int64_t kAhead = (T >= 4 ? kDotPrefetchBytes : kPrefetchBytes) / 64;
+  for (int64_t g = 0, q0 = 0; q0 < steps; ++g, q0 += kGroupQuads) {
+    __m512i acc[T][P];
+#pragma GCC unroll 16
+    for (int t = 0; t < T; ++t)
+#pragma GCC unroll 16
+      for (int p = 0; p < P; ++p) acc[t][p] = _mm512_setzero_si512();
+    const int64_t q1 = std::min(steps, q0 + kGroupQuads);
+    for (int64_t iq = q0; iq < q1; ++iq) {
+      const int64_t ahead = iq + kAhead;
+      const int8_t* line = ahead < quads     ? w + ahead * 4 * kPanelRows
+                           : next != nullptr ? next + (ahead - quads) * 4 * kPanelRows
+                                             : w + iq * 4 * kPanelRows;
+      for (int p = 0; p < P; ++p)
+        _mm_prefetch(reinterpret_cast<const char*>(line + p * panel), _MM_HINT_T0);
+      quad_step<T, P>(acc, x, ldx, w, panel, iq, perm, flip,
+                      iq < quads ? _cvtu64_mask64(~uint64_t{0}) : last);
+    }
+    add_group<T, P>(sum, acc, e, g);
+  }
+  store_tile<T, P>(sum, o, e);
+}
+
+// The last, narrower panel: `width` < 16 outputs stored `width` apart, gathered quad by quad
+// into a full line; the same groups and sums per output.
+template <int T>
+KILN_TARGET_AVX512_VNNI void narrow_tile_quads(const uint32_t* x, int64_t ldx, const int8_t* w,
+                                               int64_t k, int64_t o, int64_t width,
+                                               const Epilogue& e) {
+  __m512 sum[T][1];
+  for (int t = 0; t < T; ++t) sum[t][0] = _mm512_setzero_ps();
+  alignas(64) uint8_t wide[4 * kPanelRows] = {};
+  const int64_t steps = (k + 3) / 4;
+  for (int64_t g = 0, q0 = 0; q0 < steps; ++g, q0 += kGroupQuads) {
+    __m512i acc[T][1];
+    for (int t = 0; t < T; ++t) acc[t][0] = _mm512_setzero_si512();
+    for (int64_t iq = q0; iq < std::min(steps, q0 + kGroupQuads); ++iq) {
+      for (int64_t j = 0; j < width; ++j)
+        for (int64_t u = 0; u < 4; ++u) {
+          const int64_t i = 4 * iq + u;  // past k: a zero weight (u = 128) against q = 0
+          wide[4 * j + u] = static_cast<uint8_t>((i < k ? w[i * width + j] : int8_t{0}) + 128);
+        }
+      const __m512i wv = _mm512_load_si512(wide);
+      for (int t = 0; t < T; ++t)
+        acc[t][0] = _mm512_dpbusd_epi32(acc[t][0], wv,
+                                        _mm512_set1_epi32(static_cast<int>(x[iq * ldx + t])));
+    }
+    add_group<T, 1>(sum, acc, e, g);
+  }
+  __m512 out[T];
+  for (int t = 0; t < T; ++t) out[t] = sum[t][0];
+  store_narrow<T>(out, o, width, e);
+}
+
+// Rows [0, rows) of x [rows, k] quantized into dst as interleaved quads of s8 (quad iq of row t
+// at dst[iq·rows + t]; a partial last quad is padded with zeros), in groups of kGroup elements
+// whose scales and shifts go to groups[t·ceil(k / kGroup) + g]. A row's bytes and groups depend
+// on that row alone.
+KILN_TARGET_AVX512_VNNI void quantize_rows_to_quads(const float* x, int64_t k, int64_t rows,
+                                                    uint32_t* dst, GroupQuant* groups) {
+  const int64_t per_row = (k + kGroup - 1) / kGroup;
+  alignas(16) uint32_t words[4];
+  for (int64_t t = 0; t < rows; ++t) {
+    const float* xr = x + t * k;
+    for (int64_t g0 = 0; g0 < k; g0 += kGroup) {
+      const int64_t g1 = std::min(k, g0 + kGroup);
+      __m512 top = _mm512_setzero_ps();
+      for (int64_t i = g0; i < g1; i += 16) {
+        const __mmask16 m = _cvtu32_mask16(g1 - i >= 16 ? 0xffffu : (1u << (g1 - i)) - 1);
+        top = _mm512_max_ps(top, _mm512_abs_ps(_mm512_maskz_loadu_ps(m, xr + i)));
+      }
+      const float amax = _mm512_reduce_max_ps(top);
+      // An all-zero group: every q is 0 and it adds nothing.
+      const __m512 inv = _mm512_set1_ps(amax > 0.f ? 127.f / amax : 0.f);
+      __m512i total = _mm512_setzero_si512();
+      for (int64_t i = g0; i < g1; i += 16) {
+        const int64_t left = std::min<int64_t>(g1 - i, 16);
+        const __mmask16 m = _cvtu32_mask16(left >= 16 ? 0xffffu : (1u << left) - 1);
+        // Round to nearest even (the default MXCSR mode), then saturate: |x · inv| <= 127 up to
+        // the product's rounding, which can only reach 127.00002 and rounds back to 127.
+        const __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_maskz_loadu_ps(m, xr + i), inv));
+        total = _mm512_add_epi32(total, q);
+        _mm_store_si128(reinterpret_cast<__m128i*>(words), _mm512_cvtsepi32_epi8(q));
+        for (int64_t w = 0; w < (left + 3) / 4; ++w) dst[(i / 4 + w) * rows + t] = words[w];
+      }
+      groups[t * per_row + g0 / kGroup] = {amax / 127.f, 128 * _mm512_reduce_add_epi32(total)};
+    }
+  }
+}
+
+template <int T, int P>
+constexpr TileSet<uint32_t, int8_t>::Full pick_tile() {
+  if constexpr (T * P + P + 2 <= 32)  // accumulators, weights, a broadcast and the permutation
+    return tile_quads<T, P>;
+  else
+    return nullptr;
+}
+
+template <int T>
+constexpr void fill_row(TileSet<uint32_t, int8_t>& s) {
+  s.full[T][0] = pick_tile<T, kPanelChoices[0]>();
+  s.full[T][1] = pick_tile<T, kPanelChoices[1]>();
+  s.full[T][2] = pick_tile<T, kPanelChoices[2]>();
+  s.full[T][3] = pick_tile<T, kPanelChoices[3]>();
+  s.full[T][4] = pick_tile<T, kPanelChoices[4]>();
+  s.full[T][5] = pick_tile<T, kPanelChoices[5]>();
+  s.narrow[T] = narrow_tile_quads<T>;
+}
+
+template <int... T>
+constexpr TileSet<uint32_t, int8_t> make_tiles(std::integer_sequence<int, T...>) {
+  TileSet<uint32_t, int8_t> s{};
+  (fill_row<T + 1>(s), ...);
+  return s;
+}
+constexpr TileSet<uint32_t, int8_t> kQuadTiles =
+    make_tiles(std::make_integer_sequence<int, kMaxTileRows>{});
+
+// Rows from which a call takes the int8 dot products; a single row (batch-1 decode) keeps the f32
+// FMAs. Measured (bloom-560m int8-weight, batch 1, kiln bench N = 100, three interleaved rounds
+// of the same binary): 13.3 / 13.3 / 13.7 ms a token with the dot products at one row against
+// 12.1 / 12.1 / 12.4 with f32 FMAs and 11.5 / 11.7 / 12.3 with this threshold; flan-t5-base
+// 3-4 % slower at one row (A/B of the binaries). A single row is memory-bound either way, and in
+// kiln_linear_bench the dot products stream no slower (1 x 1024 x 62720: 0.79 against 0.91 ms);
+// where the decode loop loses ~10 % was not found. The price: a row alone (one row in the call)
+// and the same row in a batch of two or more take different paths, so int8-weight plans' rows
+// are bitwise the same in every batch of two or more rows but not alone (test_backend_lowp.cc,
+// test_precision.cc).
+constexpr int64_t kMinRows = 2;
+
+class VnniLinear final : public Kernel {
+ public:
+  explicit VnniLinear(const Node& node)
+      : node_(node), single_row_(packed_linear_factory(DType::kI8)(node)) {}
+
+  void prepare(const Graph& graph) override {
+    single_row_->prepare(graph);
+    x_shape_ = graph.values[node_.inputs[0]].shape;
+    weight_ = panel16_weight(graph, node_);
+    KILN_CHECK(weight_.dtype() == DType::kI8,
+               "node '{}': the AVX512-VNNI Linear takes i8 weights, not {}", node_.name,
+               dtype_name(weight_.dtype()));
+  }
+
+  // The quantized rows (ceil(k / 4) words each) and their groups.
+  int64_t workspace_bytes(const Bindings& bindings) const override {
+    const Shape shape = resolve_shape(x_shape_, bindings);
+    int64_t elems = 1;
+    for (int64_t d : shape) elems *= d;
+    const int64_t k = shape.empty() ? 1 : std::max<int64_t>(shape.back(), 1);
+    const int64_t rows = elems / k;
+    return std::max(single_row_->workspace_bytes(bindings),
+                    rows * ((k + 3) / 4 * static_cast<int64_t>(sizeof(uint32_t)) +
+                            (k + kGroup - 1) / kGroup * static_cast<int64_t>(sizeof(GroupQuant))));
+  }
+
+  void run(const KernelArgs& args) override {
+    KILN_CHECK(args.pool != nullptr, "cpu kernel '{}' without a thread pool", node_.name);
+    std::span<const Tensor> in = args.in;
+    const Tensor& x = in[0];
+    const float* bias = in.size() > 2 && in[2].defined() ? in[2].data<float>() : nullptr;
+    const float* scales = in.size() > 3 && in[3].defined() ? in[3].data<float>() : nullptr;
+    KILN_CHECK(x.dtype() == DType::kF32 && args.out[0].dtype() == DType::kF32,
+               "node '{}': the cpu Linear takes and returns f32 activations", node_.name);
+    KILN_CHECK(weight_.defined(), "node '{}': run before prepare", node_.name);
+    KILN_CHECK(scales != nullptr, "node '{}': an i8 weight needs its scales", node_.name);
+    const int64_t m = weight_.dim(0), k = weight_.dim(1);
+    KILN_CHECK(x.numel() % k == 0, "node '{}': input of {} elements is not rows of {}", node_.name,
+               x.numel(), k);
+    if (x.numel() / k < kMinRows) return single_row_->run(args);
+    const int64_t n = x.numel() / k, quads = (k + 3) / 4, per_row = (k + kGroup - 1) / kGroup;
+    std::vector<uint32_t> own;  // callers without a workspace (micro-benchmarks)
+    std::vector<GroupQuant> own_groups;
+    uint32_t* xt;
+    GroupQuant* groups;
+    if (args.scratch != nullptr) {
+      // 64-byte aligned; the groups follow the quads (4-byte fields).
+      xt = static_cast<uint32_t*>(args.scratch);
+      groups = static_cast<GroupQuant*>(static_cast<void*>(xt + n * quads));
+    } else {
+      own.resize(static_cast<size_t>(n * quads));
+      own_groups.resize(static_cast<size_t>(n * per_row));
+      xt = own.data();
+      groups = own_groups.data();
+    }
+    const Epilogue e{args.out[0].data<float>(), m, scales, bias};
+    const Staging<uint32_t> staging{quantize_rows_to_quads, quads, groups, per_row};
+    run_packed_linear(x.data<float>(), n, k, static_cast<const int8_t*>(weight_.raw()), m, e,
+                      node_.attr<LinearAttrs>().activation, xt, staging, kQuadTiles, *args.pool);
+  }
+
+ private:
+  const Node& node_;
+  SymShape x_shape_;
+  Tensor weight_;  // panel16: the plan's mapping, or packed here
+  // Fewer than kMinRows rows: the f32-FMA kernel over the same weights (see kMinRows).
+  std::unique_ptr<Kernel> single_row_;
+};
+
+}  // namespace
+
+KernelFactory packed_int8_dot_linear_factory() {
+  return [](const Node& n) { return std::make_unique<VnniLinear>(n); };
+}
+
+}  // namespace kiln::cpu
