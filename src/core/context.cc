@@ -2,6 +2,7 @@
 
 #include <cstdlib>
 #include <string>
+#include <string_view>
 
 namespace kiln {
 
@@ -26,27 +27,20 @@ ContextOptions options_from_environment(ContextOptions base) {
         KILN_FAIL_KIND(ErrorKind::kUsage, "KILN_CPU_ISA must be auto|avx2|avx512, got '{}'", s);
     }
   }
-  if (!base.cpu_bf16_dot) {
-    if (const char* v = std::getenv("KILN_CPU_BF16_DOT")) {
-      const std::string s = v;
-      KILN_CHECK_USAGE(s == "on" || s == "off", "KILN_CPU_BF16_DOT must be on|off, got '{}'", s);
-      base.cpu_bf16_dot = s == "on";
+  // A two-valued switch in the variable `name` (`a` or `b`; true when it is `on`), unless set
+  // explicitly.
+  auto switch_from_env = [](const char* name, std::string_view a, std::string_view b,
+                            std::string_view on, std::optional<bool>& out) {
+    if (out) return;
+    if (const char* v = std::getenv(name)) {
+      const std::string_view s = v;
+      KILN_CHECK_USAGE(s == a || s == b, "{} must be {}|{}, got '{}'", name, a, b, s);
+      out = s == on;
     }
-  }
-  if (!base.cpu_int8_dot) {
-    if (const char* v = std::getenv("KILN_CPU_INT8_DOT")) {
-      const std::string s = v;
-      KILN_CHECK_USAGE(s == "on" || s == "off", "KILN_CPU_INT8_DOT must be on|off, got '{}'", s);
-      base.cpu_int8_dot = s == "on";
-    }
-  }
-  if (!base.cpu_profile) {
-    if (const char* v = std::getenv("KILN_CPU_PROFILE")) {
-      const std::string s = v;
-      KILN_CHECK_USAGE(s == "0" || s == "1", "KILN_CPU_PROFILE must be 0|1, got '{}'", s);
-      base.cpu_profile = s == "1";
-    }
-  }
+  };
+  switch_from_env("KILN_CPU_BF16_DOT", "on", "off", "on", base.cpu_bf16_dot);
+  switch_from_env("KILN_CPU_INT8_DOT", "on", "off", "on", base.cpu_int8_dot);
+  switch_from_env("KILN_CPU_PROFILE", "0", "1", "1", base.cpu_profile);
   if (const char* v = std::getenv("KILN_LOG_LEVEL")) {
     const std::string s = v;
     if (s == "debug")
