@@ -221,6 +221,54 @@ std::vector<std::vector<Tensor>> CudaAllocator::copy_groups(
   return out;
 }
 
+std::vector<std::vector<Tensor>> CudaAllocator::copy_row_groups(
+    std::span<const Tensor> sources, std::span<const int64_t> row_bounds) {
+  KILN_CHECK(!row_bounds.empty(), "copy_row_groups: no row bounds");
+  const size_t groups = row_bounds.size() - 1;
+  for (const Tensor& s : sources)
+    if (!s.defined() || s.device() != Device::kCuda || s.rank() < 1 || !s.is_contiguous() ||
+        row_bounds.front() < 0 || row_bounds.back() > s.dim(0))
+      return Allocator::copy_row_groups(sources, row_bounds);  // slices, checked there
+  constexpr size_t kAlign = 256;
+  std::vector<size_t> row_bytes(sources.size());
+  for (size_t s = 0; s < sources.size(); ++s)
+    row_bytes[s] = sources[s].dim(0) == 0 ? 0 : sources[s].nbytes() / sources[s].dim(0);
+  std::vector<std::vector<Tensor>> out(groups);
+  std::vector<CopyPart> parts;
+  parts.reserve(groups * sources.size());
+  for (size_t g = 0; g < groups; ++g) {
+    const int64_t begin = row_bounds[g], rows = row_bounds[g + 1] - begin;
+    KILN_CHECK(rows >= 0, "copy_row_groups: row bounds {} > {}", begin, row_bounds[g + 1]);
+    size_t total = 0;
+    for (size_t s = 0; s < sources.size(); ++s)
+      total += (row_bytes[s] * rows + kAlign - 1) / kAlign * kAlign;
+    std::shared_ptr<void> memory = allocate_raw(std::max<size_t>(total, 1));
+    const Tensor buffer =
+        Tensor::view(DType::kI8, {static_cast<int64_t>(std::max<size_t>(total, 1))}, memory.get(),
+                     memory, Device::kCuda);
+    out[g].reserve(sources.size());
+    size_t at = 0;
+    for (size_t s = 0; s < sources.size(); ++s) {
+      Shape shape = sources[s].shape();
+      shape[0] = rows;
+      const size_t bytes = row_bytes[s] * static_cast<size_t>(rows);
+      out[g].push_back(buffer.view_at(sources[s].dtype(), std::move(shape), at));
+      if (bytes > 0)
+        parts.push_back({static_cast<const char*>(sources[s].raw()) + row_bytes[s] * begin,
+                         static_cast<char*>(memory.get()) + at, static_cast<long long>(bytes)});
+      at += (bytes + kAlign - 1) / kAlign * kAlign;
+    }
+  }
+  if (parts.empty()) return out;
+  std::shared_ptr<void> list = allocate_raw(parts.size() * sizeof(CopyPart));
+  KILN_CUDA_CHECK(cudaMemcpyAsync(list.get(), parts.data(), parts.size() * sizeof(CopyPart),
+                                  cudaMemcpyHostToDevice, stream_));
+  launch_copy_parts(static_cast<const CopyPart*>(list.get()), static_cast<int64_t>(parts.size()),
+                    stream_);
+  KILN_CUDA_CHECK(cudaGetLastError());
+  return out;
+}
+
 Tensor CudaAllocator::to_host(const Tensor& t) {
   if (t.device() == Device::kCpu) return t.clone();
   Tensor host = Tensor::empty(t.dtype(), t.shape());
