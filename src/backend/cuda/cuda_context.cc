@@ -1,6 +1,7 @@
 #include "backend/cuda/cuda_context.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -10,6 +11,7 @@
 #include <vector>
 
 #include "backend/cuda/cublaslt_loader.h"
+#include "backend/cuda_info.h"
 
 namespace kiln::cuda {
 
@@ -98,13 +100,34 @@ IndexType index_type(DType dtype) {
   KILN_FAIL("the cuda kernels take i32 or i64 indices, not {}", dtype_name(dtype));
 }
 
+namespace {
+
+// Device bytes that kiln's allocators hold (live blocks and their caches), and the most they held
+// since cuda_memory_peak_reset(): the high-water mark between two readings of cudaMemGetInfo.
+std::atomic<long long> g_held{0};
+std::atomic<long long> g_peak_held{0};
+
+void note_malloc(size_t bytes) {
+  const long long held = g_held += static_cast<long long>(bytes);
+  long long peak = g_peak_held.load();
+  while (held > peak && !g_peak_held.compare_exchange_weak(peak, held)) {
+  }
+}
+
+void free_block(void* p, size_t bytes) {
+  cudaFree(p);
+  g_held -= static_cast<long long>(bytes);
+}
+
+}  // namespace
+
 struct CudaAllocator::Cache {
   std::mutex mutex;
   std::multimap<size_t, void*> free;  // by block size
   size_t bytes = 0;
   ~Cache() { release(); }
   void release() {
-    for (auto& [size, p] : free) cudaFree(p);
+    for (auto& [size, p] : free) free_block(p, size);
     free.clear();
     bytes = 0;
   }
@@ -151,6 +174,7 @@ std::shared_ptr<void> CudaAllocator::allocate_raw(size_t bytes) {
       KILN_FAIL("out of GPU memory allocating {} bytes ({} of {} bytes free): {}", rounded,
                 free_bytes, total, cudaGetErrorString(err));
     }
+    note_malloc(rounded);
   }
   return std::shared_ptr<void>(p, [cache, size](void* q) {
     if (size <= kMaxCachedBlock) {
@@ -161,7 +185,7 @@ std::shared_ptr<void> CudaAllocator::allocate_raw(size_t bytes) {
         return;
       }
     }
-    cudaFree(q);
+    free_block(q, size);
   });
 }
 
@@ -702,3 +726,15 @@ Tensor CudaContext::filled_vector(DType dtype, int64_t n, float value) {
 }
 
 }  // namespace kiln::cuda
+
+namespace kiln {
+
+void cuda_memory_peak_reset() { cuda::g_peak_held = cuda::g_held.load(); }
+
+long long cuda_memory_peak_bytes() {
+  const long long now = cuda_memory_used_bytes();
+  if (now < 0) return now;
+  return now + std::max(0LL, cuda::g_peak_held.load() - cuda::g_held.load());
+}
+
+}  // namespace kiln
