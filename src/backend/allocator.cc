@@ -61,6 +61,18 @@ std::vector<std::vector<Tensor>> Allocator::copy_groups(
   return out;
 }
 
+std::vector<std::vector<Tensor>> Allocator::copy_row_groups(std::span<const Tensor> sources,
+                                                            std::span<const int64_t> row_bounds) {
+  KILN_CHECK(!row_bounds.empty(), "copy_row_groups: no row bounds");
+  std::vector<std::vector<Tensor>> groups(row_bounds.size() - 1);
+  for (size_t g = 0; g + 1 < row_bounds.size(); ++g) {
+    groups[g].reserve(sources.size());
+    for (const Tensor& s : sources)
+      groups[g].push_back(s.slice_rows(row_bounds[g], row_bounds[g + 1]));
+  }
+  return copy_groups(groups);
+}
+
 Allocator& host_allocator() {
   // Stateless: one shared instance is not mutable global state.
   static HostAllocator allocator;

@@ -38,6 +38,13 @@ class Allocator {
   // of them). Device allocators copy every part in one go (CUDA: one launch; a batch of 64 T5
   // requests has 3072 cross K/V parts, at ~3 us of host time per separate copy).
   virtual std::vector<std::vector<Tensor>> copy_groups(std::span<const std::vector<Tensor>> groups);
+  // copy_groups of row ranges: group g copies rows [row_bounds[g], row_bounds[g + 1]) of every
+  // source (contiguous, the same row count each), so out[g][s] is those rows of sources[s]. The
+  // encoder's cross K/V of a batch: 64 requests x 48 tensors without a slice of each (on the
+  // H200's host, building and dropping 3072 slices and views took ~1.4 ms of a 12 ms time to
+  // first token). The base version slices and calls copy_groups.
+  virtual std::vector<std::vector<Tensor>> copy_row_groups(std::span<const Tensor> sources,
+                                                           std::span<const int64_t> row_bounds);
 };
 Allocator& host_allocator();
 

@@ -17,6 +17,10 @@ double measure_cuda_bandwidth_gbps(size_t, int) { return 0.0; }
 
 long long cuda_memory_used_bytes() { return -1; }
 
+void cuda_memory_peak_reset() {}
+
+long long cuda_memory_peak_bytes() { return -1; }
+
 std::unique_ptr<Backend> make_cuda_backend(Context&) {
   KILN_FAIL_KIND(ErrorKind::kUsage, "device cuda: {}", query_cuda().error);
 }

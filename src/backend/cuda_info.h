@@ -27,5 +27,11 @@ std::string cuda_build_target();
 double measure_cuda_bandwidth_gbps(size_t bytes = size_t{1} << 30, int passes = 10);
 // Device memory in use on GPU 0 (total - free, every process and context), -1 without a GPU.
 long long cuda_memory_used_bytes();
+// Restarts the high-water mark that cuda_memory_peak_bytes() reports.
+void cuda_memory_peak_reset();
+// Device memory in use on GPU 0 at its highest since cuda_memory_peak_reset(): in use now, plus
+// what kiln's device allocations (blocks kept in its allocator's cache included) held at their
+// peak beyond what they hold now. -1 without a GPU.
+long long cuda_memory_peak_bytes();
 
 }  // namespace kiln

@@ -89,6 +89,21 @@ Tensor Tensor::slice_rows(int64_t begin, int64_t end) const {
   return t;
 }
 
+Tensor Tensor::view_at(DType dtype, Shape shape, size_t byte_offset) const {
+  KILN_CHECK(defined(), "view_at of an undefined tensor");
+  Tensor t;
+  t.dtype_ = dtype;
+  t.strides_ = contiguous_strides(shape);
+  t.shape_ = std::move(shape);
+  KILN_CHECK(offset_ + byte_offset + t.nbytes() <= storage_->bytes,
+             "view_at: {} bytes at offset {} do not fit a storage of {} bytes", t.nbytes(),
+             offset_ + byte_offset, storage_->bytes);
+  t.storage_ = storage_;
+  t.offset_ = offset_ + byte_offset;
+  t.owns_ = owns_;
+  return t;
+}
+
 Tensor Tensor::to_f32() const {
   KILN_CHECK(is_contiguous(), "to_f32 of a non-contiguous tensor");
   Tensor out = empty(DType::kF32, shape_);

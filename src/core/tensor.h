@@ -77,6 +77,10 @@ class Tensor {
   Tensor reshape(Shape shape) const;
   // Rows [begin, end) of the first dimension, sharing storage.
   Tensor slice_rows(int64_t begin, int64_t end) const;
+  // A contiguous tensor of `dtype` and `shape` at `byte_offset` from this tensor's first byte,
+  // sharing its storage (which must hold it): many views of one buffer without an allocation of
+  // shared state each.
+  Tensor view_at(DType dtype, Shape shape, size_t byte_offset) const;
   // A contiguous f32 copy (converting from f16/bf16/ints through the traits table).
   Tensor to_f32() const;
   // Converts to `dtype` (f32 source only, or identity copy).

@@ -277,18 +277,20 @@ void Scheduler::encode_batch(const std::vector<Request*>& batch) {
   const std::span<const Tensor> out = model_.encoder().execute(inputs, &step);
   // Copies of each request's rows only, in one buffer per request (every layer's K then V): the
   // workspace is reused by the next step, and a request must not keep the whole batch's encoder
-  // output alive. One copy_groups call copies the whole batch.
-  std::vector<std::vector<Tensor>> parts(batch.size());
-  for (size_t i = 0; i < batch.size(); ++i) {
-    const int64_t b = layout.token_begin[i], e = layout.token_begin[i + 1];
-    for (size_t l = 0; l < io.cross_k.size(); ++l) {
-      parts[i].push_back(out[io.cross_k[l]].slice_rows(b, e));
-      parts[i].push_back(out[io.cross_v[l]].slice_rows(b, e));
-    }
+  // output alive. One copy_row_groups call copies the whole batch.
+  std::vector<Tensor> sources;
+  sources.reserve(2 * io.cross_k.size());
+  for (size_t l = 0; l < io.cross_k.size(); ++l) {
+    sources.push_back(out[io.cross_k[l]]);
+    sources.push_back(out[io.cross_v[l]]);
   }
-  std::vector<std::vector<Tensor>> copies = model_.backend().allocator().copy_groups(parts);
+  const std::vector<int64_t> bounds(layout.token_begin.begin(), layout.token_begin.end());
+  std::vector<std::vector<Tensor>> copies =
+      model_.backend().allocator().copy_row_groups(sources, bounds);
   for (size_t i = 0; i < batch.size(); ++i) {
     auto cross = std::make_shared<CrossKv>();
+    cross->keys.reserve(io.cross_k.size());
+    cross->values.reserve(io.cross_k.size());
     for (size_t l = 0; l < io.cross_k.size(); ++l) {
       cross->keys.push_back(std::move(copies[i][2 * l]));
       cross->values.push_back(std::move(copies[i][2 * l + 1]));

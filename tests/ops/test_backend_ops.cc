@@ -745,6 +745,43 @@ TEST(BackendOps, AllocatorCopyGroupsCopiesEveryPart) {
   EXPECT_GT(checked, 0);
 }
 
+// copy_row_groups (the encoder's cross K/V of a batch): group g gets rows [bounds[g], bounds[g +
+// 1]) of every source, whatever the sources' dtypes and row sizes (odd byte counts), with empty
+// groups; the copies outlive the sources. Bounds outside the sources are refused.
+TEST(BackendOps, AllocatorCopyRowGroupsCopiesEveryRange) {
+  Gen g(DType::kF32, DType::kF32, 11);
+  const Tensor a = Tensor::from_vector(g.floats(40 * 12, -3, 3), {40, 12});
+  Tensor b = Tensor::empty(DType::kI8, {40, 3});
+  for (int64_t i = 0; i < 120; ++i) b.data<int8_t>()[i] = static_cast<int8_t>(i * 7 - 100);
+  const std::vector<int64_t> bounds = {0, 3, 3, 17, 40};
+  int checked = 0;
+  for (NamedBackend& nb : available_backends()) {
+    Allocator& alloc = nb.backend->allocator();
+    std::vector<std::vector<Tensor>> out;
+    {
+      const std::vector<Tensor> sources = {alloc.upload(a), alloc.upload(b)};
+      out = alloc.copy_row_groups(sources, bounds);
+      EXPECT_THROW(alloc.copy_row_groups(sources, std::vector<int64_t>{0, 41}), Error) << nb.name;
+      EXPECT_THROW(alloc.copy_row_groups(sources, std::vector<int64_t>{5, 2}), Error) << nb.name;
+    }
+    ASSERT_EQ(out.size(), 4u) << nb.name;
+    for (size_t grp = 0; grp < out.size(); ++grp) {
+      ASSERT_EQ(out[grp].size(), 2u) << nb.name;
+      const int64_t begin = bounds[grp], rows = bounds[grp + 1] - begin;
+      EXPECT_EQ(out[grp][0].shape(), (Shape{rows, 12})) << nb.name;
+      EXPECT_EQ(out[grp][1].shape(), (Shape{rows, 3})) << nb.name;
+      if (rows == 0) continue;
+      const Tensor ha = alloc.to_host(out[grp][0]), hb = alloc.to_host(out[grp][1]);
+      EXPECT_EQ(std::memcmp(ha.raw(), a.data<float>() + begin * 12, rows * 12 * sizeof(float)), 0)
+          << nb.name << " group " << grp;
+      EXPECT_EQ(std::memcmp(hb.raw(), b.data<int8_t>() + begin * 3, rows * 3), 0)
+          << nb.name << " group " << grp;
+    }
+    ++checked;
+  }
+  EXPECT_GT(checked, 0);
+}
+
 TEST(BackendOps, BadInputEmbeddingIdOutOfRange) {
   const int64_t vocab = 10;
   for (DType id_type : {DType::kI64, DType::kI32}) {

@@ -1,6 +1,7 @@
 #include "backend/cuda/cuda_context.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -10,6 +11,7 @@
 #include <vector>
 
 #include "backend/cuda/cublaslt_loader.h"
+#include "backend/cuda_info.h"
 
 namespace kiln::cuda {
 
@@ -98,13 +100,34 @@ IndexType index_type(DType dtype) {
   KILN_FAIL("the cuda kernels take i32 or i64 indices, not {}", dtype_name(dtype));
 }
 
+namespace {
+
+// Device bytes that kiln's allocators hold (live blocks and their caches), and the most they held
+// since cuda_memory_peak_reset(): the high-water mark between two readings of cudaMemGetInfo.
+std::atomic<long long> g_held{0};
+std::atomic<long long> g_peak_held{0};
+
+void note_malloc(size_t bytes) {
+  const long long held = g_held += static_cast<long long>(bytes);
+  long long peak = g_peak_held.load();
+  while (held > peak && !g_peak_held.compare_exchange_weak(peak, held)) {
+  }
+}
+
+void free_block(void* p, size_t bytes) {
+  cudaFree(p);
+  g_held -= static_cast<long long>(bytes);
+}
+
+}  // namespace
+
 struct CudaAllocator::Cache {
   std::mutex mutex;
   std::multimap<size_t, void*> free;  // by block size
   size_t bytes = 0;
   ~Cache() { release(); }
   void release() {
-    for (auto& [size, p] : free) cudaFree(p);
+    for (auto& [size, p] : free) free_block(p, size);
     free.clear();
     bytes = 0;
   }
@@ -151,6 +174,7 @@ std::shared_ptr<void> CudaAllocator::allocate_raw(size_t bytes) {
       KILN_FAIL("out of GPU memory allocating {} bytes ({} of {} bytes free): {}", rounded,
                 free_bytes, total, cudaGetErrorString(err));
     }
+    note_malloc(rounded);
   }
   return std::shared_ptr<void>(p, [cache, size](void* q) {
     if (size <= kMaxCachedBlock) {
@@ -161,7 +185,7 @@ std::shared_ptr<void> CudaAllocator::allocate_raw(size_t bytes) {
         return;
       }
     }
-    cudaFree(q);
+    free_block(q, size);
   });
 }
 
@@ -212,6 +236,54 @@ std::vector<std::vector<Tensor>> CudaAllocator::copy_groups(
   // The part list goes to the device from pageable memory: cudaMemcpyAsync has staged it when it
   // returns, so `parts` may go; the list's device buffer returns to the cache when this returns,
   // and anything reusing it runs after the launch in stream order.
+  std::shared_ptr<void> list = allocate_raw(parts.size() * sizeof(CopyPart));
+  KILN_CUDA_CHECK(cudaMemcpyAsync(list.get(), parts.data(), parts.size() * sizeof(CopyPart),
+                                  cudaMemcpyHostToDevice, stream_));
+  launch_copy_parts(static_cast<const CopyPart*>(list.get()), static_cast<int64_t>(parts.size()),
+                    stream_);
+  KILN_CUDA_CHECK(cudaGetLastError());
+  return out;
+}
+
+std::vector<std::vector<Tensor>> CudaAllocator::copy_row_groups(
+    std::span<const Tensor> sources, std::span<const int64_t> row_bounds) {
+  KILN_CHECK(!row_bounds.empty(), "copy_row_groups: no row bounds");
+  const size_t groups = row_bounds.size() - 1;
+  for (const Tensor& s : sources)
+    if (!s.defined() || s.device() != Device::kCuda || s.rank() < 1 || !s.is_contiguous() ||
+        row_bounds.front() < 0 || row_bounds.back() > s.dim(0))
+      return Allocator::copy_row_groups(sources, row_bounds);  // slices, checked there
+  constexpr size_t kAlign = 256;
+  std::vector<size_t> row_bytes(sources.size());
+  for (size_t s = 0; s < sources.size(); ++s)
+    row_bytes[s] = sources[s].dim(0) == 0 ? 0 : sources[s].nbytes() / sources[s].dim(0);
+  std::vector<std::vector<Tensor>> out(groups);
+  std::vector<CopyPart> parts;
+  parts.reserve(groups * sources.size());
+  for (size_t g = 0; g < groups; ++g) {
+    const int64_t begin = row_bounds[g], rows = row_bounds[g + 1] - begin;
+    KILN_CHECK(rows >= 0, "copy_row_groups: row bounds {} > {}", begin, row_bounds[g + 1]);
+    size_t total = 0;
+    for (size_t s = 0; s < sources.size(); ++s)
+      total += (row_bytes[s] * rows + kAlign - 1) / kAlign * kAlign;
+    std::shared_ptr<void> memory = allocate_raw(std::max<size_t>(total, 1));
+    const Tensor buffer =
+        Tensor::view(DType::kI8, {static_cast<int64_t>(std::max<size_t>(total, 1))}, memory.get(),
+                     memory, Device::kCuda);
+    out[g].reserve(sources.size());
+    size_t at = 0;
+    for (size_t s = 0; s < sources.size(); ++s) {
+      Shape shape = sources[s].shape();
+      shape[0] = rows;
+      const size_t bytes = row_bytes[s] * static_cast<size_t>(rows);
+      out[g].push_back(buffer.view_at(sources[s].dtype(), std::move(shape), at));
+      if (bytes > 0)
+        parts.push_back({static_cast<const char*>(sources[s].raw()) + row_bytes[s] * begin,
+                         static_cast<char*>(memory.get()) + at, static_cast<long long>(bytes)});
+      at += (bytes + kAlign - 1) / kAlign * kAlign;
+    }
+  }
+  if (parts.empty()) return out;
   std::shared_ptr<void> list = allocate_raw(parts.size() * sizeof(CopyPart));
   KILN_CUDA_CHECK(cudaMemcpyAsync(list.get(), parts.data(), parts.size() * sizeof(CopyPart),
                                   cudaMemcpyHostToDevice, stream_));
@@ -654,3 +726,15 @@ Tensor CudaContext::filled_vector(DType dtype, int64_t n, float value) {
 }
 
 }  // namespace kiln::cuda
+
+namespace kiln {
+
+void cuda_memory_peak_reset() { cuda::g_peak_held = cuda::g_held.load(); }
+
+long long cuda_memory_peak_bytes() {
+  const long long now = cuda_memory_used_bytes();
+  if (now < 0) return now;
+  return now + std::max(0LL, cuda::g_peak_held.load() - cuda::g_held.load());
+}
+
+}  // namespace kiln
