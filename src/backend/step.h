@@ -47,6 +47,10 @@ struct StepContext {
   // ahead leaves that step's check pending instead of waiting for it here; its errors are then
   // reported by the read.
   bool behind_unread = false;
+  // Nothing on the host reads this step's results: the next step reads them where they are (a
+  // batch's encoder, whose cross K/V the first decode step attends to). A backend that runs ahead
+  // returns without waiting for it and leaves its check to the next read.
+  bool read_on_device = false;
 };
 
 }  // namespace kiln

@@ -247,11 +247,11 @@ void Scheduler::encode(std::vector<Request*>& joining, std::vector<GenerationEve
     std::vector<Request*> batch(joining.begin() + static_cast<ptrdiff_t>(begin),
                                 joining.begin() + static_cast<ptrdiff_t>(end));
     try {
-      encode_batch(batch);
+      encode_batch(batch, false);
     } catch (const std::exception& batch_error) {
       for (Request* r : batch) {
         try {
-          encode_batch({r});
+          encode_batch({r}, true);
         } catch (const std::exception& e) {
           fail(*r, fmt::format("encoder failed: {}", e.what()), events);
         }
@@ -262,7 +262,7 @@ void Scheduler::encode(std::vector<Request*>& joining, std::vector<GenerationEve
   std::erase_if(running_, [](const std::unique_ptr<Request>& r) { return r->done; });
 }
 
-void Scheduler::encode_batch(const std::vector<Request*>& batch) {
+void Scheduler::encode_batch(const std::vector<Request*>& batch, bool checked) {
   const CompiledModel::EncoderIo& io = model_.encoder_io();
   StepLayout layout;
   layout.clear();
@@ -274,7 +274,10 @@ void Scheduler::encode_batch(const std::vector<Request*>& batch) {
   std::vector<Tensor> inputs(model_.model().graph(kEncoderGraph).inputs.size());
   inputs[io.input_ids] = Tensor::from_vector(ids, {static_cast<int64_t>(ids.size())});
   StepContext step{&layout, nullptr};
+  step.read_on_device = run_ahead_ && !checked;
   const std::span<const Tensor> out = model_.encoder().execute(inputs, &step);
+  if (step.read_on_device)
+    for (const Request* r : batch) unchecked_cross_.push_back(r->id);
   // Copies of each request's rows only, in one buffer per request (every layer's K then V): the
   // workspace is reused by the next step, and a request must not keep the whole batch's encoder
   // output alive. One copy_row_groups call copies the whole batch.
@@ -340,7 +343,7 @@ bool Scheduler::reserve_blocks(Request& r, std::vector<GenerationEvent>& events)
 }
 
 void Scheduler::run_decoder(const std::vector<Request*>& batch, bool apply_copies,
-                            bool leave_unread) {
+                            bool leave_unread, bool behind_encoder) {
   const CompiledModel::DecoderIo& io = model_.decoder_io();
   // This step's copy-on-write copies were recorded while reserving blocks; a retry after a
   // failed batch must not make them again.
@@ -362,7 +365,7 @@ void Scheduler::run_decoder(const std::vector<Request*>& batch, bool apply_copie
   std::vector<Tensor> inputs(model_.model().graph(kDecoderGraph).inputs.size());
   inputs[io.input_ids] = Tensor::from_vector(ids_, {static_cast<int64_t>(ids_.size())});
   inputs[io.logit_rows] = Tensor::from_vector(rows_, {static_cast<int64_t>(rows_.size())});
-  StepContext step{&layout_, kv_.get()};
+  StepContext step{&layout_, kv_.get(), behind_encoder};
   const std::span<const Tensor> out = model_.decoder().execute(inputs, &step);
   decoder_logits_ = out[io.logits];
   // Greedy rows cross as token ids (argmax where the logits live, when the backend can); rows
@@ -497,8 +500,11 @@ std::vector<GenerationEvent> Scheduler::step() {
   std::erase_if(running_, [](const std::unique_ptr<Request>& r) { return !r || r->done; });
   if (batch.empty()) return events;
 
+  // Behind an unchecked encoder the step is read at once (its read makes the encoder's check).
+  const bool behind_encoder = !unchecked_cross_.empty();
   try {
-    run_decoder(batch, true, can_run_ahead(batch));
+    run_decoder(batch, true, !behind_encoder && can_run_ahead(batch), behind_encoder);
+    unchecked_cross_.clear();
     for (Request* r : batch)
       for (Beam& b : r->beams) b.kv.commit(b.scheduled);
     // Left unread: the next step() queues the step after it, then reads it.
@@ -507,8 +513,22 @@ std::vector<GenerationEvent> Scheduler::step() {
   } catch (const std::exception& batch_error) {
     // Isolate: run each request alone; the ones that fail again get an error event.
     unread_.reset();
+    // The failure may be an unchecked encoder's: its requests' cross K/V are not trusted and are
+    // computed again, checked, before their step runs alone (requeued ones on admission).
+    if (behind_encoder) {
+      auto untrusted = [&](const Request& r) {
+        return std::find(unchecked_cross_.begin(), unchecked_cross_.end(), r.id) !=
+               unchecked_cross_.end();
+      };
+      for (auto& r : running_)
+        if (r && untrusted(*r)) r->cross.reset();
+      for (auto& r : waiting_)
+        if (untrusted(*r)) r->cross.reset();
+      unchecked_cross_.clear();
+    }
     for (Request* r : batch) {
       try {
+        if (model_.desc().encoder_decoder && !r->cross) encode_batch({r}, true);
         run_decoder({r}, false, false);
         for (Beam& b : r->beams) b.kv.commit(b.scheduled);
         advance(*r, events);

@@ -111,12 +111,17 @@ class Scheduler {
   void drain_inbox(std::vector<GenerationEvent>& events);
   void admit(std::vector<GenerationEvent>& events);
   void encode(std::vector<Request*>& joining, std::vector<GenerationEvent>& events);
-  void encode_batch(const std::vector<Request*>& batch);
+  // Runs the encoder over `batch` and gives each request its cross K/V. Unless `checked`, a
+  // backend that runs ahead returns before the encoder is done and the batch joins
+  // unchecked_cross_.
+  void encode_batch(const std::vector<Request*>& batch, bool checked);
   bool reserve_blocks(Request& r, std::vector<GenerationEvent>& events);
   void preempt(Request& r);
   // Queues a decoder step over the batch and starts its argmax; reads the results unless
   // leave_unread and the argmax stayed where the logits are (then unread_ is set).
-  void run_decoder(const std::vector<Request*>& batch, bool apply_copies, bool leave_unread);
+  // behind_encoder: the step is queued behind an encoder step whose check is pending.
+  void run_decoder(const std::vector<Request*>& batch, bool apply_copies, bool leave_unread,
+                   bool behind_encoder = false);
   // Starts the argmax of decoder_logits_ (the rows of the batch's scheduled beams), with the
   // EOS bans of min_new_tokens; sets argmax_started_ and, when started, *tokens.
   void start_argmax(const std::vector<Request*>& batch, Tensor* tokens);
@@ -161,6 +166,11 @@ class Scheduler {
     Tensor tokens;
   };
   std::optional<Unread> unread_;
+  // Requests whose cross K/V come from an encoder step not checked yet: it was left for the
+  // next decode step's read, so that this step is queued while the encoder still runs (the GPU
+  // would otherwise wait for the host between the two). A read that fails makes them encode
+  // again, checked.
+  std::vector<RequestId> unchecked_cross_;
 
   // Reused every step.
   StepLayout layout_;

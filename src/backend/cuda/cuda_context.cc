@@ -190,9 +190,14 @@ std::shared_ptr<void> CudaAllocator::allocate_raw(size_t bytes) {
 }
 
 std::shared_ptr<void> CudaAllocator::allocate(size_t bytes) {
+  std::shared_ptr<void> p = allocate_in_order(bytes);
+  KILN_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  return p;
+}
+
+std::shared_ptr<void> CudaAllocator::allocate_in_order(size_t bytes) {
   std::shared_ptr<void> p = allocate_raw(bytes);
   KILN_CUDA_CHECK(cudaMemsetAsync(p.get(), 0, std::max<size_t>(bytes, 1), stream_));
-  KILN_CUDA_CHECK(cudaStreamSynchronize(stream_));
   return p;
 }
 

@@ -43,6 +43,9 @@ class CudaAllocator final : public Allocator {
   explicit CudaAllocator(cudaStream_t stream);
   Device device() const override { return Device::kCuda; }
   std::shared_ptr<void> allocate(size_t bytes) override;
+  // The same without waiting: zero-filled in the stream's order, so only for memory that work
+  // on the stream alone touches (the KV cache's chunks and block table).
+  std::shared_ptr<void> allocate_in_order(size_t bytes);
   // Host or device tensors (contiguous) to a new device tensor. A device source is copied on
   // the stream without waiting for it.
   Tensor upload(const Tensor& source) override;

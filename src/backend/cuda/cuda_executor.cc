@@ -324,11 +324,12 @@ std::span<const Tensor> CudaExecutor::execute(std::span<const Tensor> inputs,
   if (!events_.empty())
     KILN_CUDA_CHECK(cudaEventRecord(events_[graph_.nodes.size()], ctx_.stream()));
   if (step_end_ != nullptr) KILN_CUDA_CHECK(cudaEventRecord(step_end_, ctx_.stream()));
-  // Decode steps (a KV cache) return before the GPU is done: the scheduler reads their results
-  // at once (the argmax and its copy back wait for the step, then check it). Other steps, and
-  // profiled ones (their events are read below), wait here.
-  const bool wait =
-      step == nullptr || step->kv == nullptr || step_end_ != nullptr || !events_.empty();
+  // Decode steps (a KV cache) and steps read on the device (the encoder) return before the GPU
+  // is done: the scheduler reads their results, or the next step's, at once (the argmax and its
+  // copy back wait for the step, then check it). Other steps, and profiled ones (their events
+  // are read below), wait here.
+  const bool wait = step == nullptr || (step->kv == nullptr && !step->read_on_device) ||
+                    step_end_ != nullptr || !events_.empty();
   ctx_.finish_step(graph_, wait);
   const double wall_ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - wall0).count();

@@ -18,20 +18,23 @@ void CudaKvStorage::resize(int64_t blocks) {
   KILN_CHECK(blocks >= 0, "negative KV cache size {}", blocks);
   const size_t chunks = static_cast<size_t>((blocks + kBlocksPerChunk - 1) / kBlocksPerChunk);
   if (chunks == chunks_.size()) return;
-  // Kernels of an earlier step may still read the chunks being freed.
-  KILN_CUDA_CHECK(cudaStreamSynchronize(ctx_.stream()));
+  // Growing does not wait for the GPU: the new chunks are zeroed and the table written in the
+  // stream's order (a pageable upload returns once its source is staged), and the old table goes
+  // back to the allocator, whose blocks only later work on the stream reuses. So a prompt's
+  // first decode step is prepared while the step before it (a batch's encoder) still runs.
+  // Shrinking waits: kernels of an earlier step may still read the chunks being freed.
+  if (chunks < chunks_.size()) KILN_CUDA_CHECK(cudaStreamSynchronize(ctx_.stream()));
   while (chunks_.size() > chunks) chunks_.pop_back();
   while (chunks_.size() < chunks)
-    chunks_.push_back(
-        ctx_.allocator().allocate(static_cast<size_t>(kBlocksPerChunk * geometry_.block_bytes())));
+    chunks_.push_back(ctx_.allocator().allocate_in_order(
+        static_cast<size_t>(kBlocksPerChunk * geometry_.block_bytes())));
   std::vector<char*> table(static_cast<size_t>(capacity()));
   for (int64_t b = 0; b < capacity(); ++b) table[b] = base(static_cast<int32_t>(b));
-  table_ = table.empty() ? nullptr : ctx_.allocator().allocate(table.size() * sizeof(char*));
-  if (!table.empty()) {
+  table_ =
+      table.empty() ? nullptr : ctx_.allocator().allocate_in_order(table.size() * sizeof(char*));
+  if (!table.empty())
     KILN_CUDA_CHECK(cudaMemcpyAsync(table_.get(), table.data(), table.size() * sizeof(char*),
                                     cudaMemcpyHostToDevice, ctx_.stream()));
-    KILN_CUDA_CHECK(cudaStreamSynchronize(ctx_.stream()));
-  }
 }
 
 void CudaKvStorage::copy_blocks(std::span<const BlockCopy> copies) {
