@@ -100,6 +100,8 @@ class Scheduler {
     return static_cast<int64_t>(logits_.capacity() * sizeof(float));
   }
   int64_t kv_bytes_allocated() const { return kv_->bytes_allocated(); }
+  // The type the KV cache holds keys and values in (the backend's choice for the plan).
+  DType kv_dtype() const { return kv_->geometry().dtype; }
   size_t running() const { return running_.size(); }
   int64_t steps() const { return steps_; }
   int64_t preemptions() const { return preemptions_; }

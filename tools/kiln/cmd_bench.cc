@@ -185,15 +185,19 @@ Runner add_bench(CLI::App& app) {
     // average context length of the decode phase.
     const DecodeWeightBytes weights = decode_weight_bytes(ir.graph(kDecoderGraph));
     const ModelDesc& d = ir.desc;
-    // The KV cache is in the plan's type on CUDA; the CPU keeps it bf16 in bf16 plans and f32 in
-    // the others (CpuBackend::kv_cache_dtype).
-    const bool narrow_kv =
-        gpu ? ir.precision != Precision::kFp32 : ir.precision == Precision::kBf16;
-    const int64_t row = d.cache_row_width() * (narrow_kv ? 2 : 4);
+    // The KV cache in the type the backend keeps it in (Scheduler::kv_dtype: the plan's on CUDA;
+    // on the CPU bf16 in bf16 and int8-weight plans, f32 otherwise), the cross K/V in the
+    // activations' type (the plan's on CUDA, f32 on the CPU).
+    const double cross_row = static_cast<double>(d.cache_row_width()) *
+                             (gpu && ir.precision != Precision::kFp32 ? 2 : 4);
     const double avg_ctx = (d.encoder_decoder ? 1.0 : static_cast<double>(o->input_len)) +
                            static_cast<double>(o->output_len) / 2.0;
-    const double kv_per_seq = static_cast<double>(d.cache_layers) * 2.0 * row *
-                              (avg_ctx + (d.encoder_decoder ? o->input_len : 0));
+    auto kv_per_seq = [&](DType kv_dtype) {
+      const double row =
+          static_cast<double>(dtype_bytes(kv_dtype, static_cast<size_t>(d.cache_row_width())));
+      return static_cast<double>(d.cache_layers) * 2.0 *
+             (row * avg_ctx + (d.encoder_decoder ? cross_row * o->input_len : 0.0));
+    };
     const std::vector<int64_t> prompt = bench_prompt(*model, o->input_len);
     std::vector<nlohmann::json> rows;
     for (int batch : batches) {
@@ -217,7 +221,7 @@ Runner add_bench(CLI::App& app) {
       const double step_ms = median(decode), ttft_ms = median(ttft);
       const double bytes_per_step = static_cast<double>(weights.streamed) +
                                     static_cast<double>(weights.gathered_row) * batch +
-                                    kv_per_seq * batch;
+                                    kv_per_seq(scheduler.kv_dtype()) * batch;
       nlohmann::json j{
           {"model", std::filesystem::path(o->plan).filename().string()},
           {"architecture", d.architecture},

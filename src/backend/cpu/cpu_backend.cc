@@ -192,9 +192,9 @@ class CpuBackend final : public Backend {
   std::unique_ptr<KvStorage> create_kv_storage(const KvGeometry& geometry) override {
     return std::make_unique<CpuKvStorage>(geometry);
   }
-  // bf16 plans keep their KV cache in bf16 (attention widens the rows as it reads them and
-  // accumulates in f32): batched decode reads each sequence's cache from memory every step, and
-  // at 16 sequences of bloom-560m that was a third of the step in f32.
+  // bf16 and int8-weight plans keep their KV cache in bf16 (attention widens the rows as it
+  // reads them and accumulates in f32): batched decode reads each sequence's cache from memory
+  // every step, and at 16 sequences of bloom-560m that was a third of the step in f32.
   // Greedy rows' tokens without copying the logits out (a batch of 16 bloom-560m rows is 16 MB):
   // both threads, eight lanes at a time.
   bool argmax_rows(const Tensor& logits, std::span<int64_t> out, std::span<const int64_t> banned,
@@ -204,7 +204,8 @@ class CpuBackend final : public Backend {
     return true;
   }
   DType kv_cache_dtype(DType compute, Precision precision) const override {
-    return compute == DType::kF32 && precision == Precision::kBf16 ? DType::kBF16 : compute;
+    const bool narrow = precision == Precision::kBf16 || precision == Precision::kInt8Weight;
+    return compute == DType::kF32 && narrow ? DType::kBF16 : compute;
   }
 
  private:
