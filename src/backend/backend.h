@@ -121,6 +121,9 @@ class Backend {
   // True when execute() of a decode step returns before the step has run (CUDA): a caller that
   // queues the next step before reading this one's tokens keeps the device busy meanwhile.
   virtual bool runs_ahead() const { return false; }
+  // Waits for every queued step and makes the checks still pending (a step read on the device,
+  // StepContext::read_on_device); throws the error one reported, naming its node.
+  virtual void wait() {}
   // Sampling and beam search without copying logits: for every row r of `logits` [rows, vocab]
   // (f32), the k best ids by logits[r][id] / temperature[r] (temperature empty: 1), best first
   // with ties to the lower id, never one of `banned` where banned_rows[r] is non-zero, and the

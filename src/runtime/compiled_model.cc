@@ -12,10 +12,16 @@ std::unique_ptr<Tokenizer> make_model_tokenizer(const ModelIR& model, const std:
   return make_tokenizer(kind, model.tokenizer_bytes, source);
 }
 
-CompiledModel::CompiledModel(Context& ctx, ModelIR model) : ctx_(ctx), model_(std::move(model)) {
+CompiledModel::CompiledModel(Context& ctx, ModelIR model)
+    : CompiledModel(ctx, std::move(model), nullptr) {}
+
+CompiledModel::CompiledModel(Context& ctx, ModelIR model, std::unique_ptr<Backend> backend)
+    : ctx_(ctx), model_(std::move(model)), backend_(std::move(backend)) {
   check_model_contract(model_, "model");
   tokenizer_ = make_model_tokenizer(model_, "model tokenizer");
-  backend_ = make_backend(ctx_, model_.device);
+  if (!backend_) backend_ = make_backend(ctx_, model_.device);
+  KILN_CHECK(backend_->device() == model_.device, "a {} backend for a {} model",
+             device_name(backend_->device()), device_name(model_.device));
   KILN_CHECK_USAGE(backend_->supports_precision(model_.precision),
                    "the {} backend does not run {} models", device_name(model_.device),
                    precision_name(model_.precision));

@@ -19,6 +19,9 @@ class CompiledModel {
  public:
   // Compiles the graphs on the backend of model.device; throws naming what is unsupported.
   CompiledModel(Context& ctx, ModelIR model);
+  // The same on a backend the caller made for model.device (a wrapper around another one, e.g.
+  // in tests).
+  CompiledModel(Context& ctx, ModelIR model, std::unique_ptr<Backend> backend);
   // Reads a plan (weights mmapped, not copied) and compiles it.
   static std::unique_ptr<CompiledModel> load_plan(Context& ctx, const std::string& path);
 

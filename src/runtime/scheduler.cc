@@ -87,6 +87,13 @@ Scheduler::~Scheduler() {
       model_.context().log().warn("the last decoder step's check failed: {}", e.what());
     }
   }
+  if (!unchecked_cross_.empty()) {
+    try {
+      model_.backend().wait();
+    } catch (const std::exception& e) {
+      model_.context().log().warn("the last encoder step's check failed: {}", e.what());
+    }
+  }
   for (auto& r : running_) release(*r);
 }
 
@@ -236,8 +243,23 @@ void Scheduler::admit(std::vector<GenerationEvent>& events) {
 // Runs the encoder over the joining requests in batches within the step's token budget. A batch
 // that fails is retried one request at a time, so one bad request does not fail the others.
 void Scheduler::encode(std::vector<Request*>& joining, std::vector<GenerationEvent>& events) {
+  // One request alone, checked; an error fails it.
+  auto encode_alone = [&](Request* r) {
+    try {
+      encode_batch({r}, true);
+    } catch (const std::exception& e) {
+      fail(*r, fmt::format("encoder failed: {}", e.what()), events);
+    }
+  };
   size_t begin = 0;
   while (begin < joining.size()) {
+    // Only the last batch is left unchecked: an earlier one is checked before the next runs, and
+    // if its check fails its requests are encoded again one at a time.
+    const std::vector<Request*> earlier(joining.begin(),
+                                        joining.begin() + static_cast<ptrdiff_t>(begin));
+    check_encoder(earlier, events);
+    for (Request* r : earlier)
+      if (!r->done && !r->cross) encode_alone(r);
     size_t end = begin;
     int64_t tokens = 0;
     while (end < joining.size() &&
@@ -249,13 +271,13 @@ void Scheduler::encode(std::vector<Request*>& joining, std::vector<GenerationEve
     try {
       encode_batch(batch, false);
     } catch (const std::exception& batch_error) {
-      for (Request* r : batch) {
-        try {
-          encode_batch({r}, true);
-        } catch (const std::exception& e) {
-          fail(*r, fmt::format("encoder failed: {}", e.what()), events);
-        }
+      // What the failed batch queued is redone below: a check of it still pending is not the
+      // retries' to report.
+      try {
+        model_.backend().wait();
+      } catch (const std::exception&) {
       }
+      for (Request* r : batch) encode_alone(r);
     }
     begin = end;
   }
@@ -276,8 +298,6 @@ void Scheduler::encode_batch(const std::vector<Request*>& batch, bool checked) {
   StepContext step{&layout, nullptr};
   step.read_on_device = run_ahead_ && !checked;
   const std::span<const Tensor> out = model_.encoder().execute(inputs, &step);
-  if (step.read_on_device)
-    for (const Request* r : batch) unchecked_cross_.push_back(r->id);
   // Copies of each request's rows only, in one buffer per request (every layer's K then V): the
   // workspace is reused by the next step, and a request must not keep the whole batch's encoder
   // output alive. One copy_row_groups call copies the whole batch.
@@ -300,6 +320,37 @@ void Scheduler::encode_batch(const std::vector<Request*>& batch, bool checked) {
     }
     batch[i]->cross = std::move(cross);
   }
+  if (step.read_on_device)
+    for (const Request* r : batch) unchecked_cross_.push_back(r->id);
+}
+
+void Scheduler::check_encoder(const std::vector<Request*>& redo,
+                              std::vector<GenerationEvent>& events) {
+  if (unchecked_cross_.empty()) return;
+  try {
+    model_.backend().wait();
+    unchecked_cross_.clear();
+  } catch (const std::exception& e) {
+    distrust_unchecked(redo, e.what(), events);
+  }
+}
+
+void Scheduler::distrust_unchecked(const std::vector<Request*>& redo, const std::string& error,
+                                   std::vector<GenerationEvent>& events) {
+  auto listed = [&](const Request& r) {
+    return std::find(unchecked_cross_.begin(), unchecked_cross_.end(), r.id) !=
+           unchecked_cross_.end();
+  };
+  for (auto& r : waiting_)
+    if (listed(*r)) r->cross.reset();
+  for (auto& r : running_) {
+    if (!r || r->done || !listed(*r)) continue;
+    if (std::find(redo.begin(), redo.end(), r.get()) != redo.end())
+      r->cross.reset();
+    else
+      fail(*r, fmt::format("encoder failed: {}", error), events);
+  }
+  unchecked_cross_.clear();
 }
 
 void Scheduler::preempt(Request& r) {
@@ -457,6 +508,7 @@ std::vector<GenerationEvent> Scheduler::step() {
   if (unread_ && step_unread(events)) return events;
   admit(events);
   if (running_.empty()) {
+    check_encoder({}, events);
     blocks_.shrink();  // idle: give the cache's memory back
     return events;
   }
@@ -515,17 +567,7 @@ std::vector<GenerationEvent> Scheduler::step() {
     unread_.reset();
     // The failure may be an unchecked encoder's: its requests' cross K/V are not trusted and are
     // computed again, checked, before their step runs alone (requeued ones on admission).
-    if (behind_encoder) {
-      auto untrusted = [&](const Request& r) {
-        return std::find(unchecked_cross_.begin(), unchecked_cross_.end(), r.id) !=
-               unchecked_cross_.end();
-      };
-      for (auto& r : running_)
-        if (r && untrusted(*r)) r->cross.reset();
-      for (auto& r : waiting_)
-        if (untrusted(*r)) r->cross.reset();
-      unchecked_cross_.clear();
-    }
+    if (behind_encoder) distrust_unchecked(batch, batch_error.what(), events);
     for (Request* r : batch) {
       try {
         if (model_.desc().encoder_decoder && !r->cross) encode_batch({r}, true);

@@ -117,6 +117,14 @@ class Scheduler {
   // backend that runs ahead returns before the encoder is done and the batch joins
   // unchecked_cross_.
   void encode_batch(const std::vector<Request*>& batch, bool checked);
+  // Makes the check of an encoder step left unchecked (unchecked_cross_) before other work
+  // would make it and be blamed for its error; on an error, distrust_unchecked(redo).
+  void check_encoder(const std::vector<Request*>& redo, std::vector<GenerationEvent>& events);
+  // unchecked_cross_'s requests after their encoder's check failed: their cross K/V are not
+  // trusted and are dropped. Waiting ones are encoded again on admission and those in `redo` by
+  // the caller (one at a time, checked); any other running one fails with `error`.
+  void distrust_unchecked(const std::vector<Request*>& redo, const std::string& error,
+                          std::vector<GenerationEvent>& events);
   bool reserve_blocks(Request& r, std::vector<GenerationEvent>& events);
   void preempt(Request& r);
   // Queues a decoder step over the batch and starts its argmax; reads the results unless

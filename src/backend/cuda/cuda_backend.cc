@@ -73,6 +73,7 @@ class CudaBackend final : public Backend {
   }
   void finish_argmax_rows(std::span<int64_t> out) override { cuda_->finish_argmax_rows(out); }
   bool runs_ahead() const override { return true; }
+  void wait() override { cuda_->synchronize(); }
 
   int max_top_k() const override { return CudaContext::kMaxTopK; }
   bool top_k_rows(const Tensor& logits, int k, std::span<const float> temperature,

@@ -1,0 +1,200 @@
+// A backend that runs ahead (CUDA) leaves a batch's encoder step unchecked and reports its bad
+// data with the first decode step's read (StepContext::read_on_device). When that check fails,
+// the scheduler must not trust the batch's cross K/V: each request is encoded again, checked,
+// and runs alone; one whose encoder fails again gets an error, the others the tokens of a clean
+// run. The same when the prompts take several encoder batches (only the last is left unchecked). The device is played by the CPU backend wrapped so that it defers an injected encoder
+// error the way CUDA defers a kernel's report (thrown by the next read, wait or step that is not
+// queued behind it).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <map>
+#include <memory>
+
+#include "../models/parity_util.h"
+#include "builder/builder.h"
+#include "runtime/scheduler.h"
+
+namespace kiln::test {
+namespace {
+
+class DeferringBackend final : public Backend {
+ public:
+  explicit DeferringBackend(std::unique_ptr<Backend> inner) : inner_(std::move(inner)) {}
+
+  // The next `n` encoder steps report bad data: deferred when read on the device, thrown at
+  // once when checked.
+  void fail_encoder_steps(int n) { failures_ = n; }
+  int injected() const { return injected_; }
+  int encoder_steps() const { return encoder_steps_; }
+
+  // What a CUDA read or wait does first: a pending report is thrown (and cleared).
+  void throw_pending() {
+    if (pending_.empty()) return;
+    const std::string message = std::move(pending_);
+    pending_.clear();
+    KILN_FAIL("{}", message);
+  }
+
+  Device device() const override { return inner_->device(); }
+  std::string describe() const override { return "deferring " + inner_->describe(); }
+  bool supports_precision(Precision p) const override { return inner_->supports_precision(p); }
+  std::string target() const override { return inner_->target(); }
+  std::string unsupported_reason(const Graph& graph, const Node& node) const override {
+    return inner_->unsupported_reason(graph, node);
+  }
+  std::unique_ptr<Executable> compile(const Graph& graph, const ShapeProfile& profile) override {
+    return std::make_unique<Step>(*this, inner_->compile(graph, profile));
+  }
+  Allocator& allocator() override { return inner_->allocator(); }
+  std::unique_ptr<KvStorage> create_kv_storage(const KvGeometry& geometry) override {
+    return inner_->create_kv_storage(geometry);
+  }
+  DType kv_cache_dtype(DType compute, Precision precision) const override {
+    return inner_->kv_cache_dtype(compute, precision);
+  }
+  bool argmax_rows(const Tensor& logits, std::span<int64_t> out, std::span<const int64_t> banned,
+                   std::span<const uint8_t> banned_rows) override {
+    throw_pending();
+    return inner_->argmax_rows(logits, out, banned, banned_rows);
+  }
+  void finish_argmax_rows(std::span<int64_t> out) override {
+    throw_pending();
+    Backend::finish_argmax_rows(out);
+  }
+  bool runs_ahead() const override { return true; }
+  void wait() override { throw_pending(); }
+
+ private:
+  class Step final : public Executable {
+   public:
+    Step(DeferringBackend& owner, std::unique_ptr<Executable> inner)
+        : owner_(owner), inner_(std::move(inner)) {}
+    std::span<const Tensor> execute(std::span<const Tensor> inputs,
+                                    const StepContext* step) override {
+      const bool encoder = step != nullptr && step->kv == nullptr;
+      owner_.encoder_steps_ += encoder;
+      if (step == nullptr || !step->behind_unread) owner_.throw_pending();
+      std::span<const Tensor> out = inner_->execute(inputs, step);
+      if (encoder && owner_.failures_ > 0) {
+        --owner_.failures_;
+        ++owner_.injected_;
+        // The bad data is real: every output (the cross K/V) is garbage, so that a request run
+        // on it would not produce a clean run's tokens.
+        for (const Tensor& t : out) {
+          Tensor alias = t;
+          if (alias.dtype() == DType::kF32) std::fill_n(alias.data<float>(), alias.numel(), 1e4f);
+        }
+        const std::string report = "node 'encoder': injected bad data";
+        if (!step->read_on_device) KILN_FAIL("{}", report);
+        owner_.pending_ = report;
+      }
+      return out;
+    }
+    int64_t workspace_bytes() const override { return inner_->workspace_bytes(); }
+    std::vector<std::string> kernel_names() const override { return inner_->kernel_names(); }
+
+   private:
+    DeferringBackend& owner_;
+    std::unique_ptr<Executable> inner_;
+  };
+
+  std::unique_ptr<Backend> inner_;
+  int failures_ = 0;
+  int injected_ = 0;
+  int encoder_steps_ = 0;
+  std::string pending_;
+};
+
+struct Outcome {
+  std::vector<int64_t> ids;
+  std::string error;
+};
+
+class EncoderCheck : public testing::Test {
+ protected:
+  void SetUp() override {
+    ctx_ = std::make_unique<Context>(ContextOptions{LogLevel::kError, 2});
+    auto backend = std::make_unique<DeferringBackend>(make_cpu_backend(*ctx_));
+    backend_ = backend.get();
+    model_ = std::make_unique<CompiledModel>(
+        *ctx_, build_model(fixture("t5-tiny"), BuildOptions{}, ctx_->log()), std::move(backend));
+  }
+  // Submits every prompt at once and steps until each has finished.
+  std::vector<Outcome> run(const std::vector<std::string>& prompts, SchedulerOptions o = {}) {
+    Scheduler s(*model_, o);
+    std::map<RequestId, size_t> index;
+    GenerationParams p;
+    p.max_new_tokens = 8;
+    for (size_t i = 0; i < prompts.size(); ++i)
+      index[s.submit(model_->tokenizer().encode(prompts[i]), p)] = i;
+    std::vector<Outcome> out(prompts.size());
+    size_t done = 0;
+    for (int call = 0; done < prompts.size() && call < 1000; ++call)
+      for (GenerationEvent& e : s.step()) {
+        if (!e.finished) continue;
+        Outcome& o = out[index.at(e.id)];
+        o.error = e.error;
+        o.ids = e.result.output_ids;
+        ++done;
+      }
+    EXPECT_EQ(done, prompts.size()) << "the scheduler does not finish";
+    EXPECT_EQ(s.kv_blocks_in_use(), 0);
+    return out;
+  }
+
+  const std::vector<std::string> prompts_{"translate English to German: The house is wonderful.",
+                                          "What is the capital of France?",
+                                          "summarize: the cat sat on the mat all day long"};
+  std::unique_ptr<Context> ctx_;
+  DeferringBackend* backend_ = nullptr;
+  std::unique_ptr<CompiledModel> model_;
+};
+
+TEST_F(EncoderCheck, AFailedDeferredCheckEncodesEachRequestAgain) {
+  const std::vector<Outcome> clean = run(prompts_);
+  for (const Outcome& o : clean) ASSERT_TRUE(o.error.empty()) << o.error;
+  // The batch's one encoder step fails its check, reported by the first decode step's read.
+  backend_->fail_encoder_steps(1);
+  const std::vector<Outcome> got = run(prompts_);
+  EXPECT_EQ(backend_->injected(), 1);
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_TRUE(got[i].error.empty()) << "request " << i << ": " << got[i].error;
+    EXPECT_EQ(got[i].ids, clean[i].ids) << "request " << i << " ran on untrusted cross K/V";
+  }
+}
+
+TEST_F(EncoderCheck, ARequestWhoseEncoderFailsAgainGetsTheError) {
+  const std::vector<Outcome> clean = run(prompts_);
+  // The batch's step, then the first request's checked step alone.
+  backend_->fail_encoder_steps(2);
+  const std::vector<Outcome> got = run(prompts_);
+  EXPECT_EQ(backend_->injected(), 2);
+  EXPECT_NE(got[0].error.find("injected bad data"), std::string::npos) << got[0].error;
+  for (size_t i = 1; i < got.size(); ++i) {
+    EXPECT_TRUE(got[i].error.empty()) << "request " << i << ": " << got[i].error;
+    EXPECT_EQ(got[i].ids, clean[i].ids) << "request " << i;
+  }
+}
+
+// Prompts beyond the step's token budget are encoded in several batches: only the last is left
+// unchecked, and an earlier one whose check fails (made before the next batch runs) has its
+// requests encoded again alone.
+TEST_F(EncoderCheck, AnEarlierBatchOfTheSameStepIsCheckedAndRedone) {
+  SchedulerOptions one_prompt_a_batch;
+  one_prompt_a_batch.max_batch = 3;
+  one_prompt_a_batch.max_step_tokens = 4;  // each prompt is longer: one encoder batch each
+  const std::vector<Outcome> clean = run(prompts_, one_prompt_a_batch);
+  for (const Outcome& o : clean) ASSERT_TRUE(o.error.empty()) << o.error;
+  ASSERT_EQ(backend_->encoder_steps(), 3) << "the prompts were not encoded one batch each";
+  backend_->fail_encoder_steps(1);
+  const std::vector<Outcome> got = run(prompts_, one_prompt_a_batch);
+  EXPECT_EQ(backend_->injected(), 1);
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_TRUE(got[i].error.empty()) << "request " << i << ": " << got[i].error;
+    EXPECT_EQ(got[i].ids, clean[i].ids) << "request " << i;
+  }
+}
+
+}  // namespace
+}  // namespace kiln::test
