@@ -2,9 +2,10 @@
 // data with the first decode step's read (StepContext::read_on_device). When that check fails,
 // the scheduler must not trust the batch's cross K/V: each request is encoded again, checked,
 // and runs alone; one whose encoder fails again gets an error, the others the tokens of a clean
-// run. The same when the prompts take several encoder batches (only the last is left unchecked). The device is played by the CPU backend wrapped so that it defers an injected encoder
-// error the way CUDA defers a kernel's report (thrown by the next read, wait or step that is not
-// queued behind it).
+// run. The same when the prompts take several encoder batches (only the last is left unchecked).
+// The device is played by the CPU backend wrapped so that it defers an injected encoder error the
+// way CUDA defers a kernel's report (thrown by the next read, wait or step that is not queued
+// behind it).
 #include <gtest/gtest.h>
 
 #include <algorithm>
