@@ -86,13 +86,16 @@ inline Forward run_forward(CompiledModel& engine, const std::vector<int64_t>& pr
                            const std::vector<int64_t>& decoder_ids, bool step_by_step) {
   ForwardModel m{engine.model(), engine.backend(),
                  engine.desc().encoder_decoder ? &engine.encoder() : nullptr, engine.decoder()};
-  // The cache holds K/V in the type the decoder's attention computes in (the plan's precision).
+  // The cache holds K/V in the type the decoder's attention computes in (the plan's precision),
+  // or the one the backend narrows it to, as the scheduler's does (CPU bf16 and int8-weight
+  // plans: bf16).
   const Graph& dec = engine.model().graph(kDecoderGraph);
   for (const Node& n : dec.nodes)
     if (n.op == OpKind::kAttention && n.attr<AttentionAttrs>().kind == AttentionKind::kCachedSelf) {
       m.kv_dtype = dec.values[n.inputs[0]].dtype;
       break;
     }
+  m.kv_dtype = engine.backend().kv_cache_dtype(m.kv_dtype, engine.model().precision);
   return run_forward(m, prompt, decoder_ids, step_by_step);
 }
 
