@@ -114,6 +114,9 @@ void note_malloc(size_t bytes) {
   }
 }
 
+// The bytes a part of a copy_groups / copy_row_groups buffer takes: each starts 256-byte aligned.
+size_t part_bytes(size_t bytes) { return (bytes + 255) / 256 * 256; }
+
 void free_block(void* p, size_t bytes) {
   cudaFree(p);
   g_held -= static_cast<long long>(bytes);
@@ -216,12 +219,11 @@ Tensor CudaAllocator::upload(const Tensor& source) {
 
 std::vector<std::vector<Tensor>> CudaAllocator::copy_groups(
     std::span<const std::vector<Tensor>> groups) {
-  constexpr size_t kAlign = 256;
   std::vector<std::vector<Tensor>> out(groups.size());
   std::vector<CopyPart> parts;
   for (size_t g = 0; g < groups.size(); ++g) {
     size_t total = 0;
-    for (const Tensor& t : groups[g]) total += (t.nbytes() + kAlign - 1) / kAlign * kAlign;
+    for (const Tensor& t : groups[g]) total += part_bytes(t.nbytes());
     std::shared_ptr<void> memory = allocate_raw(std::max<size_t>(total, 1));
     char* at = static_cast<char*>(memory.get());
     for (const Tensor& t : groups[g]) {
@@ -234,10 +236,15 @@ std::vector<std::vector<Tensor>> CudaAllocator::copy_groups(
         parts.push_back({t.raw(), at, static_cast<long long>(t.nbytes())});
       }
       out[g].push_back(std::move(copy));
-      at += (t.nbytes() + kAlign - 1) / kAlign * kAlign;
+      at += part_bytes(t.nbytes());
     }
   }
-  if (parts.empty()) return out;
+  copy_parts(parts);
+  return out;
+}
+
+void CudaAllocator::copy_parts(std::span<const CopyPart> parts) {
+  if (parts.empty()) return;
   // The part list goes to the device from pageable memory: cudaMemcpyAsync has staged it when it
   // returns, so `parts` may go; the list's device buffer returns to the cache when this returns,
   // and anything reusing it runs after the launch in stream order.
@@ -247,7 +254,6 @@ std::vector<std::vector<Tensor>> CudaAllocator::copy_groups(
   launch_copy_parts(static_cast<const CopyPart*>(list.get()), static_cast<int64_t>(parts.size()),
                     stream_);
   KILN_CUDA_CHECK(cudaGetLastError());
-  return out;
 }
 
 std::vector<std::vector<Tensor>> CudaAllocator::copy_row_groups(
@@ -258,7 +264,6 @@ std::vector<std::vector<Tensor>> CudaAllocator::copy_row_groups(
     if (!s.defined() || s.device() != Device::kCuda || s.rank() < 1 || !s.is_contiguous() ||
         row_bounds.front() < 0 || row_bounds.back() > s.dim(0))
       return Allocator::copy_row_groups(sources, row_bounds);  // slices, checked there
-  constexpr size_t kAlign = 256;
   std::vector<size_t> row_bytes(sources.size());
   for (size_t s = 0; s < sources.size(); ++s)
     row_bytes[s] = sources[s].dim(0) == 0 ? 0 : sources[s].nbytes() / sources[s].dim(0);
@@ -269,8 +274,7 @@ std::vector<std::vector<Tensor>> CudaAllocator::copy_row_groups(
     const int64_t begin = row_bounds[g], rows = row_bounds[g + 1] - begin;
     KILN_CHECK(rows >= 0, "copy_row_groups: row bounds {} > {}", begin, row_bounds[g + 1]);
     size_t total = 0;
-    for (size_t s = 0; s < sources.size(); ++s)
-      total += (row_bytes[s] * rows + kAlign - 1) / kAlign * kAlign;
+    for (size_t s = 0; s < sources.size(); ++s) total += part_bytes(row_bytes[s] * rows);
     std::shared_ptr<void> memory = allocate_raw(std::max<size_t>(total, 1));
     const Tensor buffer =
         Tensor::view(DType::kI8, {static_cast<int64_t>(std::max<size_t>(total, 1))}, memory.get(),
@@ -285,16 +289,10 @@ std::vector<std::vector<Tensor>> CudaAllocator::copy_row_groups(
       if (bytes > 0)
         parts.push_back({static_cast<const char*>(sources[s].raw()) + row_bytes[s] * begin,
                          static_cast<char*>(memory.get()) + at, static_cast<long long>(bytes)});
-      at += (bytes + kAlign - 1) / kAlign * kAlign;
+      at += part_bytes(bytes);
     }
   }
-  if (parts.empty()) return out;
-  std::shared_ptr<void> list = allocate_raw(parts.size() * sizeof(CopyPart));
-  KILN_CUDA_CHECK(cudaMemcpyAsync(list.get(), parts.data(), parts.size() * sizeof(CopyPart),
-                                  cudaMemcpyHostToDevice, stream_));
-  launch_copy_parts(static_cast<const CopyPart*>(list.get()), static_cast<int64_t>(parts.size()),
-                    stream_);
-  KILN_CUDA_CHECK(cudaGetLastError());
+  copy_parts(parts);
   return out;
 }
 

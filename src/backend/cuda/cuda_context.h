@@ -71,6 +71,8 @@ class CudaAllocator final : public Allocator {
   struct Cache;
   // Uninitialized device memory of at least `bytes`.
   std::shared_ptr<void> allocate_raw(size_t bytes);
+  // One launch of copy_parts for `parts` (device sources and destinations), in stream order.
+  void copy_parts(std::span<const CopyPart> parts);
   cudaStream_t stream_;
   std::shared_ptr<Cache> cache_;
   std::function<void()> after_read_;
