@@ -391,6 +391,22 @@ std::vector<OpCase> attention_op_cases() {
                                    {{}, {{0, 1}, {1, 1}, {2, 1}}},
                                    {{}, {{1, 1}, {2, 1}, {0, 1}}}});
          }});
+  // Many sequences: 24 x 16 heads = 384 (row, head) blocks, more than two an SM on the H200's
+  // 132, the shape of batch-64 decode for the CUDA warp kernel (its 2-warp blocks).
+  cases.push_back(
+      {"Attention_cached_alibi_16heads_dh64_24seqs_decode_bf16", DType::kBF16, {check}, [](Gen& g) {
+         AttnConfig c = alibi_cached_packed();
+         c.heads = 16;
+         c.head_dim = 64;
+         c.block_size = 16;
+         CachedStep prefill, decode, reversed;
+         for (int s = 0; s < 24; ++s) {
+           prefill.run.push_back({s, 1 + (s * 7) % 45});
+           decode.run.push_back({s, 1});
+           reversed.run.push_back({23 - s, 1});
+         }
+         return cached_scenario(g, c, {prefill, decode, reversed});
+       }});
   cases.push_back(
       {"Attention_cached_t5_5heads_dh20_ragged_decode", DType::kF32, {check}, [](Gen& g) {
          AttnConfig c = t5_cached();

@@ -26,7 +26,8 @@ using attn::valid_block;
 constexpr int kRounds = 4;     // key rounds per chunk, loaded before any is used
 constexpr int kMaxWarps = 16;  // per block (512 threads) when the step has a block per SM or less
 constexpr int kMidWarps = 8;   // per block at up to two blocks per SM, or few keys (launch_l)
-constexpr int kFewWarps = 4;   // per block when it has more than two per SM
+constexpr int kFewWarps = 4;   // KILN_CUDA_ATTN_WARPS=4 (steps of a block per SM or fewer)
+constexpr int kManyWarps = 2;  // per block when the step has more than two per SM
 
 template <typename T>
 constexpr int kPer = 16 / static_cast<int>(sizeof(T));  // elements per 16-byte load
@@ -260,9 +261,12 @@ void launch_w(const AttentionParams& p, dim3 grid, KernelStream stream) {
 }
 
 // Warps per block: as many as keep the step's blocks one wave (about one block of 16 warps, two
-// of 8 or five of 4 fit an SM at ~100 registers a thread). At a block per SM or fewer (batch-1
-// decode; up to 8 sequences of 16 heads on 132 SMs), 16 only where kMidWarps would need a
-// second pass over the keys: on the H200 flan-t5-large's batch-1 decode (up to 100 keys) ran
+// of 8 or five of 4 fit an SM at ~100 registers a thread); beyond two blocks an SM, blocks of 2
+// warps: at batch 64 (1024 blocks) on the H200 the step took 1.48 -> 1.39-1.40 ms (bloom-560m)
+// and 1.74-1.79 -> 1.59-1.63 ms (flan-t5-large) against 4-warp blocks, and 8 or 16 were slower
+// still (bench/gpu/h200-2026-12-01x-attn-*); batches 17-63 were not measured. At a block per SM or
+// fewer (batch-1 decode; up to 8 sequences of 16 heads on 132 SMs), 16 only where kMidWarps would
+// need a second pass over the keys: on the H200 flan-t5-large's batch-1 decode (up to 100 keys) ran
 // 6.6 % faster on 8-warp blocks than on 16, bloom-560m's (79-177 keys) 1.0 % faster with 8 up to
 // 128 keys and 16 after, and 1.8 % slower with 8 throughout (a second pass). Batches 2-8 were
 // not measured. Forced by KILN_CUDA_ATTN_WARPS for A/B runs.
@@ -284,7 +288,7 @@ void launch_l(const AttentionParams& p, dim3 grid, KernelStream stream) {
     return launch_w<T, L, kFewWarps>(p, grid, stream);
   }
   if (blocks <= 2 * p.sms) return launch_w<T, L, kMidWarps>(p, grid, stream);
-  launch_w<T, L, kFewWarps>(p, grid, stream);
+  launch_w<T, L, kManyWarps>(p, grid, stream);
 }
 
 }  // namespace
