@@ -196,8 +196,8 @@ void combine(const Partial& p0, const Partial& p1, int64_t nh, int64_t dh, float
 }
 
 template <class E>
-void scores_avx2(const float* q, const E* const* keys, int64_t h0, int64_t nh, int64_t dh,
-                 int64_t n, float* scores, int64_t ld) {
+void scores_avx2(const float* q, const E* const* keys, const E* const* /*then*/, int64_t h0,
+                 int64_t nh, int64_t dh, int64_t n, float* scores, int64_t ld) {
   for (int64_t j = 0; j < n; ++j) {
     if (j + kRowsAhead < n) prefetch_slice(keys[j + kRowsAhead] + h0 * dh, nh * dh);
     const E* kr = keys[j];
@@ -411,7 +411,8 @@ void attention_with(const Node& node, std::span<const Tensor> in, std::span<Tens
             return;
           }
           // Raw scores, key row by key row: scores[(h - h0) * ld + j - j0].
-          row.scores(qr, kv.keys.data() + j0, h0, nh, dh, n, scores.data(), ld);
+          row.scores(qr, kv.keys.data() + j0, kv.values.data() + j0, h0, nh, dh, n, scores.data(),
+                     ld);
           // T5's bucket of each key for this query (the same for every head): offsets into
           // the table [buckets, H].
           if (a.bias == PositionBias::kT5Relative) {

@@ -27,8 +27,9 @@ template <class E>  // float, or uint16_t for a bf16 KV cache
 struct AttentionRowLoops {
   // scores[(h - h0) * ld + j] = q[h * dh, (h + 1) * dh) . keys[j][h * dh, ...) for the heads
   // [h0, h0 + nh) and j < n. Each score's sum has a fixed order that depends only on dh.
-  void (*scores)(const float* q, const E* const* keys, int64_t h0, int64_t nh, int64_t dh,
-                 int64_t n, float* scores, int64_t ld);
+  // `then`: the value rows the weighted sum reads next (a loop may request its first ones).
+  void (*scores)(const float* q, const E* const* keys, const E* const* then, int64_t h0, int64_t nh,
+                 int64_t dh, int64_t n, float* scores, int64_t ld);
   // acc[(h - h0) * dh + d] = sum_j p[(h - h0) * ldp + j] * values[j][h * dh + d] for j < n,
   // j in index order.
   void (*weighted_sum)(const float* p, int64_t ldp, const E* const* values, int64_t h0, int64_t nh,
