@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "backend/backend.h"
+#include "core/half.h"
 
 namespace kiln {
 namespace {
@@ -71,6 +72,41 @@ std::vector<std::vector<Tensor>> Allocator::copy_row_groups(std::span<const Tens
       groups[g].push_back(s.slice_rows(row_bounds[g], row_bounds[g + 1]));
   }
   return copy_groups(groups);
+}
+
+std::vector<std::vector<Tensor>> Allocator::copy_row_groups_as(std::span<const Tensor> sources,
+                                                               std::span<const int64_t> row_bounds,
+                                                               DType as) {
+  bool same = true;
+  for (const Tensor& s : sources) same = same && s.dtype() == as;
+  if (same) return copy_row_groups(sources, row_bounds);
+  KILN_CHECK(device() == Device::kCpu && as == DType::kBF16,
+             "copy_row_groups_as: {} memory copies into {} only rows already of that type",
+             device_name(device()), dtype_name(as));
+  KILN_CHECK(!row_bounds.empty(), "copy_row_groups_as: no row bounds");
+  std::vector<std::vector<Tensor>> out(row_bounds.size() - 1);
+  for (size_t g = 0; g + 1 < row_bounds.size(); ++g) {
+    size_t total = 0;
+    std::vector<Tensor> parts;
+    for (const Tensor& s : sources) {
+      KILN_CHECK(s.dtype() == DType::kF32 && s.device() == Device::kCpu,
+                 "copy_row_groups_as: rounds host f32 rows to bf16, not {} rows on {}",
+                 dtype_name(s.dtype()), device_name(s.device()));
+      parts.push_back(s.slice_rows(row_bounds[g], row_bounds[g + 1]));
+      total += (dtype_bytes(as, static_cast<size_t>(parts.back().numel())) + 63) / 64 * 64;
+    }
+    std::shared_ptr<void> memory = allocate(std::max<size_t>(total, 1));
+    char* at = static_cast<char*>(memory.get());
+    for (const Tensor& part : parts) {
+      const float* src = part.data<float>();
+      uint16_t* dst = reinterpret_cast<uint16_t*>(at);
+      const int64_t n = part.numel();
+      for (int64_t i = 0; i < n; ++i) dst[i] = float_to_bf16(src[i]);
+      out[g].push_back(Tensor::view(as, part.shape(), at, memory, device()));
+      at += (dtype_bytes(as, static_cast<size_t>(n)) + 63) / 64 * 64;
+    }
+  }
+  return out;
 }
 
 Allocator& host_allocator() {

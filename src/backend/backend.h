@@ -45,6 +45,12 @@ class Allocator {
   // first token). The base version slices and calls copy_groups.
   virtual std::vector<std::vector<Tensor>> copy_row_groups(std::span<const Tensor> sources,
                                                            std::span<const int64_t> row_bounds);
+  // copy_row_groups into `as`: the copies of f32 sources rounded to bf16 (to nearest even) when
+  // `as` is bf16, in host memory only; any other `as` must be the sources' own type. A T5
+  // request's cross K/V, kept in the KV cache's type (CPU bf16 and int8-weight plans: bf16).
+  std::vector<std::vector<Tensor>> copy_row_groups_as(std::span<const Tensor> sources,
+                                                      std::span<const int64_t> row_bounds,
+                                                      DType as);
 };
 Allocator& host_allocator();
 

@@ -308,8 +308,13 @@ void Scheduler::encode_batch(const std::vector<Request*>& batch, bool checked) {
     sources.push_back(out[io.cross_v[l]]);
   }
   const std::vector<int64_t> bounds(layout.token_begin.begin(), layout.token_begin.end());
+  // In the type the backend keeps K/V in for attention computing in the encoder's type, as the
+  // KV cache: the CPU's bf16 and int8-weight plans keep them in bf16 (half the bytes each
+  // decode step's cross attention reads); elsewhere the encoder's own type.
+  const DType cross_dtype =
+      model_.backend().kv_cache_dtype(sources.front().dtype(), model_.model().precision);
   std::vector<std::vector<Tensor>> copies =
-      model_.backend().allocator().copy_row_groups(sources, bounds);
+      model_.backend().allocator().copy_row_groups_as(sources, bounds, cross_dtype);
   for (size_t i = 0; i < batch.size(); ++i) {
     auto cross = std::make_shared<CrossKv>();
     cross->keys.reserve(io.cross_k.size());

@@ -42,12 +42,21 @@ inline Forward run_forward(const ForwardModel& m, const std::vector<int64_t>& pr
     StepContext step{&layout, nullptr};
     const std::span<const Tensor> out = m.encoder->execute(in, &step);
     // Outputs live in the backend's memory: a host copy of the states, and cross K/V copied
-    // where the backend's kernels read them (device memory for CUDA).
+    // where the backend's kernels read them (device memory for CUDA), in the type the scheduler
+    // keeps them in (the CPU's bf16 and int8-weight plans: bf16).
     Allocator& memory = m.backend.allocator();
     f.encoder_hidden = memory.to_host(out[enc.output_index("encoder_hidden")]);
+    std::vector<Tensor> parts;
     for (int l = 0; l < d.cache_layers; ++l) {
-      cross.keys.push_back(memory.upload(out[enc.output_index("cross_k." + std::to_string(l))]));
-      cross.values.push_back(memory.upload(out[enc.output_index("cross_v." + std::to_string(l))]));
+      parts.push_back(out[enc.output_index("cross_k." + std::to_string(l))]);
+      parts.push_back(out[enc.output_index("cross_v." + std::to_string(l))]);
+    }
+    const int64_t bounds[] = {0, static_cast<int64_t>(prompt.size())};
+    const DType cross_dtype = m.backend.kv_cache_dtype(parts.front().dtype(), m.model.precision);
+    std::vector<std::vector<Tensor>> copies = memory.copy_row_groups_as(parts, bounds, cross_dtype);
+    for (int l = 0; l < d.cache_layers; ++l) {
+      cross.keys.push_back(copies[0][2 * l]);
+      cross.values.push_back(copies[0][2 * l + 1]);
     }
   }
   KvGeometry geo{d.cache_layers, d.cache_row_width(), 4, m.kv_dtype};

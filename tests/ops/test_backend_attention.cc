@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <functional>
+#include <string>
 
 #include "../models/graph_runner.h"
 #include "backend_ops.h"
@@ -636,6 +638,95 @@ TEST(BackendOps, CpuBf16KvCacheStoresRoundedKeysAndValues) {
     }
   }
   EXPECT_GT(checked, 0);
+}
+
+// bf16 cross K/V (what the CPU keeps for T5's bf16 and int8-weight plans, made by
+// Allocator::copy_row_groups_as): every output equals the reference's over the same keys and
+// values rounded to bf16 and kept in f32. Heads 64 wide (the 16-row AVX-512 loops) and 20 wide
+// (the row-at-a-time ones); ragged sequences, one of them a prompt of several rows.
+TEST(BackendOps, CpuBf16CrossKvReadsRoundedKeysAndValues) {
+  const std::unique_ptr<Backend> reference = reference_backend();
+  int checked = 0;
+  for (int head_dim : {64, 20}) {
+    AttnConfig c;
+    c.kind = AttentionKind::kCross;
+    c.heads = 4;
+    c.head_dim = head_dim;
+    c.scale = 0.125f;
+    Gen g(DType::kF32, DType::kF32, 12);
+    const Scenario f32 = cross_scenario(g, c, {37, 78, 5}, {1, 1, 9}, {20, 3, 0});
+    Scenario bf16 = f32, rounded = f32;
+    for (size_t i = 0; i < f32.cross.size(); ++i) {
+      std::vector<Tensor> parts;
+      for (int l = 0; l < kLayers; ++l) {
+        parts.push_back(f32.cross[i].keys[l]);
+        parts.push_back(f32.cross[i].values[l]);
+      }
+      const int64_t bounds[] = {0, parts.front().dim(0)};
+      const std::vector<std::vector<Tensor>> narrow =
+          host_allocator().copy_row_groups_as(parts, bounds, DType::kBF16);
+      for (int l = 0; l < kLayers; ++l) {
+        ASSERT_EQ(narrow[0][2 * l].dtype(), DType::kBF16);
+        bf16.cross[i].keys[l] = narrow[0][2 * l];
+        bf16.cross[i].values[l] = narrow[0][2 * l + 1];
+        for (Tensor* t : {&rounded.cross[i].keys[l], &rounded.cross[i].values[l]}) {
+          *t = t->clone();
+          float* x = t->data<float>();
+          for (int64_t e = 0; e < t->numel(); ++e) x[e] = bf16_to_float(float_to_bf16(x[e]));
+        }
+      }
+    }
+    const ScenarioOutputs want = run_scenario(*reference, rounded);
+    for (NamedBackend& nb : available_backends()) {
+      if (nb.backend->device() != Device::kCpu) continue;
+      const ScenarioOutputs got = run_scenario(*nb.backend, bf16);
+      for (size_t s = 0; s < got.size(); ++s)
+        expect_matches(got[s][0], want[s][0], Check{CheckKind::kMaxRelative, 1e-5},
+                       fmt::format("{} head_dim {} step {}", nb.name, head_dim, s));
+      ++checked;
+    }
+  }
+  EXPECT_GT(checked, 0);
+}
+
+// Cross K/V whose types differ between sequences, or are neither f32 nor bf16: a clear error.
+TEST(BackendOps, BadInputCrossKvOfMixedTypes) {
+  AttnConfig c;
+  c.kind = AttentionKind::kCross;
+  c.heads = 2;
+  c.head_dim = 32;
+  Gen g(DType::kF32, DType::kF32, 13);
+  Scenario mixed = cross_scenario(g, c, {4, 4}, {1, 1}, {0, 0});
+  std::vector<Tensor> parts = {mixed.cross[1].keys[c.layer], mixed.cross[1].values[c.layer]};
+  const int64_t bounds[] = {0, 4};
+  const auto narrow = host_allocator().copy_row_groups_as(parts, bounds, DType::kBF16);
+  mixed.cross[1].keys[c.layer] = narrow[0][0];
+  mixed.cross[1].values[c.layer] = narrow[0][1];
+  const auto error_of = [](const std::function<void()>& f) -> std::string {
+    try {
+      f();
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "no error";
+  };
+  int checked = 0;
+  for (NamedBackend& nb : available_backends()) {
+    if (nb.backend->device() != Device::kCpu) continue;
+    EXPECT_NE(
+        error_of([&] { run_scenario(*nb.backend, mixed); }).find("every sequence's must be f32"),
+        std::string::npos)
+        << nb.name;
+    ++checked;
+  }
+  EXPECT_GT(checked, 0);
+  // Only host f32 rows are rounded; other conversions are refused.
+  const Tensor ints = Tensor::from_vector(std::vector<int64_t>{1, 2, 3, 4}, {4, 1});
+  const int64_t four[] = {0, 4};
+  EXPECT_NE(error_of([&] {
+              host_allocator().copy_row_groups_as({&ints, 1}, four, DType::kBF16);
+            }).find("rounds host f32 rows to bf16"),
+            std::string::npos);
 }
 
 // The bad-input tests' attention: causal, cached, two heads of two.

@@ -185,18 +185,15 @@ Runner add_bench(CLI::App& app) {
     // average context length of the decode phase.
     const DecodeWeightBytes weights = decode_weight_bytes(ir.graph(kDecoderGraph));
     const ModelDesc& d = ir.desc;
-    // The KV cache in the type the backend keeps it in (Scheduler::kv_dtype: the plan's on CUDA;
-    // on the CPU bf16 in bf16 and int8-weight plans, f32 otherwise), the cross K/V in the
-    // activations' type (the plan's on CUDA, f32 on the CPU).
-    const double cross_row = static_cast<double>(d.cache_row_width()) *
-                             (gpu && ir.precision != Precision::kFp32 ? 2 : 4);
+    // The KV cache and the cross K/V in the type the backend keeps them in (Scheduler::kv_dtype:
+    // the plan's on CUDA; on the CPU bf16 in bf16 and int8-weight plans, f32 otherwise).
     const double avg_ctx = (d.encoder_decoder ? 1.0 : static_cast<double>(o->input_len)) +
                            static_cast<double>(o->output_len) / 2.0;
     auto kv_per_seq = [&](DType kv_dtype) {
       const double row =
           static_cast<double>(dtype_bytes(kv_dtype, static_cast<size_t>(d.cache_row_width())));
       return static_cast<double>(d.cache_layers) * 2.0 *
-             (row * avg_ctx + (d.encoder_decoder ? cross_row * o->input_len : 0.0));
+             (row * avg_ctx + (d.encoder_decoder ? row * o->input_len : 0.0));
     };
     const std::vector<int64_t> prompt = bench_prompt(*model, o->input_len);
     std::vector<nlohmann::json> rows;

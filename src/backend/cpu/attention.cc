@@ -75,7 +75,8 @@ struct KeyRows {
   std::vector<const E*> keys, values;
 };
 
-void dense_rows(KeyRows<float>& r, const float* k, const float* v, int64_t stride, int64_t len) {
+template <class E>
+void dense_rows(KeyRows<E>& r, const E* k, const E* v, int64_t stride, int64_t len) {
   r.keys.resize(static_cast<size_t>(len));
   r.values.resize(static_cast<size_t>(len));
   for (int64_t j = 0; j < len; ++j) {
@@ -285,9 +286,21 @@ void attention_with(const Node& node, std::span<const Tensor> in, std::span<Tens
   }
 
   // Key/value row tables, one per sequence, resolved before the parallel loop: f32 rows, or
-  // bf16 ones from a bf16 cache.
-  const bool bf16_cache =
-      a.kind == AttentionKind::kCachedSelf && cache->geometry().dtype == DType::kBF16;
+  // bf16 ones from a bf16 cache or bf16 cross K/V (CPU bf16 and int8-weight plans).
+  bool bf16_cache = a.kind == AttentionKind::kCachedSelf && cache->geometry().dtype == DType::kBF16;
+  if (a.kind == AttentionKind::kCross)
+    for (int s = 0; s < nseq; ++s) {
+      const CrossKv* cross = L.cross[s];
+      KILN_CHECK(cross != nullptr && a.layer < static_cast<int>(cross->keys.size()),
+                 "node '{}': sequence has no cross K/V for layer {}", node.name, a.layer);
+      const DType t = cross->keys[a.layer].dtype();
+      KILN_CHECK((t == DType::kF32 || t == DType::kBF16) && cross->values[a.layer].dtype() == t &&
+                     (s == 0 || t == (bf16_cache ? DType::kBF16 : DType::kF32)),
+                 "node '{}': cross K/V of sequence {} are {}/{}; every sequence's must be f32 or "
+                 "every sequence's bf16",
+                 node.name, s, dtype_name(t), dtype_name(cross->values[a.layer].dtype()));
+      bf16_cache = t == DType::kBF16;
+    }
   std::vector<KeyRows<float>> rows(static_cast<size_t>(nseq));
   std::vector<KeyRows<uint16_t>> bf16_rows(bf16_cache ? static_cast<size_t>(nseq) : 0);
   for (int s = 0; s < nseq; ++s) {
@@ -304,13 +317,35 @@ void attention_with(const Node& node, std::span<const Tensor> in, std::span<Tens
         break;
       case AttentionKind::kCross: {
         const CrossKv* cross = L.cross[s];
-        KILN_CHECK(cross != nullptr && a.layer < static_cast<int>(cross->keys.size()),
-                   "node '{}': sequence has no cross K/V for layer {}", node.name, a.layer);
-        dense_rows(rows[s], cross->keys[a.layer].data<float>(),
-                   cross->values[a.layer].data<float>(), width, cross->length());
+        if (bf16_cache)
+          dense_rows(bf16_rows[s], static_cast<const uint16_t*>(cross->keys[a.layer].raw()),
+                     static_cast<const uint16_t*>(cross->values[a.layer].raw()), width,
+                     cross->length());
+        else
+          dense_rows(rows[s], cross->keys[a.layer].data<float>(),
+                     cross->values[a.layer].data<float>(), width, cross->length());
         break;
       }
     }
+  }
+
+  // T5's bucket of every relative position d = key - query a step can meet, at
+  // bucket_at[d + farthest_query]: a bucket takes a logarithm, and a prompt's rows would
+  // otherwise take one per key and query (78-token prompts at batch 16: ~1.2 M a step).
+  int64_t farthest_query = 0, farthest_key = 0;
+  std::vector<int64_t> bucket_at;
+  if (a.bias == PositionBias::kT5Relative) {
+    for (int s = 0; s < nseq; ++s) {
+      const int64_t past = a.kind == AttentionKind::kCachedSelf ? L.past_len[s] : 0;
+      const int64_t keys =
+          static_cast<int64_t>(bf16_cache ? bf16_rows[s].keys.size() : rows[s].keys.size());
+      farthest_query = std::max(farthest_query, past + L.num_tokens(s));
+      farthest_key = std::max(farthest_key, keys);
+    }
+    bucket_at.resize(static_cast<size_t>(farthest_query + farthest_key + 1));
+    for (int64_t d = -farthest_query; d <= farthest_key; ++d)
+      bucket_at[d + farthest_query] =
+          t5_relative_bucket(d, a.bidirectional_buckets, a.num_buckets, a.max_distance);
   }
 
   // Every query row attends to its visible keys in two halves, [0, m) and [m, visible) with m =
@@ -418,9 +453,7 @@ void attention_with(const Node& node, std::span<const Tensor> in, std::span<Tens
           if (a.bias == PositionBias::kT5Relative) {
             bucket_rows.resize(static_cast<size_t>(n));
             for (int64_t j = 0; j < n; ++j)
-              bucket_rows[j] = t5_relative_bucket(j0 + j - qpos, a.bidirectional_buckets,
-                                                  a.num_buckets, a.max_distance) *
-                               H;
+              bucket_rows[j] = bucket_at[j0 + j - qpos + farthest_query] * H;
           }
           for (int64_t h = h0; h < h1; ++h) {
             float* sc = scores.data() + (h - h0) * ld;
