@@ -125,6 +125,26 @@ float scale_and_bias(float* p, int64_t n, float scale, float slope, int64_t firs
   return best;
 }
 
+// p[j] = p[j] * scale + bias[j] for j < n (T5's bias of each key), eight at a time; returns the
+// largest.
+float scale_and_add(float* p, int64_t n, float scale, const float* bias) {
+  const V8 s = {scale, scale, scale, scale, scale, scale, scale, scale};
+  V8 mx = {-INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY};
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8) {
+    const V8 v = load8(p + j) * s + load8(bias + j);
+    std::memcpy(p + j, &v, sizeof(v));
+    mx = mx > v ? mx : v;
+  }
+  float best = -INFINITY;
+  for (int l = 0; l < 8; ++l) best = std::max(best, mx[l]);
+  for (; j < n; ++j) {
+    p[j] = p[j] * scale + bias[j];
+    best = std::max(best, p[j]);
+  }
+  return best;
+}
+
 // p[j] = e^(p[j] - mx) for j < n; returns their sum (eight lane sums added in a fixed order,
 // then the tail).
 float exp_shifted(float* p, int64_t n, float mx) {
@@ -329,12 +349,14 @@ void attention_with(const Node& node, std::span<const Tensor> in, std::span<Tens
     }
   }
 
-  // T5's bucket of every relative position d = key - query a step can meet, at
-  // bucket_at[d + farthest_query]: a bucket takes a logarithm, and a prompt's rows would
-  // otherwise take one per key and query (78-token prompts at batch 16: ~1.2 M a step).
-  int64_t farthest_query = 0, farthest_key = 0;
-  std::vector<int64_t> bucket_at;
+  // T5's bias of every head at every relative position d = key - query a step can meet, at
+  // bias_at[h * span + d + farthest_query]: a key's bucket takes a logarithm (a prompt's rows
+  // would take one per key and query), and a row of keys then reads its biases as one
+  // contiguous run.
+  int64_t farthest_query = 0, span = 0;
+  std::vector<float> bias_at;
   if (a.bias == PositionBias::kT5Relative) {
+    int64_t farthest_key = 0;
     for (int s = 0; s < nseq; ++s) {
       const int64_t past = a.kind == AttentionKind::kCachedSelf ? L.past_len[s] : 0;
       const int64_t keys =
@@ -342,10 +364,14 @@ void attention_with(const Node& node, std::span<const Tensor> in, std::span<Tens
       farthest_query = std::max(farthest_query, past + L.num_tokens(s));
       farthest_key = std::max(farthest_key, keys);
     }
-    bucket_at.resize(static_cast<size_t>(farthest_query + farthest_key + 1));
-    for (int64_t d = -farthest_query; d <= farthest_key; ++d)
-      bucket_at[d + farthest_query] =
+    span = farthest_query + farthest_key + 1;
+    bias_at.resize(static_cast<size_t>(H * span));
+    for (int64_t d = -farthest_query; d <= farthest_key; ++d) {
+      const int64_t bucket =
           t5_relative_bucket(d, a.bidirectional_buckets, a.num_buckets, a.max_distance);
+      for (int64_t h = 0; h < H; ++h)
+        bias_at[h * span + d + farthest_query] = rel_table[bucket * H + h];
+    }
   }
 
   // Every query row attends to its visible keys in two halves, [0, m) and [m, visible) with m =
@@ -415,7 +441,6 @@ void attention_with(const Node& node, std::span<const Tensor> in, std::span<Tens
                                    const AttentionRowLoops<E>& row) {
     env.pool.parallel_for(std::min<int64_t>(env.pool.size(), items), 1, [&](int64_t, int64_t) {
       std::vector<float> scores, parts;
-      std::vector<int64_t> bucket_rows;
       for (;;) {
         const int64_t work = next_item.fetch_add(1, std::memory_order_relaxed);
         if (work >= items) break;
@@ -448,13 +473,6 @@ void attention_with(const Node& node, std::span<const Tensor> in, std::span<Tens
           // Raw scores, key row by key row: scores[(h - h0) * ld + j - j0].
           row.scores(qr, kv.keys.data() + j0, kv.values.data() + j0, h0, nh, dh, n, scores.data(),
                      ld);
-          // T5's bucket of each key for this query (the same for every head): offsets into
-          // the table [buckets, H].
-          if (a.bias == PositionBias::kT5Relative) {
-            bucket_rows.resize(static_cast<size_t>(n));
-            for (int64_t j = 0; j < n; ++j)
-              bucket_rows[j] = bucket_at[j0 + j - qpos + farthest_query] * H;
-          }
           for (int64_t h = h0; h < h1; ++h) {
             float* sc = scores.data() + (h - h0) * ld;
             float mx = -INFINITY;
@@ -466,10 +484,8 @@ void attention_with(const Node& node, std::span<const Tensor> in, std::span<Tens
                 mx = scale_and_bias(sc, n, a.scale, slopes[h], j0);
                 break;
               case PositionBias::kT5Relative:
-                for (int64_t j = 0; j < n; ++j) {
-                  sc[j] = sc[j] * a.scale + rel_table[bucket_rows[j] + h];
-                  mx = std::max(mx, sc[j]);
-                }
+                mx = scale_and_add(sc, n, a.scale,
+                                   bias_at.data() + h * span + j0 - qpos + farthest_query);
                 break;
             }
             out.largest[h - h0] = mx;
