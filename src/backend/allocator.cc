@@ -2,9 +2,9 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 
 #include "backend/backend.h"
-#include "core/half.h"
 
 namespace kiln {
 namespace {
@@ -44,21 +44,42 @@ void Allocator::copy_to_host(const Tensor& t, void* dst) {
   std::memcpy(dst, t.raw(), t.nbytes());
 }
 
+namespace {
+
+size_t padded(size_t bytes) { return (bytes + 63) / 64 * 64; }
+
+// Copies of `parts` in one new buffer from `a` (host memory: written in place), each part at a
+// 64-byte boundary and of type `as` (f32 parts converted through the dtype table), or of its own
+// type when `as` is empty.
+std::vector<Tensor> pack_group(Allocator& a, std::span<const Tensor> parts,
+                               std::optional<DType> as) {
+  const auto type_of = [&](const Tensor& t) { return as.value_or(t.dtype()); };
+  size_t total = 0;
+  for (const Tensor& t : parts)
+    total += padded(dtype_bytes(type_of(t), static_cast<size_t>(t.numel())));
+  std::shared_ptr<void> memory = a.allocate(std::max<size_t>(total, 1));
+  char* at = static_cast<char*>(memory.get());
+  std::vector<Tensor> out;
+  out.reserve(parts.size());
+  for (const Tensor& t : parts) {
+    const DType type = type_of(t);
+    if (type == t.dtype())
+      a.copy_to_host(t, at);  // this allocator's memory is host memory
+    else
+      dtype_traits(type).from_float(t.data<float>(), at, static_cast<size_t>(t.numel()));
+    out.push_back(Tensor::view(type, t.shape(), at, memory, a.device()));
+    at += padded(dtype_bytes(type, static_cast<size_t>(t.numel())));
+  }
+  return out;
+}
+
+}  // namespace
+
 std::vector<std::vector<Tensor>> Allocator::copy_groups(
     std::span<const std::vector<Tensor>> groups) {
-  std::vector<std::vector<Tensor>> out(groups.size());
-  for (size_t g = 0; g < groups.size(); ++g) {
-    size_t total = 0;
-    for (const Tensor& t : groups[g]) total += (t.nbytes() + 63) / 64 * 64;
-    std::shared_ptr<void> memory = allocate(std::max<size_t>(total, 1));
-    char* at = static_cast<char*>(memory.get());
-    for (const Tensor& t : groups[g]) {
-      Tensor copy = Tensor::view(t.dtype(), t.shape(), at, memory, device());
-      copy_to_host(t, at);  // this allocator's memory is host memory
-      out[g].push_back(std::move(copy));
-      at += (t.nbytes() + 63) / 64 * 64;
-    }
-  }
+  std::vector<std::vector<Tensor>> out;
+  out.reserve(groups.size());
+  for (const std::vector<Tensor>& group : groups) out.push_back(pack_group(*this, group, {}));
   return out;
 }
 
@@ -84,27 +105,17 @@ std::vector<std::vector<Tensor>> Allocator::copy_row_groups_as(std::span<const T
              "copy_row_groups_as: {} memory copies into {} only rows already of that type",
              device_name(device()), dtype_name(as));
   KILN_CHECK(!row_bounds.empty(), "copy_row_groups_as: no row bounds");
-  std::vector<std::vector<Tensor>> out(row_bounds.size() - 1);
+  for (const Tensor& s : sources)
+    KILN_CHECK(s.dtype() == DType::kF32 && s.device() == Device::kCpu,
+               "copy_row_groups_as: rounds host f32 rows to bf16, not {} rows on {}",
+               dtype_name(s.dtype()), device_name(s.device()));
+  std::vector<std::vector<Tensor>> out;
+  out.reserve(row_bounds.size() - 1);
+  std::vector<Tensor> parts(sources.size());
   for (size_t g = 0; g + 1 < row_bounds.size(); ++g) {
-    size_t total = 0;
-    std::vector<Tensor> parts;
-    for (const Tensor& s : sources) {
-      KILN_CHECK(s.dtype() == DType::kF32 && s.device() == Device::kCpu,
-                 "copy_row_groups_as: rounds host f32 rows to bf16, not {} rows on {}",
-                 dtype_name(s.dtype()), device_name(s.device()));
-      parts.push_back(s.slice_rows(row_bounds[g], row_bounds[g + 1]));
-      total += (dtype_bytes(as, static_cast<size_t>(parts.back().numel())) + 63) / 64 * 64;
-    }
-    std::shared_ptr<void> memory = allocate(std::max<size_t>(total, 1));
-    char* at = static_cast<char*>(memory.get());
-    for (const Tensor& part : parts) {
-      const float* src = part.data<float>();
-      uint16_t* dst = reinterpret_cast<uint16_t*>(at);
-      const int64_t n = part.numel();
-      for (int64_t i = 0; i < n; ++i) dst[i] = float_to_bf16(src[i]);
-      out[g].push_back(Tensor::view(as, part.shape(), at, memory, device()));
-      at += (dtype_bytes(as, static_cast<size_t>(n)) + 63) / 64 * 64;
-    }
+    for (size_t i = 0; i < sources.size(); ++i)
+      parts[i] = sources[i].slice_rows(row_bounds[g], row_bounds[g + 1]);
+    out.push_back(pack_group(*this, parts, as));
   }
   return out;
 }

@@ -307,22 +307,25 @@ void attention_with(const Node& node, std::span<const Tensor> in, std::span<Tens
 
   // Key/value row tables, one per sequence, resolved before the parallel loop: f32 rows, or
   // bf16 ones from a bf16 cache or bf16 cross K/V (CPU bf16 and int8-weight plans).
-  bool bf16_cache = a.kind == AttentionKind::kCachedSelf && cache->geometry().dtype == DType::kBF16;
-  if (a.kind == AttentionKind::kCross)
+  bool bf16_kv = a.kind == AttentionKind::kCachedSelf && cache->geometry().dtype == DType::kBF16;
+  if (a.kind == AttentionKind::kCross) {
+    DType first = DType::kF32;
     for (int s = 0; s < nseq; ++s) {
       const CrossKv* cross = L.cross[s];
       KILN_CHECK(cross != nullptr && a.layer < static_cast<int>(cross->keys.size()),
                  "node '{}': sequence has no cross K/V for layer {}", node.name, a.layer);
       const DType t = cross->keys[a.layer].dtype();
+      if (s == 0) first = t;
       KILN_CHECK((t == DType::kF32 || t == DType::kBF16) && cross->values[a.layer].dtype() == t &&
-                     (s == 0 || t == (bf16_cache ? DType::kBF16 : DType::kF32)),
+                     t == first,
                  "node '{}': cross K/V of sequence {} are {}/{}; every sequence's must be f32 or "
                  "every sequence's bf16",
                  node.name, s, dtype_name(t), dtype_name(cross->values[a.layer].dtype()));
-      bf16_cache = t == DType::kBF16;
     }
+    bf16_kv = first == DType::kBF16;
+  }
   std::vector<KeyRows<float>> rows(static_cast<size_t>(nseq));
-  std::vector<KeyRows<uint16_t>> bf16_rows(bf16_cache ? static_cast<size_t>(nseq) : 0);
+  std::vector<KeyRows<uint16_t>> bf16_rows(bf16_kv ? static_cast<size_t>(nseq) : 0);
   for (int s = 0; s < nseq; ++s) {
     const int64_t begin = L.token_begin[s], tokens = L.num_tokens(s);
     switch (a.kind) {
@@ -330,14 +333,14 @@ void attention_with(const Node& node, std::span<const Tensor> in, std::span<Tens
         dense_rows(rows[s], k + begin * kv_stride, v + begin * kv_stride, kv_stride, tokens);
         break;
       case AttentionKind::kCachedSelf:
-        if (bf16_cache)
+        if (bf16_kv)
           paged_rows(bf16_rows[s], cache, a.layer, L.blocks(s), L.past_len[s] + tokens, width);
         else
           paged_rows(rows[s], cache, a.layer, L.blocks(s), L.past_len[s] + tokens, width);
         break;
       case AttentionKind::kCross: {
         const CrossKv* cross = L.cross[s];
-        if (bf16_cache)
+        if (bf16_kv)
           dense_rows(bf16_rows[s], static_cast<const uint16_t*>(cross->keys[a.layer].raw()),
                      static_cast<const uint16_t*>(cross->values[a.layer].raw()), width,
                      cross->length());
@@ -360,7 +363,7 @@ void attention_with(const Node& node, std::span<const Tensor> in, std::span<Tens
     for (int s = 0; s < nseq; ++s) {
       const int64_t past = a.kind == AttentionKind::kCachedSelf ? L.past_len[s] : 0;
       const int64_t keys =
-          static_cast<int64_t>(bf16_cache ? bf16_rows[s].keys.size() : rows[s].keys.size());
+          static_cast<int64_t>(bf16_kv ? bf16_rows[s].keys.size() : rows[s].keys.size());
       farthest_query = std::max(farthest_query, past + L.num_tokens(s));
       farthest_key = std::max(farthest_key, keys);
     }
@@ -519,7 +522,7 @@ void attention_with(const Node& node, std::span<const Tensor> in, std::span<Tens
         combine(part_at(split_slot[s], 0), part_at(split_slot[s], 1), H, dh,
                 y + L.token_begin[s] * width);
   };
-  if (bf16_cache)
+  if (bf16_kv)
     attend(bf16_rows, loops.bf16);
   else
     attend(rows, loops.f32);
