@@ -2,11 +2,16 @@
 // fixture models' logits within the parity tolerance of HuggingFace.
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <cstring>
+#include <limits>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "../models/model_runner.h"
 #include "../models/parity_util.h"
+#include "backend/cpu/vector_math.h"
 #include "builder/builder.h"
 
 namespace kiln::test {
@@ -104,6 +109,48 @@ TEST(CpuIsa, BadInputUnknownFamilyInEnvironment) {
   setenv("KILN_CPU_ISA", "sse9", 1);
   EXPECT_THROW(options_from_environment({}), Error);
   unsetenv("KILN_CPU_ISA");
+}
+
+// The AVX-512 family's activations (sixteen lanes: the Linear epilogues over packed weights) are
+// bit for bit the baseline's eight-lane ones, over the ranges where exp saturates, the special
+// values, and rows whose tails are shorter than a vector.
+TEST(CpuIsa, SixteenLaneActivationsEqualEightLaneBitForBit) {
+  if (best_cpu_isa(detect_cpu_features()) != CpuIsa::kAvx512)
+    GTEST_SKIP() << "this CPU has no AVX-512: only the eight-lane activations run";
+  std::vector<float> x;
+  for (float v = -120.0f; v <= 120.0f; v += 0.0137f) x.push_back(v);
+  for (float v = -1e-3f; v <= 1e-3f; v += 3.1e-6f) x.push_back(v);
+  const float inf = std::numeric_limits<float>::infinity();
+  for (float v :
+       {0.0f, -0.0f, inf, -inf, std::numeric_limits<float>::quiet_NaN(),
+        std::numeric_limits<float>::denorm_min(), -std::numeric_limits<float>::denorm_min(),
+        std::numeric_limits<float>::max(), -std::numeric_limits<float>::max(), 87.3365f, -87.3365f,
+        88.7228f, -88.7228f, 61.95f, -61.95f, 44.4f, -44.4f})
+    x.push_back(v);
+  for (Activation act :
+       {Activation::kRelu, Activation::kGeluTanh, Activation::kGeluExact, Activation::kSilu}) {
+    for (size_t n :
+         {size_t{1}, size_t{7}, size_t{15}, size_t{16}, size_t{17}, size_t{33}, x.size()}) {
+      for (size_t start = 0; start + n <= x.size(); start += std::max<size_t>(n, 997)) {
+        std::vector<float> eight(n), sixteen(n, 12345.0f);
+        cpu::apply_activation(act, x.data() + start, eight.data(), static_cast<int64_t>(n));
+        cpu::apply_activation_avx512(act, x.data() + start, sixteen.data(),
+                                     static_cast<int64_t>(n));
+        for (size_t i = 0; i < n; ++i) {
+          uint32_t a = 0, b = 0;
+          std::memcpy(&a, &eight[i], 4);
+          std::memcpy(&b, &sixteen[i], 4);
+          ASSERT_EQ(a, b) << "activation " << static_cast<int>(act) << " of " << x[start + i]
+                          << ": " << eight[i] << " against " << sixteen[i] << " (n " << n << ")";
+        }
+      }
+    }
+  }
+  // In place, as the epilogues call it.
+  std::vector<float> y(x.begin(), x.begin() + 100), z = y;
+  cpu::apply_activation(Activation::kGeluTanh, y.data(), y.data(), 100);
+  cpu::apply_activation_avx512(Activation::kGeluTanh, z.data(), z.data(), 100);
+  EXPECT_EQ(0, std::memcmp(y.data(), z.data(), 100 * sizeof(float)));
 }
 
 }  // namespace

@@ -259,7 +259,7 @@ void run_packed_linear(const float* xp, int64_t n, int64_t k, const W* wp, int64
         if (act) {
           const int64_t o0 = p0 * kPanelRows, o1 = std::min(m, p1 * kPanelRows);
           for (int64_t t = 0; t < n; ++t)
-            apply_activation(*act, e.y + t * e.ldy + o0, e.y + t * e.ldy + o0, o1 - o0);
+            apply_activation_avx512(*act, e.y + t * e.ldy + o0, e.y + t * e.ldy + o0, o1 - o0);
         }
       }
   });

@@ -1,6 +1,7 @@
 // exp, erf and the activations on eight floats at a time (AVX2 + FMA, the build's baseline), so
 // that GELU over a [tokens, 4096] activation costs a few multiply-adds per element instead of a
-// libm call. Accuracy: exp within 2 ulp over its range (Cephes' polynomial), erf within 1.5e-7
+// libm call; the AVX-512 kernel family's Linear epilogues take sixteen at a time with the same
+// operations (apply_activation_avx512). Accuracy: exp within 2 ulp over its range (Cephes' polynomial), erf within 1.5e-7
 // absolute (Abramowitz & Stegun 7.1.26): below what the fp32 parity tests resolve.
 #pragma once
 
@@ -88,6 +89,9 @@ inline __m256 activation8(Activation act, __m256 x) {
 
 // y[i] = act(x[i]) (y may be x); the tail goes through the same vector code.
 void apply_activation(Activation act, const float* x, float* y, int64_t n);
+// The same on sixteen lanes, for the AVX-512 kernel family only (a CPU with AVX512F and DQ): the
+// same operations, so every result is bit for bit apply_activation's.
+void apply_activation_avx512(Activation act, const float* x, float* y, int64_t n);
 // y[i] = act(g[i]) * u[i]
 void apply_gated_activation(Activation act, const float* g, const float* u, float* y, int64_t n);
 
