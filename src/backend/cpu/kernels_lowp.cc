@@ -210,6 +210,13 @@ template <class W>
 constexpr Dot4<W> avx2_dots() {
   return {dot4_avx2<W>, dot4_avx2<F32Weights>};
 }
+
+// y[i] = x[i * stride], i < n: a row of a panel-packed table, element by element as words (a
+// byte copy per element took 3 ms of a 1248-token bloom-560m prompt).
+void copy_strided(const uint16_t* x, int64_t stride, uint16_t* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = x[i * stride];
+}
+
 }  // namespace
 
 void linear_bf16_avx2(const Node& node, std::span<const Tensor> in, std::span<Tensor> out,
@@ -252,8 +259,16 @@ void embedding_narrow(const Node& node, std::span<const Tensor> in, std::span<Te
     const int64_t stride = env.packed_weight ? panel16_offset(vocab, d, id, 1) - first : 1;
     if (!quantized) {
       char* dst = static_cast<char*>(y.raw()) + static_cast<size_t>(t * d) * elem;
-      for (int64_t i = 0; i < d; ++i)
-        std::memcpy(dst + i * elem, base + static_cast<size_t>(first + i * stride) * elem, elem);
+      const char* src = base + static_cast<size_t>(first) * elem;
+      if (stride == 1) {
+        std::memcpy(dst, src, static_cast<size_t>(d) * elem);
+      } else if (elem == 2) {  // bf16 / f16 (a copy of the bits)
+        copy_strided(reinterpret_cast<const uint16_t*>(src), stride,
+                     reinterpret_cast<uint16_t*>(dst), d);
+      } else {
+        for (int64_t i = 0; i < d; ++i)
+          std::memcpy(dst + i * elem, src + static_cast<size_t>(i * stride) * elem, elem);
+      }
       continue;
     }
     const int8_t* q = table.data<int8_t>() + first;

@@ -1,8 +1,9 @@
 // exp, erf and the activations on eight floats at a time (AVX2 + FMA, the build's baseline), so
 // that GELU over a [tokens, 4096] activation costs a few multiply-adds per element instead of a
 // libm call; the AVX-512 kernel family's Linear epilogues take sixteen at a time with the same
-// operations (apply_activation_avx512). Accuracy: exp within 2 ulp over its range (Cephes' polynomial), erf within 1.5e-7
-// absolute (Abramowitz & Stegun 7.1.26): below what the fp32 parity tests resolve.
+// operations (apply_activation_avx512). Accuracy: exp within 2 ulp over its range (Cephes'
+// polynomial), erf within 1.5e-7 absolute (Abramowitz & Stegun 7.1.26): below what the fp32 parity
+// tests resolve.
 #pragma once
 
 #include <immintrin.h>
