@@ -111,9 +111,9 @@ TEST(CpuIsa, BadInputUnknownFamilyInEnvironment) {
   unsetenv("KILN_CPU_ISA");
 }
 
-// The AVX-512 family's activations (sixteen lanes: the Linear epilogues over packed weights) are
-// bit for bit the baseline's eight-lane ones, over the ranges where exp saturates, the special
-// values, and rows whose tails are shorter than a vector.
+// The AVX-512 family's activations (sixteen lanes: the Linear epilogues over packed weights, and
+// the gated activation node) are bit for bit the baseline's eight-lane ones, over the ranges where
+// exp saturates, the special values, and rows whose tails are shorter than a vector.
 TEST(CpuIsa, SixteenLaneActivationsEqualEightLaneBitForBit) {
   if (best_cpu_isa(detect_cpu_features()) != CpuIsa::kAvx512)
     GTEST_SKIP() << "this CPU has no AVX-512: only the eight-lane activations run";
@@ -132,16 +132,25 @@ TEST(CpuIsa, SixteenLaneActivationsEqualEightLaneBitForBit) {
     for (size_t n :
          {size_t{1}, size_t{7}, size_t{15}, size_t{16}, size_t{17}, size_t{33}, x.size()}) {
       for (size_t start = 0; start + n <= x.size(); start += std::max<size_t>(n, 997)) {
-        std::vector<float> eight(n), sixteen(n, 12345.0f);
-        cpu::apply_activation(act, x.data() + start, eight.data(), static_cast<int64_t>(n));
-        cpu::apply_activation_avx512(act, x.data() + start, sixteen.data(),
-                                     static_cast<int64_t>(n));
+        std::vector<float> eight(n), sixteen(n, 12345.0f), gated8(n), gated16(n, 12345.0f);
+        const float* gx = x.data() + start;
+        const float* up = x.data() + (start + 13) % (x.size() - n + 1);  // another slice
+        const auto count = static_cast<int64_t>(n);
+        cpu::apply_activation(act, gx, eight.data(), count);
+        cpu::apply_activation_avx512(act, gx, sixteen.data(), count);
+        cpu::apply_gated_activation(act, gx, up, gated8.data(), count);
+        cpu::apply_gated_activation_avx512(act, gx, up, gated16.data(), count);
         for (size_t i = 0; i < n; ++i) {
-          uint32_t a = 0, b = 0;
+          uint32_t a = 0, b = 0, c = 0, d = 0;
           std::memcpy(&a, &eight[i], 4);
           std::memcpy(&b, &sixteen[i], 4);
-          ASSERT_EQ(a, b) << "activation " << static_cast<int>(act) << " of " << x[start + i]
-                          << ": " << eight[i] << " against " << sixteen[i] << " (n " << n << ")";
+          std::memcpy(&c, &gated8[i], 4);
+          std::memcpy(&d, &gated16[i], 4);
+          ASSERT_EQ(a, b) << "activation " << static_cast<int>(act) << " of " << gx[i] << ": "
+                          << eight[i] << " against " << sixteen[i] << " (n " << n << ")";
+          ASSERT_EQ(c, d) << "gated activation " << static_cast<int>(act) << " of " << gx[i]
+                          << " times " << up[i] << ": " << gated8[i] << " against " << gated16[i]
+                          << " (n " << n << ")";
         }
       }
     }

@@ -41,6 +41,9 @@ void mul(const Node&, std::span<const Tensor>, std::span<Tensor>, const KernelEn
 void scale(const Node&, std::span<const Tensor>, std::span<Tensor>, const KernelEnv&);
 void activation(const Node&, std::span<const Tensor>, std::span<Tensor>, const KernelEnv&);
 void gated_activation(const Node&, std::span<const Tensor>, std::span<Tensor>, const KernelEnv&);
+// The same on sixteen lanes (AVX-512 family; bit for bit the same results).
+void gated_activation_avx512(const Node&, std::span<const Tensor>, std::span<Tensor>,
+                             const KernelEnv&);
 void softmax(const Node&, std::span<const Tensor>, std::span<Tensor>, const KernelEnv&);
 void cast(const Node&, std::span<const Tensor>, std::span<Tensor>, const KernelEnv&);
 void rms_norm(const Node&, std::span<const Tensor>, std::span<Tensor>, const KernelEnv&);

@@ -51,9 +51,13 @@ void activation(const Node& node, std::span<const Tensor> in, std::span<Tensor> 
                         [&](int64_t b, int64_t e) { apply_activation(a, x + b, y + b, e - b); });
 }
 
+namespace {
+
+using GatedFn = void (*)(Activation, const float*, const float*, float*, int64_t);
+
 // gate [n, f], up [n, f] -> act(gate) * up; or packed [n, 2f], each row gate | up
-void gated_activation(const Node& node, std::span<const Tensor> in, std::span<Tensor> out,
-                      const KernelEnv& env) {
+void gated_activation_with(const Node& node, std::span<const Tensor> in, std::span<Tensor> out,
+                           const KernelEnv& env, GatedFn apply) {
   float* y = out[0].data<float>();
   const Activation a = node.attr<ActivationAttrs>().activation;
   if (in.size() == 1 || !in[1].defined()) {
@@ -61,16 +65,26 @@ void gated_activation(const Node& node, std::span<const Tensor> in, std::span<Te
     const int64_t f = out[0].dim(-1), rows = out[0].numel() / std::max<int64_t>(f, 1);
     const int64_t grain = std::max<int64_t>(1, kActivationGrain / std::max<int64_t>(f, 1));
     env.pool.parallel_for(rows, grain, [&](int64_t b, int64_t e) {
-      for (int64_t r = b; r < e; ++r)
-        apply_gated_activation(a, x + r * 2 * f, x + r * 2 * f + f, y + r * f, f);
+      for (int64_t r = b; r < e; ++r) apply(a, x + r * 2 * f, x + r * 2 * f + f, y + r * f, f);
     });
     return;
   }
   const float* g = in[0].data<float>();
   const float* u = in[1].data<float>();
-  env.pool.parallel_for(in[0].numel(), kActivationGrain, [&](int64_t b, int64_t e) {
-    apply_gated_activation(a, g + b, u + b, y + b, e - b);
-  });
+  env.pool.parallel_for(in[0].numel(), kActivationGrain,
+                        [&](int64_t b, int64_t e) { apply(a, g + b, u + b, y + b, e - b); });
+}
+
+}  // namespace
+
+void gated_activation(const Node& node, std::span<const Tensor> in, std::span<Tensor> out,
+                      const KernelEnv& env) {
+  gated_activation_with(node, in, out, env, apply_gated_activation);
+}
+
+void gated_activation_avx512(const Node& node, std::span<const Tensor> in, std::span<Tensor> out,
+                             const KernelEnv& env) {
+  gated_activation_with(node, in, out, env, apply_gated_activation_avx512);
 }
 
 // x [n, d] -> softmax over d, accumulated in fp32

@@ -74,6 +74,8 @@ void register_kernels(KernelRegistry& r) {
   add_fn(r, OpKind::kLayerNorm, f32, f32, base, "layer norm", layer_norm);
   add_fn(r, OpKind::kActivation, f32, f32, base, "activation", activation);
   add_fn(r, OpKind::kGatedActivation, f32, f32, base, "gated activation", gated_activation);
+  add_fn(r, OpKind::kGatedActivation, f32, f32, Isa::kAvx512, "avx512 gated activation",
+         gated_activation_avx512);
   add_fn(r, OpKind::kSoftmax, f32, f32, base, "softmax", softmax);
   add_fn(r, OpKind::kAttention, f32, f32, base, "paged attention", attention);
   add_fn(r, OpKind::kAttention, f32, f32, Isa::kAvx512, "avx512 paged attention", attention_avx512);

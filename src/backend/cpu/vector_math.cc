@@ -90,6 +90,20 @@ KILN_TARGET_AVX512 void apply_activation_avx512(Activation act, const float* x, 
   }
 }
 
+KILN_TARGET_AVX512 void apply_gated_activation_avx512(Activation act, const float* g,
+                                                      const float* u, float* y, int64_t n) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    _mm512_storeu_ps(
+        y + i, _mm512_mul_ps(activation16(act, _mm512_loadu_ps(g + i)), _mm512_loadu_ps(u + i)));
+  if (i < n) {
+    const auto m = static_cast<__mmask16>((1u << (n - i)) - 1);
+    _mm512_mask_storeu_ps(y + i, m,
+                          _mm512_mul_ps(activation16(act, _mm512_maskz_loadu_ps(m, g + i)),
+                                        _mm512_maskz_loadu_ps(m, u + i)));
+  }
+}
+
 namespace {
 
 // Lanes [0, n) of eight, for the tail of a row.

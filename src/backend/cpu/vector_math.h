@@ -95,5 +95,8 @@ void apply_activation(Activation act, const float* x, float* y, int64_t n);
 void apply_activation_avx512(Activation act, const float* x, float* y, int64_t n);
 // y[i] = act(g[i]) * u[i]
 void apply_gated_activation(Activation act, const float* g, const float* u, float* y, int64_t n);
+// The same on sixteen lanes (AVX-512 family only; bit for bit apply_gated_activation's).
+void apply_gated_activation_avx512(Activation act, const float* g, const float* u, float* y,
+                                   int64_t n);
 
 }  // namespace kiln::cpu
