@@ -15,6 +15,33 @@
 namespace kiln::test {
 namespace {
 
+// t replaced by a copy whose elements are rounded to the nearest bf16 (ties to even) and kept in
+// f32, those of its columns below `from_col` excepted (a packed qkv's q columns stay f32).
+void round_to_bf16(Tensor& t, int64_t from_col = 0) {
+  t = t.clone();
+  float* x = t.data<float>();
+  const int64_t cols = t.dim(-1);
+  for (int64_t i = 0; i < t.numel(); ++i)
+    if (i % cols >= from_col) x[i] = bf16_to_float(float_to_bf16(x[i]));
+}
+
+// Every CPU backend's outputs of `narrow` against the reference's outputs of `rounded` (the same
+// scenario on the rounded f32 values); returns how many backends were checked.
+int expect_cpu_matches_rounded(Backend& reference, const Scenario& narrow, const Scenario& rounded,
+                               const std::string& label) {
+  const ScenarioOutputs want = run_scenario(reference, rounded);
+  int checked = 0;
+  for (NamedBackend& nb : available_backends()) {
+    if (nb.backend->device() != Device::kCpu) continue;
+    const ScenarioOutputs got = run_scenario(*nb.backend, narrow);
+    for (size_t s = 0; s < got.size(); ++s)
+      expect_matches(got[s][0], want[s][0], Check{CheckKind::kMaxRelative, 1e-5},
+                     fmt::format("{}{} step {}", nb.name, label, s));
+    ++checked;
+  }
+  return checked;
+}
+
 // A bf16 KV cache (what the CPU keeps for bf16 plans): the keys and values are rounded to the
 // nearest bf16 (ties to even) as they are stored and widened exactly as they are read, so every
 // output equals the reference's with the step's k and v rounded first and an f32 cache. Forks,
@@ -34,22 +61,9 @@ TEST(BackendOps, CpuBf16KvCacheStoresRoundedKeysAndValues) {
     const int64_t W = c.width();
     for (ScenarioStep& step : rounded.steps)
       for (auto& [name, t] : step.feed) {
-        if (name == "q") continue;
-        t = t.clone();
-        float* x = t.data<float>();
-        const int64_t cols = t.dim(1);
-        for (int64_t i = 0; i < t.numel(); ++i)
-          if (name != "qkv" || i % cols >= W) x[i] = bf16_to_float(float_to_bf16(x[i]));
+        if (name != "q") round_to_bf16(t, name == "qkv" ? W : 0);
       }
-    const ScenarioOutputs want = run_scenario(*reference, rounded);
-    for (NamedBackend& nb : available_backends()) {
-      if (nb.backend->device() != Device::kCpu) continue;
-      const ScenarioOutputs got = run_scenario(*nb.backend, bf16);
-      for (size_t s = 0; s < got.size(); ++s)
-        expect_matches(got[s][0], want[s][0], Check{CheckKind::kMaxRelative, 1e-5},
-                       fmt::format("{} step {}", nb.name, s));
-      ++checked;
-    }
+    checked += expect_cpu_matches_rounded(*reference, bf16, rounded, "");
   }
   EXPECT_GT(checked, 0);
 }
@@ -83,22 +97,12 @@ TEST(BackendOps, CpuBf16CrossKvReadsRoundedKeysAndValues) {
         ASSERT_EQ(narrow[0][2 * l].dtype(), DType::kBF16);
         bf16.cross[i].keys[l] = narrow[0][2 * l];
         bf16.cross[i].values[l] = narrow[0][2 * l + 1];
-        for (Tensor* t : {&rounded.cross[i].keys[l], &rounded.cross[i].values[l]}) {
-          *t = t->clone();
-          float* x = t->data<float>();
-          for (int64_t e = 0; e < t->numel(); ++e) x[e] = bf16_to_float(float_to_bf16(x[e]));
-        }
+        round_to_bf16(rounded.cross[i].keys[l]);
+        round_to_bf16(rounded.cross[i].values[l]);
       }
     }
-    const ScenarioOutputs want = run_scenario(*reference, rounded);
-    for (NamedBackend& nb : available_backends()) {
-      if (nb.backend->device() != Device::kCpu) continue;
-      const ScenarioOutputs got = run_scenario(*nb.backend, bf16);
-      for (size_t s = 0; s < got.size(); ++s)
-        expect_matches(got[s][0], want[s][0], Check{CheckKind::kMaxRelative, 1e-5},
-                       fmt::format("{} head_dim {} step {}", nb.name, head_dim, s));
-      ++checked;
-    }
+    checked += expect_cpu_matches_rounded(*reference, bf16, rounded,
+                                          fmt::format(" head_dim {}", head_dim));
   }
   EXPECT_GT(checked, 0);
 }

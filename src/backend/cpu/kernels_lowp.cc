@@ -260,15 +260,11 @@ void embedding_narrow(const Node& node, std::span<const Tensor> in, std::span<Te
     if (!quantized) {
       char* dst = static_cast<char*>(y.raw()) + static_cast<size_t>(t * d) * elem;
       const char* src = base + static_cast<size_t>(first) * elem;
-      if (stride == 1) {
+      if (stride == 1)
         std::memcpy(dst, src, static_cast<size_t>(d) * elem);
-      } else if (elem == 2) {  // bf16 / f16 (a copy of the bits)
+      else  // the unquantized tables registered here are bf16 or f16: a copy of 2-byte words
         copy_strided(reinterpret_cast<const uint16_t*>(src), stride,
                      reinterpret_cast<uint16_t*>(dst), d);
-      } else {
-        for (int64_t i = 0; i < d; ++i)
-          std::memcpy(dst + i * elem, src + static_cast<size_t>(i * stride) * elem, elem);
-      }
       continue;
     }
     const int8_t* q = table.data<int8_t>() + first;
