@@ -9,7 +9,8 @@
 # Usage: timeline.sh [--batches "1"] [--models "bloom-560m flan-t5-large"] [--prefill]
 #                    [VAR=value ...]
 # (the variables are set for the bench run; --prefill: the summary of the prompt step and the
-# first decode steps after it instead of the steady decode step). Logs in $OUT/timeline.log.
+# first decode steps after it instead of the steady decode step; --between: what the GPU runs
+# between two decode steps' graphs). Logs in $OUT/timeline.log, the traces' CSV beside it.
 set -u
 HERE=$(cd "$(dirname "$0")" && pwd)
 OUT=${OUT:-/tmp/out}
@@ -21,6 +22,7 @@ while [ $# -gt 0 ]; do
     --batches) BATCHES=$2; shift ;;
     --models) MODELS=$2; shift ;;
     --prefill) MODE=--prefill ;;
+    --between) MODE=--between ;;
     *) break ;;
   esac
   shift
@@ -49,6 +51,7 @@ for model in $MODELS; do
     fi
     LD_LIBRARY_PATH="$TOOLS_LD" "$NSYS" stats --report cuda_gpu_trace --format csv \
       --force-export true -o "$rep" "$rep.nsys-rep" >>"$LOG" 2>&1
+    cp "${rep}_cuda_gpu_trace.csv" "$OUT/" 2>/dev/null
     python3 "$HERE/timeline_summary.py" "${rep}_cuda_gpu_trace.csv" $MODE 2>&1 | tee -a "$LOG"
   done
 done

@@ -38,7 +38,8 @@ for r in rows:
         continue
     if "memset" in lower or r[i_gx] in ("", "0"):
         continue
-    short = name.replace("(anonymous namespace)::", "").replace("void ", "")
+    short = name.replace("(anonymous namespace)::", "").replace("<unnamed>::", "")
+    short = short.replace("void ", "")
     short = short.split("(")[0].split("<")[0].strip()[-48:]
     events.append((int(r[i_start]), int(r[i_dur]), f"{short} ({r[i_gx]},{r[i_gy]},{r[i_gz]})"))
 events.sort()
@@ -60,6 +61,54 @@ if not steps:
 # groups of their own; the graph's steps are the groups of many kernels.
 long_steps = [s for s in steps if len(s) >= 8]
 steps = long_steps or steps
+if len(sys.argv) > 2 and sys.argv[2] == "--between":
+    # What the GPU does between two decode steps' graphs: every kernel, copy and memset from the
+    # end of a step's widest kernel (the lm_head) to the next step's first kernel after its
+    # uploads (the uploads kernel, or host-to-device copies in builds before it) and two more,
+    # with offsets from the lm_head's end; per position, the medians over the steady steps.
+    acts = []
+    for r in rows:
+        if len(r) <= i_name:
+            continue
+        name = r[i_name].replace("(anonymous namespace)::", "").replace("<unnamed>::", "")
+        name = name.replace("void ", "").split("(")[0].split("<")[0].strip()[-40:]
+        grid = f"({r[i_gx]},{r[i_gy]},{r[i_gz]})" if r[i_gx] not in ("", "0") else ""
+        lower = r[i_name].lower()
+        upload = "uploads" in lower or "htod" in lower or "host-to-device" in lower
+        acts.append((int(r[i_start]), int(r[i_dur]), f"{name} {grid}".strip(),
+                     int(r[i_gx]) if grid else 0, upload))
+    acts.sort()
+    widest = max(a[3] for a in acts)
+    heads = [k for k, a in enumerate(acts) if a[3] == widest]
+    gaps, spans = [], []
+    for h, nxt in zip(heads, heads[1:]):
+        end = acts[h][0] + acts[h][1]
+        last_upload = max((k for k in range(h + 1, nxt) if acts[k][4]), default=None)
+        if last_upload is None:
+            continue
+        first = next((k for k in range(last_upload + 1, nxt) if acts[k][3] > 0), None)
+        if first is None:
+            continue
+        gaps.append((acts[first][0] - end) / 1000)
+        spans.append((h, min(first + 2, nxt - 1)))
+    steady = list(zip(gaps, spans))[len(gaps) // 4:]
+    if not steady:
+        raise SystemExit("no two steps found")
+    print(f"{len(steady)} steady gaps: lm_head end -> the next step's first kernel after its "
+          f"uploads: median {statistics.median(g for g, _ in steady):.1f} us "
+          f"(min {min(g for g, _ in steady):.1f}, max {max(g for g, _ in steady):.1f})")
+    per_item = defaultdict(list)
+    for _, (h, last) in steady:
+        end = acts[h][0] + acts[h][1]
+        for k in range(h + 1, last + 1):
+            per_item[(k - h, acts[k][2])].append(((acts[k][0] - end) / 1000, acts[k][1] / 1000))
+    print("median over those gaps, per position: start offset from the lm_head's end, duration (us)")
+    for (pos, kind), v in sorted(per_item.items()):
+        if len(v) < len(steady) // 2:
+            continue
+        print(f"  {pos:3d} {statistics.median(o for o, _ in v):8.2f} "
+              f"{statistics.median(d for _, d in v):7.2f}  {kind}  (in {len(v)} gaps)")
+    sys.exit(0)
 if len(sys.argv) > 2 and sys.argv[2] == "--prefill":
     # The prompt step that took the most GPU time (the last such: the measured run, after the
     # warm-up) and the two steps after it (the first decode steps): per kernel kind, its

@@ -1,6 +1,7 @@
 // Token selection where the logits live (Backend::top_k_rows): each row's best ids after the
 // temperature, with bans, ties and short rows, and the row's log-normaliser, against a host
-// computation (std::stable_sort, as the sampler sorts; log-sum-exp in double).
+// computation (std::stable_sort, as the sampler sorts; log-sum-exp in double); and the greedy
+// argmax over many rows with per-row bans (Backend::argmax_rows).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -105,6 +106,48 @@ TEST(BackendOps, TopKRowsAtTheLargestK) {
   }
   GTEST_SKIP() << "no backend here selects tokens on a device (CUDA does)";
 }
+
+// The greedy argmax over many rows: the rows' ban flags travel as bits of the kernel's
+// parameters up to RowMask::kRows rows (words of 64: rows 63, 64, 127 and 128 on both sides of a
+// boundary) and as device bytes beyond. Against a host scan.
+void check_argmax_many_rows(int64_t rows, uint32_t seed) {
+  const int64_t cols = 4100;  // two chunks of the device kernel, the second of 4 columns
+  Gen g(DType::kF32, DType::kF32, seed);
+  std::vector<float> v = g.floats(rows * cols, -6, 6);
+  std::vector<uint8_t> flagged(static_cast<size_t>(rows), 0);
+  for (int64_t r = 0; r < rows; ++r) flagged[r] = r % 3 == 0 || r == 63 || r == 64 || r == 127;
+  // Each flagged row bans its own best column and, in the last chunk, column cols - 2: the
+  // banned ids are the same for all rows, so plant the best in a shared column.
+  const std::vector<int64_t> banned = {7, cols - 2};
+  for (int64_t r = 0; r < rows; ++r) v[r * cols + 7] = 50.0f + static_cast<float>(r % 5);
+  std::vector<int64_t> expected(static_cast<size_t>(rows));
+  for (int64_t r = 0; r < rows; ++r) {
+    int64_t best = -1;
+    for (int64_t c = 0; c < cols; ++c) {
+      if (flagged[r] && (c == banned[0] || c == banned[1])) continue;
+      if (best < 0 || v[r * cols + c] > v[r * cols + best]) best = c;
+    }
+    expected[r] = best;
+  }
+  int checked = 0;
+  for (NamedBackend& nb : available_backends()) {
+    const Tensor logits = nb.backend->allocator().upload(Tensor::from_vector(v, {rows, cols}));
+    std::vector<int64_t> got(static_cast<size_t>(rows), -2);
+    if (!nb.backend->argmax_rows(logits, got, banned, flagged)) continue;
+    EXPECT_EQ(got, expected) << nb.name << ", " << rows << " rows";
+    for (int64_t r = 0; r < rows; ++r) {
+      if (!flagged[r]) {
+        ASSERT_EQ(got[r], 7) << nb.name << " row " << r;
+      }
+    }
+    ++checked;
+  }
+  if (checked == 0) GTEST_SKIP() << "no backend here computes argmax on a device (CUDA does)";
+}
+
+TEST(BackendOps, ArgmaxRowsFlagsAsBitsAcrossWordBoundaries) { check_argmax_many_rows(130, 21); }
+
+TEST(BackendOps, ArgmaxRowsFlagsInDeviceMemoryPastTheMask) { check_argmax_many_rows(600, 22); }
 
 }  // namespace
 }  // namespace kiln::test

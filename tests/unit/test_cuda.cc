@@ -2,13 +2,20 @@
 // skipped, saying why, everywhere else.
 #include <gtest/gtest.h>
 
+#include <array>
 #include <string>
 
 #include "../scoped_env.h"
 #include "backend/backend.h"
 #include "backend/cuda_info.h"
 #if KILN_HAVE_CUDA
+#include <cuda_runtime.h>
+
+#include <cstring>
+#include <vector>
+
 #include "backend/cuda/cuda_kernels.h"
+#include "backend/cuda/kernels.cuh"
 #endif
 
 namespace kiln {
@@ -129,6 +136,52 @@ TEST(Cuda, MemoryPeakCountsBlocksFreedBeforeTheReading) {
   cuda_memory_peak_reset();
   EXPECT_LT(cuda_memory_peak_bytes(), cuda_memory_used_bytes() + kBlock / 2);
 }
+
+#if KILN_HAVE_CUDA
+// The kernel that uploads a decode step's layout and inputs (launch_uploads) copies every part:
+// pinned host sources (16-byte aligned with a tail of single bytes, unaligned, longer than one
+// block's share) and a device source; a second launch after the host rewrote its buffers reads
+// the new bytes, not lines cached from the first.
+TEST(Cuda, UploadsKernelCopiesHostAndDeviceParts) {
+  const CudaInfo info = query_cuda();
+  if (info.device_count == 0)
+    GTEST_SKIP() << "no GPU visible: " << (info.compiled ? info.error : "built without CUDA");
+  constexpr size_t kHost = 50000, kDevice = 4096;
+  unsigned char* host = nullptr;
+  unsigned char* dev = nullptr;
+  ASSERT_EQ(cudaMallocHost(&host, kHost), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&dev, 2 * kHost + kDevice), cudaSuccess);
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
+  // {source offset in host, bytes, destination offset in dev}
+  const std::vector<std::array<size_t, 3>> host_parts = {
+      {0, 1000, 0}, {4096 + 3, 77, 2048 + 5}, {8192, 40000, 8192}, {49000, 16, 49000}};
+  std::vector<unsigned char> device_src(kDevice);
+  for (size_t i = 0; i < kDevice; ++i) device_src[i] = static_cast<unsigned char>(i * 7 + 1);
+  unsigned char* dsrc = dev + 2 * kHost;
+  ASSERT_EQ(cudaMemcpy(dsrc, device_src.data(), kDevice, cudaMemcpyHostToDevice), cudaSuccess);
+  for (int round = 0; round < 2; ++round) {
+    for (size_t i = 0; i < kHost; ++i) host[i] = static_cast<unsigned char>(i * 13 + 29 * round);
+    ASSERT_EQ(cudaMemset(dev, 0, 2 * kHost), cudaSuccess);
+    cuda::UploadList list;
+    for (const auto& [from, bytes, to] : host_parts)
+      list.part[list.count++] = {host + from, dev + to, static_cast<long long>(bytes), true};
+    list.part[list.count++] = {dsrc + 16, dev + kHost + 16, static_cast<long long>(kDevice - 19),
+                               false};
+    cuda::launch_uploads(list, cuda::KernelStream(stream));
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    std::vector<unsigned char> got(2 * kHost);
+    ASSERT_EQ(cudaMemcpy(got.data(), dev, got.size(), cudaMemcpyDeviceToHost), cudaSuccess);
+    std::vector<unsigned char> want(2 * kHost, 0);
+    for (const auto& [from, bytes, to] : host_parts) std::memcpy(&want[to], host + from, bytes);
+    std::memcpy(&want[kHost + 16], device_src.data() + 16, kDevice - 19);
+    EXPECT_EQ(got, want) << "round " << round;
+  }
+  cudaStreamDestroy(stream);
+  cudaFree(dev);
+  cudaFreeHost(host);
+}
+#endif
 
 }  // namespace
 }  // namespace kiln

@@ -319,137 +319,6 @@ void CudaAllocator::copy_to_host(const Tensor& t, void* dst) {
   if (after_read_) after_read_();
 }
 
-// The kernels' fixed-size copy of the ids to ban (at most BannedIds::kMax, checked by callers).
-static BannedIds banned_ids(std::span<const int64_t> banned) {
-  BannedIds ids{};
-  ids.count = static_cast<int>(banned.size());
-  for (size_t i = 0; i < banned.size(); ++i) ids.id[i] = banned[i];
-  return ids;
-}
-
-void CudaContext::argmax_rows(const Tensor& logits, std::span<int64_t> out,
-                              std::span<const int64_t> banned,
-                              std::span<const uint8_t> banned_rows) {
-  start_argmax_rows(logits, banned, banned_rows);
-  finish_argmax_rows(out);
-}
-
-Tensor CudaContext::start_argmax_rows(const Tensor& logits, std::span<const int64_t> banned,
-                                      std::span<const uint8_t> banned_rows) {
-  KILN_CHECK(logits.device() == Device::kCuda && logits.rank() == 2, "argmax_rows: {} logits {}",
-             kiln::device_name(logits.device()), shape_str(logits.shape()));
-  const size_t rows = static_cast<size_t>(logits.dim(0));
-  KILN_CHECK(banned.size() <= static_cast<size_t>(BannedIds::kMax) &&
-                 (banned_rows.empty() || banned_rows.size() == rows),
-             "argmax_rows: {} banned ids (at most {}), {} row flags for {} rows", banned.size(),
-             BannedIds::kMax, banned_rows.size(), rows);
-  if (rows > argmax_capacity_) {
-    // The pinned copy of the last start may still be in flight.
-    KILN_CUDA_CHECK(cudaStreamSynchronize(stream_));
-    argmax_capacity_ = std::max<size_t>(rows, 256);
-    // The ids, then one flag byte per row (device and pinned host alike).
-    const size_t bytes = argmax_capacity_ * (sizeof(long long) + 1);
-    argmax_device_ = allocator_.allocate(bytes);
-    cudaFreeHost(argmax_host_);
-    argmax_host_ = nullptr;
-    void* host = nullptr;
-    KILN_CUDA_CHECK(cudaMallocHost(&host, bytes));
-    argmax_host_ = static_cast<unsigned char*>(host);
-  }
-  argmax_started_ = rows;
-  argmax_after_ = checks_made_;
-  auto* ids = static_cast<long long*>(argmax_device_.get());
-  if (rows == 0) return Tensor::view(DType::kI64, {0}, ids, argmax_device_, Device::kCuda);
-  unsigned char* flags = nullptr;
-  BannedIds ban{};
-  if (!banned.empty() && !banned_rows.empty()) {
-    // Through pinned memory: a copy from pageable memory may wait for the stream. The previous
-    // start's copy of the flags ran before its ids were read, which was before this start.
-    flags = reinterpret_cast<unsigned char*>(ids + argmax_capacity_);
-    unsigned char* staged = argmax_host_ + argmax_capacity_ * sizeof(long long);
-    std::memcpy(staged, banned_rows.data(), rows);
-    KILN_CUDA_CHECK(cudaMemcpyAsync(flags, staged, rows, cudaMemcpyHostToDevice, stream_));
-    ban = banned_ids(banned);
-  }
-  launch_argmax_rows(float_type(logits.dtype()), logits.raw(), logits.dim(0), logits.dim(1), ban,
-                     flags, ids, kernel_stream());
-  static_assert(sizeof(long long) == sizeof(int64_t));
-  KILN_CUDA_CHECK(cudaMemcpyAsync(argmax_host_, ids, rows * sizeof(long long),
-                                  cudaMemcpyDeviceToHost, stream_));
-  KILN_CUDA_CHECK(cudaEventRecord(argmax_copied_, stream_));
-  return Tensor::view(DType::kI64, {static_cast<int64_t>(rows)}, ids, argmax_device_,
-                      Device::kCuda);
-}
-
-void CudaContext::finish_argmax_rows(std::span<int64_t> out) {
-  KILN_CHECK(out.size() == argmax_started_, "finish_argmax_rows: {} outputs for {} rows",
-             out.size(), argmax_started_);
-  if (out.empty()) return;
-  KILN_CUDA_CHECK(cudaEventSynchronize(argmax_copied_));
-  KILN_CUDA_CHECK(cudaGetLastError());
-  // The checks of the steps queued before the argmax are due (their copies came before its
-  // ids'); a step queued after it (run-ahead) stays pending, even if it has finished: its
-  // errors are its own read's.
-  while (pending_ > 0 && checks_[first_check_].number <= argmax_after_) check_oldest();
-  std::memcpy(out.data(), argmax_host_, out.size() * sizeof(int64_t));
-}
-
-void CudaContext::top_k_rows(const Tensor& logits, int k, std::span<const float> temperature,
-                             std::span<const int64_t> banned, std::span<const uint8_t> banned_rows,
-                             TopKRows* out) {
-  const size_t rows = logits.rank() == 2 ? static_cast<size_t>(logits.dim(0)) : 0;
-  KILN_CHECK(logits.device() == Device::kCuda && logits.rank() == 2 && k >= 1 && k <= kMaxTopK,
-             "top_k_rows: {} logits {}, k {} (1..{})", kiln::device_name(logits.device()),
-             shape_str(logits.shape()), k, kMaxTopK);
-  KILN_CHECK((temperature.empty() || temperature.size() == rows) &&
-                 banned.size() <= static_cast<size_t>(BannedIds::kMax) &&
-                 (banned_rows.empty() || banned_rows.size() == rows),
-             "top_k_rows: {} temperatures, {} banned ids (at most {}), {} row flags for {} rows",
-             temperature.size(), banned.size(), BannedIds::kMax, banned_rows.size(), rows);
-  out->k = k;
-  out->ids.assign(rows * static_cast<size_t>(k), -1);
-  out->values.assign(rows * static_cast<size_t>(k), -INFINITY);
-  out->log_norm.assign(rows, 0.0f);
-  if (rows == 0) return;
-  const bool ban = !banned.empty() && !banned_rows.empty();
-  auto align = [](size_t n) { return (n + 255) / 256 * 256; };
-  // Inputs (temperatures, row flags), scratch, then the results in one piece to copy back.
-  const size_t in_bytes = align(rows * sizeof(float) + rows);
-  const size_t scratch_bytes = align(topk_scratch_bytes(logits.dim(0), logits.dim(1), k));
-  const size_t result_bytes =
-      rows * static_cast<size_t>(k) * (sizeof(float) + sizeof(int)) + rows * sizeof(float);
-  if (in_bytes + scratch_bytes + result_bytes > topk_capacity_) {
-    topk_capacity_ = in_bytes + scratch_bytes + result_bytes;
-    topk_device_ = allocator_.allocate(topk_capacity_);
-  }
-  auto* base = static_cast<unsigned char*>(topk_device_.get());
-  topk_host_.resize(std::max(in_bytes, result_bytes));
-  if (!temperature.empty()) std::memcpy(topk_host_.data(), temperature.data(), rows * 4);
-  if (ban) std::memcpy(topk_host_.data() + rows * sizeof(float), banned_rows.data(), rows);
-  if (!temperature.empty() || ban)
-    KILN_CUDA_CHECK(cudaMemcpyAsync(base, topk_host_.data(), rows * sizeof(float) + rows,
-                                    cudaMemcpyHostToDevice, stream_));
-  const BannedIds ids = ban ? banned_ids(banned) : BannedIds{};
-  unsigned char* result = base + in_bytes + scratch_bytes;
-  auto* values = reinterpret_cast<float*>(result);
-  auto* columns = reinterpret_cast<int*>(values + rows * k);
-  auto* log_norm = reinterpret_cast<float*>(columns + rows * k);
-  launch_topk_rows(float_type(logits.dtype()), logits.raw(), logits.dim(0), logits.dim(1), k,
-                   temperature.empty() ? nullptr : reinterpret_cast<const float*>(base), ids,
-                   ban ? base + rows * sizeof(float) : nullptr, base + in_bytes, values, columns,
-                   log_norm, kernel_stream());
-  KILN_CUDA_CHECK(cudaGetLastError());
-  KILN_CUDA_CHECK(
-      cudaMemcpyAsync(topk_host_.data(), result, result_bytes, cudaMemcpyDeviceToHost, stream_));
-  synchronize();
-  const size_t n = rows * static_cast<size_t>(k);
-  std::memcpy(out->values.data(), topk_host_.data(), n * sizeof(float));
-  const auto* host_columns = reinterpret_cast<const int*>(topk_host_.data() + n * sizeof(float));
-  for (size_t i = 0; i < n; ++i) out->ids[i] = host_columns[i];
-  std::memcpy(out->log_norm.data(), topk_host_.data() + n * (sizeof(float) + sizeof(int)),
-              rows * sizeof(float));
-}
-
 CudaContext::CudaContext(Context& host) : host_(host) {
   int count = 0;
   const cudaError_t err = cudaGetDeviceCount(&count);
@@ -559,8 +428,10 @@ CudaContext::~CudaContext() {
 void CudaContext::finish_step(const Graph& graph, bool wait) {
   if (pending_ == kMaxPending) check_oldest();
   PendingCheck& c = checks_[(first_check_ + pending_) % kMaxPending];
-  KILN_CUDA_CHECK(
-      cudaMemcpyAsync(c.host, status_, sizeof(DeviceStatus), cudaMemcpyDeviceToHost, stream_));
+  // A kernel, not a copy: between two decode steps each copy in the stream costs several
+  // microseconds of the GPU's time, a kernel under programmatic launch about one.
+  launch_publish_status(status_, c.host, kernel_stream());
+  KILN_CUDA_CHECK(cudaGetLastError());
   KILN_CUDA_CHECK(cudaEventRecord(c.copied, stream_));
   c.graph = &graph;
   c.number = ++checks_made_;
@@ -625,7 +496,26 @@ void CudaContext::forget_step(const Graph& graph) {
   }
 }
 
-void CudaContext::upload_step(const StepLayout& layout) {
+void CudaContext::launch_uploads(UploadList& list) {
+  long long total = 0;
+  for (int i = 0; i < list.count; ++i) total += list.part[i].bytes;
+  if (total <= UploadList::kMaxBytes) {
+    ::kiln::cuda::launch_uploads(list, kernel_stream());
+    KILN_CUDA_CHECK(cudaGetLastError());
+  } else {
+    for (int i = 0; i < list.count; ++i)
+      if (list.part[i].bytes > 0)
+        KILN_CUDA_CHECK(cudaMemcpyAsync(list.part[i].dst, list.part[i].src,
+                                        static_cast<size_t>(list.part[i].bytes), cudaMemcpyDefault,
+                                        stream_));
+  }
+  list.count = 0;
+  if (step_copy_due_) KILN_CUDA_CHECK(cudaEventRecord(step_copied_[step_half_], stream_));
+  step_copy_due_ = false;
+}
+
+void CudaContext::upload_step(const StepLayout& layout, UploadList& list) {
+  KILN_CHECK(list.count < UploadList::kMax, "upload_step: the upload list is full");
   const int seqs = layout.num_seqs();
   const int64_t tokens = layout.total_tokens();
   int cross_layers = 0;
@@ -684,8 +574,8 @@ void CudaContext::upload_step(const StepLayout& layout) {
   const size_t cross_off = static_cast<size_t>(at - ints_host);
   for (int s = 0; s < seqs; ++s)
     *at++ = layout.cross[s] != nullptr ? static_cast<int>(layout.cross[s]->length()) : 0;
-  KILN_CUDA_CHECK(cudaMemcpyAsync(step_device_, packed, bytes, cudaMemcpyHostToDevice, stream_));
-  KILN_CUDA_CHECK(cudaEventRecord(step_copied_[step_half_], stream_));
+  list.part[list.count++] = {packed, step_device_, static_cast<long long>(bytes), true};
+  step_copy_due_ = true;
   const void* const* dptr = static_cast<const void* const*>(step_device_);
   const int* dints = reinterpret_cast<const int*>(dptr + pointers);
   step_.num_seqs = seqs;

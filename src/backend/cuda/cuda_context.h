@@ -149,10 +149,10 @@ class CudaContext {
 
   DeviceStatus* status() { return status_; }
   // Ends a step of `graph`: the status word kernels report bad data in is copied to pinned host
-  // memory behind the step's kernels. With `wait` (or KILN_CUDA_DEFER_CHECK=0) it waits for the
-  // stream and checks it now; otherwise the check is pending and returns at once, so that the
-  // host queues what reads the step's results (the argmax, its copy back) while the GPU still
-  // runs the step: one wait a decode step instead of two. A pending check is made by the next
+  // memory behind the step's kernels (by a kernel). With `wait` (or KILN_CUDA_DEFER_CHECK=0) it
+  // waits for the stream and checks it now; otherwise the check is pending and returns at once, so
+  // that the host queues what reads the step's results (the argmax, its copy back) while the GPU
+  // still runs the step: one wait a decode step instead of two. A pending check is made by the next
   // synchronize() — every read of device results on the host goes through it or through
   // finish_argmax_rows — or before the next step begins (settle()). Up to kMaxPending checks
   // wait at once (a step queued behind an unread one: StepContext::behind_unread); a third
@@ -174,8 +174,13 @@ class CudaContext {
   // whatever they reported (the step's error is the one being thrown).
   void abandon_step();
 
-  // Uploads the step's layout (one copy) and makes it the current one kernels read.
-  void upload_step(const StepLayout& layout);
+  // Packs the step's layout into pinned memory, adds its upload to `list` and makes it the
+  // current one kernels read; launch_uploads (which must follow, before the step's kernels)
+  // enqueues it.
+  void upload_step(const StepLayout& layout, UploadList& list);
+  // Enqueues the uploads of `list` (one kernel, or copies past UploadList::kMaxBytes) and
+  // empties it; the layout's pinned half is reusable once they have run.
+  void launch_uploads(UploadList& list);
   // The device buffer the current step's layout is in (its address changes only when a step
   // needs more room than any before).
   const void* step_buffer() const { return step_device_; }
@@ -194,10 +199,10 @@ class CudaContext {
   // rows flagged by `banned_rows` (empty: none); at most BannedIds::kMax ids.
   void argmax_rows(const Tensor& logits, std::span<int64_t> out,
                    std::span<const int64_t> banned = {}, std::span<const uint8_t> banned_rows = {});
-  // The same in two halves (Backend::start_argmax_rows): the start queues the argmax and the
-  // copy of its ids to pinned memory and returns the device ids ([rows] int64, until the next
-  // start); the finish waits for that copy only (not for steps queued after it), makes the
-  // pending checks it passed, and copies the ids to `out`.
+  // The same in two halves (Backend::start_argmax_rows): the start queues the argmax, whose
+  // kernel writes the ids to pinned memory too, and returns the device ids ([rows] int64, until
+  // the next start); the finish waits for that kernel only (not for steps queued after it),
+  // makes the pending checks it passed, and copies the ids to `out`.
   Tensor start_argmax_rows(const Tensor& logits, std::span<const int64_t> banned,
                            std::span<const uint8_t> banned_rows);
   void finish_argmax_rows(std::span<int64_t> out);
@@ -276,6 +281,7 @@ class CudaContext {
   void* step_host_ = nullptr;
   cudaEvent_t step_copied_[2] = {nullptr, nullptr};
   int step_half_ = 0;
+  bool step_copy_due_ = false;  // upload_step added a part launch_uploads has not enqueued
   void* step_device_ = nullptr;
   size_t step_capacity_ = 0;
   int block_stride_ = 0;
@@ -287,10 +293,11 @@ class CudaContext {
   // Keyed by the host bytes; the host tensor is kept so that its address is not reused.
   std::map<const void*, std::pair<Tensor, Tensor>> weights_;
   std::map<std::tuple<DType, int64_t, float>, Tensor> filled_;
-  std::shared_ptr<void> argmax_device_;   // ids, then a flag byte per row
+  std::shared_ptr<void> argmax_device_;   // ids, then a flag byte per row, then scratch
   unsigned char* argmax_host_ = nullptr;  // pinned: the same
   size_t argmax_capacity_ = 0;
-  size_t argmax_started_ = 0;  // rows of the last start_argmax_rows
+  size_t argmax_scratch_capacity_ = 0;  // bytes of the chunks' keys after them
+  size_t argmax_started_ = 0;           // rows of the last start_argmax_rows
   cudaEvent_t argmax_copied_ = nullptr;
   // Device memory of top_k_rows: its inputs, scratch and results, grown when a call needs more.
   std::shared_ptr<void> topk_device_;

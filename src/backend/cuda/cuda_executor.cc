@@ -250,6 +250,8 @@ std::span<const Tensor> CudaExecutor::execute(std::span<const Tensor> inputs,
   // read reports it, and the stream keeps the order.
   if (step == nullptr || !step->behind_unread) ctx_.settle();
   const StepShape shape = bind_step_inputs(graph_, profile_, inputs);
+  // The step's layout and inputs go to the device together, in one kernel where they fit.
+  UploadList uploads;
   const Bindings& bindings = shape.bindings;
   const int64_t bucket = shape.bucket;
   if (has_attention_) {
@@ -258,7 +260,7 @@ std::span<const Tensor> CudaExecutor::execute(std::span<const Tensor> inputs,
                "graph '{}': the KV storage is in {} memory, the cuda kernels read device memory",
                graph_.name, device_name(step->kv->device()));
     if (step->kv && !step->layout->copies.empty()) step->kv->copy_blocks(step->layout->copies);
-    ctx_.upload_step(*step->layout);
+    ctx_.upload_step(*step->layout, uploads);
   }
   Arena& arena = arena_for(bucket);
   char* base = static_cast<char*>(arena.memory.get());
@@ -291,10 +293,14 @@ std::span<const Tensor> CudaExecutor::execute(std::span<const Tensor> inputs,
         src = staged;
         staged += aligned(static_cast<int64_t>(t.nbytes()));
       }
-      if (t.nbytes() > 0)
-        KILN_CUDA_CHECK(cudaMemcpyAsync(dst, src, t.nbytes(), cudaMemcpyDefault, ctx_.stream()));
+      if (t.nbytes() > 0) {
+        if (uploads.count == UploadList::kMax) ctx_.launch_uploads(uploads);
+        uploads.part[uploads.count++] = {src, dst, static_cast<long long>(t.nbytes()),
+                                         t.device() != Device::kCuda};
+      }
       values_[id] = Tensor::view(t.dtype(), t.shape(), dst, arena.memory, Device::kCuda);
     }
+    ctx_.launch_uploads(uploads);
   }
   GraphKey key;
   if (graphed) key = graph_key(shape.tokens, step);

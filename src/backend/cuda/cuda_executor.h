@@ -1,8 +1,8 @@
 // The CUDA graph executor: the shared executor's contract (bind the step's symbols, pick the
 // bucket, place every activation in the bucket's arena, run the node kernels in order) with
 // device memory. Weights are device copies made once when the graph is compiled; host inputs
-// are copied into a staging area of the bucket's arena; the step's layout goes to the device in
-// one copy; after the kernels the stream is drained and any bad data a kernel reported becomes
+// are copied into a staging area of the bucket's arena, together with the step's layout (one
+// kernel reading pinned host memory: CudaContext::launch_uploads); after the kernels the stream is drained and any bad data a kernel reported becomes
 // a kiln::Error. Outputs are device tensors, valid until the next execute().
 //
 // Steps of up to kMaxGraphTokens tokens (decode steps) are replayed from CUDA graphs: the second

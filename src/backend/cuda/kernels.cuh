@@ -69,6 +69,28 @@ struct CopyPart {
   long long bytes;
 };
 void launch_copy_parts(const CopyPart* parts, int64_t count, KernelStream stream);
+// A step's uploads (its layout and inputs) as one kernel, the parts passed by value: dst[0,
+// bytes) = src[0, bytes) for each. `host` parts read pinned host memory (addressable from the
+// GPU under unified addressing) that nothing on the GPU writes: they are read before the wait for
+// the kernel before this one, uncached (the host rewrites them between steps); the others are
+// device memory read after that wait. Between two decode steps a kernel costs less than a copy
+// in the stream, and one replaces several.
+struct UploadPart {
+  const void* src;
+  void* dst;
+  long long bytes;
+  bool host;
+};
+struct UploadList {
+  static constexpr int kMax = 8;
+  static constexpr long long kMaxBytes = 64 << 10;  // more goes by cudaMemcpyAsync (CudaContext)
+  int count = 0;
+  UploadPart part[kMax];
+};
+void launch_uploads(const UploadList& list, KernelStream stream);
+// *host = *status, host in pinned host memory: a step's status word for the host's check
+// without a copy in the stream.
+void launch_publish_status(const DeviceStatus* status, DeviceStatus* host, KernelStream stream);
 void launch_cast(FloatType from, FloatType to, const void* x, void* y, int64_t n,
                  KernelStream stream);
 // y = act(x) (y may be x)
@@ -246,12 +268,20 @@ struct BannedIds {
   int count;
   long long id[kMax];
 };
+// Row flags by value, for steps of up to kRows rows: bit r of the mask is row r's flag.
+struct RowMask {
+  static constexpr int kRows = 512;
+  unsigned long long bits[kRows / 64];
+};
 // out[r] = the first index of the largest value of row r of x [rows, cols] (greedy decoding:
-// only token ids leave the GPU), skipping banned.id[] in the rows r where ban_row[r] is non-zero
-// (ban_row may be null: no row bans).
+// only token ids leave the GPU), skipping banned.id[] in the rows r whose flag is set: ban_row[r]
+// non-zero (device memory), or, where ban_row is null, bit r of `mask` (no row bans: all zero).
+// host_out (may be null): pinned host memory the kernel writes the ids to as well, so that the
+// host needs no copy after it. scratch holds argmax_scratch_bytes(). Two kernels, no memset.
+size_t argmax_scratch_bytes(int64_t rows, int64_t cols);
 void launch_argmax_rows(FloatType t, const void* x, int64_t rows, int64_t cols,
-                        const BannedIds& banned, const unsigned char* ban_row, long long* out,
-                        KernelStream stream);
+                        const BannedIds& banned, const unsigned char* ban_row, const RowMask& mask,
+                        void* scratch, long long* out, long long* host_out, KernelStream stream);
 // The k best columns of each row r of x [rows, cols] (select.cu), for sampling and beam search:
 // values[r*k + j] = x[r][c] / temperature[r] (temperature null: no scaling) of the j-th best c,
 // best first, ties to the lower column, with banned.id[] skipped where ban_row[r] is non-zero;

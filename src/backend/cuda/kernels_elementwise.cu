@@ -2,6 +2,8 @@
 // cast, activations (plain, gated, and the bias + activation that follows a cuBLASLt GEMM). Every
 // element is computed in fp32 from its own inputs and rounded once, to nearest even, into the
 // output type.
+#include <algorithm>
+
 #include "backend/cuda/device_types.cuh"
 
 namespace kiln::cuda {
@@ -31,6 +33,54 @@ __global__ void copy_parts_kernel(const CopyPart* parts, int64_t count) {
       for (long long j = threadIdx.x; j < c.bytes; j += blockDim.x) dst[j] = src[j];
     }
   }
+}
+
+// Block (b, i) copies units b * blockDim.x + threadIdx.x, then a grid's worth further on, ... of
+// part i: 16 bytes where source and destination are 16-byte aligned, then the last bytes singly
+// (all singly otherwise). A host part's first unit is loaded before the wait (.cv: never a
+// cached line, the host rewrites these buffers between steps), so that a thread's read across
+// the bus overlaps the kernel before this one.
+struct UploadUnit {
+  uint4 wide;
+  unsigned char byte;
+};
+
+__global__ void uploads_kernel(UploadList list) {
+  const UploadPart p = list.part[blockIdx.y];
+  const bool aligned =
+      ((reinterpret_cast<uintptr_t>(p.src) | reinterpret_cast<uintptr_t>(p.dst)) & 15) == 0;
+  const long long wide = aligned ? p.bytes / 16 : 0;  // units 0 .. wide - 1: 16 bytes each
+  const long long units = wide + (p.bytes - wide * 16);
+  const long long stride = static_cast<long long>(gridDim.x) * blockDim.x;
+  const long long first = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const auto* src = static_cast<const unsigned char*>(p.src);
+  auto* dst = static_cast<unsigned char*>(p.dst);
+  auto load = [&](long long j) {
+    UploadUnit u{};
+    const unsigned char* at = j < wide ? src + j * 16 : src + wide * 16 + (j - wide);
+    if (j < wide)
+      u.wide =
+          p.host ? __ldcv(reinterpret_cast<const uint4*>(at)) : *reinterpret_cast<const uint4*>(at);
+    else
+      u.byte = p.host ? __ldcv(at) : *at;
+    return u;
+  };
+  UploadUnit u{};
+  if (p.host && first < units) u = load(first);
+  pdl_wait();
+  pdl_trigger();
+  for (long long j = first; j < units; j += stride) {
+    if (j != first || !p.host) u = load(j);
+    if (j < wide)
+      *reinterpret_cast<uint4*>(dst + j * 16) = u.wide;
+    else
+      dst[wide * 16 + (j - wide)] = u.byte;
+  }
+}
+
+__global__ void publish_status_kernel(const DeviceStatus* status, DeviceStatus* host) {
+  pdl_begin();
+  if (threadIdx.x == 0) *host = *status;
 }
 
 // One block per output row; the rows are plain copies of table rows.
@@ -241,6 +291,20 @@ void launch_copy_parts(const CopyPart* parts, int64_t count, KernelStream stream
   if (count == 0) return;
   launch(copy_parts_kernel, dim3(static_cast<unsigned>(count < 65535 ? count : 65535)), kThreads, 0,
          stream, parts, count);
+}
+
+void launch_uploads(const UploadList& list, KernelStream stream) {
+  long long most = 0;  // units of the largest part (16-byte ones, then single bytes)
+  for (int i = 0; i < list.count; ++i)
+    most = std::max(most, list.part[i].bytes / 16 + list.part[i].bytes % 16);
+  if (most == 0) return;
+  const long long blocks = std::min<long long>((most + kThreads - 1) / kThreads, 64);
+  launch(uploads_kernel, dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(list.count)),
+         kThreads, 0, stream, list);
+}
+
+void launch_publish_status(const DeviceStatus* status, DeviceStatus* host, KernelStream stream) {
+  launch(publish_status_kernel, 1, 32, 0, stream, status, host);
 }
 
 void launch_cast(FloatType from, FloatType to, const void* x, void* y, int64_t n,

@@ -58,13 +58,24 @@ __device__ __forceinline__ unsigned long long block_max_key(unsigned long long k
   return best;
 }
 
+// Whether row r bans the BannedIds: its flag byte (ban_row, device memory) or, for up to
+// RowMask::kRows rows, its bit of the mask passed by value (no copy of flags before the kernel).
+__device__ __forceinline__ bool row_bans(const unsigned char* ban_row, const RowMask& mask,
+                                         int64_t r) {
+  if (ban_row != nullptr) return ban_row[r] != 0;
+  return r < RowMask::kRows && ((mask.bits[r >> 6] >> (r & 63)) & 1ull) != 0;
+}
+
+// Block (c, r): the largest key of chunk c of row r into keys[r * chunks + c] (0: none). No
+// atomics, so nothing to clear before it.
 template <typename T>
 __global__ void argmax_kernel(const T* x, int64_t cols, BannedIds banned,
-                              const unsigned char* ban_row, unsigned long long* keys) {
+                              const unsigned char* ban_row, RowMask mask,
+                              unsigned long long* keys) {
   pdl_begin();
   const int64_t r = blockIdx.y;
   const T* row = x + r * cols;
-  const int bans = ban_row != nullptr && ban_row[r] != 0 ? banned.count : 0;
+  const int bans = row_bans(ban_row, mask, r) ? banned.count : 0;
   const int64_t begin = static_cast<int64_t>(blockIdx.x) * kChunk;
   const int64_t end = min(cols, begin + kChunk);
   unsigned long long best = 0;
@@ -74,15 +85,28 @@ __global__ void argmax_kernel(const T* x, int64_t cols, BannedIds banned,
     best = k > best ? k : best;
   }
   best = block_max_key(best);
-  if (threadIdx.x == 0 && best != 0) atomicMax(keys + r, best);
+  if (threadIdx.x == 0) keys[r * gridDim.x + blockIdx.x] = best;
 }
 
-__global__ void argmax_decode(unsigned long long* keys, int64_t rows) {
+// A warp per row: the best of the row's chunk keys, as a column (-1: every column banned), into
+// out[r] and, when not null, host_out[r] (pinned host memory: the ids reach the host without a
+// copy after the kernel).
+__global__ void argmax_decode(const unsigned long long* keys, int chunks, int64_t rows,
+                              long long* out, long long* host_out) {
   pdl_begin();
-  const int64_t r = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  const int64_t r = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
+  const int lane = threadIdx.x & 31;
   if (r >= rows) return;
-  const unsigned long long k = keys[r];
-  reinterpret_cast<long long*>(keys)[r] = k == 0 ? -1 : key_column(k);
+  unsigned long long best = 0;
+  for (int c = lane; c < chunks; c += 32) {
+    const unsigned long long k = keys[r * chunks + c];
+    best = k > best ? k : best;
+  }
+  best = warp_max_key(best);
+  if (lane != 0) return;
+  const long long id = best == 0 ? -1 : key_column(best);
+  out[r] = id;
+  if (host_out != nullptr) host_out[r] = id;
 }
 
 // Top-k, phase 1: block (c, r) selects the k best keys of chunk c of row r (values divided by the
@@ -174,19 +198,25 @@ int chunks_of(int64_t cols) { return static_cast<int>((cols + kChunk - 1) / kChu
 
 }  // namespace
 
+size_t argmax_scratch_bytes(int64_t rows, int64_t cols) {
+  return static_cast<size_t>(rows) * static_cast<size_t>(chunks_of(cols)) *
+         sizeof(unsigned long long);
+}
+
 void launch_argmax_rows(FloatType t, const void* x, int64_t rows, int64_t cols,
-                        const BannedIds& banned, const unsigned char* ban_row, long long* out,
-                        KernelStream stream) {
+                        const BannedIds& banned, const unsigned char* ban_row, const RowMask& mask,
+                        void* scratch, long long* out, long long* host_out, KernelStream stream) {
   if (rows == 0) return;
-  auto* keys = reinterpret_cast<unsigned long long*>(out);
-  cudaMemsetAsync(keys, 0, static_cast<size_t>(rows) * sizeof(unsigned long long), stream.stream);
-  const dim3 grid(static_cast<unsigned>(chunks_of(cols)), static_cast<unsigned>(rows));
+  auto* keys = static_cast<unsigned long long*>(scratch);
+  const int chunks = chunks_of(cols);
+  const dim3 grid(static_cast<unsigned>(chunks), static_cast<unsigned>(rows));
   dispatch_float(t, [&](auto tag) {
     using T = decltype(tag);
     launch(argmax_kernel<T>, grid, kSelectThreads, 0, stream, static_cast<const T*>(x), cols,
-           banned, ban_row, keys);
+           banned, ban_row, mask, keys);
   });
-  launch(argmax_decode, grid_for(rows, 256), 256, 0, stream, keys, rows);
+  launch(argmax_decode, grid_for(rows * 32, 256), 256, 0, stream, keys, chunks, rows, out,
+         host_out);
 }
 
 size_t topk_scratch_bytes(int64_t rows, int64_t cols, int k) {

@@ -1,0 +1,157 @@
+// CudaContext's token selection where the logits live (select.cu's kernels): the greedy argmax
+// of decode steps, whose ids reach pinned host memory from the kernel itself, and the k best
+// tokens of each row for sampling and beam search.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "backend/cuda/cuda_context.h"
+
+namespace kiln::cuda {
+
+// The kernels' fixed-size copy of the ids to ban (at most BannedIds::kMax, checked by callers).
+static BannedIds banned_ids(std::span<const int64_t> banned) {
+  BannedIds ids{};
+  ids.count = static_cast<int>(banned.size());
+  for (size_t i = 0; i < banned.size(); ++i) ids.id[i] = banned[i];
+  return ids;
+}
+
+void CudaContext::argmax_rows(const Tensor& logits, std::span<int64_t> out,
+                              std::span<const int64_t> banned,
+                              std::span<const uint8_t> banned_rows) {
+  start_argmax_rows(logits, banned, banned_rows);
+  finish_argmax_rows(out);
+}
+
+Tensor CudaContext::start_argmax_rows(const Tensor& logits, std::span<const int64_t> banned,
+                                      std::span<const uint8_t> banned_rows) {
+  KILN_CHECK(logits.device() == Device::kCuda && logits.rank() == 2, "argmax_rows: {} logits {}",
+             kiln::device_name(logits.device()), shape_str(logits.shape()));
+  const size_t rows = static_cast<size_t>(logits.dim(0));
+  KILN_CHECK(banned.size() <= static_cast<size_t>(BannedIds::kMax) &&
+                 (banned_rows.empty() || banned_rows.size() == rows),
+             "argmax_rows: {} banned ids (at most {}), {} row flags for {} rows", banned.size(),
+             BannedIds::kMax, banned_rows.size(), rows);
+  const size_t scratch = argmax_scratch_bytes(logits.dim(0), logits.dim(1));
+  if (rows > argmax_capacity_ || scratch > argmax_scratch_capacity_) {
+    // The last start's kernels may still write its buffers.
+    KILN_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    argmax_capacity_ = std::max<size_t>({rows, argmax_capacity_, 256});
+    argmax_scratch_capacity_ = std::max(scratch, argmax_scratch_capacity_);
+    // The ids, then one flag byte per row (device and pinned host alike), then the chunks'
+    // keys (device only).
+    const size_t bytes = argmax_capacity_ * (sizeof(long long) + 1);
+    argmax_device_ = allocator_.allocate(bytes + 256 + argmax_scratch_capacity_);
+    cudaFreeHost(argmax_host_);
+    argmax_host_ = nullptr;
+    void* host = nullptr;
+    KILN_CUDA_CHECK(cudaMallocHost(&host, bytes));
+    argmax_host_ = static_cast<unsigned char*>(host);
+  }
+  argmax_started_ = rows;
+  argmax_after_ = checks_made_;
+  auto* ids = static_cast<long long*>(argmax_device_.get());
+  if (rows == 0) return Tensor::view(DType::kI64, {0}, ids, argmax_device_, Device::kCuda);
+  unsigned char* flags = nullptr;
+  BannedIds ban{};
+  RowMask mask{};
+  if (!banned.empty() && !banned_rows.empty()) {
+    ban = banned_ids(banned);
+    if (rows <= static_cast<size_t>(RowMask::kRows)) {
+      // By value, in the kernel's parameters: no copy to wait for before it.
+      for (size_t r = 0; r < rows; ++r)
+        if (banned_rows[r] != 0) mask.bits[r / 64] |= 1ull << (r % 64);
+    } else {
+      // Through pinned memory: a copy from pageable memory may wait for the stream. The
+      // previous start's copy of the flags ran before its ids were read, which was before this
+      // start.
+      flags = reinterpret_cast<unsigned char*>(ids + argmax_capacity_);
+      unsigned char* staged = argmax_host_ + argmax_capacity_ * sizeof(long long);
+      std::memcpy(staged, banned_rows.data(), rows);
+      KILN_CUDA_CHECK(cudaMemcpyAsync(flags, staged, rows, cudaMemcpyHostToDevice, stream_));
+    }
+  }
+  // The decode kernel writes the ids to the pinned host buffer too (mapped: pinned memory is
+  // addressable from the GPU under unified addressing), so no copy follows it: copies in the
+  // stream cost several microseconds each between two decode steps.
+  static_assert(sizeof(long long) == sizeof(int64_t));
+  const size_t keys_at = (argmax_capacity_ * (sizeof(long long) + 1) + 255) / 256 * 256;
+  launch_argmax_rows(float_type(logits.dtype()), logits.raw(), logits.dim(0), logits.dim(1), ban,
+                     flags, mask, static_cast<char*>(argmax_device_.get()) + keys_at, ids,
+                     reinterpret_cast<long long*>(argmax_host_), kernel_stream());
+  KILN_CUDA_CHECK(cudaEventRecord(argmax_copied_, stream_));
+  return Tensor::view(DType::kI64, {static_cast<int64_t>(rows)}, ids, argmax_device_,
+                      Device::kCuda);
+}
+
+void CudaContext::finish_argmax_rows(std::span<int64_t> out) {
+  KILN_CHECK(out.size() == argmax_started_, "finish_argmax_rows: {} outputs for {} rows",
+             out.size(), argmax_started_);
+  if (out.empty()) return;
+  KILN_CUDA_CHECK(cudaEventSynchronize(argmax_copied_));
+  KILN_CUDA_CHECK(cudaGetLastError());
+  // The checks of the steps queued before the argmax are due (their copies came before its
+  // ids'); a step queued after it (run-ahead) stays pending, even if it has finished: its
+  // errors are its own read's.
+  while (pending_ > 0 && checks_[first_check_].number <= argmax_after_) check_oldest();
+  std::memcpy(out.data(), argmax_host_, out.size() * sizeof(int64_t));
+}
+
+void CudaContext::top_k_rows(const Tensor& logits, int k, std::span<const float> temperature,
+                             std::span<const int64_t> banned, std::span<const uint8_t> banned_rows,
+                             TopKRows* out) {
+  const size_t rows = logits.rank() == 2 ? static_cast<size_t>(logits.dim(0)) : 0;
+  KILN_CHECK(logits.device() == Device::kCuda && logits.rank() == 2 && k >= 1 && k <= kMaxTopK,
+             "top_k_rows: {} logits {}, k {} (1..{})", kiln::device_name(logits.device()),
+             shape_str(logits.shape()), k, kMaxTopK);
+  KILN_CHECK((temperature.empty() || temperature.size() == rows) &&
+                 banned.size() <= static_cast<size_t>(BannedIds::kMax) &&
+                 (banned_rows.empty() || banned_rows.size() == rows),
+             "top_k_rows: {} temperatures, {} banned ids (at most {}), {} row flags for {} rows",
+             temperature.size(), banned.size(), BannedIds::kMax, banned_rows.size(), rows);
+  out->k = k;
+  out->ids.assign(rows * static_cast<size_t>(k), -1);
+  out->values.assign(rows * static_cast<size_t>(k), -INFINITY);
+  out->log_norm.assign(rows, 0.0f);
+  if (rows == 0) return;
+  const bool ban = !banned.empty() && !banned_rows.empty();
+  auto align = [](size_t n) { return (n + 255) / 256 * 256; };
+  // Inputs (temperatures, row flags), scratch, then the results in one piece to copy back.
+  const size_t in_bytes = align(rows * sizeof(float) + rows);
+  const size_t scratch_bytes = align(topk_scratch_bytes(logits.dim(0), logits.dim(1), k));
+  const size_t result_bytes =
+      rows * static_cast<size_t>(k) * (sizeof(float) + sizeof(int)) + rows * sizeof(float);
+  if (in_bytes + scratch_bytes + result_bytes > topk_capacity_) {
+    topk_capacity_ = in_bytes + scratch_bytes + result_bytes;
+    topk_device_ = allocator_.allocate(topk_capacity_);
+  }
+  auto* base = static_cast<unsigned char*>(topk_device_.get());
+  topk_host_.resize(std::max(in_bytes, result_bytes));
+  if (!temperature.empty()) std::memcpy(topk_host_.data(), temperature.data(), rows * 4);
+  if (ban) std::memcpy(topk_host_.data() + rows * sizeof(float), banned_rows.data(), rows);
+  if (!temperature.empty() || ban)
+    KILN_CUDA_CHECK(cudaMemcpyAsync(base, topk_host_.data(), rows * sizeof(float) + rows,
+                                    cudaMemcpyHostToDevice, stream_));
+  const BannedIds ids = ban ? banned_ids(banned) : BannedIds{};
+  unsigned char* result = base + in_bytes + scratch_bytes;
+  auto* values = reinterpret_cast<float*>(result);
+  auto* columns = reinterpret_cast<int*>(values + rows * k);
+  auto* log_norm = reinterpret_cast<float*>(columns + rows * k);
+  launch_topk_rows(float_type(logits.dtype()), logits.raw(), logits.dim(0), logits.dim(1), k,
+                   temperature.empty() ? nullptr : reinterpret_cast<const float*>(base), ids,
+                   ban ? base + rows * sizeof(float) : nullptr, base + in_bytes, values, columns,
+                   log_norm, kernel_stream());
+  KILN_CUDA_CHECK(cudaGetLastError());
+  KILN_CUDA_CHECK(
+      cudaMemcpyAsync(topk_host_.data(), result, result_bytes, cudaMemcpyDeviceToHost, stream_));
+  synchronize();
+  const size_t n = rows * static_cast<size_t>(k);
+  std::memcpy(out->values.data(), topk_host_.data(), n * sizeof(float));
+  const auto* host_columns = reinterpret_cast<const int*>(topk_host_.data() + n * sizeof(float));
+  for (size_t i = 0; i < n; ++i) out->ids[i] = host_columns[i];
+  std::memcpy(out->log_norm.data(), topk_host_.data() + n * (sizeof(float) + sizeof(int)),
+              rows * sizeof(float));
+}
+
+}  // namespace kiln::cuda
