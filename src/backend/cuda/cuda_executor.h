@@ -2,8 +2,9 @@
 // bucket, place every activation in the bucket's arena, run the node kernels in order) with
 // device memory. Weights are device copies made once when the graph is compiled; host inputs
 // are copied into a staging area of the bucket's arena, together with the step's layout (one
-// kernel reading pinned host memory: CudaContext::launch_uploads); after the kernels the stream is drained and any bad data a kernel reported becomes
-// a kiln::Error. Outputs are device tensors, valid until the next execute().
+// kernel reading pinned host memory: CudaContext::launch_uploads); after the kernels the stream is
+// drained and any bad data a kernel reported becomes a kiln::Error. Outputs are device tensors,
+// valid until the next execute().
 //
 // Steps of up to kMaxGraphTokens tokens (decode steps) are replayed from CUDA graphs: the second
 // time a step of the same shape runs (same token and sequence counts, same device layout buffer
