@@ -94,8 +94,34 @@ __global__ void __launch_bounds__(kWarps * 32, kNorm ? 4 : 1)
   // The first weights are loaded before waiting for the kernel that writes x (weights are
   // constant): with programmatic dependent launch they stream while that kernel finishes.
   if (f0 < out) load_weights(c);
+  // Lane k * N + r of the warps that store (the first of each split group) stores row r of
+  // feature f0 + k. Its bias and row sum are constants: loaded now too. Loaded where they are
+  // used, after the products and the block's barrier, they were dependent trips to memory at
+  // the end of every GEMV, on the chain of kernels a decode step waits for. The folded-norm
+  // instances, held to 64 registers, keep them in shared memory (in registers they spilled),
+  // each thread its own slots; the others keep them in registers and read the residual (written
+  // by an earlier kernel) right after the wait, in flight during the products.
+  __shared__ float epilogue_s[kNorm ? 2 * kWarps * 32 : 1];
+  float bias_v = 0.0f, res_v = 0.0f;
+  {
+    const int k = lane / N;
+    if (sub == 0 && k < kFeatures && f0 + k < out) {
+      const float b = bias != nullptr ? to_float(bias[f0 + k]) : 0.0f;
+      if constexpr (kNorm) {
+        epilogue_s[threadIdx.x] = b;
+        epilogue_s[kWarps * 32 + threadIdx.x] = row_sums != nullptr ? row_sums[f0 + k] : 0.0f;
+      } else {
+        bias_v = b;
+      }
+    }
+  }
   pdl_wait();
   pdl_trigger();
+  if constexpr (!kNorm) {
+    const int k = lane / N;
+    if (sub == 0 && k < kFeatures && f0 + k < out && residual != nullptr)
+      res_v = to_float(residual[static_cast<int64_t>(lane % N) * out + f0 + k]);
+  }
   // A folded LayerNorm works on x minus the row's first element: the sums of squares and the
   // products then do not cancel when the row's mean is large against its spread.
   float shift[N];
@@ -165,6 +191,11 @@ __global__ void __launch_bounds__(kWarps * 32, kNorm ? 4 : 1)
   // Lane k * N + r stores row r of feature f0 + k.
   const int kk = lane / N, rr = lane % N;
   if (kk >= kFeatures || f0 + kk >= out) return;
+  float row_sum = 0.0f;
+  if constexpr (kNorm) {
+    bias_v = epilogue_s[threadIdx.x];
+    row_sum = epilogue_s[kWarps * 32 + threadIdx.x];
+  }
   float v = 0.0f;
 #pragma unroll
   for (int k = 0; k < kFeatures; ++k)
@@ -186,17 +217,17 @@ __global__ void __launch_bounds__(kWarps * 32, kNorm ? 4 : 1)
       // · w, var(x) = var(d).
       const float mean = sum / in;
       const float var = fmaxf(squares / in - mean * mean, 0.0f);
-      v = rsqrtf(var + eps) * fmaf(-mean, row_sums[f], v);
+      v = rsqrtf(var + eps) * fmaf(-mean, row_sum, v);
     } else {  // RMSNorm (no shift)
       v *= rsqrtf(squares / in + eps);
     }
   }
-  if (bias != nullptr) v += to_float(bias[f]);
+  if (bias != nullptr) v += bias_v;
   v = round_as<T>(v);
   if (has_act) v = apply_act(act, v);
   const int64_t at = static_cast<int64_t>(rr) * out + f;
   // A fused residual add rounds like the Add it replaces: (residual + round(y)), rounded.
-  if (residual != nullptr) v = round_as<T>(v) + to_float(residual[at]);
+  if (residual != nullptr) v = round_as<T>(v) + (kNorm ? to_float(residual[at]) : res_v);
   y[at] = from_float<T>(v);
 }
 

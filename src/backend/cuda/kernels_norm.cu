@@ -69,26 +69,63 @@ __global__ void layer_norm_kernel(const T* x, const W* w, const W* b, T* y, int6
 // The three norms on rows of whole 16-byte vectors (vec_fits): a thread per vector of the row
 // (a 1024-wide fp16 row is 128 threads with one 16-byte load each, not 1024 threads with a
 // 2-byte load each and a 32-warp reduction). The same arithmetic per element; the fp32 sums
-// group the row's values differently.
+// group the row's values differently. Each thread's first vector of the weights (and bias) is
+// loaded before the wait for the kernel before it: loaded at the store, they were a trip to
+// memory at the end of the kernel, on the chain a decode step waits for. Rows of at most one
+// vector a thread (d <= 8 * 1024 in fp16) keep their values in registers between the passes.
+template <typename W, int N>
+struct RowWeights {
+  float w[N], b[N];
+};
+template <typename W, int N>
+__device__ __forceinline__ RowWeights<W, N> first_weights(const W* w, const W* b, int64_t vecs) {
+  RowWeights<W, N> r{};
+  const int64_t c = threadIdx.x;
+  if (c >= vecs) return r;
+#pragma unroll
+  for (int k = 0; k < N; ++k) {
+    r.w[k] = to_float(w[c * N + k]);
+    r.b[k] = b != nullptr ? to_float(b[c * N + k]) : 0.0f;
+  }
+  return r;
+}
+
 template <typename T, typename W>
 __global__ void rms_norm_vec_kernel(const T* x, const W* w, T* y, int64_t d, float eps) {
   constexpr int N = kVec<T>;
+  const int64_t vecs = d / N;
+  const RowWeights<W, N> first = first_weights<W, N>(w, nullptr, vecs);
   pdl_begin();
   const T* xr = x + blockIdx.x * d;
   T* yr = y + blockIdx.x * d;
+  if (vecs <= static_cast<int64_t>(blockDim.x)) {  // one vector a thread (uniform)
+    const int64_t c = threadIdx.x;
+    float v[N] = {};
+    if (c < vecs) load_vec(xr + c * N, v);
+    float sum_sq = 0.0f;
+#pragma unroll
+    for (int k = 0; k < N; ++k) sum_sq += v[k] * v[k];
+    const float inv_rms = rsqrtf(block_sum(sum_sq) / static_cast<float>(d) + eps);
+    if (c >= vecs) return;
+#pragma unroll
+    for (int k = 0; k < N; ++k) v[k] = first.w[k] * (v[k] * inv_rms);
+    store_vec(yr + c * N, v);
+    return;
+  }
   float sum_sq = 0.0f;
-  for (int64_t c = threadIdx.x; c < d / N; c += blockDim.x) {
+  for (int64_t c = threadIdx.x; c < vecs; c += blockDim.x) {
     float v[N];
     load_vec(xr + c * N, v);
 #pragma unroll
     for (int k = 0; k < N; ++k) sum_sq += v[k] * v[k];
   }
   const float inv_rms = rsqrtf(block_sum(sum_sq) / static_cast<float>(d) + eps);
-  for (int64_t c = threadIdx.x; c < d / N; c += blockDim.x) {
+  for (int64_t c = threadIdx.x; c < vecs; c += blockDim.x) {
     float v[N];
     load_vec(xr + c * N, v);
 #pragma unroll
-    for (int k = 0; k < N; ++k) v[k] = to_float(w[c * N + k]) * (v[k] * inv_rms);
+    for (int k = 0; k < N; ++k)
+      v[k] = (c == threadIdx.x ? first.w[k] : to_float(w[c * N + k])) * (v[k] * inv_rms);
     store_vec(yr + c * N, v);
   }
 }
@@ -97,26 +134,50 @@ template <typename T, typename W>
 __global__ void add_rms_norm_vec_kernel(const T* a, const T* b, const W* w, T* sum, T* y, int64_t d,
                                         float eps) {
   constexpr int N = kVec<T>;
+  const int64_t vecs = d / N;
+  const RowWeights<W, N> first = first_weights<W, N>(w, nullptr, vecs);
   pdl_begin();
   const int64_t base = blockIdx.x * d;
-  float sum_sq = 0.0f;
-  for (int64_t c = threadIdx.x; c < d / N; c += blockDim.x) {
-    float va[N], vb[N];
-    load_vec(a + base + c * N, va);
-    load_vec(b + base + c * N, vb);
+  if (vecs <= static_cast<int64_t>(blockDim.x)) {  // one vector a thread (uniform)
+    const int64_t c = threadIdx.x;
+    float va[N] = {}, vb[N] = {};
+    if (c < vecs) {
+      load_vec(a + base + c * N, va);
+      load_vec(b + base + c * N, vb);
+    }
+    float sum_sq = 0.0f;
 #pragma unroll
     for (int k = 0; k < N; ++k) {
       va[k] = round_as<T>(va[k] + vb[k]);  // the sum as stored, as the unfused pair reads it
       sum_sq += va[k] * va[k];
     }
+    if (c < vecs) store_vec(sum + base + c * N, va);
+    const float inv_rms = rsqrtf(block_sum(sum_sq) / static_cast<float>(d) + eps);
+    if (c >= vecs) return;
+#pragma unroll
+    for (int k = 0; k < N; ++k) va[k] = first.w[k] * (va[k] * inv_rms);
+    store_vec(y + base + c * N, va);
+    return;
+  }
+  float sum_sq = 0.0f;
+  for (int64_t c = threadIdx.x; c < vecs; c += blockDim.x) {
+    float va[N], vb[N];
+    load_vec(a + base + c * N, va);
+    load_vec(b + base + c * N, vb);
+#pragma unroll
+    for (int k = 0; k < N; ++k) {
+      va[k] = round_as<T>(va[k] + vb[k]);
+      sum_sq += va[k] * va[k];
+    }
     store_vec(sum + base + c * N, va);
   }
   const float inv_rms = rsqrtf(block_sum(sum_sq) / static_cast<float>(d) + eps);
-  for (int64_t c = threadIdx.x; c < d / N; c += blockDim.x) {  // this thread's own sums
+  for (int64_t c = threadIdx.x; c < vecs; c += blockDim.x) {  // this thread's own sums
     float v[N];
     load_vec(sum + base + c * N, v);
 #pragma unroll
-    for (int k = 0; k < N; ++k) v[k] = to_float(w[c * N + k]) * (v[k] * inv_rms);
+    for (int k = 0; k < N; ++k)
+      v[k] = (c == threadIdx.x ? first.w[k] : to_float(w[c * N + k])) * (v[k] * inv_rms);
     store_vec(y + base + c * N, v);
   }
 }
@@ -125,11 +186,32 @@ template <typename T, typename W>
 __global__ void layer_norm_vec_kernel(const T* x, const W* w, const W* b, T* y, int64_t d,
                                       float eps) {
   constexpr int N = kVec<T>;
+  const int64_t vecs = d / N;
+  const RowWeights<W, N> first = first_weights<W, N>(w, b, vecs);
   pdl_begin();
   const T* xr = x + blockIdx.x * d;
   T* yr = y + blockIdx.x * d;
+  if (vecs <= static_cast<int64_t>(blockDim.x)) {  // one vector a thread (uniform)
+    const int64_t c = threadIdx.x;
+    float v[N] = {};
+    if (c < vecs) load_vec(xr + c * N, v);
+    float s = 0.0f;
+#pragma unroll
+    for (int k = 0; k < N; ++k) s += v[k];
+    const float mean = block_sum(s) / static_cast<float>(d);
+    float var = 0.0f;
+    if (c < vecs)
+#pragma unroll
+      for (int k = 0; k < N; ++k) var += (v[k] - mean) * (v[k] - mean);
+    const float inv_std = rsqrtf(block_sum(var) / static_cast<float>(d) + eps);
+    if (c >= vecs) return;
+#pragma unroll
+    for (int k = 0; k < N; ++k) v[k] = (v[k] - mean) * inv_std * first.w[k] + first.b[k];
+    store_vec(yr + c * N, v);
+    return;
+  }
   float s = 0.0f;
-  for (int64_t c = threadIdx.x; c < d / N; c += blockDim.x) {
+  for (int64_t c = threadIdx.x; c < vecs; c += blockDim.x) {
     float v[N];
     load_vec(xr + c * N, v);
 #pragma unroll
@@ -137,19 +219,21 @@ __global__ void layer_norm_vec_kernel(const T* x, const W* w, const W* b, T* y, 
   }
   const float mean = block_sum(s) / static_cast<float>(d);
   float var = 0.0f;
-  for (int64_t c = threadIdx.x; c < d / N; c += blockDim.x) {
+  for (int64_t c = threadIdx.x; c < vecs; c += blockDim.x) {
     float v[N];
     load_vec(xr + c * N, v);
 #pragma unroll
     for (int k = 0; k < N; ++k) var += (v[k] - mean) * (v[k] - mean);
   }
   const float inv_std = rsqrtf(block_sum(var) / static_cast<float>(d) + eps);
-  for (int64_t c = threadIdx.x; c < d / N; c += blockDim.x) {
+  for (int64_t c = threadIdx.x; c < vecs; c += blockDim.x) {
     float v[N];
     load_vec(xr + c * N, v);
+    const bool mine = c == threadIdx.x;
 #pragma unroll
     for (int k = 0; k < N; ++k)
-      v[k] = (v[k] - mean) * inv_std * to_float(w[c * N + k]) + to_float(b[c * N + k]);
+      v[k] = (v[k] - mean) * inv_std * (mine ? first.w[k] : to_float(w[c * N + k])) +
+             (mine ? first.b[k] : to_float(b[c * N + k]));
     store_vec(yr + c * N, v);
   }
 }
