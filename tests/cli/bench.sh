@@ -21,10 +21,19 @@ for r in rows:
     # bytes per step: at least every decoder weight once (about 18 MiB of f32 for bloom-tiny)
     assert r["bytes_per_step"] > 18e6, r["bytes_per_step"]
 assert rows[1]["bytes_per_step"] > rows[0]["bytes_per_step"], "more sequences read more KV"
+# The prompt step against oneDNN's GEMMs on its Linear shapes (CPU plans): bloom-tiny's prompt of
+# 12 tokens runs 2 * 12 * (its layer Linears' weights) plus the lm_head's one row a sequence.
+for r in rows:
+    assert r["onednn_dtype"] == "f32", r["onednn_dtype"]
+    for k in ["prefill_linear_gflop", "onednn_linear_ms", "prefill_vs_onednn_pct"]:
+        assert r[k] > 0, (k, r[k])
+    assert abs(r["prefill_vs_onednn_pct"] - 100 * r["onednn_linear_ms"] / r["ttft_ms"]) < 1e-6 * r["prefill_vs_onednn_pct"] + 1e-9
+assert 2.5 < rows[1]["prefill_linear_gflop"] / rows[0]["prefill_linear_gflop"] < 3.5, "3 prompts: 3x the FLOPs"
 PY
 expect_exit 0 "bench table" -- "$KILN" bench --plan "$TMP/b.plan" --input-len 8 --output-len 3 --runs 1
 expect_in "$TMP/out" "roofline" "table header"
 expect_in "$TMP/out" "GB/s" "measured bandwidth"
+expect_in "$TMP/out" "vs oneDNN" "the prompt step against oneDNN"
 expect_exit 2 "bad sweep" -- "$KILN" bench --plan "$TMP/b.plan" --sweep batch=1,x
 expect_exit 2 "output-len 1" -- "$KILN" bench --plan "$TMP/b.plan" --output-len 1
 expect_exit 2 "batch beyond the plan" -- "$KILN" bench --plan "$TMP/b.plan" --batch 100000

@@ -3,10 +3,14 @@
 #include <sys/resource.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <filesystem>
+#include <map>
 #include <nlohmann/json.hpp>
 
+#include "backend/cpu/onednn_bf16.h"
+#include "backend/cpu/onednn_reference.h"
 #include "backend/cuda_info.h"
 #include "commands.h"
 #include "core/bandwidth.h"
@@ -75,6 +79,31 @@ DecodeWeightBytes decode_weight_bytes(const Graph& g) {
   return b;
 }
 
+// The Linears of a prompt step of `batch` prompts of `len` tokens, as (rows, in, out) -> how
+// many: the encoder's at batch x len rows; the decoder's at the step's tokens (batch x len, or
+// batch for an encoder-decoder's first decoder step) or, past the gather of the rows that need
+// logits (the lm_head), at batch rows.
+using LinearShape = std::array<int64_t, 3>;
+std::map<LinearShape, int> prompt_linears(const ModelIR& ir, int64_t batch, int64_t len) {
+  std::map<LinearShape, int> shapes;
+  auto add = [&](const Graph& g, int64_t tokens) {
+    const std::map<std::string, int64_t> bindings = {{"tokens", tokens}, {"rows", batch}};
+    for (const Node& n : g.nodes) {
+      if (n.op != OpKind::kLinear) continue;
+      const Shape x = resolve_shape(g.values[n.inputs[0]].shape, bindings);
+      const Shape y = resolve_shape(g.values[n.outputs[0]].shape, bindings);
+      ++shapes[{shape_numel(y) / y.back(), x.back(), y.back()}];
+    }
+  };
+  if (ir.desc.encoder_decoder) {
+    add(ir.graph(kEncoderGraph), batch * len);
+    add(ir.graph(kDecoderGraph), batch);
+  } else {
+    add(ir.graph(kDecoderGraph), batch * len);
+  }
+  return shapes;
+}
+
 struct RunTimes {
   double ttft_ms = 0, total_ms = 0;
 };
@@ -117,7 +146,10 @@ Runner add_bench(CLI::App& app) {
       cmd,
       "Reports load time, time to first token, per-token decode latency, decode and\n"
       "prefill tokens/s, peak memory, and % of the memory-bandwidth roofline (bytes read per\n"
-      "decode step / step time / the machine's read bandwidth, measured here by kiln).\n"
+      "decode step / step time / the machine's read bandwidth, measured here by kiln). On the\n"
+      "CPU also the prompt step against oneDNN: oneDNN's matmul timed on the prompt's Linear\n"
+      "shapes in the same run (bf16 for bf16 plans, f32 otherwise), and that time as a % of the\n"
+      "time to first token (100 %: the whole prefill takes what oneDNN's GEMMs alone take).\n"
       "Prompts of --input-len tokens; exactly --output-len new tokens (EOS ignored). The\n"
       "warm-up and the timed runs of a batch size share one scheduler, as a server's requests\n"
       "do: its KV cache and captured CUDA graphs stay warm between runs.\n"
@@ -243,24 +275,53 @@ Runner add_bench(CLI::App& app) {
           {"roofline_pct", 100.0 * bytes_per_step / (step_ms / 1000.0) / (bw.gbps * 1e9)},
           {"threads", ctx->pool().size()}};
       rows.push_back(j);
-      if (o->json) kiln::cli::out("{}\n", j.dump());
     }
+    if (!gpu) {
+      // After every configuration ran (the reference's buffers stay out of their peak memory):
+      // each distinct Linear shape of the prompt step timed once in oneDNN.
+      const bool bf16 = ir.precision == Precision::kBf16 && !cpu::onednn_bf16_matmul_impl().empty();
+      std::map<LinearShape, double> ms_of;
+      for (auto& j : rows) {
+        double gflop = 0.0, onednn_ms = 0.0;
+        for (const auto& [shape, count] : prompt_linears(ir, j["batch"].get<int>(), o->input_len)) {
+          auto it = ms_of.find(shape);
+          if (it == ms_of.end()) {
+            const cpu::OnednnTiming t = cpu::time_onednn_matmul(
+                shape[0], shape[1], shape[2], bf16, static_cast<int>(ctx->pool().size()), 3);
+            ctx->log().debug("oneDNN {} x {} -> {} ({}): {:.3f} ms", shape[0], shape[1], shape[2],
+                             t.impl, t.ms);
+            it = ms_of.emplace(shape, t.ms).first;
+          }
+          gflop += 2e-9 * count * static_cast<double>(shape[0] * shape[1]) * shape[2];
+          onednn_ms += count * it->second;
+        }
+        j["prefill_linear_gflop"] = gflop;
+        j["onednn_dtype"] = bf16 ? "bf16" : "f32";
+        j["onednn_linear_ms"] = onednn_ms;
+        j["prefill_vs_onednn_pct"] = 100.0 * onednn_ms / j["ttft_ms"].get<double>();
+      }
+    }
+    if (o->json)
+      for (const auto& j : rows) kiln::cli::out("{}\n", j.dump());
     if (!o->json) {
       kiln::cli::out(
           "{} ({} {} on {}), prompt {} tokens, {} new tokens, median of {} runs; "
           "load {:.1f} ms; read bandwidth {:.1f} GB/s\n",
           o->plan, d.architecture, precision_name(ir.precision), device_name(ir.device),
           o->input_len, o->output_len, o->runs, load_ms, bw.gbps);
-      kiln::cli::out("{:>6} {:>10} {:>14} {:>10} {:>14} {:>12} {:>10} {:>10}\n", "batch", "ttft ms",
-                     "ms/token/step", "tokens/s", "prefill tok/s", "MB/step", "roofline",
-                     "peak MiB");
+      kiln::cli::out("{:>6} {:>10} {:>14} {:>10} {:>14} {:>12} {:>10} {:>10} {:>10}\n", "batch",
+                     "ttft ms", "ms/token/step", "tokens/s", "prefill tok/s", "MB/step", "roofline",
+                     "peak MiB", "vs oneDNN");
       for (const auto& j : rows)
         kiln::cli::out(
-            "{:>6} {:>10.1f} {:>14.2f} {:>10.1f} {:>14.0f} {:>12.1f} {:>9.1f}% {:>10.0f}\n",
+            "{:>6} {:>10.1f} {:>14.2f} {:>10.1f} {:>14.0f} {:>12.1f} {:>9.1f}% {:>10.0f} {:>10}\n",
             j["batch"].get<int>(), j["ttft_ms"].get<double>(),
             j["decode_ms_per_token"].get<double>(), j["tokens_per_s"].get<double>(),
             j["prefill_tokens_per_s"].get<double>(), j["bytes_per_step"].get<double>() / 1e6,
-            j["roofline_pct"].get<double>(), j["peak_memory_bytes"].get<double>() / (1 << 20));
+            j["roofline_pct"].get<double>(), j["peak_memory_bytes"].get<double>() / (1 << 20),
+            j.contains("prefill_vs_onednn_pct")
+                ? fmt::format("{:.0f}%", j["prefill_vs_onednn_pct"].get<double>())
+                : std::string("-"));
     }
     return 0;
   };
