@@ -30,6 +30,16 @@ for r in rows:
     assert abs(r["prefill_vs_onednn_pct"] - 100 * r["onednn_linear_ms"] / r["ttft_ms"]) < 1e-6 * r["prefill_vs_onednn_pct"] + 1e-9
 assert 2.5 < rows[1]["prefill_linear_gflop"] / rows[0]["prefill_linear_gflop"] < 3.5, "3 prompts: 3x the FLOPs"
 PY
+# An int8-weight plan is set against oneDNN's int8 GEMM (u8 x s8; f32 where oneDNN has only its
+# reference code for it).
+expect_exit 0 "build int8-weight" -- "$KILN" build --model "$FIXTURES/bloom-tiny" --precision int8-weight -o "$TMP/i8.plan" -q
+expect_exit 0 "bench int8-weight --json" -- "$KILN" bench --plan "$TMP/i8.plan" --input-len 12 --output-len 3 --runs 1 --warmup 0 --json
+python3 - "$TMP/out" <<'PY' || fail "bench int8-weight oneDNN reference"
+import json, sys
+r = json.loads(open(sys.argv[1]).readline())
+assert r["precision"] == "int8-weight" and r["onednn_dtype"] in ("u8s8", "f32"), r
+assert r["onednn_linear_ms"] > 0 and r["prefill_vs_onednn_pct"] > 0, r
+PY
 expect_exit 0 "bench table" -- "$KILN" bench --plan "$TMP/b.plan" --input-len 8 --output-len 3 --runs 1
 expect_in "$TMP/out" "roofline" "table header"
 expect_in "$TMP/out" "GB/s" "measured bandwidth"

@@ -9,7 +9,6 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
-#include "backend/cpu/onednn_bf16.h"
 #include "backend/cpu/onednn_reference.h"
 #include "backend/cuda_info.h"
 #include "commands.h"
@@ -148,7 +147,8 @@ Runner add_bench(CLI::App& app) {
       "prefill tokens/s, peak memory, and % of the memory-bandwidth roofline (bytes read per\n"
       "decode step / step time / the machine's read bandwidth, measured here by kiln). On the\n"
       "CPU also the prompt step against oneDNN: oneDNN's matmul timed on the prompt's Linear\n"
-      "shapes in the same run (bf16 for bf16 plans, f32 otherwise), and that time as a % of the\n"
+      "shapes in the same run (bf16 for bf16 plans, u8 x s8 for int8-weight plans, f32\n"
+      "otherwise), and that time as a % of the\n"
       "time to first token (100 %: the whole prefill takes what oneDNN's GEMMs alone take).\n"
       "Prompts of --input-len tokens; exactly --output-len new tokens (EOS ignored). The\n"
       "warm-up and the timed runs of a batch size share one scheduler, as a server's requests\n"
@@ -278,28 +278,43 @@ Runner add_bench(CLI::App& app) {
     }
     if (!gpu) {
       // After every configuration ran (the reference's buffers stay out of their peak memory):
-      // each distinct Linear shape of the prompt step timed once in oneDNN.
-      const bool bf16 = ir.precision == Precision::kBf16 && !cpu::onednn_bf16_matmul_impl().empty();
-      std::map<LinearShape, double> ms_of;
-      for (auto& j : rows) {
-        double gflop = 0.0, onednn_ms = 0.0;
-        for (const auto& [shape, count] : prompt_linears(ir, j["batch"].get<int>(), o->input_len)) {
-          auto it = ms_of.find(shape);
-          if (it == ms_of.end()) {
-            const cpu::OnednnTiming t = cpu::time_onednn_matmul(
-                shape[0], shape[1], shape[2], bf16, static_cast<int>(ctx->pool().size()), 3);
-            ctx->log().debug("oneDNN {} x {} -> {} ({}): {:.3f} ms", shape[0], shape[1], shape[2],
-                             t.impl, t.ms);
-            it = ms_of.emplace(shape, t.ms).first;
+      // each distinct Linear shape of the prompt step timed once in oneDNN, in the GEMM of the
+      // plan's kind (bf16 for bf16 plans, int8 = u8 x s8 for int8-weight plans, else f32); a
+      // type oneDNN has only reference code for here is replaced by f32.
+      const int threads = static_cast<int>(ctx->pool().size());
+      auto reference = [&](cpu::OnednnType type) {
+        std::map<LinearShape, double> ms_of;
+        for (auto& j : rows) {
+          double gflop = 0.0, onednn_ms = 0.0;
+          for (const auto& [shape, count] :
+               prompt_linears(ir, j["batch"].get<int>(), o->input_len)) {
+            auto it = ms_of.find(shape);
+            if (it == ms_of.end()) {
+              const cpu::OnednnTiming t =
+                  cpu::time_onednn_matmul(shape[0], shape[1], shape[2], type, threads, 3);
+              if (type != cpu::OnednnType::kF32 && t.impl.find("ref") != std::string::npos) {
+                ctx->log().info("oneDNN has only reference code for {} GEMMs here: f32 instead",
+                                cpu::onednn_type_name(type));
+                return false;
+              }
+              ctx->log().debug("oneDNN {} x {} -> {} ({}): {:.3f} ms", shape[0], shape[1], shape[2],
+                               t.impl, t.ms);
+              it = ms_of.emplace(shape, t.ms).first;
+            }
+            gflop += 2e-9 * count * static_cast<double>(shape[0] * shape[1]) * shape[2];
+            onednn_ms += count * it->second;
           }
-          gflop += 2e-9 * count * static_cast<double>(shape[0] * shape[1]) * shape[2];
-          onednn_ms += count * it->second;
+          j["prefill_linear_gflop"] = gflop;
+          j["onednn_dtype"] = cpu::onednn_type_name(type);
+          j["onednn_linear_ms"] = onednn_ms;
+          j["prefill_vs_onednn_pct"] = 100.0 * onednn_ms / j["ttft_ms"].get<double>();
         }
-        j["prefill_linear_gflop"] = gflop;
-        j["onednn_dtype"] = bf16 ? "bf16" : "f32";
-        j["onednn_linear_ms"] = onednn_ms;
-        j["prefill_vs_onednn_pct"] = 100.0 * onednn_ms / j["ttft_ms"].get<double>();
-      }
+        return true;
+      };
+      const cpu::OnednnType type = ir.precision == Precision::kBf16         ? cpu::OnednnType::kBf16
+                                   : ir.precision == Precision::kInt8Weight ? cpu::OnednnType::kInt8
+                                                                            : cpu::OnednnType::kF32;
+      if (!reference(type)) reference(cpu::OnednnType::kF32);
     }
     if (o->json)
       for (const auto& j : rows) kiln::cli::out("{}\n", j.dump());

@@ -13,12 +13,14 @@
 namespace kiln::cpu {
 namespace {
 
-// Every element of `m` set to a small non-zero value (0.01 in f32 or bf16).
-void fill(const dnnl::memory& m, bool bf16) {
+// Every element of `m` set to a small non-zero value (0.01 in f32 or bf16, 3 in 8-bit types).
+void fill(const dnnl::memory& m, OnednnType type) {
   const size_t bytes = m.get_desc().get_size();
-  if (bf16) {
+  if (type == OnednnType::kBf16) {
     auto* p = static_cast<uint16_t*>(m.get_data_handle());
     std::fill(p, p + bytes / 2, uint16_t{0x3C24});
+  } else if (type == OnednnType::kInt8) {
+    std::memset(m.get_data_handle(), 3, bytes);
   } else {
     auto* p = static_cast<float*>(m.get_data_handle());
     std::fill(p, p + bytes / 4, 0.01f);
@@ -27,7 +29,19 @@ void fill(const dnnl::memory& m, bool bf16) {
 
 }  // namespace
 
-OnednnTiming time_onednn_matmul(int64_t rows, int64_t in, int64_t out, bool bf16, int threads,
+const char* onednn_type_name(OnednnType t) {
+  switch (t) {
+    case OnednnType::kF32:
+      return "f32";
+    case OnednnType::kBf16:
+      return "bf16";
+    case OnednnType::kInt8:
+      return "u8s8";
+  }
+  return "?";
+}
+
+OnednnTiming time_onednn_matmul(int64_t rows, int64_t in, int64_t out, OnednnType type, int threads,
                                 int runs) {
   KILN_CHECK(rows > 0 && in > 0 && out > 0 && threads > 0 && runs > 0,
              "oneDNN reference GEMM: rows {}, in {}, out {}, {} threads, {} runs", rows, in, out,
@@ -38,20 +52,24 @@ OnednnTiming time_onednn_matmul(int64_t rows, int64_t in, int64_t out, bool bf16
   try {
     const dnnl::engine engine(dnnl::engine::kind::cpu, 0);
     dnnl::stream stream(engine);
-    const dt type = bf16 ? dt::bf16 : dt::f32;
-    const dnnl::memory::desc x_desc({rows, in}, type, tag::ab);
+    const dt x_type = type == OnednnType::kBf16   ? dt::bf16
+                      : type == OnednnType::kInt8 ? dt::u8
+                                                  : dt::f32;
+    const dt w_type = type == OnednnType::kInt8 ? dt::s8 : x_type;
+    const dnnl::memory::desc x_desc({rows, in}, x_type, tag::ab);
     const dnnl::memory::desc y_desc({rows, out}, dt::f32, tag::ab);
     const dnnl::matmul::primitive_desc pd(
-        dnnl::matmul::desc(x_desc, dnnl::memory::desc({in, out}, type, tag::any), y_desc), engine);
+        dnnl::matmul::desc(x_desc, dnnl::memory::desc({in, out}, w_type, tag::any), y_desc),
+        engine);
     omp_set_num_threads(threads);
     // The weights as kiln's plain plans hold them (w [out, in] row-major: [in, out] with the
     // input dimension innermost), reordered once into oneDNN's layout.
-    dnnl::memory plain({{in, out}, type, tag::ba}, engine);
-    fill(plain, bf16);
+    dnnl::memory plain({{in, out}, w_type, tag::ba}, engine);
+    fill(plain, type);
     dnnl::memory w(pd.weights_desc(), engine);
     dnnl::reorder(plain, w).execute(stream, plain, w);
     dnnl::memory x(x_desc, engine), y(y_desc, engine);
-    fill(x, bf16);
+    fill(x, type);
     const dnnl::matmul matmul(pd);
     auto run = [&] {
       matmul.execute(stream, {{DNNL_ARG_SRC, x}, {DNNL_ARG_WEIGHTS, w}, {DNNL_ARG_DST, y}});
@@ -71,7 +89,7 @@ OnednnTiming time_onednn_matmul(int64_t rows, int64_t in, int64_t out, bool bf16
   } catch (const dnnl::error& e) {
     omp_set_num_threads(saved_threads);
     KILN_CHECK(false, "oneDNN reference GEMM [{} x {}] · [{} x {}]ᵀ ({}) failed: {} (status {})",
-               rows, in, out, in, bf16 ? "bf16" : "f32", e.what(), static_cast<int>(e.status));
+               rows, in, out, in, onednn_type_name(type), e.what(), static_cast<int>(e.status));
   }
   return {};
 }

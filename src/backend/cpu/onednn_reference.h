@@ -14,10 +14,14 @@ struct OnednnTiming {
   std::string impl;  // oneDNN's implementation for the shape ("brg:avx512_core", ...)
 };
 
-// y [rows, out] (f32) = x [rows, in] · w [out, in]ᵀ, with x and w in f32, or both in bf16
-// (`bf16`), on `threads` threads, `runs` timed runs. Throws (KILN_CHECK) for a bad shape or
-// when oneDNN fails.
-OnednnTiming time_onednn_matmul(int64_t rows, int64_t in, int64_t out, bool bf16, int threads,
+// The operands' types: f32 × f32, bf16 × bf16, or u8 activations × s8 weights (int8, as an
+// int8-weight plan's dot products quantize their inputs), f32 results in every case.
+enum class OnednnType { kF32, kBf16, kInt8 };
+const char* onednn_type_name(OnednnType t);
+
+// y [rows, out] (f32) = x [rows, in] · w [out, in]ᵀ in `type`, on `threads` threads, `runs` timed
+// runs. Throws (KILN_CHECK) for a bad shape or when oneDNN fails.
+OnednnTiming time_onednn_matmul(int64_t rows, int64_t in, int64_t out, OnednnType type, int threads,
                                 int runs);
 
 }  // namespace kiln::cpu
