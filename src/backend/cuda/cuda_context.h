@@ -297,7 +297,11 @@ class CudaContext {
   unsigned char* argmax_host_ = nullptr;  // pinned: the same
   size_t argmax_capacity_ = 0;
   size_t argmax_scratch_capacity_ = 0;  // bytes of the chunks' keys after them
-  size_t argmax_started_ = 0;           // rows of the last start_argmax_rows
+  // Where the chunks' keys begin in argmax_device_: after the ids and flags, 256-byte aligned.
+  size_t argmax_keys_offset() const {
+    return (argmax_capacity_ * (sizeof(long long) + 1) + 255) / 256 * 256;
+  }
+  size_t argmax_started_ = 0;  // rows of the last start_argmax_rows
   cudaEvent_t argmax_copied_ = nullptr;
   // Device memory of top_k_rows: its inputs, scratch and results, grown when a call needs more.
   std::shared_ptr<void> topk_device_;

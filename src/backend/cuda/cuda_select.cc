@@ -40,9 +40,9 @@ Tensor CudaContext::start_argmax_rows(const Tensor& logits, std::span<const int6
     argmax_capacity_ = std::max<size_t>({rows, argmax_capacity_, 256});
     argmax_scratch_capacity_ = std::max(scratch, argmax_scratch_capacity_);
     // The ids, then one flag byte per row (device and pinned host alike), then the chunks'
-    // keys (device only).
+    // keys (device only, from a 256-byte boundary).
     const size_t bytes = argmax_capacity_ * (sizeof(long long) + 1);
-    argmax_device_ = allocator_.allocate(bytes + 256 + argmax_scratch_capacity_);
+    argmax_device_ = allocator_.allocate(argmax_keys_offset() + argmax_scratch_capacity_);
     cudaFreeHost(argmax_host_);
     argmax_host_ = nullptr;
     void* host = nullptr;
@@ -76,10 +76,9 @@ Tensor CudaContext::start_argmax_rows(const Tensor& logits, std::span<const int6
   // addressable from the GPU under unified addressing), so no copy follows it: copies in the
   // stream cost several microseconds each between two decode steps.
   static_assert(sizeof(long long) == sizeof(int64_t));
-  const size_t keys_at = (argmax_capacity_ * (sizeof(long long) + 1) + 255) / 256 * 256;
   launch_argmax_rows(float_type(logits.dtype()), logits.raw(), logits.dim(0), logits.dim(1), ban,
-                     flags, mask, static_cast<char*>(argmax_device_.get()) + keys_at, ids,
-                     reinterpret_cast<long long*>(argmax_host_), kernel_stream());
+                     flags, mask, static_cast<char*>(argmax_device_.get()) + argmax_keys_offset(),
+                     ids, reinterpret_cast<long long*>(argmax_host_), kernel_stream());
   KILN_CUDA_CHECK(cudaEventRecord(argmax_copied_, stream_));
   return Tensor::view(DType::kI64, {static_cast<int64_t>(rows)}, ids, argmax_device_,
                       Device::kCuda);

@@ -103,25 +103,20 @@ __global__ void __launch_bounds__(kWarps * 32, kNorm ? 4 : 1)
   // by an earlier kernel) right after the wait, in flight during the products.
   __shared__ float epilogue_s[kNorm ? 2 * kWarps * 32 : 1];
   float bias_v = 0.0f, res_v = 0.0f;
-  {
-    const int k = lane / N;
-    if (sub == 0 && k < kFeatures && f0 + k < out) {
-      const float b = bias != nullptr ? to_float(bias[f0 + k]) : 0.0f;
-      if constexpr (kNorm) {
-        epilogue_s[threadIdx.x] = b;
-        epilogue_s[kWarps * 32 + threadIdx.x] = row_sums != nullptr ? row_sums[f0 + k] : 0.0f;
-      } else {
-        bias_v = b;
-      }
+  const bool stores = sub == 0 && lane / N < kFeatures && f0 + lane / N < out;
+  if (stores) {
+    const float b = bias != nullptr ? to_float(bias[f0 + lane / N]) : 0.0f;
+    if constexpr (kNorm) {
+      epilogue_s[threadIdx.x] = b;
+      epilogue_s[kWarps * 32 + threadIdx.x] = row_sums != nullptr ? row_sums[f0 + lane / N] : 0.0f;
+    } else {
+      bias_v = b;
     }
   }
   pdl_wait();
   pdl_trigger();
-  if constexpr (!kNorm) {
-    const int k = lane / N;
-    if (sub == 0 && k < kFeatures && f0 + k < out && residual != nullptr)
-      res_v = to_float(residual[static_cast<int64_t>(lane % N) * out + f0 + k]);
-  }
+  if (!kNorm && stores && residual != nullptr)
+    res_v = to_float(residual[static_cast<int64_t>(lane % N) * out + f0 + lane / N]);
   // A folded LayerNorm works on x minus the row's first element: the sums of squares and the
   // products then do not cancel when the row's mean is large against its spread.
   float shift[N];
