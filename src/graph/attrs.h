@@ -56,6 +56,8 @@ struct LinearAttrs {
   // A LayerNorm or RMSNorm of the input folded into the Linear (CUDA plans: fuse_norm_linear):
   // input 0 is the norm's input x, the weight holds w * gamma and the bias bias + w · beta, so
   // y = rstd(x) * (x · w^T - mean(x) * row_sums) + bias (RMSNorm: rms(x)^-1 * x · w^T + bias).
+  // A shared weight stays as it is and gamma comes as input kLinearNormScale: x · w^T above is
+  // then (x * gamma) · w^T.
   std::optional<InputNorm> norm;
   double norm_eps = 0.0;
   bool operator==(const LinearAttrs&) const = default;

@@ -67,7 +67,9 @@ enum class OpKind : uint8_t {
   kMul,              // (a [n, d], b [n, d]) -> [n, d]
   kScale,            // (x) -> x * ScaleAttrs::scale
   kRmsNorm,          // (x [n, d], w [d]) -> [n, d]; T5: no mean, no bias, fp32 variance
-  kLayerNorm,        // (x [n, d], w [d], b [d]) -> [n, d]
+  kLayerNorm,        // (x [n, d], w [d], b [d], rows? [r] i64/i32) -> [n, d]; with rows
+                     // (fuse_embedding_norm, CUDA plans: x is an embedding table) the
+                     // normalized rows x[rows] -> [r, d]
   kActivation,       // (x) -> act(x); ActivationAttrs
   kGatedActivation,  // (gate [n, f], up [n, f]) -> act(gate) * up; or packed [n, 2f] (gate | up)
   kSoftmax,          // (x [n, d]) -> softmax over the last dim, fp32 accumulation
@@ -82,6 +84,10 @@ inline constexpr size_t kLinearResidual = 4;
 // A Linear with a LayerNorm folded into it (LinearAttrs::norm): f32 [out], the sums of each
 // output's weight row (the product of the row's mean, subtracted after the matrix product).
 inline constexpr size_t kLinearNormRowSums = 5;
+// A Linear whose folded norm left the weight as it is (a tied lm_head shares it with the
+// embedding): f32 [in], gamma, multiplied into the input on the fly (x * gamma) · w^T; the row
+// sums are then those of w * gamma and the bias holds bias + w · beta.
+inline constexpr size_t kLinearNormScale = 6;
 
 struct Node {
   OpKind op;

@@ -111,9 +111,16 @@ std::vector<ValueType> infer_linear(const Graph& g, const Node& n) {
       expect_rank(n, s, 1);
       expect_dim(n, s, 0, w.shape[0]);
     }
+    if (has_in(n, kLinearNormScale)) {
+      const Value& s = in(g, n, kLinearNormScale);
+      KILN_CHECK(s.dtype == DType::kF32, "node '{}' (Linear): norm scale '{}' must be f32", n.name,
+                 s.name);
+      expect_rank(n, s, 1);
+      expect_dim(n, s, 0, w.shape[1]);
+    }
   } else {
-    KILN_CHECK(!has_in(n, kLinearNormRowSums), "node '{}' (Linear): row sums without a folded norm",
-               n.name);
+    KILN_CHECK(!has_in(n, kLinearNormRowSums) && !has_in(n, kLinearNormScale),
+               "node '{}' (Linear): row sums or a norm scale without a folded norm", n.name);
   }
   if (has_in(n, kLinearResidual)) {
     const Value& r = in(g, n, kLinearResidual);
@@ -171,6 +178,15 @@ std::vector<ValueType> infer_layer_norm(const Graph& g, const Node& n) {
   expect_rank(n, b, 1);
   expect_dim(n, x, x.shape.size() - 1, w.shape[0]);
   expect_dim(n, b, 0, w.shape[0]);
+  if (has_in(n, 3)) {  // the rows x[rows] (a gathered embedding)
+    const Value& rows = in(g, n, 3);
+    expect_rank(n, x, 2);
+    expect_rank(n, rows, 1);
+    KILN_CHECK(rows.dtype == DType::kI64 || rows.dtype == DType::kI32,
+               "node '{}' (LayerNorm): rows '{}' must be integers, not {}", n.name, rows.name,
+               dtype_name(rows.dtype));
+    return {{x.dtype, {rows.shape[0], x.shape[1]}}};
+  }
   return {{x.dtype, x.shape}};
 }
 
@@ -233,12 +249,12 @@ std::vector<ValueType> infer_add_rms_norm(const Graph& g, const Node& n) {
 // Indexed by OpKind (checked below).
 constexpr std::array<OpSchema, kNumOpKinds> kSchemas = {{
     {OpKind::kEmbedding, "Embedding", 2, 3, 1, AttrKind::kNone, infer_embedding},
-    {OpKind::kLinear, "Linear", 2, 6, 1, AttrKind::kLinear, infer_linear},
+    {OpKind::kLinear, "Linear", 2, 7, 1, AttrKind::kLinear, infer_linear},
     {OpKind::kAdd, "Add", 2, 2, 1, AttrKind::kNone, infer_binary},
     {OpKind::kMul, "Mul", 2, 2, 1, AttrKind::kNone, infer_binary},
     {OpKind::kScale, "Scale", 1, 1, 1, AttrKind::kScale, infer_unary},
     {OpKind::kRmsNorm, "RMSNorm", 2, 2, 1, AttrKind::kNorm, infer_rms_norm},
-    {OpKind::kLayerNorm, "LayerNorm", 3, 3, 1, AttrKind::kNorm, infer_layer_norm},
+    {OpKind::kLayerNorm, "LayerNorm", 3, 4, 1, AttrKind::kNorm, infer_layer_norm},
     {OpKind::kActivation, "Activation", 1, 1, 1, AttrKind::kActivation, infer_unary},
     {OpKind::kGatedActivation, "GatedActivation", 1, 2, 1, AttrKind::kActivation, infer_gated},
     {OpKind::kSoftmax, "Softmax", 1, 1, 1, AttrKind::kNone, infer_unary},

@@ -10,9 +10,11 @@
 // differ in the last bits between one row and more (the GEMV's row sums and cuBLASLt already
 // made CUDA's Linears batch-dependent above a few rows).
 // Folded only when every reader of the norm's output is a Linear reading it as its input, with
-// a constant f32/f16/bf16 weight that no other node reads (a tied lm_head shares its table with
-// the embedding and is left alone), and when the folded weight and bias stay finite in the
-// weight's type; the norm then disappears from the graph. Runs after narrow_graph (the types
+// a constant f32/f16/bf16 weight, and when the folded weight and bias stay finite in the
+// weight's type; the norm then disappears from the graph. A weight that other nodes read too (a
+// tied lm_head shares its table with the embedding: BLOOM's ln_f) is left as it is: gamma
+// becomes the Linear's norm scale (input kLinearNormScale, multiplied into x on the fly), and
+// the row sums are those of w * gamma. Runs after narrow_graph (the types
 // are final) and before plan_memory (the planner then keeps x alive until the last Linear has
 // read it).
 #include <algorithm>
@@ -27,8 +29,8 @@ namespace {
 bool plain_float(DType t) { return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16; }
 
 // Whether node `i` reads `value` exactly once, as the input of a Linear whose weight can absorb
-// a norm: constant, f32/f16/bf16, plain, read by this node only.
-bool foldable_reader(const Graph& g, int i, int value, const std::vector<int>& uses) {
+// a norm: constant, f32/f16/bf16, plain (read by other nodes too: `shared`).
+bool foldable_reader(const Graph& g, int i, int value) {
   const Node& n = g.nodes[i];
   if (n.op != OpKind::kLinear || n.attr<LinearAttrs>().norm || n.inputs.size() < 2 ||
       n.inputs[0] != value)
@@ -38,7 +40,7 @@ bool foldable_reader(const Graph& g, int i, int value, const std::vector<int>& u
   if (n.inputs.size() > 3 && n.inputs[3] >= 0) return false;  // per-channel scales
   const Value& w = g.values[n.inputs[1]];
   return w.kind == ValueKind::kWeight && w.data.defined() && w.layout.plain() &&
-         w.data.rank() == 2 && uses[n.inputs[1]] == 1 && plain_float(w.dtype);
+         w.data.rank() == 2 && plain_float(w.dtype);
 }
 
 bool constant_float(const Graph& g, int id) {
@@ -52,15 +54,15 @@ bool all_finite(const Tensor& t) {
   return std::all_of(p, p + f.numel(), [](float v) { return std::isfinite(v); });
 }
 
-// One reader's folded operands: w * gamma in the weight's type; for LayerNorm the bias plus
-// w · beta (in the bias's type, the weight's without a bias) and the f32 row sums of the stored
-// folded weight.
+// One reader's folded operands: w * gamma in the weight's type (shared: no new weight, gamma
+// as the f32 norm scale); for LayerNorm the bias plus w · beta (in the bias's type, the weight's
+// without a bias) and the f32 row sums of the folded weight (as stored; shared: of w * gamma).
 struct Folded {
-  Tensor weight, bias, row_sums;
+  Tensor weight, bias, row_sums, scale;
 };
 
 Folded fold(const Graph& g, const Node& lin, const std::vector<float>& gamma,
-            const std::vector<float>& beta, bool layer) {
+            const std::vector<float>& beta, bool layer, bool shared) {
   const Value& wv = g.values[lin.inputs[1]];
   const Tensor w = wv.data.to_f32();
   const int64_t out = w.dim(0), in = w.dim(1);
@@ -69,9 +71,13 @@ Folded fold(const Graph& g, const Node& lin, const std::vector<float>& gamma,
   float* sf = scaled.data<float>();
   for (int64_t o = 0; o < out; ++o)
     for (int64_t i = 0; i < in; ++i) sf[o * in + i] = wf[o * in + i] * gamma[i];
-  Folded f{scaled.to(wv.dtype), {}, {}};
+  Folded f;
+  if (shared)
+    f.scale = Tensor::from_vector(gamma, {in});
+  else
+    f.weight = scaled.to(wv.dtype);
   if (!layer) return f;
-  const Tensor back = f.weight.to_f32();
+  const Tensor back = shared ? scaled : f.weight.to_f32();
   std::vector<float> sums(static_cast<size_t>(out)), bias(static_cast<size_t>(out), 0.0f);
   const bool has_bias = lin.inputs.size() > 2 && lin.inputs[2] >= 0;
   if (has_bias) {
@@ -94,11 +100,17 @@ Folded fold(const Graph& g, const Node& lin, const std::vector<float>& gamma,
 
 void apply(Graph& g, Node& lin, Folded f, const NormAttrs& norm, bool layer, int x) {
   const std::string wname = g.values[lin.inputs[1]].name;
-  lin.inputs[1] = g.add_weight(wname + ".norm_folded", std::move(f.weight));
+  if (f.scale.defined()) {
+    if (lin.inputs.size() <= kLinearNormScale) lin.inputs.resize(kLinearNormScale + 1, -1);
+    lin.inputs[kLinearNormScale] = g.add_weight(lin.name + ".norm_scale", std::move(f.scale));
+  } else {
+    lin.inputs[1] = g.add_weight(wname + ".norm_folded", std::move(f.weight));
+  }
   if (layer) {
     if (lin.inputs.size() <= kLinearNormRowSums) lin.inputs.resize(kLinearNormRowSums + 1, -1);
     lin.inputs[2] = g.add_weight(lin.name + ".norm_folded_bias", std::move(f.bias));
-    lin.inputs[kLinearNormRowSums] = g.add_weight(wname + ".norm_row_sums", std::move(f.row_sums));
+    lin.inputs[kLinearNormRowSums] = g.add_weight(
+        (f.scale.defined() ? lin.name : wname) + ".norm_row_sums", std::move(f.row_sums));
   }
   lin.inputs[0] = x;
   LinearAttrs& a = lin.attr<LinearAttrs>();
@@ -131,15 +143,17 @@ int fuse_norm_linear(Graph& graph, const Logger& log) {
     const std::vector<int> rs = readers[y];
     // Every use is one of the readers' inputs (a graph output is a use no node accounts for).
     if (rs.empty() || uses[y] != static_cast<int>(rs.size())) continue;
-    if (!std::all_of(rs.begin(), rs.end(),
-                     [&](int i) { return foldable_reader(graph, i, y, uses); }))
+    if (!std::all_of(rs.begin(), rs.end(), [&](int i) { return foldable_reader(graph, i, y); }))
       continue;
     const std::vector<float> gamma = floats_of(graph, norm.inputs[1]);
     const std::vector<float> beta = layer ? floats_of(graph, norm.inputs[2]) : std::vector<float>();
     std::vector<Folded> folded;
-    for (int i : rs) folded.push_back(fold(graph, graph.nodes[i], gamma, beta, layer));
+    for (int i : rs)
+      folded.push_back(
+          fold(graph, graph.nodes[i], gamma, beta, layer, uses[graph.nodes[i].inputs[1]] > 1));
     if (!std::all_of(folded.begin(), folded.end(), [](const Folded& f) {
-          return all_finite(f.weight) && (!f.bias.defined() || all_finite(f.bias));
+          return (!f.weight.defined() || all_finite(f.weight)) &&
+                 (!f.bias.defined() || all_finite(f.bias));
         })) {
       log.info("fuse_norm_linear: {} stays a node: its folded weights leave {}'s range", norm.name,
                dtype_name(graph.values[graph.nodes[rs[0]].inputs[1]].dtype));

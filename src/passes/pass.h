@@ -45,9 +45,15 @@ int fuse_gate_up(Graph& graph, const Logger& log);
 int fuse_linear_residual(Graph& graph, const Logger& log);
 
 // CUDA plans: y = Linear(LayerNorm(x)) (or RMSNorm) -> Linear(x, w * gamma, bias + w · beta,
-// ..., row sums of w * gamma) with LinearAttrs::norm, when Linears with float weights of their
-// own are the norm's only readers. Returns the norms folded.
+// ..., row sums of w * gamma) with LinearAttrs::norm, when Linears with float weights are the
+// norm's only readers (a weight other nodes share keeps its values: gamma then becomes the
+// Linear's norm scale, input kLinearNormScale). Returns the norms folded.
 int fuse_norm_linear(Graph& graph, const Logger& log);
+
+// CUDA plans: LayerNorm(Embedding(table, ids)) -> LayerNorm(table, w, b, rows = ids), one kernel
+// that gathers and normalizes (BLOOM's word_embeddings_layernorm), when the norm is the
+// embedding's only reader. Returns the embeddings fused.
+int fuse_embedding_norm(Graph& graph, const Logger& log);
 
 // CUDA fp16 / bf16 plans: float weights and activations in that type, logits widened to f32 by
 // a Cast (the CPU keeps f32 activations and narrows only weight storage: assign_precision).

@@ -20,7 +20,10 @@ void optimize_model(ModelIR& model, const PassOptions& options, const Logger& lo
     }
     if (model.device == Device::kCuda) {
       narrow_graph(g, model.precision, log);
-      if (options.fuse) fuse_norm_linear(g, log);
+      if (options.fuse) {
+        fuse_norm_linear(g, log);
+        fuse_embedding_norm(g, log);
+      }
     } else {
       assign_precision(g, model.precision, &model.precision_notes, log);
     }

@@ -108,8 +108,9 @@ TEST(BackendOps, LinearWithFusedResidualMatchesTheUnfusedGraph) {
 // the GEMV cannot take, are standardized by the norm kernel first. One reader and two (T5's q,
 // k, v read one norm), with and without the Linear's bias, with a fused activation (BLOOM's
 // dense_h_to_4h), rows of small and of large mean (the one-row GEMV's sums must not cancel);
-// nothing is folded when the norm's output is also read elsewhere (a graph output here) or a
-// reader's weight is shared (a tied lm_head).
+// a reader whose weight is shared (a tied lm_head) keeps its weight and takes gamma as its norm
+// scale (x * gamma on the fly); nothing is folded when the norm's output is also read elsewhere
+// (a graph output here).
 TEST(BackendOps, LinearWithFoldedNormMatchesTheUnfusedGraph) {
   const std::unique_ptr<Backend> reference = reference_backend();
   const Logger quiet(LogLevel::kSilent);
@@ -139,9 +140,16 @@ TEST(BackendOps, LinearWithFoldedNormMatchesTheUnfusedGraph) {
             for (Node& n : plain.nodes)
               if (n.name == "fc1") n.attr<LinearAttrs>().activation = Activation::kGeluTanh;
           Graph fused = plain;
-          ASSERT_EQ(fuse_norm_linear(fused, quiet), also_output || shared ? 0 : 1) << variant;
+          ASSERT_EQ(fuse_norm_linear(fused, quiet), also_output ? 0 : 1) << variant;
           verify_graph(fused);
-          if (also_output || shared) continue;
+          if (also_output) continue;
+          for (const Node& n : fused.nodes) {
+            if (n.name != "fc1") continue;
+            const bool scaled =
+                n.inputs.size() > kLinearNormScale && n.inputs[kLinearNormScale] >= 0;
+            EXPECT_EQ(scaled, shared) << variant;
+            EXPECT_EQ(fused.values[n.inputs[1]].name == "w", shared) << variant;
+          }
           for (int64_t n : {1, 3, 8, 70})
             for (const float lo : {-3.0f, 200.0f}) {
               const std::map<std::string, Tensor> feed = {

@@ -151,3 +151,33 @@ TEST(BackendOps, ArgmaxRowsFlagsInDeviceMemoryPastTheMask) { check_argmax_many_r
 
 }  // namespace
 }  // namespace kiln::test
+
+// The device argmax is one kernel: each row's last block to finish reduces the row, found by a
+// counter per row that it leaves at zero for the next launch. Launches of other row and chunk
+// counts in between (a row counter of one launch is another row's of the next) must not leave a
+// count behind: every launch's ids against a host scan.
+TEST(BackendOps, ArgmaxRowsRepeatedWithOtherShapes) {
+  const std::vector<std::pair<int64_t, int64_t>> shapes = {
+      {3, 9000}, {7, 4096}, {1, 250880}, {3, 9000}, {12, 5000}, {7, 4096}, {1, 250880}};
+  Gen g(DType::kF32, DType::kF32, 31);
+  int checked = 0;
+  for (NamedBackend& nb : available_backends()) {
+    bool device = true;
+    for (const auto& [rows, cols] : shapes) {
+      const std::vector<float> v = g.floats(rows * cols, -8, 8);
+      std::vector<int64_t> expected(static_cast<size_t>(rows), 0);
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t c = 1; c < cols; ++c)
+          if (v[r * cols + c] > v[r * cols + expected[r]]) expected[r] = c;
+      const Tensor logits = nb.backend->allocator().upload(Tensor::from_vector(v, {rows, cols}));
+      std::vector<int64_t> got(static_cast<size_t>(rows), -2);
+      if (!nb.backend->argmax_rows(logits, got)) {
+        device = false;
+        break;
+      }
+      EXPECT_EQ(got, expected) << nb.name << ", " << rows << " x " << cols;
+    }
+    checked += device ? 1 : 0;
+  }
+  if (checked == 0) GTEST_SKIP() << "no backend here computes argmax on a device (CUDA does)";
+}

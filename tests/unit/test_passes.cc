@@ -317,9 +317,10 @@ TEST(Passes, FuseLinearResidualFiresOnBloomCudaPlans) {
 }
 
 // CUDA plans of BLOOM fold the two LayerNorms of every layer into the Linear reading each
-// (query_key_value, dense_h_to_4h); the embeddings' LayerNorm (its output is the residual
-// stream) and ln_f (the lm_head shares its weight with the embedding) stay nodes. Every folded
-// Linear carries its weight's f32 row sums; CPU plans fold nothing.
+// (query_key_value, dense_h_to_4h), and ln_f into the lm_head, which shares its weight with the
+// embedding and so takes gamma as its norm scale; the embeddings' LayerNorm (its output is the
+// residual stream) stays a node, which gathers the embedding rows itself (fuse_embedding_norm).
+// Every folded Linear carries its weight's f32 row sums; CPU plans fold nothing.
 TEST(Passes, FuseNormLinearFiresOnBloomCudaPlans) {
   if (!query_cuda().compiled) GTEST_SKIP() << "built without CUDA: cuda plans cannot be built";
   auto built = [](Device device) {
@@ -331,7 +332,7 @@ TEST(Passes, FuseNormLinearFiresOnBloomCudaPlans) {
   const int norms = count_ops(cpu.graph(kDecoderGraph), OpKind::kLayerNorm);
   const ModelIR bloom = built(Device::kCuda);
   const Graph& dec = bloom.graph(kDecoderGraph);
-  int fused = 0;
+  int fused = 0, scaled = 0;
   for (const Node& n : dec.nodes) {
     if (n.op != OpKind::kLinear || !n.attr<LinearAttrs>().norm) continue;
     ++fused;
@@ -339,10 +340,16 @@ TEST(Passes, FuseNormLinearFiresOnBloomCudaPlans) {
     ASSERT_GT(n.inputs.size(), kLinearNormRowSums) << n.name;
     ASSERT_GE(n.inputs[kLinearNormRowSums], 0) << n.name;
     EXPECT_EQ(dec.values[n.inputs[kLinearNormRowSums]].dtype, DType::kF32) << n.name;
+    if (n.inputs.size() > kLinearNormScale && n.inputs[kLinearNormScale] >= 0) {
+      ++scaled;
+      EXPECT_EQ(dec.values[n.inputs[kLinearNormScale]].dtype, DType::kF32) << n.name;
+    }
   }
-  EXPECT_EQ(fused, 2 * bloom.desc.cache_layers);
+  EXPECT_EQ(fused, 2 * bloom.desc.cache_layers + 1);
+  EXPECT_EQ(scaled, 1);  // the tied lm_head
   EXPECT_EQ(count_ops(dec, OpKind::kLayerNorm), norms - fused);
-  EXPECT_EQ(count_ops(dec, OpKind::kLayerNorm), 2);  // the embeddings' norm and ln_f
+  EXPECT_EQ(count_ops(dec, OpKind::kLayerNorm), 1);  // the embeddings' norm, gathering
+  EXPECT_EQ(count_ops(dec, OpKind::kEmbedding), 0);
   for (const Node& n : cpu.graph(kDecoderGraph).nodes) {
     if (n.op == OpKind::kLinear) {
       EXPECT_FALSE(n.attr<LinearAttrs>().norm) << n.name;

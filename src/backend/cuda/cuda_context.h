@@ -293,13 +293,17 @@ class CudaContext {
   // Keyed by the host bytes; the host tensor is kept so that its address is not reused.
   std::map<const void*, std::pair<Tensor, Tensor>> weights_;
   std::map<std::tuple<DType, int64_t, float>, Tensor> filled_;
-  std::shared_ptr<void> argmax_device_;   // ids, then a flag byte per row, then scratch
-  unsigned char* argmax_host_ = nullptr;  // pinned: the same
+  // ids, then a flag byte per row, then the rows' counters of finished blocks (zero between
+  // launches), then scratch (the chunks' keys)
+  std::shared_ptr<void> argmax_device_;
+  unsigned char* argmax_host_ = nullptr;  // pinned: the ids and flags
   size_t argmax_capacity_ = 0;
-  size_t argmax_scratch_capacity_ = 0;  // bytes of the chunks' keys after them
-  // Where the chunks' keys begin in argmax_device_: after the ids and flags, 256-byte aligned.
+  size_t argmax_scratch_capacity_ = 0;  // bytes of the chunks' keys
+  // Where the counters and the keys begin in argmax_device_, each 256-byte aligned.
+  static size_t align256(size_t n) { return (n + 255) / 256 * 256; }
+  size_t argmax_done_offset() const { return align256(argmax_capacity_ * (sizeof(long long) + 1)); }
   size_t argmax_keys_offset() const {
-    return (argmax_capacity_ * (sizeof(long long) + 1) + 255) / 256 * 256;
+    return align256(argmax_done_offset() + argmax_capacity_ * sizeof(unsigned int));
   }
   size_t argmax_started_ = 0;  // rows of the last start_argmax_rows
   cudaEvent_t argmax_copied_ = nullptr;

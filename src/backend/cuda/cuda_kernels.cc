@@ -115,14 +115,20 @@ void rms_norm(const Launch& l) {
 }
 
 // x [n, d], w [d], b [d] -> [n, d]
+// With rows [r] (a fused embedding): x is a table, y [r, d] its normalized rows x[rows].
 void layer_norm(const Launch& l) {
   Tensor& y = l.args.out[0];
   const int64_t d = y.dim(-1);
   KILN_CHECK(l.args.in[1].dtype() == l.args.in[2].dtype(),
              "node '{}': the cuda layer norm takes weight and bias of one dtype", l.node.name);
+  RowIndex gather;
+  if (l.args.in.size() > 3 && l.args.in[3].defined()) {
+    const Tensor& rows = l.args.in[3];
+    gather = {rows.raw(), index_type(rows.dtype()), l.args.in[0].dim(0), l.ctx.status(), l.index};
+  }
   launch_layer_norm(float_type(y.dtype()), float_type(l.args.in[1].dtype()), l.args.in[0].raw(),
                     l.args.in[1].raw(), l.args.in[2].raw(), y.raw(), d > 0 ? y.numel() / d : 0, d,
-                    static_cast<float>(l.node.attr<NormAttrs>().eps), l.stream());
+                    static_cast<float>(l.node.attr<NormAttrs>().eps), l.stream(), gather);
 }
 
 // a, b [n, d], w [d] -> (a + b, rmsnorm(a + b) * w)

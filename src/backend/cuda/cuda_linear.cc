@@ -72,10 +72,14 @@ class LinearKernel final : public CudaKernel {
     norm_ = attrs.norm;
     norm_eps_ = static_cast<float>(attrs.norm_eps);
     x_shape_ = graph.values[node_.inputs[0]].shape;
+    norm_scaled_ =
+        norm_ && node_.inputs.size() > kLinearNormScale && node_.inputs[kLinearNormScale] >= 0;
     if (norm_) {
-      // The norm kernel's unit weight and zero bias, for the steps that standardize x first.
-      unit_ = ctx_.filled_vector(dtype_, in_, 1.0f);
-      zero_ = ctx_.filled_vector(dtype_, in_, 0.0f);
+      // The norm kernel's unit weight and zero bias, for the steps that standardize x first
+      // (f32 with a norm scale: that is then the norm kernel's weight).
+      const DType t = norm_scaled_ ? DType::kF32 : dtype_;
+      unit_ = ctx_.filled_vector(t, in_, 1.0f);
+      zero_ = ctx_.filled_vector(t, in_, 0.0f);
     }
     tactics_ = attrs.tactics;
     const cublasComputeType_t compute =
@@ -141,7 +145,10 @@ class LinearKernel final : public CudaKernel {
                  layer ? "the weight's f32 row sums" : "no row sums");
       KILN_CHECK(args.scratch != nullptr, "node '{}': a folded norm without scratch memory",
                  node_.name);
-      o.norm = {true, sums ? sums->raw() : nullptr, args.scratch};
+      const Tensor* scale = norm_scaled_ ? &args.in[kLinearNormScale] : nullptr;
+      KILN_CHECK(scale == nullptr || (scale->dtype() == DType::kF32 && scale->numel() == in_),
+                 "node '{}': a folded norm's scale must be f32 [{}]", node_.name, in_);
+      o.norm = {true, sums ? sums->raw() : nullptr, args.scratch, scale ? scale->raw() : nullptr};
     }
     run_rows(n, o, tactic_for(n));
   }
@@ -174,7 +181,8 @@ class LinearKernel final : public CudaKernel {
     KILN_CUDA_CHECK(cudaEventCreate(&stop));
     Operands o{x.get(), w.raw(), bias, res.get(), y.get()};
     if (norm_)
-      o.norm = {true, *norm_ == InputNorm::kLayerNorm ? sums.get() : nullptr, normed.get()};
+      o.norm = {true, *norm_ == InputNorm::kLayerNorm ? sums.get() : nullptr, normed.get(),
+                norm_scaled_ ? unit_.raw() : nullptr};
     // Median time of `launch` in microseconds; infinity when it fails.
     auto time = [&](auto&& launch) {
       for (int i = 0; i < 2; ++i)
@@ -243,6 +251,7 @@ class LinearKernel final : public CudaKernel {
     bool on = false;                 // a folded norm
     const void* row_sums = nullptr;  // f32 [out]; null: RMSNorm
     void* scratch = nullptr;         // [n, in] of the activations' type, for standardize()
+    const void* scale = nullptr;     // f32 [in]: gamma, multiplied into x (kLinearNormScale)
   };
   struct Operands {
     const void* x;
@@ -268,17 +277,18 @@ class LinearKernel final : public CudaKernel {
   }
 
   // The operands with a folded norm's rows standardized into the scratch memory by the norm
-  // kernel with unit weight and zero bias ((x - mean) / std, or x / rms): the folded weight and
-  // bias do the rest. o itself without a folded norm.
+  // kernel with unit weight (the norm scale where the Linear has one) and zero bias ((x - mean)
+  // / std, or x / rms): the folded weight and bias do the rest. o itself without a folded norm.
   Operands standardize(int64_t n, const Operands& o) {
     if (!o.norm.on) return o;
     const FloatType t = float_type(dtype_);
+    const FloatType wt = o.norm.scale != nullptr ? FloatType::kF32 : t;
+    const void* w = o.norm.scale != nullptr ? o.norm.scale : unit_.raw();
     if (o.norm.row_sums != nullptr)
-      launch_layer_norm(t, t, o.x, unit_.raw(), zero_.raw(), o.norm.scratch, n, in_, norm_eps_,
+      launch_layer_norm(t, wt, o.x, w, zero_.raw(), o.norm.scratch, n, in_, norm_eps_,
                         ctx_.kernel_stream());
     else
-      launch_rms_norm(t, t, o.x, unit_.raw(), o.norm.scratch, n, in_, norm_eps_,
-                      ctx_.kernel_stream());
+      launch_rms_norm(t, wt, o.x, w, o.norm.scratch, n, in_, norm_eps_, ctx_.kernel_stream());
     Operands plain = o;
     plain.x = o.norm.scratch;
     plain.norm = {};
@@ -315,6 +325,7 @@ class LinearKernel final : public CudaKernel {
     p.act = act_fn(activation_.value_or(Activation::kRelu));
     p.norm = o.norm.on;
     p.norm_row_sums = o.norm.row_sums;
+    p.norm_scale = static_cast<const float*>(o.norm.scale);
     p.norm_eps = norm_eps_;
     return launch_gemv(p, ctx_.kernel_stream());
   }
@@ -433,9 +444,11 @@ class LinearKernel final : public CudaKernel {
   DType dtype_ = DType::kF32;
   std::optional<Activation> activation_;
   std::optional<InputNorm> norm_;
+  bool norm_scaled_ = false;  // the folded norm's gamma is input kLinearNormScale
   float norm_eps_ = 0.0f;
   SymShape x_shape_;
-  Tensor unit_, zero_;  // [in] of the activations' type: a folded norm's standardizing kernel
+  // [in] of the activations' type (f32 with a norm scale): a folded norm's standardizing kernel
+  Tensor unit_, zero_;
   bool bias_in_epilogue_ = false, bias_after_ = false;
   int gemv_split_[kGemvMaxRows + 1] = {};  // per row count (gemv_split)
   cublasLtMatmulDesc_t desc_ = nullptr;

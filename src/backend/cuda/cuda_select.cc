@@ -43,6 +43,8 @@ Tensor CudaContext::start_argmax_rows(const Tensor& logits, std::span<const int6
     // keys (device only, from a 256-byte boundary).
     const size_t bytes = argmax_capacity_ * (sizeof(long long) + 1);
     argmax_device_ = allocator_.allocate(argmax_keys_offset() + argmax_scratch_capacity_);
+    KILN_CUDA_CHECK(cudaMemsetAsync(static_cast<char*>(argmax_device_.get()) + argmax_done_offset(),
+                                    0, argmax_capacity_ * sizeof(unsigned int), stream_));
     cudaFreeHost(argmax_host_);
     argmax_host_ = nullptr;
     void* host = nullptr;
@@ -78,6 +80,8 @@ Tensor CudaContext::start_argmax_rows(const Tensor& logits, std::span<const int6
   static_assert(sizeof(long long) == sizeof(int64_t));
   launch_argmax_rows(float_type(logits.dtype()), logits.raw(), logits.dim(0), logits.dim(1), ban,
                      flags, mask, static_cast<char*>(argmax_device_.get()) + argmax_keys_offset(),
+                     reinterpret_cast<unsigned int*>(static_cast<char*>(argmax_device_.get()) +
+                                                     argmax_done_offset()),
                      ids, reinterpret_cast<long long*>(argmax_host_), kernel_stream());
   KILN_CUDA_CHECK(cudaEventRecord(argmax_copied_, stream_));
   return Tensor::view(DType::kI64, {static_cast<int64_t>(rows)}, ids, argmax_device_,

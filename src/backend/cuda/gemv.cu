@@ -6,9 +6,10 @@
 // there are too few features to fill the GPU (out = 1024 on a 132-SM chip), `split` warps share
 // a group of features, each over an interleaved part of the rows, and their sums are added in a
 // fixed order. Bias, activation and a fused residual ride on the store. A folded input norm
-// (fuse_norm_linear: BLOOM's LayerNorms before query_key_value and dense_h_to_4h; one row, see
-// kNormMaxRows) needs the row's sum and sum of squares: the lanes add up the x chunks they
-// multiply anyway, and the store applies mean and 1 / std (or 1 / rms) to the product.
+// (fuse_norm_linear: BLOOM's LayerNorms before query_key_value and dense_h_to_4h, and ln_f before
+// the tied lm_head, its gamma multiplied into x on the fly; one row, see kNormMaxRows) needs the
+// row's sum and sum of squares: the lanes add up the x chunks they multiply anyway, and the
+// store applies mean and 1 / std (or 1 / rms) to the product.
 #include "backend/cuda/device_types.cuh"
 
 namespace kiln::cuda {
@@ -56,12 +57,16 @@ __device__ __forceinline__ float dot16(const uint4& w, const uint4& x) {
 }
 
 // kNorm: a folded norm (row_sums null: RMSNorm), held to 64 registers (four blocks an SM, as
-// without it: at 68 the one-row GEMV lost a quarter of its warps and most of the gain).
-template <typename T, typename B, int N, bool kNorm>
-__global__ void __launch_bounds__(kWarps * 32, kNorm ? 4 : 1)
+// without it: at 68 the one-row GEMV lost a quarter of its warps and most of the gain). kScale:
+// with its gamma multiplied into x (scale, f32 [in]: the norm of a shared weight, BLOOM's ln_f
+// before the tied lm_head), held to three blocks an SM (up to 85 registers; at 64 it spilled 32
+// bytes), as many as the plain one-row instance gets with its 72.
+template <typename T, typename B, int N, bool kNorm, bool kScale = false>
+__global__ void __launch_bounds__(kWarps * 32, kNorm ? (kScale ? 3 : 4) : 1)
     gemv_kernel(const uint4* __restrict__ x, const uint4* __restrict__ w,
                 const B* __restrict__ bias, const T* residual, T* y, int64_t chunks, int64_t out,
-                int split, bool has_act, ActFn act, const float* __restrict__ row_sums, float eps) {
+                int split, bool has_act, ActFn act, const float* __restrict__ row_sums, float eps,
+                const float* __restrict__ scale) {
   // Per warp: the features' sums, then (kNorm) each row's sum and sum of squares.
   constexpr int kSlots = kNorm ? kFeatures + 2 : kFeatures;
   __shared__ float partial_s[kWarps][kSlots][N];
@@ -144,6 +149,19 @@ __global__ void __launch_bounds__(kWarps * 32, kNorm ? 4 : 1)
               xf[e] -= shift[r];
               acc[kFeatures][r] += xf[e];
               acc[kFeatures + 1][r] = fmaf(xf[e], xf[e], acc[kFeatures + 1][r]);
+            }
+            if constexpr (kScale) {
+              // The products take (x - shift) * gamma: the row sums are w · gamma's.
+              const float4* g =
+                  reinterpret_cast<const float4*>(scale) + (c + u * stride) * (Vec<T>::kN / 4);
+#pragma unroll
+              for (int q = 0; q < Vec<T>::kN / 4; ++q) {
+                const float4 gv = __ldg(g + q);
+                xf[4 * q] *= gv.x;
+                xf[4 * q + 1] *= gv.y;
+                xf[4 * q + 2] *= gv.z;
+                xf[4 * q + 3] *= gv.w;
+              }
             }
 #pragma unroll
             for (int k = 0; k < kFeatures; ++k) {
@@ -236,10 +254,11 @@ void launch_n(const GemvParams& p, KernelStream stream) {
     launch(kernel, blocks, kWarps * 32, 0, stream, static_cast<const uint4*>(p.x),
            static_cast<const uint4*>(p.w), static_cast<const B*>(p.bias),
            static_cast<const T*>(p.residual), static_cast<T*>(p.y), chunks, p.out, p.split,
-           p.has_act, p.act, static_cast<const float*>(p.norm_row_sums), p.norm_eps);
+           p.has_act, p.act, static_cast<const float*>(p.norm_row_sums), p.norm_eps, p.norm_scale);
   };
   // The folded norm's instances exist where launch_gemv lets p.norm through.
   if constexpr (std::is_same_v<T, B> && N <= kNormMaxRows) {
+    if (p.norm && p.norm_scale != nullptr) return go(gemv_kernel<T, B, N, true, true>);
     if (p.norm) return go(gemv_kernel<T, B, N, true>);
   }
   go(gemv_kernel<T, B, N, false>);
@@ -291,7 +310,9 @@ int gemv_split(FloatType t, int64_t in, int64_t out, int sms, int warps_per_sm) 
 
 bool launch_gemv(const GemvParams& p, KernelStream stream) {
   // The folded norm's kernels: one row, a bias of the activations' type (or none).
-  if (p.norm && (p.bias_type != p.type || p.rows > kNormMaxRows)) return false;
+  if (p.norm && (p.bias_type != p.type || p.rows > kNormMaxRows ||
+                 (reinterpret_cast<uintptr_t>(p.norm_scale) & 15) != 0))
+    return false;
   if (p.rows <= 0 || p.out <= 0) return true;
   dispatch_float(p.type, [&](auto tag) {
     dispatch_float(p.bias_type, [&](auto bias_tag) {

@@ -132,9 +132,11 @@ struct GemvParams {
   ActFn act;
   // A folded input norm: y = rstd * (x · w^T - mean * row_sums) + bias, the row's mean and rstd
   // from its own sums; RMSNorm (null row sums): y = x · w^T / rms + bias. One row, a bias of the
-  // activations' type (or none).
+  // activations' type (or none). norm_scale (f32 [in], 16-byte aligned, or null): gamma of a
+  // norm whose weight stays unfolded, x · w^T then being (x * gamma) · w^T.
   bool norm = false;
   const void* norm_row_sums = nullptr;  // f32 [out]
+  const float* norm_scale = nullptr;
   float norm_eps = 0.0f;
 };
 // False, launching nothing, when p asks for a folded norm it cannot take (see norm).
@@ -147,9 +149,20 @@ void launch_gated(ActFn act, FloatType t, const void* gate, const void* up, void
 // x [rows, d], w [d] -> y [rows, d]
 void launch_rms_norm(FloatType t, FloatType wt, const void* x, const void* w, void* y, int64_t rows,
                      int64_t d, float eps, KernelStream stream);
-// x [rows, d], w [d], b [d] -> y [rows, d]
+// Rows gathered by a norm (a fused embedding): row r of the output normalizes row index[r] of x,
+// a table of table_rows rows; an index out of range is reported as a bad token id (kStatusTokenId)
+// and leaves its output row unwritten.
+struct RowIndex {
+  const void* index = nullptr;  // null: row r is x's row r
+  IndexType type = IndexType::kI64;
+  int64_t table_rows = 0;
+  DeviceStatus* status = nullptr;
+  int node = -1;
+};
+// x [rows, d] (gathered: [table_rows, d]), w [d], b [d] -> y [rows, d]
 void launch_layer_norm(FloatType t, FloatType wt, const void* x, const void* w, const void* b,
-                       void* y, int64_t rows, int64_t d, float eps, KernelStream stream);
+                       void* y, int64_t rows, int64_t d, float eps, KernelStream stream,
+                       const RowIndex& gather = {});
 // a, b [rows, d], w [d] -> sum = a + b (rounded), y = rmsnorm(sum) * w
 void launch_add_rms_norm(FloatType t, FloatType wt, const void* a, const void* b, const void* w,
                          void* sum, void* y, int64_t rows, int64_t d, float eps,
@@ -277,11 +290,13 @@ struct RowMask {
 // only token ids leave the GPU), skipping banned.id[] in the rows r whose flag is set: ban_row[r]
 // non-zero (device memory), or, where ban_row is null, bit r of `mask` (no row bans: all zero).
 // host_out (may be null): pinned host memory the kernel writes the ids to as well, so that the
-// host needs no copy after it. scratch holds argmax_scratch_bytes(). Two kernels, no memset.
+// host needs no copy after it. scratch holds argmax_scratch_bytes(); row_done [rows] is zero
+// before the first launch, and each launch leaves it zero. One kernel, no memset.
 size_t argmax_scratch_bytes(int64_t rows, int64_t cols);
 void launch_argmax_rows(FloatType t, const void* x, int64_t rows, int64_t cols,
                         const BannedIds& banned, const unsigned char* ban_row, const RowMask& mask,
-                        void* scratch, long long* out, long long* host_out, KernelStream stream);
+                        void* scratch, unsigned int* row_done, long long* out, long long* host_out,
+                        KernelStream stream);
 // The k best columns of each row r of x [rows, cols] (select.cu), for sampling and beam search:
 // values[r*k + j] = x[r][c] / temperature[r] (temperature null: no scaling) of the j-th best c,
 // best first, ties to the lower column, with banned.id[] skipped where ban_row[r] is non-zero;

@@ -48,10 +48,25 @@ __global__ void add_rms_norm_kernel(const T* a, const T* b, const W* w, T* sum, 
     y[base + i] = from_float<T>(to_float(w[i]) * (to_float(sum[base + i]) * inv_rms));
 }
 
+// The row of x that output row blockIdx.x normalizes (RowIndex), or -1 after reporting a bad
+// index (the whole block returns). Reads the index: after the wait.
+__device__ __forceinline__ int64_t source_row(const RowIndex& g) {
+  if (g.index == nullptr) return blockIdx.x;
+  const long long id = g.type == IndexType::kI64
+                           ? static_cast<const long long*>(g.index)[blockIdx.x]
+                           : static_cast<const int*>(g.index)[blockIdx.x];
+  if (id >= 0 && id < g.table_rows) return id;
+  if (threadIdx.x == 0) report(g.status, kStatusTokenId, g.node, id, g.table_rows);
+  return -1;
+}
+
 template <typename T, typename W>
-__global__ void layer_norm_kernel(const T* x, const W* w, const W* b, T* y, int64_t d, float eps) {
+__global__ void layer_norm_kernel(const T* x, const W* w, const W* b, T* y, int64_t d, float eps,
+                                  RowIndex gather) {
   pdl_begin();
-  const T* xr = x + blockIdx.x * d;
+  const int64_t row = source_row(gather);
+  if (row < 0) return;
+  const T* xr = x + row * d;
   T* yr = y + blockIdx.x * d;
   float s = 0.0f;
   for (int64_t i = threadIdx.x; i < d; i += blockDim.x) s += to_float(xr[i]);
@@ -184,12 +199,14 @@ __global__ void add_rms_norm_vec_kernel(const T* a, const T* b, const W* w, T* s
 
 template <typename T, typename W>
 __global__ void layer_norm_vec_kernel(const T* x, const W* w, const W* b, T* y, int64_t d,
-                                      float eps) {
+                                      float eps, RowIndex gather) {
   constexpr int N = kVec<T>;
   const int64_t vecs = d / N;
   const RowWeights<W, N> first = first_weights<W, N>(w, b, vecs);
   pdl_begin();
-  const T* xr = x + blockIdx.x * d;
+  const int64_t row = source_row(gather);
+  if (row < 0) return;
+  const T* xr = x + row * d;
   T* yr = y + blockIdx.x * d;
   if (vecs <= static_cast<int64_t>(blockDim.x)) {  // one vector a thread (uniform)
     const int64_t c = threadIdx.x;
@@ -288,7 +305,8 @@ void launch_rms_norm(FloatType t, FloatType wt, const void* x, const void* w, vo
 }
 
 void launch_layer_norm(FloatType t, FloatType wt, const void* x, const void* w, const void* b,
-                       void* y, int64_t rows, int64_t d, float eps, KernelStream stream) {
+                       void* y, int64_t rows, int64_t d, float eps, KernelStream stream,
+                       const RowIndex& gather) {
   if (rows == 0) return;
   dispatch_float(t, [&](auto tag) {
     dispatch_float(wt, [&](auto wtag) {
@@ -297,11 +315,11 @@ void launch_layer_norm(FloatType t, FloatType wt, const void* x, const void* w, 
       if (vec_fits<T>(d, {x, y}))
         launch(layer_norm_vec_kernel<T, W>, static_cast<unsigned>(rows), vec_threads<T>(d), 0,
                stream, static_cast<const T*>(x), static_cast<const W*>(w), static_cast<const W*>(b),
-               static_cast<T*>(y), d, eps);
+               static_cast<T*>(y), d, eps, gather);
       else
         launch(layer_norm_kernel<T, W>, static_cast<unsigned>(rows), threads_for(d), 0, stream,
                static_cast<const T*>(x), static_cast<const W*>(w), static_cast<const W*>(b),
-               static_cast<T*>(y), d, eps);
+               static_cast<T*>(y), d, eps, gather);
     });
   });
 }

@@ -66,12 +66,16 @@ __device__ __forceinline__ bool row_bans(const unsigned char* ban_row, const Row
   return r < RowMask::kRows && ((mask.bits[r >> 6] >> (r & 63)) & 1ull) != 0;
 }
 
-// Block (c, r): the largest key of chunk c of row r into keys[r * chunks + c] (0: none). No
-// atomics, so nothing to clear before it.
+// Block (c, r): the largest key of chunk c of row r into keys[r * chunks + c] (0: none); the
+// row's last block to finish (row_done[r] counts them, and that block puts it back to zero for
+// the next launch) reduces the row's keys to a column (-1: every column banned) into out[r] and,
+// when not null, host_out[r] (pinned host memory: the ids reach the host without a copy after
+// the kernel). One kernel: a second one for the reduction waited for this one's end (~2 µs on
+// the H200 between two decode steps), and no memset before it.
 template <typename T>
 __global__ void argmax_kernel(const T* x, int64_t cols, BannedIds banned,
-                              const unsigned char* ban_row, RowMask mask,
-                              unsigned long long* keys) {
+                              const unsigned char* ban_row, RowMask mask, unsigned long long* keys,
+                              unsigned int* row_done, long long* out, long long* host_out) {
   pdl_begin();
   const int64_t r = blockIdx.y;
   const T* row = x + r * cols;
@@ -85,25 +89,24 @@ __global__ void argmax_kernel(const T* x, int64_t cols, BannedIds banned,
     best = k > best ? k : best;
   }
   best = block_max_key(best);
-  if (threadIdx.x == 0) keys[r * gridDim.x + blockIdx.x] = best;
-}
-
-// A warp per row: the best of the row's chunk keys, as a column (-1: every column banned), into
-// out[r] and, when not null, host_out[r] (pinned host memory: the ids reach the host without a
-// copy after the kernel).
-__global__ void argmax_decode(const unsigned long long* keys, int chunks, int64_t rows,
-                              long long* out, long long* host_out) {
-  pdl_begin();
-  const int64_t r = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
-  const int lane = threadIdx.x & 31;
-  if (r >= rows) return;
-  unsigned long long best = 0;
-  for (int c = lane; c < chunks; c += 32) {
-    const unsigned long long k = keys[r * chunks + c];
+  unsigned long long* row_keys = keys + r * gridDim.x;
+  __shared__ bool last;
+  if (threadIdx.x == 0) {
+    row_keys[blockIdx.x] = best;
+    __threadfence();  // the key is visible before the count that announces it
+    last = atomicAdd(row_done + r, 1u) == gridDim.x - 1;
+  }
+  __syncthreads();
+  if (!last) return;
+  // Every other block of the row has written its key (read from L2: this SM's L1 holds none).
+  best = 0;
+  for (unsigned int c = threadIdx.x; c < gridDim.x; c += blockDim.x) {
+    const unsigned long long k = __ldcg(row_keys + c);
     best = k > best ? k : best;
   }
-  best = warp_max_key(best);
-  if (lane != 0) return;
+  best = block_max_key(best);
+  if (threadIdx.x != 0) return;
+  row_done[r] = 0;
   const long long id = best == 0 ? -1 : key_column(best);
   out[r] = id;
   if (host_out != nullptr) host_out[r] = id;
@@ -205,7 +208,8 @@ size_t argmax_scratch_bytes(int64_t rows, int64_t cols) {
 
 void launch_argmax_rows(FloatType t, const void* x, int64_t rows, int64_t cols,
                         const BannedIds& banned, const unsigned char* ban_row, const RowMask& mask,
-                        void* scratch, long long* out, long long* host_out, KernelStream stream) {
+                        void* scratch, unsigned int* row_done, long long* out, long long* host_out,
+                        KernelStream stream) {
   if (rows == 0) return;
   auto* keys = static_cast<unsigned long long*>(scratch);
   const int chunks = chunks_of(cols);
@@ -213,10 +217,8 @@ void launch_argmax_rows(FloatType t, const void* x, int64_t rows, int64_t cols,
   dispatch_float(t, [&](auto tag) {
     using T = decltype(tag);
     launch(argmax_kernel<T>, grid, kSelectThreads, 0, stream, static_cast<const T*>(x), cols,
-           banned, ban_row, mask, keys);
+           banned, ban_row, mask, keys, row_done, out, host_out);
   });
-  launch(argmax_decode, grid_for(rows * 32, 256), 256, 0, stream, keys, chunks, rows, out,
-         host_out);
 }
 
 size_t topk_scratch_bytes(int64_t rows, int64_t cols, int k) {

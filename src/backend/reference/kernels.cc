@@ -25,7 +25,7 @@ void rms_row(const std::vector<double>& x, int64_t row, int64_t d, const Tensor&
 
 // x [rows, d], w [d], b [d] -> (x - mean) / sqrt(var + eps) * w + b for one row, biased variance.
 void layer_row(const std::vector<double>& x, int64_t row, int64_t d, const Tensor& w,
-               const Tensor& b, double eps, Tensor& y) {
+               const Tensor& b, double eps, Tensor& y, int64_t out_row) {
   double mean = 0.0, var = 0.0;
   for (int64_t i = 0; i < d; ++i) mean += x[row * d + i];
   mean /= static_cast<double>(d);
@@ -33,7 +33,7 @@ void layer_row(const std::vector<double>& x, int64_t row, int64_t d, const Tenso
   var /= static_cast<double>(d);
   const double inv_std = 1.0 / std::sqrt(var + eps);
   for (int64_t i = 0; i < d; ++i)
-    put(y, row * d + i, (x[row * d + i] - mean) * inv_std * at(w, i) + at(b, i));
+    put(y, out_row * d + i, (x[row * d + i] - mean) * inv_std * at(w, i) + at(b, i));
 }
 
 // Copies row `src` of a [n, d] tensor into row `dst` of a [r, d] tensor of the same dtype.
@@ -67,7 +67,8 @@ void embedding(const Node& node, const KernelArgs& args) {
 // x [n, in], w [out, in], bias [out] (optional), scales [out] (i8 weights) ->
 // act(x (w * scales)^T + bias) [n, out]. Block-quantized weights decode with their own scales.
 // A folded input norm (LinearAttrs::norm) scales each row's products by the row's 1 / std (or
-// 1 / rms) after subtracting its mean times the weight's row sums (LayerNorm).
+// 1 / rms) after subtracting its mean times the weight's row sums (LayerNorm), with x times the
+// norm's scale where the Linear has one (kLinearNormScale).
 void linear(const Node& node, const KernelArgs& args) {
   const LinearAttrs& attrs = node.attr<LinearAttrs>();
   const Tensor& x = args.in[0];
@@ -79,6 +80,10 @@ void linear(const Node& node, const KernelArgs& args) {
   const int64_t in = w.dim(1), out = w.dim(0), n = x.numel() / in;
   const std::optional<Activation> act = attrs.activation;
   const std::vector<double> xs = load(x), ws = load(w);
+  const bool has_norm_scale =
+      args.in.size() > kLinearNormScale && args.in[kLinearNormScale].defined();
+  const std::vector<double> gamma =
+      has_norm_scale ? load(args.in[kLinearNormScale]) : std::vector<double>(in, 1.0);
   for (int64_t t = 0; t < n; ++t) {
     double mean = 0.0, inv = 1.0;
     if (attrs.norm) {
@@ -90,7 +95,7 @@ void linear(const Node& node, const KernelArgs& args) {
     }
     for (int64_t o = 0; o < out; ++o) {
       double acc = 0.0;
-      for (int64_t i = 0; i < in; ++i) acc += xs[t * in + i] * ws[o * in + i];
+      for (int64_t i = 0; i < in; ++i) acc += xs[t * in + i] * gamma[i] * ws[o * in + i];
       if (attrs.norm) {
         if (*attrs.norm == InputNorm::kLayerNorm) acc -= mean * at(args.in[kLinearNormRowSums], o);
         acc *= inv;
@@ -132,11 +137,24 @@ void rms_norm(const Node& node, const KernelArgs& args) {
 }
 
 // x [n, d], w [d], b [d] -> (x - mean) / sqrt(var + eps) * w + b, biased variance
+// With rows (input 3): the rows x[rows] of a table, each normalized (a gathered embedding).
 void layer_norm(const Node& node, const KernelArgs& args) {
   const int64_t d = args.in[0].dim(-1), n = args.in[0].numel() / d;
+  const double eps = node.attr<NormAttrs>().eps;
+  if (args.in.size() > 3 && args.in[3].defined()) {
+    const Tensor& rows = args.in[3];
+    std::vector<double> row(static_cast<size_t>(d));
+    for (int64_t t = 0; t < rows.dim(0); ++t) {
+      const int64_t id = index_element(rows, t);
+      KILN_CHECK(id >= 0 && id < n, "node '{}': token id {} is outside the vocabulary [0, {})",
+                 node.name, id, n);
+      for (int64_t i = 0; i < d; ++i) row[i] = at(args.in[0], id * d + i);
+      layer_row(row, 0, d, args.in[1], args.in[2], eps, args.out[0], t);
+    }
+    return;
+  }
   const std::vector<double> x = load(args.in[0]);
-  for (int64_t r = 0; r < n; ++r)
-    layer_row(x, r, d, args.in[1], args.in[2], node.attr<NormAttrs>().eps, args.out[0]);
+  for (int64_t r = 0; r < n; ++r) layer_row(x, r, d, args.in[1], args.in[2], eps, args.out[0], r);
 }
 
 // x -> act(x)

@@ -1,0 +1,104 @@
+// fuse_embedding_norm (CUDA plans): an embedding gather and the LayerNorm of its rows as one
+// LayerNorm reading table[ids] itself (BLOOM's word_embeddings_layernorm). Against the unfused
+// graph on the reference: the fused graph on the reference and on every backend that runs it
+// (the CPU refuses it by name), rows of 16-byte vectors (the GPU's vector kernel) and not, ids
+// of both integer types, a repeated id; bad ids are errors, never reads outside the table.
+#include <gtest/gtest.h>
+
+#include "backend_ops.h"
+#include "graph/builder.h"
+#include "graph/verifier.h"
+#include "passes/pass.h"
+
+namespace kiln::test {
+namespace {
+
+Tensor ids_of(const std::vector<int64_t>& ids, DType type) {
+  const int64_t n = static_cast<int64_t>(ids.size());
+  if (type == DType::kI64) return Tensor::from_vector(ids, {n});
+  return Tensor::from_vector(std::vector<int32_t>(ids.begin(), ids.end()), {n});
+}
+
+// Embedding(table [vocab, d], ids) -> LayerNorm -> "y" (and the gathered rows as a second output
+// when `also_output`: then nothing fuses).
+Graph embedding_norm(Gen& g, int64_t vocab, int64_t d, DType id_type, bool also_output) {
+  GraphBuilder b("embedding_norm");
+  // Table rows: ordinary, and every third row with a large mean (the norm's cancellation).
+  std::vector<float> table = g.floats(vocab * d, -2, 2);
+  for (int64_t r = 0; r < vocab; r += 3)
+    for (int64_t i = 0; i < d; ++i) table[r * d + i] += 40.0f;
+  const int t = b.weight("table", g.tensor(table, {vocab, d}));
+  const int e = b.embedding(t, b.input("ids", id_type, {kTokens}), "embed");
+  const int w = b.weight("w", g.random({d}, 0.5f, 1.5f));
+  b.output(b.layer_norm(e, w, b.weight("b", g.random({d})), 1e-5, "ln"), "y");
+  if (also_output) b.output(e, "rows");
+  return b.finish();
+}
+
+TEST(BackendOps, EmbeddingNormMatchesTheUnfusedGraph) {
+  const std::unique_ptr<Backend> reference = reference_backend();
+  const Logger quiet(LogLevel::kSilent);
+  int compared = 0;
+  for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16})
+    for (const int64_t d : {int64_t{1024}, int64_t{40}, int64_t{33}})
+      for (DType id_type : {DType::kI64, DType::kI32}) {
+        const std::string what = std::string(dtype_name(dtype)) + " d " + std::to_string(d) +
+                                 " ids " + std::string(dtype_name(id_type));
+        Gen g(dtype, dtype, static_cast<uint32_t>(d + (id_type == DType::kI32 ? 1 : 0)));
+        Graph kept = embedding_norm(g, 50, d, id_type, true);
+        EXPECT_EQ(fuse_embedding_norm(kept, quiet), 0) << what;
+        Gen g2(dtype, dtype, static_cast<uint32_t>(d + (id_type == DType::kI32 ? 1 : 0)));
+        const Graph plain = embedding_norm(g2, 50, d, id_type, false);
+        Graph fused = plain;
+        ASSERT_EQ(fuse_embedding_norm(fused, quiet), 1) << what;
+        verify_graph(fused);
+        ASSERT_EQ(fused.nodes.size(), 1u) << what;
+        ASSERT_EQ(fused.nodes[0].inputs.size(), 4u) << what;
+        const std::map<std::string, Tensor> feed = {{"ids", ids_of({0, 49, 7, 3, 7, 1}, id_type)}};
+        const ScenarioOutputs ref = run_scenario(*reference, one_step(plain, feed));
+        std::vector<std::pair<std::string, ScenarioOutputs>> got;
+        got.emplace_back("reference", run_scenario(*reference, one_step(fused, feed)));
+        for (NamedBackend& nb : available_backends()) {
+          const std::string why = unsupported(*nb.backend, fused);
+          if (nb.backend->device() == Device::kCpu) {
+            EXPECT_NE(why.find("gathers no rows"), std::string::npos) << nb.name << ": " << why;
+            continue;
+          }
+          got.emplace_back(nb.name, run_scenario(*nb.backend, one_step(fused, feed)));
+        }
+        const Check check{CheckKind::kRowRelative, dtype_tolerance(dtype)};
+        for (const auto& [name, outs] : got) {
+          ASSERT_EQ(outs[0][0].shape(), (Shape{6, d})) << name << " " << what;
+          expect_matches(outs[0][0], ref[0][0], check, name + " " + what);
+        }
+        ++compared;
+      }
+  EXPECT_EQ(compared, 18);
+}
+
+TEST(BackendOps, BadInputEmbeddingNormIdOutOfRange) {
+  const Logger quiet(LogLevel::kSilent);
+  for (DType id_type : {DType::kI64, DType::kI32}) {
+    Gen g(DType::kF32, DType::kF32, 3);
+    Graph fused = embedding_norm(g, 10, 64, id_type, false);
+    ASSERT_EQ(fuse_embedding_norm(fused, quiet), 1);
+    std::vector<NamedBackend> backends = available_backends();
+    backends.push_back({"reference", nullptr, reference_backend()});
+    for (int64_t bad : {int64_t{10}, int64_t{-1}, int64_t{1000000}}) {
+      const Scenario s = one_step(fused, {{"ids", ids_of({0, bad, 2}, id_type)}});
+      for (NamedBackend& nb : backends) {
+        if (!unsupported(*nb.backend, fused).empty()) continue;  // the CPU refuses the node
+        try {
+          run_scenario(*nb.backend, s);
+          ADD_FAILURE() << nb.name << " ran id " << bad;
+        } catch (const Error& e) {
+          EXPECT_NE(std::string(e.what()).find(std::to_string(bad)), std::string::npos)
+              << nb.name << ": " << e.what();
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace kiln::test
