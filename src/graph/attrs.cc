@@ -89,6 +89,7 @@ struct Summary {
         a.activation ? fmt::format(" act={}", activation_name(*a.activation)) : std::string();
     if (a.tf32) s += " tf32";
     if (a.norm) s += fmt::format(" norm={} eps={}", input_norm_name(*a.norm), a.norm_eps);
+    if (a.widen) s += " widen=f32";
     if (!a.tactics.empty()) {
       s += " tactics=";
       for (const LinearTactic& t : a.tactics)
@@ -121,6 +122,7 @@ struct ToJson {
       j["norm"] = input_norm_name(*a.norm);
       j["norm_eps"] = a.norm_eps;
     }
+    if (a.widen) j["widen"] = true;
     for (const LinearTactic& t : a.tactics)
       j["tactics"].push_back(
           {{"rows", t.rows}, {"kernel", t.kernel}, {"algo", t.algo}, {"us", t.us}});
@@ -188,6 +190,7 @@ OpAttrs attrs_from_json(const json& j, AttrKind kind, const std::string& source)
         a.norm_eps = j.at("norm_eps").get<double>();
         KILN_CHECK(a.norm_eps >= 0.0, "{}: negative norm epsilon {}", source, a.norm_eps);
       }
+      if (j.contains("widen")) a.widen = j.at("widen").get<bool>();
       if (j.contains("tactics")) {
         int64_t last = 0;
         for (const json& t : j.at("tactics")) {

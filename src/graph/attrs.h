@@ -60,6 +60,9 @@ struct LinearAttrs {
   // then (x * gamma) · w^T.
   std::optional<InputNorm> norm;
   double norm_eps = 0.0;
+  // The output rounded to the input's type and stored as f32 (CUDA plans: fuse_linear_cast, the
+  // Cast that widened the logits).
+  bool widen = false;
   bool operator==(const LinearAttrs&) const = default;
 };
 

@@ -129,6 +129,14 @@ std::vector<ValueType> infer_linear(const Graph& g, const Node& n) {
                n.name, r.name, dtype_name(r.dtype), sym_shape_str(r.shape), dtype_name(x.dtype),
                sym_shape_str(out));
   }
+  if (attrs.widen) {
+    KILN_CHECK(x.dtype == DType::kF16 || x.dtype == DType::kBF16,
+               "node '{}' (Linear): only an f16 or bf16 linear widens its output to f32, not {}",
+               n.name, dtype_name(x.dtype));
+    KILN_CHECK(!has_in(n, kLinearResidual),
+               "node '{}' (Linear): a widened output takes no residual", n.name);
+    return {{DType::kF32, out}};
+  }
   return {{x.dtype, out}};
 }
 

@@ -23,6 +23,7 @@ void optimize_model(ModelIR& model, const PassOptions& options, const Logger& lo
       if (options.fuse) {
         fuse_norm_linear(g, log);
         fuse_embedding_norm(g, log);
+        fuse_linear_cast(g, log);
       }
     } else {
       assign_precision(g, model.precision, &model.precision_notes, log);

@@ -410,17 +410,21 @@ TEST(Passes, NarrowGraphKeepsT5ResidualStreamF32InFp16) {
   };
   const ModelIR t5 = narrowed("t5-tiny", Precision::kFp16);
   for (const Graph& g : t5.graphs) {
-    int wo = 0, narrow_linears = 0, casts = 0;
+    int wo = 0, narrow_linears = 0, casts = 0, widened = 0;
     for (const Node& n : g.nodes) {
       const DType out = g.values[n.outputs[0]].dtype;
       if (n.op == OpKind::kLinear) {
         const std::string& w = g.values[n.inputs[1]].name;
         const bool is_wo = w.find(".wo.") != std::string::npos;
+        // The lm_head stores the f32 logits itself (fuse_linear_cast): computed in fp16.
+        const bool widen = n.attr<LinearAttrs>().widen;
         wo += is_wo;
+        widened += widen;
         narrow_linears += !is_wo;
-        EXPECT_EQ(out, is_wo ? DType::kF32 : DType::kF16) << n.name;
-        EXPECT_EQ(g.values[n.inputs[1]].dtype, out) << n.name << " weight";
-        EXPECT_EQ(g.values[n.inputs[0]].dtype, out) << n.name << " input";
+        EXPECT_EQ(out, is_wo || widen ? DType::kF32 : DType::kF16) << n.name;
+        const DType computed = widen ? DType::kF16 : out;
+        EXPECT_EQ(g.values[n.inputs[1]].dtype, computed) << n.name << " weight";
+        EXPECT_EQ(g.values[n.inputs[0]].dtype, computed) << n.name << " input";
       }
       if (n.op == OpKind::kAddRmsNorm || n.op == OpKind::kRmsNorm) {
         for (int o : n.outputs) {
@@ -435,15 +439,16 @@ TEST(Passes, NarrowGraphKeepsT5ResidualStreamF32InFp16) {
     if (g.name == kDecoderGraph || g.name == kEncoderGraph) {
       EXPECT_GT(wo, 0) << g.name;
     }
+    EXPECT_EQ(widened, g.name == kDecoderGraph ? 1 : 0) << g.name;
     verify_graph(g);
   }
   for (const ModelIR& m :
        {narrowed("t5-tiny", Precision::kBf16), narrowed("bloom-tiny", Precision::kFp16)}) {
     for (const Graph& g : m.graphs) {
       for (const Value& v : g.values) {
-        // The folded norms' row sums (fuse_norm_linear) are f32 by design.
+        // The folded norms' row sums and scales (fuse_norm_linear) are f32 by design.
         if (v.kind != ValueKind::kInput && v.name != "logits" &&
-            !v.name.ends_with(".norm_row_sums")) {
+            !v.name.ends_with(".norm_row_sums") && !v.name.ends_with(".norm_scale")) {
           EXPECT_NE(v.dtype, DType::kF32) << m.desc.architecture << " " << v.name;
         }
       }

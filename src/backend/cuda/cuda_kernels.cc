@@ -162,6 +162,11 @@ void register_kernels(KernelRegistry& r, CudaContext& ctx) {
           t == DType::kF32 ? "cuda linear (fp32; gemv / cublaslt)"
                            : "cuda linear (fp32 accumulation; gemv / cublaslt)",
           [&ctx](const Node& node) { return make_linear_kernel(node, ctx); });
+    // fp16 / bf16 Linears widened to f32 outputs (fuse_linear_cast: the logits).
+    if (t != DType::kF32)
+      r.add(KernelKey{OpKind::kLinear, DType::kF32, t, Device::kCuda, Isa::kSm90},
+            "cuda linear (fp32 accumulation, f32 output; gemv / cublaslt)",
+            [&ctx](const Node& node) { return make_linear_kernel(node, ctx); });
     // Norm weights of any float type (fp16 T5 plans norm the f32 residual stream with fp16
     // weights); attention's position-bias table likewise.
     for (DType w : kFloats) {

@@ -50,16 +50,21 @@ class LinearKernel final : public CudaKernel {
   void prepare(const Graph& graph) override {
     CudaKernel::prepare(graph);
     const Value& w = graph.values[node_.inputs[1]];
+    // A widened Linear (fuse_linear_cast) computes in its input's type and stores f32.
+    widen_ = node_.attr<LinearAttrs>().widen;
     const Value& y = graph.values[node_.outputs[0]];
+    const DType yt = widen_ ? graph.values[node_.inputs[0]].dtype : y.dtype;
     KILN_CHECK(w.shape.size() == 2 && !w.shape[0].is_symbolic() && !w.shape[1].is_symbolic(),
                "node '{}': the cuda linear needs a [out, in] weight of fixed shape", node_.name);
-    KILN_CHECK(w.dtype == y.dtype, "node '{}': the cuda linear multiplies {} weights into {}",
-               node_.name, dtype_name(w.dtype), dtype_name(y.dtype));
+    KILN_CHECK(w.dtype == yt, "node '{}': the cuda linear multiplies {} weights into {}",
+               node_.name, dtype_name(w.dtype), dtype_name(yt));
+    KILN_CHECK(!widen_ || y.dtype == DType::kF32, "node '{}': a widened linear stores f32, not {}",
+               node_.name, dtype_name(y.dtype));
     KILN_CHECK(node_.inputs.size() < 4 || node_.inputs[3] < 0,
                "node '{}': the cuda linear takes no per-channel scales", node_.name);
     out_ = w.shape[0].value;
     in_ = w.shape[1].value;
-    dtype_ = y.dtype;
+    dtype_ = yt;
     activation_ = node_.attr<LinearAttrs>().activation;
     const bool has_bias = node_.inputs.size() > 2 && node_.inputs[2] >= 0;
     bias_in_epilogue_ = has_bias && graph.values[node_.inputs[2]].dtype == dtype_;
@@ -102,13 +107,21 @@ class LinearKernel final : public CudaKernel {
                                                  static_cast<uint64_t>(out_), in_));
   }
 
-  // A folded norm's standardized rows, for the steps that do not take it inside the GEMV.
+  // A folded norm's standardized rows, for the steps that do not take it inside the GEMV; then a
+  // widened Linear's output in its own type, for the steps that run cuBLASLt (cast after it).
   int64_t workspace_bytes(const Bindings& bindings) const override {
-    if (!norm_) return 0;
     const Shape shape = resolve_shape(x_shape_, bindings);
     int64_t n = 1;
     for (int64_t d : shape) n *= d;
-    return static_cast<int64_t>(dtype_bytes(dtype_, static_cast<size_t>(n)));
+    const int64_t widened =
+        widen_ ? static_cast<int64_t>(dtype_bytes(dtype_, static_cast<size_t>(n / in_ * out_))) : 0;
+    return norm_bytes(n) + widened;
+  }
+  // Bytes of the standardized rows at the front of the scratch (x of n elements), 256-byte
+  // aligned.
+  int64_t norm_bytes(int64_t n) const {
+    if (!norm_) return 0;
+    return (static_cast<int64_t>(dtype_bytes(dtype_, static_cast<size_t>(n))) + 255) / 256 * 256;
   }
 
   void run(const KernelArgs& args) override {
@@ -133,6 +146,13 @@ class LinearKernel final : public CudaKernel {
                node_.name, dtype_name(dtype_), n, out_);
     Operands o{x.raw(), w.raw(), has_bias ? &args.in[2] : nullptr,
                residual ? residual->raw() : nullptr, y.raw()};
+    if (widen_) {
+      KILN_CHECK(y.dtype() == DType::kF32 && residual == nullptr && args.scratch != nullptr,
+                 "node '{}': a widened linear stores f32, with no residual, through scratch",
+                 node_.name);
+      o.y32 = static_cast<float*>(y.raw());
+      o.y = static_cast<char*>(args.scratch) + norm_bytes(x.numel());
+    }
     if (norm_) {
       const bool layer = *norm_ == InputNorm::kLayerNorm;
       const Tensor* sums =
@@ -179,7 +199,11 @@ class LinearKernel final : public CudaKernel {
     cudaEvent_t start = nullptr, stop = nullptr;
     KILN_CUDA_CHECK(cudaEventCreate(&start));
     KILN_CUDA_CHECK(cudaEventCreate(&stop));
+    const auto y32 =
+        widen_ ? ctx_.allocator().allocate(static_cast<size_t>(max_rows * out_) * sizeof(float))
+               : nullptr;
     Operands o{x.get(), w.raw(), bias, res.get(), y.get()};
+    o.y32 = static_cast<float*>(y32.get());
     if (norm_)
       o.norm = {true, *norm_ == InputNorm::kLayerNorm ? sums.get() : nullptr, normed.get(),
                 norm_scaled_ ? unit_.raw() : nullptr};
@@ -223,7 +247,9 @@ class LinearKernel final : public CudaKernel {
       for (const cublasLtMatmulAlgo_t& algo : plan.candidates) {
         const float us = time([&] {
           const Operands normed_o = standardize(n, o);
-          return launch_gemm(n, normed_o, algo, plan, false);
+          if (!launch_gemm(n, normed_o, algo, plan, false)) return false;
+          finish_widen(n, normed_o);
+          return true;
         });
         if (std::isfinite(us)) timed.push_back({n, "cublaslt", algo_string(algo), us});
       }
@@ -260,6 +286,8 @@ class LinearKernel final : public CudaKernel {
     const void* residual;
     void* y;
     NormOperands norm{};
+    // A widened Linear's f32 output (y is then its rows in dtype_, for cuBLASLt: finish_widen).
+    float* y32 = nullptr;
   };
 
   // n rows on the GEMV, which takes a folded norm itself where it can, or on cuBLASLt.
@@ -274,6 +302,13 @@ class LinearKernel final : public CudaKernel {
     }
     const Plan& plan = plan_for(n, tactic);
     launch_gemm(n, plain, plan.algo, plan);
+    finish_widen(n, plain);
+  }
+
+  // After cuBLASLt: a widened Linear's rows, in dtype_ in o.y, cast to f32 into o.y32.
+  void finish_widen(int64_t n, const Operands& o) {
+    if (o.y32 != nullptr)
+      launch_cast(float_type(dtype_), FloatType::kF32, o.y, o.y32, n * out_, ctx_.kernel_stream());
   }
 
   // The operands with a folded norm's rows standardized into the scratch memory by the norm
@@ -327,6 +362,7 @@ class LinearKernel final : public CudaKernel {
     p.norm_row_sums = o.norm.row_sums;
     p.norm_scale = static_cast<const float*>(o.norm.scale);
     p.norm_eps = norm_eps_;
+    p.y32 = o.y32;
     return launch_gemv(p, ctx_.kernel_stream());
   }
 
@@ -445,6 +481,7 @@ class LinearKernel final : public CudaKernel {
   std::optional<Activation> activation_;
   std::optional<InputNorm> norm_;
   bool norm_scaled_ = false;  // the folded norm's gamma is input kLinearNormScale
+  bool widen_ = false;        // f32 output (LinearAttrs::widen)
   float norm_eps_ = 0.0f;
   SymShape x_shape_;
   // [in] of the activations' type (f32 with a norm scale): a folded norm's standardizing kernel

@@ -66,7 +66,7 @@ __global__ void __launch_bounds__(kWarps * 32, kNorm ? (kScale ? 3 : 4) : 1)
     gemv_kernel(const uint4* __restrict__ x, const uint4* __restrict__ w,
                 const B* __restrict__ bias, const T* residual, T* y, int64_t chunks, int64_t out,
                 int split, bool has_act, ActFn act, const float* __restrict__ row_sums, float eps,
-                const float* __restrict__ scale) {
+                const float* __restrict__ scale, float* y32) {
   // Per warp: the features' sums, then (kNorm) each row's sum and sum of squares.
   constexpr int kSlots = kNorm ? kFeatures + 2 : kFeatures;
   __shared__ float partial_s[kWarps][kSlots][N];
@@ -241,7 +241,10 @@ __global__ void __launch_bounds__(kWarps * 32, kNorm ? (kScale ? 3 : 4) : 1)
   const int64_t at = static_cast<int64_t>(rr) * out + f;
   // A fused residual add rounds like the Add it replaces: (residual + round(y)), rounded.
   if (residual != nullptr) v = round_as<T>(v) + (kNorm ? to_float(residual[at]) : res_v);
-  y[at] = from_float<T>(v);
+  if (y32 != nullptr)
+    y32[at] = round_as<T>(v);  // a widened output: the same value, stored as f32
+  else
+    y[at] = from_float<T>(v);
 }
 
 template <typename T, typename B, int N>
@@ -254,7 +257,8 @@ void launch_n(const GemvParams& p, KernelStream stream) {
     launch(kernel, blocks, kWarps * 32, 0, stream, static_cast<const uint4*>(p.x),
            static_cast<const uint4*>(p.w), static_cast<const B*>(p.bias),
            static_cast<const T*>(p.residual), static_cast<T*>(p.y), chunks, p.out, p.split,
-           p.has_act, p.act, static_cast<const float*>(p.norm_row_sums), p.norm_eps, p.norm_scale);
+           p.has_act, p.act, static_cast<const float*>(p.norm_row_sums), p.norm_eps, p.norm_scale,
+           p.y32);
   };
   // The folded norm's instances exist where launch_gemv lets p.norm through.
   if constexpr (std::is_same_v<T, B> && N <= kNormMaxRows) {
@@ -313,6 +317,7 @@ bool launch_gemv(const GemvParams& p, KernelStream stream) {
   if (p.norm && (p.bias_type != p.type || p.rows > kNormMaxRows ||
                  (reinterpret_cast<uintptr_t>(p.norm_scale) & 15) != 0))
     return false;
+  if (p.y32 != nullptr && p.residual != nullptr) return false;
   if (p.rows <= 0 || p.out <= 0) return true;
   dispatch_float(p.type, [&](auto tag) {
     dispatch_float(p.bias_type, [&](auto bias_tag) {

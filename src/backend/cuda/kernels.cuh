@@ -137,6 +137,9 @@ struct GemvParams {
   bool norm = false;
   const void* norm_row_sums = nullptr;  // f32 [out]
   const float* norm_scale = nullptr;
+  // Not null: y is not written; y32 [rows, out] gets each output rounded to `type`, as f32 (a
+  // widened Linear, fuse_linear_cast). No residual.
+  float* y32 = nullptr;
   float norm_eps = 0.0f;
 };
 // False, launching nothing, when p asks for a folded norm it cannot take (see norm).

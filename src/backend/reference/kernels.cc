@@ -79,6 +79,8 @@ void linear(const Node& node, const KernelArgs& args) {
   Tensor& y = args.out[0];
   const int64_t in = w.dim(1), out = w.dim(0), n = x.numel() / in;
   const std::optional<Activation> act = attrs.activation;
+  // The type the Linear computes in: its output's, or its input's when widened to f32.
+  const DType out_type = attrs.widen ? x.dtype() : y.dtype();
   const std::vector<double> xs = load(x), ws = load(w);
   const bool has_norm_scale =
       args.in.size() > kLinearNormScale && args.in[kLinearNormScale].defined();
@@ -102,9 +104,11 @@ void linear(const Node& node, const KernelArgs& args) {
       }
       if (has_scales) acc *= at(args.in[3], o);
       if (has_bias) acc += at(args.in[2], o);
-      if (act) acc = activation(*act, round_to(y.dtype(), acc));
+      if (act) acc = activation(*act, round_to(out_type, acc));
       // A fused residual add rounds as the Add it replaces: residual + (the Linear's output).
-      if (has_residual) acc = at(args.in[kLinearResidual], t * out + o) + round_to(y.dtype(), acc);
+      if (has_residual) acc = at(args.in[kLinearResidual], t * out + o) + round_to(out_type, acc);
+      // A widened output is the input type's value, stored as f32.
+      if (attrs.widen) acc = round_to(out_type, acc);
       put(y, t * out + o, acc);
     }
   }

@@ -1,9 +1,15 @@
-// fuse_embedding_norm (CUDA plans): an embedding gather and the LayerNorm of its rows as one
-// LayerNorm reading table[ids] itself (BLOOM's word_embeddings_layernorm). Against the unfused
-// graph on the reference: the fused graph on the reference and on every backend that runs it
-// (the CPU refuses it by name), rows of 16-byte vectors (the GPU's vector kernel) and not, ids
-// of both integer types, a repeated id; bad ids are errors, never reads outside the table.
+// The fusions at the ends of a CUDA decode step, each against its unfused graph on the
+// reference, on the reference and on every backend that runs it (the CPU refuses them by name):
+// - fuse_embedding_norm: an embedding gather and the LayerNorm of its rows as one LayerNorm
+//   reading table[ids] itself (BLOOM's word_embeddings_layernorm). Rows of 16-byte vectors (the
+//   GPU's vector kernel) and not, ids of both integer types, a repeated id; bad ids are errors,
+//   never reads outside the table.
+// - fuse_linear_cast: a narrow Linear storing its output as f32 (the logits) instead of a Cast
+//   after it, alone and after ln_f folded into a Linear whose weight is shared (BLOOM's tied
+//   lm_head: fuse_norm_linear's norm scale), on the GEMV's row counts and on cuBLASLt's.
 #include <gtest/gtest.h>
+
+#include <algorithm>
 
 #include "backend_ops.h"
 #include "graph/builder.h"
@@ -98,6 +104,73 @@ TEST(BackendOps, BadInputEmbeddingNormIdOutOfRange) {
       }
     }
   }
+}
+
+// x [tokens, in] -> (LayerNorm) -> Linear(w [, b]) -> Cast f32 -> "logits"; with `tied` the
+// weight is read by a second Linear of x too (an embedding table's other reader).
+Graph linear_cast(Gen& g, DType dtype, int64_t in, int64_t out, bool norm, bool bias, bool tied) {
+  GraphBuilder b("linear_cast");
+  const int x = b.input("x", dtype, {kTokens, Dim::of(in)});
+  int h = x;
+  if (norm)
+    h = b.layer_norm(x, b.weight("nw", g.random({in}, 0.5f, 1.5f)), b.weight("nb", g.random({in})),
+                     1e-5, "ln_f");
+  const int w = b.weight("w", g.random({out, in}));
+  const int y = b.linear(h, w, bias ? b.weight("b", g.random({out})) : -1, "lm_head");
+  b.output(b.cast(y, DType::kF32, "logits_to_f32"), "logits");
+  if (tied) b.output(b.linear(x, w, -1, "other_reader"), "other");
+  return b.finish();
+}
+
+TEST(BackendOps, LinearWidenedToF32MatchesItsCast) {
+  const std::unique_ptr<Backend> reference = reference_backend();
+  const Logger quiet(LogLevel::kSilent);
+  int compared = 0;
+  for (DType dtype : {DType::kF16, DType::kBF16})
+    for (int variant = 0; variant < 3; ++variant) {
+      const bool norm = variant == 2, bias = variant == 1, tied = variant == 2;
+      const int64_t in = 256, out = variant == 0 ? 1000 : 37;
+      Gen g(dtype, dtype, static_cast<uint32_t>(variant + 40));
+      const Graph plain = linear_cast(g, dtype, in, out, norm, bias, tied);
+      Graph fused = plain;
+      if (norm) ASSERT_EQ(fuse_norm_linear(fused, quiet), 1);
+      ASSERT_EQ(fuse_linear_cast(fused, quiet), 1);
+      verify_graph(fused);
+      EXPECT_EQ(std::count_if(fused.nodes.begin(), fused.nodes.end(),
+                              [](const Node& n) { return n.op == OpKind::kCast; }),
+                0);
+      Graph kept = plain;  // the narrow output read elsewhere too: no fusion
+      kept.outputs.push_back(kept.nodes[kept.nodes.size() - (tied ? 3 : 2)].outputs[0]);
+      EXPECT_EQ(fuse_linear_cast(kept, quiet), 0);
+      for (const int64_t n : {1, 3, 8, 70}) {
+        const std::string what = std::string(dtype_name(dtype)) + " variant " +
+                                 std::to_string(variant) + " rows " + std::to_string(n);
+        const std::map<std::string, Tensor> feed = {{"x", g.random({n, in}, -2, 2)}};
+        const ScenarioOutputs ref = run_scenario(*reference, one_step(plain, feed));
+        const ScenarioOutputs ref_fused = run_scenario(*reference, one_step(fused, feed));
+        ASSERT_EQ(ref_fused[0][0].dtype(), DType::kF32) << what;
+        // Without a norm the widened output is the cast's, bit for bit.
+        const Check exact{norm ? CheckKind::kMaxRelative : CheckKind::kExact,
+                          norm ? dtype_tolerance(dtype) : 0.0};
+        expect_matches(ref_fused[0][0], ref[0][0], exact, "reference " + what);
+        for (NamedBackend& nb : available_backends()) {
+          const std::string why = unsupported(*nb.backend, fused);
+          if (nb.backend->device() == Device::kCpu) {
+            EXPECT_FALSE(why.empty()) << nb.name;
+            continue;
+          }
+          const ScenarioOutputs got = run_scenario(*nb.backend, one_step(fused, feed));
+          ASSERT_EQ(got[0][0].dtype(), DType::kF32) << nb.name << " " << what;
+          expect_matches(got[0][0], ref[0][0], {CheckKind::kMaxRelative, dtype_tolerance(dtype)},
+                         nb.name + " " + what);
+          if (!norm)  // the same kernels and roundings as the Linear and the Cast apart
+            expect_matches(got[0][0], run_scenario(*nb.backend, one_step(plain, feed))[0][0],
+                           {CheckKind::kExact}, nb.name + " against its cast, " + what);
+        }
+        ++compared;
+      }
+    }
+  EXPECT_EQ(compared, 24);
 }
 
 }  // namespace
