@@ -1,7 +1,8 @@
 // The Cast that widens a narrow Linear's output to f32, inside the Linear (CUDA fp16 / bf16
 // plans). narrow_graph computes the logits in the plan's type and widens them with a Cast: at
 // batch 1 a kernel of its own after the lm_head, on the chain of kernels between two decode
-// steps (2.4 µs past the lm_head on the H200). With LinearAttrs::widen the Linear stores its
+// steps (2.4 µs past the lm_head on the H200); T5's fp16 plans also widen the fp16 Linears'
+// outputs that join their f32 residual stream. With LinearAttrs::widen the Linear stores its
 // output, rounded to its type as before, as f32 itself: the same numbers. Fused only when the
 // Cast is the Linear's only reader and the Linear has no fused residual.
 #include "passes/pass.h"

@@ -51,8 +51,8 @@ int fuse_linear_residual(Graph& graph, const Logger& log);
 int fuse_norm_linear(Graph& graph, const Logger& log);
 
 // CUDA fp16 / bf16 plans: Cast(Linear(x)) to f32 -> Linear(x) with LinearAttrs::widen, which
-// stores its rounded output as f32 (narrow_graph's cast of the logits), when the cast is the
-// Linear's only reader. Returns the casts fused.
+// stores its rounded output as f32 (narrow_graph's casts: the logits, T5's fp16 Linears into
+// its f32 residual stream), when the cast is the Linear's only reader. Returns the casts fused.
 int fuse_linear_cast(Graph& graph, const Logger& log);
 
 // CUDA plans: LayerNorm(Embedding(table, ids)) -> LayerNorm(table, w, b, rows = ids), one kernel

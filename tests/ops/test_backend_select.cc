@@ -149,9 +149,6 @@ TEST(BackendOps, ArgmaxRowsFlagsAsBitsAcrossWordBoundaries) { check_argmax_many_
 
 TEST(BackendOps, ArgmaxRowsFlagsInDeviceMemoryPastTheMask) { check_argmax_many_rows(600, 22); }
 
-}  // namespace
-}  // namespace kiln::test
-
 // The device argmax is one kernel: each row's last block to finish reduces the row, found by a
 // counter per row that it leaves at zero for the next launch. Launches of other row and chunk
 // counts in between (a row counter of one launch is another row's of the next) must not leave a
@@ -181,3 +178,6 @@ TEST(BackendOps, ArgmaxRowsRepeatedWithOtherShapes) {
   }
   if (checked == 0) GTEST_SKIP() << "no backend here computes argmax on a device (CUDA does)";
 }
+
+}  // namespace
+}  // namespace kiln::test

@@ -133,7 +133,9 @@ TEST(BackendOps, LinearWidenedToF32MatchesItsCast) {
       Gen g(dtype, dtype, static_cast<uint32_t>(variant + 40));
       const Graph plain = linear_cast(g, dtype, in, out, norm, bias, tied);
       Graph fused = plain;
-      if (norm) ASSERT_EQ(fuse_norm_linear(fused, quiet), 1);
+      if (norm) {
+        ASSERT_EQ(fuse_norm_linear(fused, quiet), 1);
+      }
       ASSERT_EQ(fuse_linear_cast(fused, quiet), 1);
       verify_graph(fused);
       EXPECT_EQ(std::count_if(fused.nodes.begin(), fused.nodes.end(),
@@ -163,9 +165,10 @@ TEST(BackendOps, LinearWidenedToF32MatchesItsCast) {
           ASSERT_EQ(got[0][0].dtype(), DType::kF32) << nb.name << " " << what;
           expect_matches(got[0][0], ref[0][0], {CheckKind::kMaxRelative, dtype_tolerance(dtype)},
                          nb.name + " " + what);
-          if (!norm)  // the same kernels and roundings as the Linear and the Cast apart
+          if (!norm) {  // the same kernels and roundings as the Linear and the Cast apart
             expect_matches(got[0][0], run_scenario(*nb.backend, one_step(plain, feed))[0][0],
                            {CheckKind::kExact}, nb.name + " against its cast, " + what);
+          }
         }
         ++compared;
       }

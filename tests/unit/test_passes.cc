@@ -439,7 +439,8 @@ TEST(Passes, NarrowGraphKeepsT5ResidualStreamF32InFp16) {
     if (g.name == kDecoderGraph || g.name == kEncoderGraph) {
       EXPECT_GT(wo, 0) << g.name;
     }
-    EXPECT_EQ(widened, g.name == kDecoderGraph ? 1 : 0) << g.name;
+    // The lm_head, and the fp16 Linears whose output joins the f32 residual stream.
+    EXPECT_GT(widened, g.name == kDecoderGraph ? 1 : 0) << g.name;
     verify_graph(g);
   }
   for (const ModelIR& m :
