@@ -88,6 +88,9 @@ inline constexpr size_t kLinearNormRowSums = 5;
 // embedding): f32 [in], gamma, multiplied into the input on the fly (x * gamma) · w^T; the row
 // sums are then those of w * gamma and the bias holds bias + w · beta.
 inline constexpr size_t kLinearNormScale = 6;
+// A Linear of some of its input's rows (fuse_gather_linear, CUDA plans: the GatherRows of the
+// rows that need logits, before the lm_head): i64/i32 [r], y [r, out] = f(x[rows]).
+inline constexpr size_t kLinearRows = 7;
 
 struct Node {
   OpKind op;

@@ -94,6 +94,17 @@ std::vector<ValueType> infer_linear(const Graph& g, const Node& n) {
   }
   SymShape out = x.shape;
   out.back() = w.shape[0];
+  if (has_in(n, kLinearRows)) {  // the Linear of x's rows x[rows]
+    const Value& rows = in(g, n, kLinearRows);
+    expect_rank(n, x, 2);
+    expect_rank(n, rows, 1);
+    KILN_CHECK(rows.dtype == DType::kI64 || rows.dtype == DType::kI32,
+               "node '{}' (Linear): rows '{}' must be integers, not {}", n.name, rows.name,
+               dtype_name(rows.dtype));
+    KILN_CHECK(!has_in(n, kLinearResidual), "node '{}' (Linear): gathered rows take no residual",
+               n.name);
+    out = {rows.shape[0], w.shape[0]};
+  }
   const LinearAttrs& attrs = n.attr<LinearAttrs>();
   if (attrs.norm) {
     const bool layer = *attrs.norm == InputNorm::kLayerNorm;
@@ -257,7 +268,7 @@ std::vector<ValueType> infer_add_rms_norm(const Graph& g, const Node& n) {
 // Indexed by OpKind (checked below).
 constexpr std::array<OpSchema, kNumOpKinds> kSchemas = {{
     {OpKind::kEmbedding, "Embedding", 2, 3, 1, AttrKind::kNone, infer_embedding},
-    {OpKind::kLinear, "Linear", 2, 7, 1, AttrKind::kLinear, infer_linear},
+    {OpKind::kLinear, "Linear", 2, 8, 1, AttrKind::kLinear, infer_linear},
     {OpKind::kAdd, "Add", 2, 2, 1, AttrKind::kNone, infer_binary},
     {OpKind::kMul, "Mul", 2, 2, 1, AttrKind::kNone, infer_binary},
     {OpKind::kScale, "Scale", 1, 1, 1, AttrKind::kScale, infer_unary},

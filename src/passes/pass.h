@@ -55,6 +55,10 @@ int fuse_norm_linear(Graph& graph, const Logger& log);
 // its f32 residual stream), when the cast is the Linear's only reader. Returns the casts fused.
 int fuse_linear_cast(Graph& graph, const Logger& log);
 
+// CUDA plans: Linear(GatherRows(x, rows)) -> Linear(x, ..., rows) (input kLinearRows), when the
+// Linear is the gathered rows' only reader (the lm_head). Returns the gathers fused.
+int fuse_gather_linear(Graph& graph, const Logger& log);
+
 // CUDA plans: LayerNorm(Embedding(table, ids)) -> LayerNorm(table, w, b, rows = ids), one kernel
 // that gathers and normalizes (BLOOM's word_embeddings_layernorm), when the norm is the
 // embedding's only reader. Returns the embeddings fused.

@@ -24,6 +24,7 @@ void optimize_model(ModelIR& model, const PassOptions& options, const Logger& lo
         fuse_norm_linear(g, log);
         fuse_embedding_norm(g, log);
         fuse_linear_cast(g, log);
+        fuse_gather_linear(g, log);
       }
     } else {
       assign_precision(g, model.precision, &model.precision_notes, log);

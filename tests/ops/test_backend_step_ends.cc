@@ -4,9 +4,11 @@
 //   reading table[ids] itself (BLOOM's word_embeddings_layernorm). Rows of 16-byte vectors (the
 //   GPU's vector kernel) and not, ids of both integer types, a repeated id; bad ids are errors,
 //   never reads outside the table.
-// - fuse_linear_cast: a narrow Linear storing its output as f32 (the logits) instead of a Cast
-//   after it, alone and after ln_f folded into a Linear whose weight is shared (BLOOM's tied
-//   lm_head: fuse_norm_linear's norm scale), on the GEMV's row counts and on cuBLASLt's.
+// - the decoder's end: fuse_linear_cast (a narrow Linear storing its output as f32, the logits,
+//   instead of a Cast after it), alone, after ln_f folded into a Linear whose weight is shared
+//   (BLOOM's tied lm_head: fuse_norm_linear's norm scale) and with fuse_gather_linear (the
+//   Linear reading the rows it needs itself), on the GEMV's row counts and on cuBLASLt's; bad
+//   rows are errors.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -106,54 +108,85 @@ TEST(BackendOps, BadInputEmbeddingNormIdOutOfRange) {
   }
 }
 
-// x [tokens, in] -> (LayerNorm) -> Linear(w [, b]) -> Cast f32 -> "logits"; with `tied` the
-// weight is read by a second Linear of x too (an embedding table's other reader).
-Graph linear_cast(Gen& g, DType dtype, int64_t in, int64_t out, bool norm, bool bias, bool tied) {
-  GraphBuilder b("linear_cast");
+// x [tokens, in] -> (GatherRows of "rows") -> (LayerNorm) -> Linear(w [, b]) -> Cast f32 ->
+// "logits", the frontends' decoder end; with `tied` the weight is read by a second Linear of x
+// too (an embedding table's other reader).
+struct EndOptions {
+  bool gather = false, norm = false, bias = false, tied = false;
+};
+Graph decoder_end(Gen& g, DType dtype, int64_t in, int64_t out, const EndOptions& e) {
+  GraphBuilder b("decoder_end");
   const int x = b.input("x", dtype, {kTokens, Dim::of(in)});
   int h = x;
-  if (norm)
-    h = b.layer_norm(x, b.weight("nw", g.random({in}, 0.5f, 1.5f)), b.weight("nb", g.random({in})),
+  if (e.gather) h = b.gather_rows(x, b.input("rows", DType::kI64, {Dim::sym("rows")}), "gather");
+  if (e.norm)
+    h = b.layer_norm(h, b.weight("nw", g.random({in}, 0.5f, 1.5f)), b.weight("nb", g.random({in})),
                      1e-5, "ln_f");
   const int w = b.weight("w", g.random({out, in}));
-  const int y = b.linear(h, w, bias ? b.weight("b", g.random({out})) : -1, "lm_head");
+  const int y = b.linear(h, w, e.bias ? b.weight("b", g.random({out})) : -1, "lm_head");
   b.output(b.cast(y, DType::kF32, "logits_to_f32"), "logits");
-  if (tied) b.output(b.linear(x, w, -1, "other_reader"), "other");
+  if (e.tied) b.output(b.linear(x, w, -1, "other_reader"), "other");
   return b.finish();
 }
 
-TEST(BackendOps, LinearWidenedToF32MatchesItsCast) {
+int count_op(const Graph& g, OpKind op) {
+  return static_cast<int>(
+      std::count_if(g.nodes.begin(), g.nodes.end(), [&](const Node& n) { return n.op == op; }));
+}
+
+// The decoder end's passes in the pipeline's order (norm, cast, gather); the fused graph has no
+// LayerNorm, Cast or GatherRows left.
+Graph fused_end(const Graph& plain, const EndOptions& e) {
+  const Logger quiet(LogLevel::kSilent);
+  Graph g = plain;
+  EXPECT_EQ(fuse_norm_linear(g, quiet), e.norm ? 1 : 0);
+  EXPECT_EQ(fuse_linear_cast(g, quiet), 1);
+  EXPECT_EQ(fuse_gather_linear(g, quiet), e.gather ? 1 : 0);
+  verify_graph(g);
+  EXPECT_EQ(count_op(g, OpKind::kCast) + count_op(g, OpKind::kLayerNorm) +
+                count_op(g, OpKind::kGatherRows),
+            0);
+  return g;
+}
+
+// Variants: 0 plain, 1 with a bias, 2 ln_f folded into a tied lm_head (norm scale), 3 the same
+// reading gathered rows (BLOOM's decoder end), 4 gathered rows without a norm (gathered into
+// scratch). Row counts on the GEMV (1, 3, 8: one row gathers and normalizes inside it) and on
+// cuBLASLt (70).
+TEST(BackendOps, DecoderEndFusionsMatchTheUnfusedGraph) {
   const std::unique_ptr<Backend> reference = reference_backend();
   const Logger quiet(LogLevel::kSilent);
   int compared = 0;
   for (DType dtype : {DType::kF16, DType::kBF16})
-    for (int variant = 0; variant < 3; ++variant) {
-      const bool norm = variant == 2, bias = variant == 1, tied = variant == 2;
+    for (int variant = 0; variant < 5; ++variant) {
+      EndOptions e;
+      e.bias = variant == 1;
+      e.norm = e.tied = variant == 2 || variant == 3;
+      e.gather = variant >= 3;
       const int64_t in = 256, out = variant == 0 ? 1000 : 37;
       Gen g(dtype, dtype, static_cast<uint32_t>(variant + 40));
-      const Graph plain = linear_cast(g, dtype, in, out, norm, bias, tied);
-      Graph fused = plain;
-      if (norm) {
-        ASSERT_EQ(fuse_norm_linear(fused, quiet), 1);
-      }
-      ASSERT_EQ(fuse_linear_cast(fused, quiet), 1);
-      verify_graph(fused);
-      EXPECT_EQ(std::count_if(fused.nodes.begin(), fused.nodes.end(),
-                              [](const Node& n) { return n.op == OpKind::kCast; }),
-                0);
-      Graph kept = plain;  // the narrow output read elsewhere too: no fusion
-      kept.outputs.push_back(kept.nodes[kept.nodes.size() - (tied ? 3 : 2)].outputs[0]);
+      const Graph plain = decoder_end(g, dtype, in, out, e);
+      const Graph fused = fused_end(plain, e);
+      Graph kept = plain;  // the narrow output read elsewhere too: no cast fused
+      for (const Node& n : plain.nodes)
+        if (n.name == "lm_head") kept.outputs.push_back(n.outputs[0]);
       EXPECT_EQ(fuse_linear_cast(kept, quiet), 0);
       for (const int64_t n : {1, 3, 8, 70}) {
         const std::string what = std::string(dtype_name(dtype)) + " variant " +
                                  std::to_string(variant) + " rows " + std::to_string(n);
-        const std::map<std::string, Tensor> feed = {{"x", g.random({n, in}, -2, 2)}};
+        std::map<std::string, Tensor> feed = {{"x", g.random({n + 2, in}, -2, 2)}};
+        if (e.gather) {  // every other row from the last, then the first: not in order
+          std::vector<int64_t> rows;
+          for (int64_t r = 0; r < n; ++r) rows.push_back((n + 1 - 2 * r + 4 * (n + 2)) % (n + 2));
+          feed["rows"] = Tensor::from_vector(rows, {n});
+        }
         const ScenarioOutputs ref = run_scenario(*reference, one_step(plain, feed));
         const ScenarioOutputs ref_fused = run_scenario(*reference, one_step(fused, feed));
         ASSERT_EQ(ref_fused[0][0].dtype(), DType::kF32) << what;
-        // Without a norm the widened output is the cast's, bit for bit.
-        const Check exact{norm ? CheckKind::kMaxRelative : CheckKind::kExact,
-                          norm ? dtype_tolerance(dtype) : 0.0};
+        ASSERT_EQ(ref_fused[0][0].shape(), ref[0][0].shape()) << what;
+        // Without a norm the fused output is the unfused one, bit for bit.
+        const Check exact{e.norm ? CheckKind::kMaxRelative : CheckKind::kExact,
+                          e.norm ? dtype_tolerance(dtype) : 0.0};
         expect_matches(ref_fused[0][0], ref[0][0], exact, "reference " + what);
         for (NamedBackend& nb : available_backends()) {
           const std::string why = unsupported(*nb.backend, fused);
@@ -165,15 +198,47 @@ TEST(BackendOps, LinearWidenedToF32MatchesItsCast) {
           ASSERT_EQ(got[0][0].dtype(), DType::kF32) << nb.name << " " << what;
           expect_matches(got[0][0], ref[0][0], {CheckKind::kMaxRelative, dtype_tolerance(dtype)},
                          nb.name + " " + what);
-          if (!norm) {  // the same kernels and roundings as the Linear and the Cast apart
+          if (!e.norm) {  // the same kernels and roundings as the nodes apart
             expect_matches(got[0][0], run_scenario(*nb.backend, one_step(plain, feed))[0][0],
-                           {CheckKind::kExact}, nb.name + " against its cast, " + what);
+                           {CheckKind::kExact}, nb.name + " against the unfused graph, " + what);
           }
         }
         ++compared;
       }
     }
-  EXPECT_EQ(compared, 24);
+  EXPECT_EQ(compared, 40);
+}
+
+// A gathered row outside x is an error on every backend that runs the fused graph, in the
+// one-row GEMV (with the norm) and in the gather before other kernels.
+TEST(BackendOps, BadInputDecoderEndRowOutOfRange) {
+  for (const bool norm : {true, false}) {
+    EndOptions e;
+    e.gather = true;
+    e.norm = e.tied = norm;
+    Gen g(DType::kF16, DType::kF16, 5);
+    const Graph fused = fused_end(decoder_end(g, DType::kF16, 64, 20, e), e);
+    std::vector<NamedBackend> backends = available_backends();
+    backends.push_back({"reference", nullptr, reference_backend()});
+    for (const int64_t bad : {int64_t{4}, int64_t{-1}}) {
+      for (const int64_t n : {int64_t{1}, int64_t{3}}) {
+        std::vector<int64_t> rows(static_cast<size_t>(n), 0);
+        rows.back() = bad;
+        const Scenario s =
+            one_step(fused, {{"x", g.random({4, 64})}, {"rows", Tensor::from_vector(rows, {n})}});
+        for (NamedBackend& nb : backends) {
+          if (!unsupported(*nb.backend, fused).empty()) continue;  // the CPU refuses the node
+          try {
+            run_scenario(*nb.backend, s);
+            ADD_FAILURE() << nb.name << " ran row " << bad;
+          } catch (const Error& err) {
+            EXPECT_NE(std::string(err.what()).find(std::to_string(bad)), std::string::npos)
+                << nb.name << ": " << err.what();
+          }
+        }
+      }
+    }
+  }
 }
 
 }  // namespace

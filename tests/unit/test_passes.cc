@@ -319,7 +319,8 @@ TEST(Passes, FuseLinearResidualFiresOnBloomCudaPlans) {
 // CUDA plans of BLOOM fold the two LayerNorms of every layer into the Linear reading each
 // (query_key_value, dense_h_to_4h), and ln_f into the lm_head, which shares its weight with the
 // embedding and so takes gamma as its norm scale; the embeddings' LayerNorm (its output is the
-// residual stream) stays a node, which gathers the embedding rows itself (fuse_embedding_norm).
+// residual stream) stays a node, which gathers the embedding rows itself (fuse_embedding_norm);
+// the lm_head reads the rows that need logits itself (fuse_gather_linear).
 // Every folded Linear carries its weight's f32 row sums; CPU plans fold nothing.
 TEST(Passes, FuseNormLinearFiresOnBloomCudaPlans) {
   if (!query_cuda().compiled) GTEST_SKIP() << "built without CUDA: cuda plans cannot be built";
@@ -350,6 +351,7 @@ TEST(Passes, FuseNormLinearFiresOnBloomCudaPlans) {
   EXPECT_EQ(count_ops(dec, OpKind::kLayerNorm), norms - fused);
   EXPECT_EQ(count_ops(dec, OpKind::kLayerNorm), 1);  // the embeddings' norm, gathering
   EXPECT_EQ(count_ops(dec, OpKind::kEmbedding), 0);
+  EXPECT_EQ(count_ops(dec, OpKind::kGatherRows), 0);  // the lm_head reads its rows itself
   for (const Node& n : cpu.graph(kDecoderGraph).nodes) {
     if (n.op == OpKind::kLinear) {
       EXPECT_FALSE(n.attr<LinearAttrs>().norm) << n.name;

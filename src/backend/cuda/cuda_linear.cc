@@ -77,6 +77,8 @@ class LinearKernel final : public CudaKernel {
     norm_ = attrs.norm;
     norm_eps_ = static_cast<float>(attrs.norm_eps);
     x_shape_ = graph.values[node_.inputs[0]].shape;
+    y_shape_ = graph.values[node_.outputs[0]].shape;
+    gather_ = node_.inputs.size() > kLinearRows && node_.inputs[kLinearRows] >= 0;
     norm_scaled_ =
         norm_ && node_.inputs.size() > kLinearNormScale && node_.inputs[kLinearNormScale] >= 0;
     if (norm_) {
@@ -107,21 +109,30 @@ class LinearKernel final : public CudaKernel {
                                                  static_cast<uint64_t>(out_), in_));
   }
 
-  // A folded norm's standardized rows, for the steps that do not take it inside the GEMV; then a
-  // widened Linear's output in its own type, for the steps that run cuBLASLt (cast after it).
+  // Scratch, per output row: the gathered rows of x (a Linear of gathered rows, for the steps that
+  // do not gather inside the GEMV), a folded norm's standardized rows (for the steps that do not
+  // take it inside the GEMV), then a widened Linear's output in its own type (for the steps that
+  // run cuBLASLt: cast after it), each 256-byte aligned.
   int64_t workspace_bytes(const Bindings& bindings) const override {
-    const Shape shape = resolve_shape(x_shape_, bindings);
+    const Shape shape = resolve_shape(y_shape_, bindings);
     int64_t n = 1;
     for (int64_t d : shape) n *= d;
-    const int64_t widened =
-        widen_ ? static_cast<int64_t>(dtype_bytes(dtype_, static_cast<size_t>(n / in_ * out_))) : 0;
-    return norm_bytes(n) + widened;
+    return scratch_offsets(n / out_).end;
   }
-  // Bytes of the standardized rows at the front of the scratch (x of n elements), 256-byte
-  // aligned.
-  int64_t norm_bytes(int64_t n) const {
-    if (!norm_) return 0;
-    return (static_cast<int64_t>(dtype_bytes(dtype_, static_cast<size_t>(n))) + 255) / 256 * 256;
+  struct ScratchOffsets {
+    int64_t gathered = 0, normed = 0, widened = 0, end = 0;
+  };
+  ScratchOffsets scratch_offsets(int64_t rows) const {
+    auto bytes = [&](bool on, int64_t elems) -> int64_t {
+      if (!on) return 0;
+      return (static_cast<int64_t>(dtype_bytes(dtype_, static_cast<size_t>(elems))) + 255) / 256 *
+             256;
+    };
+    ScratchOffsets s;
+    s.normed = bytes(gather_, rows * in_);
+    s.widened = s.normed + bytes(norm_.has_value(), rows * in_);
+    s.end = s.widened + bytes(widen_, rows * out_);
+    return s;
   }
 
   void run(const KernelArgs& args) override {
@@ -133,8 +144,18 @@ class LinearKernel final : public CudaKernel {
     KILN_CHECK(x.dtype() == dtype_ && x.numel() % in_ == 0,
                "node '{}': input {} {} does not fit a [n, {}] {} linear", node_.name,
                dtype_name(x.dtype()), shape_str(x.shape()), in_, dtype_name(dtype_));
-    const int64_t n = x.numel() / in_;
+    // Output rows: x's, or (gathered) the rows input's.
+    const Tensor* rows = gather_ ? &args.in[kLinearRows] : nullptr;
+    KILN_CHECK(rows == nullptr || (rows->rank() == 1 && rows->device() == Device::kCuda &&
+                                   (rows->dtype() == DType::kI64 || rows->dtype() == DType::kI32)),
+               "node '{}': the rows a linear gathers must be a 1-d i64/i32 device tensor",
+               node_.name);
+    const int64_t n = rows != nullptr ? rows->numel() : x.numel() / in_;
     if (n == 0) return;
+    const ScratchOffsets at = scratch_offsets(n);
+    KILN_CHECK(at.end == 0 || args.scratch != nullptr, "node '{}': a linear without its scratch",
+               node_.name);
+    char* scratch = static_cast<char*>(args.scratch);
     const bool has_bias = bias_in_epilogue_ || bias_after_;
     // A residual add fused into this Linear (fuse_linear_residual): y = this + residual.
     const Tensor* residual = args.in.size() > kLinearResidual && args.in[kLinearResidual].defined()
@@ -146,12 +167,17 @@ class LinearKernel final : public CudaKernel {
                node_.name, dtype_name(dtype_), n, out_);
     Operands o{x.raw(), w.raw(), has_bias ? &args.in[2] : nullptr,
                residual ? residual->raw() : nullptr, y.raw()};
+    if (rows != nullptr) {
+      KILN_CHECK(residual == nullptr, "node '{}': gathered rows take no residual", node_.name);
+      o.x_rows = {rows->raw(), index_type(rows->dtype()), x.numel() / in_, ctx_.status(),
+                  node_index_};
+      o.gathered = scratch + at.gathered;
+    }
     if (widen_) {
-      KILN_CHECK(y.dtype() == DType::kF32 && residual == nullptr && args.scratch != nullptr,
-                 "node '{}': a widened linear stores f32, with no residual, through scratch",
-                 node_.name);
+      KILN_CHECK(y.dtype() == DType::kF32 && residual == nullptr,
+                 "node '{}': a widened linear stores f32, with no residual", node_.name);
       o.y32 = static_cast<float*>(y.raw());
-      o.y = static_cast<char*>(args.scratch) + norm_bytes(x.numel());
+      o.y = scratch + at.widened;
     }
     if (norm_) {
       const bool layer = *norm_ == InputNorm::kLayerNorm;
@@ -163,12 +189,11 @@ class LinearKernel final : public CudaKernel {
                      (sums == nullptr || (sums->dtype() == DType::kF32 && sums->numel() == out_)),
                  "node '{}': a folded {} needs {}", node_.name, input_norm_name(*norm_),
                  layer ? "the weight's f32 row sums" : "no row sums");
-      KILN_CHECK(args.scratch != nullptr, "node '{}': a folded norm without scratch memory",
-                 node_.name);
       const Tensor* scale = norm_scaled_ ? &args.in[kLinearNormScale] : nullptr;
       KILN_CHECK(scale == nullptr || (scale->dtype() == DType::kF32 && scale->numel() == in_),
                  "node '{}': a folded norm's scale must be f32 [{}]", node_.name, in_);
-      o.norm = {true, sums ? sums->raw() : nullptr, args.scratch, scale ? scale->raw() : nullptr};
+      o.norm = {true, sums ? sums->raw() : nullptr, scratch + at.normed,
+                scale ? scale->raw() : nullptr};
     }
     run_rows(n, o, tactic_for(n));
   }
@@ -288,6 +313,10 @@ class LinearKernel final : public CudaKernel {
     NormOperands norm{};
     // A widened Linear's f32 output (y is then its rows in dtype_, for cuBLASLt: finish_widen).
     float* y32 = nullptr;
+    // A Linear of gathered rows: x's rows x_rows.index[] (x has x_rows.table_rows rows), copied
+    // into `gathered` ([n, in]) where the GEMV does not read them itself.
+    RowIndex x_rows{};
+    void* gathered = nullptr;
   };
 
   // n rows on the GEMV, which takes a folded norm itself where it can, or on cuBLASLt.
@@ -295,7 +324,7 @@ class LinearKernel final : public CudaKernel {
     if (gemv_runs(n, o.x, o.w, tactic) && (!o.norm.on || ctx_.use_gemv_norm()) &&
         launch_gemv_for(n, o))
       return;
-    const Operands plain = standardize(n, o);
+    const Operands plain = standardize(n, gather(n, o));
     if (gemv_runs(n, plain.x, plain.w, tactic)) {
       launch_gemv_for(n, plain);
       return;
@@ -309,6 +338,18 @@ class LinearKernel final : public CudaKernel {
   void finish_widen(int64_t n, const Operands& o) {
     if (o.y32 != nullptr)
       launch_cast(float_type(dtype_), FloatType::kF32, o.y, o.y32, n * out_, ctx_.kernel_stream());
+  }
+
+  // The operands with a gathered Linear's rows copied into its scratch (o itself without rows).
+  Operands gather(int64_t n, const Operands& o) {
+    if (o.x_rows.index == nullptr) return o;
+    launch_gather_rows(float_type(dtype_), o.x, o.x_rows.table_rows, in_, o.x_rows.type,
+                       o.x_rows.index, n, o.gathered, o.x_rows.status, o.x_rows.node,
+                       ctx_.kernel_stream());
+    Operands plain = o;
+    plain.x = o.gathered;
+    plain.x_rows = {};
+    return plain;
   }
 
   // The operands with a folded norm's rows standardized into the scratch memory by the norm
@@ -363,6 +404,7 @@ class LinearKernel final : public CudaKernel {
     p.norm_scale = static_cast<const float*>(o.norm.scale);
     p.norm_eps = norm_eps_;
     p.y32 = o.y32;
+    p.x_rows = o.x_rows;
     return launch_gemv(p, ctx_.kernel_stream());
   }
 
@@ -483,7 +525,8 @@ class LinearKernel final : public CudaKernel {
   bool norm_scaled_ = false;  // the folded norm's gamma is input kLinearNormScale
   bool widen_ = false;        // f32 output (LinearAttrs::widen)
   float norm_eps_ = 0.0f;
-  SymShape x_shape_;
+  SymShape x_shape_, y_shape_;
+  bool gather_ = false;  // input kLinearRows: the Linear of x's rows x[rows]
   // [in] of the activations' type (f32 with a norm scale): a folded norm's standardizing kernel
   Tensor unit_, zero_;
   bool bias_in_epilogue_ = false, bias_after_ = false;

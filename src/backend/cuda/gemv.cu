@@ -61,12 +61,13 @@ __device__ __forceinline__ float dot16(const uint4& w, const uint4& x) {
 // with its gamma multiplied into x (scale, f32 [in]: the norm of a shared weight, BLOOM's ln_f
 // before the tied lm_head), held to three blocks an SM (up to 85 registers; at 64 it spilled 32
 // bytes), as many as the plain one-row instance gets with its 72.
-template <typename T, typename B, int N, bool kNorm, bool kScale = false>
+// kGather (kNorm, one row): x's row x_rows.index[0] (the lm_head reading the row it needs).
+template <typename T, typename B, int N, bool kNorm, bool kScale = false, bool kGather = false>
 __global__ void __launch_bounds__(kWarps * 32, kNorm ? (kScale ? 3 : 4) : 1)
     gemv_kernel(const uint4* __restrict__ x, const uint4* __restrict__ w,
                 const B* __restrict__ bias, const T* residual, T* y, int64_t chunks, int64_t out,
                 int split, bool has_act, ActFn act, const float* __restrict__ row_sums, float eps,
-                const float* __restrict__ scale, float* y32) {
+                const float* __restrict__ scale, float* y32, RowIndex x_rows) {
   // Per warp: the features' sums, then (kNorm) each row's sum and sum of squares.
   constexpr int kSlots = kNorm ? kFeatures + 2 : kFeatures;
   __shared__ float partial_s[kWarps][kSlots][N];
@@ -120,6 +121,16 @@ __global__ void __launch_bounds__(kWarps * 32, kNorm ? (kScale ? 3 : 4) : 1)
   }
   pdl_wait();
   pdl_trigger();
+  if constexpr (kGather) {
+    long long row = x_rows.type == IndexType::kI64 ? static_cast<const long long*>(x_rows.index)[0]
+                                                   : static_cast<const int*>(x_rows.index)[0];
+    if (row < 0 || row >= x_rows.table_rows) {
+      if (blockIdx.x == 0 && threadIdx.x == 0)
+        report(x_rows.status, kStatusGatherRow, x_rows.node, row, x_rows.table_rows);
+      row = 0;
+    }
+    x += row * chunks;
+  }
   if (!kNorm && stores && residual != nullptr)
     res_v = to_float(residual[static_cast<int64_t>(lane % N) * out + f0 + lane / N]);
   // A folded LayerNorm works on x minus the row's first element: the sums of squares and the
@@ -258,12 +269,16 @@ void launch_n(const GemvParams& p, KernelStream stream) {
            static_cast<const uint4*>(p.w), static_cast<const B*>(p.bias),
            static_cast<const T*>(p.residual), static_cast<T*>(p.y), chunks, p.out, p.split,
            p.has_act, p.act, static_cast<const float*>(p.norm_row_sums), p.norm_eps, p.norm_scale,
-           p.y32);
+           p.y32, p.x_rows);
   };
   // The folded norm's instances exist where launch_gemv lets p.norm through.
   if constexpr (std::is_same_v<T, B> && N <= kNormMaxRows) {
-    if (p.norm && p.norm_scale != nullptr) return go(gemv_kernel<T, B, N, true, true>);
-    if (p.norm) return go(gemv_kernel<T, B, N, true>);
+    const bool gather = p.x_rows.index != nullptr;
+    if (p.norm && p.norm_scale != nullptr)
+      return gather ? go(gemv_kernel<T, B, N, true, true, true>)
+                    : go(gemv_kernel<T, B, N, true, true>);
+    if (p.norm)
+      return gather ? go(gemv_kernel<T, B, N, true, false, true>) : go(gemv_kernel<T, B, N, true>);
   }
   go(gemv_kernel<T, B, N, false>);
 }
@@ -318,6 +333,7 @@ bool launch_gemv(const GemvParams& p, KernelStream stream) {
                  (reinterpret_cast<uintptr_t>(p.norm_scale) & 15) != 0))
     return false;
   if (p.y32 != nullptr && p.residual != nullptr) return false;
+  if (p.x_rows.index != nullptr && (!p.norm || p.rows != 1 || p.residual != nullptr)) return false;
   if (p.rows <= 0 || p.out <= 0) return true;
   dispatch_float(p.type, [&](auto tag) {
     dispatch_float(p.bias_type, [&](auto bias_tag) {

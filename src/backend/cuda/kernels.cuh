@@ -100,6 +100,16 @@ void launch_activation(ActFn act, FloatType t, const void* x, void* y, int64_t n
 // has_act false: bias only. bias may be null (activation only).
 void launch_bias_activation(FloatType t, void* y, FloatType bias_t, const void* bias, int64_t rows,
                             int64_t cols, bool has_act, ActFn act, KernelStream stream);
+// Rows a kernel gathers from its input (a LayerNorm of embedding rows, the lm_head's GEMV): row r
+// of the output is computed from row index[r] of x, which has table_rows rows; an index out of
+// range is reported (a norm: a bad token id; the GEMV: a bad row) and never read.
+struct RowIndex {
+  const void* index = nullptr;  // null: row r is x's row r
+  IndexType type = IndexType::kI64;
+  int64_t table_rows = 0;
+  DeviceStatus* status = nullptr;
+  int node = -1;
+};
 // The few-row Linear of decode steps (gemv.cu): y [rows, out] = act(round(x [rows, in] · w [out,
 // in]^T + bias)) (+ residual [rows, out], rounded again, when not null), rows <= kGemvMaxRows,
 // fp32 accumulation, weights streamed with 16-byte loads.
@@ -140,6 +150,9 @@ struct GemvParams {
   // Not null: y is not written; y32 [rows, out] gets each output rounded to `type`, as f32 (a
   // widened Linear, fuse_linear_cast). No residual.
   float* y32 = nullptr;
+  // x's row x_rows.index[0] instead of row 0 (fuse_gather_linear: the lm_head of a decode step);
+  // one row with a folded norm only (launch_gemv is false otherwise).
+  RowIndex x_rows;
   float norm_eps = 0.0f;
 };
 // False, launching nothing, when p asks for a folded norm it cannot take (see norm).
@@ -152,16 +165,6 @@ void launch_gated(ActFn act, FloatType t, const void* gate, const void* up, void
 // x [rows, d], w [d] -> y [rows, d]
 void launch_rms_norm(FloatType t, FloatType wt, const void* x, const void* w, void* y, int64_t rows,
                      int64_t d, float eps, KernelStream stream);
-// Rows gathered by a norm (a fused embedding): row r of the output normalizes row index[r] of x,
-// a table of table_rows rows; an index out of range is reported as a bad token id (kStatusTokenId)
-// and leaves its output row unwritten.
-struct RowIndex {
-  const void* index = nullptr;  // null: row r is x's row r
-  IndexType type = IndexType::kI64;
-  int64_t table_rows = 0;
-  DeviceStatus* status = nullptr;
-  int node = -1;
-};
 // x [rows, d] (gathered: [table_rows, d]), w [d], b [d] -> y [rows, d]
 void launch_layer_norm(FloatType t, FloatType wt, const void* x, const void* w, const void* b,
                        void* y, int64_t rows, int64_t d, float eps, KernelStream stream,

@@ -12,6 +12,7 @@ namespace {
 // 250880-entry row at one SM's speed.
 constexpr int kChunk = 4096;
 constexpr int kSelectThreads = 256;
+static_assert(kChunk % kSelectThreads == 0, "a chunk is whole rounds of the block");
 
 __device__ __forceinline__ unsigned long long order_key(float v, long long column) {
   if (v == 0.0f) v = 0.0f;  // -0 == +0: equal values tie on the column
@@ -82,10 +83,22 @@ __global__ void argmax_kernel(const T* x, int64_t cols, BannedIds banned,
   const int bans = row_bans(ban_row, mask, r) ? banned.count : 0;
   const int64_t begin = static_cast<int64_t>(blockIdx.x) * kChunk;
   const int64_t end = min(cols, begin + kChunk);
+  // Every load of the thread's share is issued before the first is used: one trip to memory
+  // (L2, where the lm_head just wrote the logits), where a loop of dependent iterations made one
+  // trip per value (5.5 µs for bloom-560m's 250880 logits on the H200).
+  constexpr int kPerThread = kChunk / kSelectThreads;
+  float v[kPerThread];
+#pragma unroll
+  for (int i = 0; i < kPerThread; ++i) {
+    const int64_t c = begin + i * kSelectThreads + threadIdx.x;
+    v[i] = c < end ? to_float(row[c]) : 0.0f;
+  }
   unsigned long long best = 0;
-  for (int64_t c = begin + threadIdx.x; c < end; c += blockDim.x) {
-    if (is_banned(banned, bans, c)) continue;
-    const unsigned long long k = order_key(to_float(row[c]), c);
+#pragma unroll
+  for (int i = 0; i < kPerThread; ++i) {
+    const int64_t c = begin + i * kSelectThreads + threadIdx.x;
+    if (c >= end || is_banned(banned, bans, c)) continue;
+    const unsigned long long k = order_key(v[i], c);
     best = k > best ? k : best;
   }
   best = block_max_key(best);

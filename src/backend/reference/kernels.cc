@@ -77,7 +77,12 @@ void linear(const Node& node, const KernelArgs& args) {
   const bool has_scales = args.in.size() > 3 && args.in[3].defined();
   const bool has_residual = args.in.size() > kLinearResidual && args.in[kLinearResidual].defined();
   Tensor& y = args.out[0];
-  const int64_t in = w.dim(1), out = w.dim(0), n = x.numel() / in;
+  // With rows (kLinearRows) output row t is the Linear of x's row rows[t].
+  const Tensor* rows = args.in.size() > kLinearRows && args.in[kLinearRows].defined()
+                           ? &args.in[kLinearRows]
+                           : nullptr;
+  const int64_t in = w.dim(1), out = w.dim(0), x_rows = x.numel() / in;
+  const int64_t n = rows != nullptr ? rows->numel() : x_rows;
   const std::optional<Activation> act = attrs.activation;
   // The type the Linear computes in: its output's, or its input's when widened to f32.
   const DType out_type = attrs.widen ? x.dtype() : y.dtype();
@@ -87,17 +92,20 @@ void linear(const Node& node, const KernelArgs& args) {
   const std::vector<double> gamma =
       has_norm_scale ? load(args.in[kLinearNormScale]) : std::vector<double>(in, 1.0);
   for (int64_t t = 0; t < n; ++t) {
+    const int64_t xr = rows != nullptr ? index_element(*rows, t) : t;
+    KILN_CHECK(xr >= 0 && xr < x_rows, "node '{}': row {} out of range [0, {})", node.name, xr,
+               x_rows);
     double mean = 0.0, inv = 1.0;
     if (attrs.norm) {
       double sum = 0.0, sq = 0.0;
-      for (int64_t i = 0; i < in; ++i) sum += xs[t * in + i];
+      for (int64_t i = 0; i < in; ++i) sum += xs[xr * in + i];
       if (*attrs.norm == InputNorm::kLayerNorm) mean = sum / static_cast<double>(in);
-      for (int64_t i = 0; i < in; ++i) sq += (xs[t * in + i] - mean) * (xs[t * in + i] - mean);
+      for (int64_t i = 0; i < in; ++i) sq += (xs[xr * in + i] - mean) * (xs[xr * in + i] - mean);
       inv = 1.0 / std::sqrt(sq / static_cast<double>(in) + attrs.norm_eps);
     }
     for (int64_t o = 0; o < out; ++o) {
       double acc = 0.0;
-      for (int64_t i = 0; i < in; ++i) acc += xs[t * in + i] * gamma[i] * ws[o * in + i];
+      for (int64_t i = 0; i < in; ++i) acc += xs[xr * in + i] * gamma[i] * ws[o * in + i];
       if (attrs.norm) {
         if (*attrs.norm == InputNorm::kLayerNorm) acc -= mean * at(args.in[kLinearNormRowSums], o);
         acc *= inv;
