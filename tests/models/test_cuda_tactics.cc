@@ -46,7 +46,8 @@ TEST(CudaTactics, BuildTimesEveryLinearAndThePlanKeepsTheChoice) {
   ModelIR model = cuda_fp32_model("bloom-tiny", ctx);
   const ModelIR untuned = model;
   select_tactics(model, ctx);
-  int linears = 0;
+  int linears = 0, gathered = 0;
+  const auto bound = model.profile.bucket_bindings(model.profile.token_buckets.back());
   for (const Graph& g : model.graphs)
     for (const Node& n : g.nodes) {
       if (n.op != OpKind::kLinear) continue;
@@ -54,6 +55,12 @@ TEST(CudaTactics, BuildTimesEveryLinearAndThePlanKeepsTheChoice) {
       const auto& tactics = n.attr<LinearAttrs>().tactics;
       ASSERT_FALSE(tactics.empty()) << n.name;
       EXPECT_EQ(tactics.front().rows, 1) << n.name;
+      // Timed at the output's row counts: the lm_head of gathered rows (fuse_gather_linear)
+      // at most the rows it gathers, not the step's tokens.
+      const Dim& rows = g.values[n.outputs[0]].shape[0];
+      ASSERT_TRUE(rows.is_symbolic() && bound.count(rows.symbol)) << n.name;
+      EXPECT_LE(tactics.back().rows, bound.at(rows.symbol)) << n.name;
+      gathered += n.inputs.size() > kLinearRows && n.inputs[kLinearRows] >= 0;
       for (const LinearTactic& t : tactics) {
         EXPECT_TRUE(t.kernel == "gemv" || t.kernel == "cublaslt") << n.name << " " << t.kernel;
         EXPECT_GT(t.us, 0.0f) << n.name;
@@ -61,6 +68,7 @@ TEST(CudaTactics, BuildTimesEveryLinearAndThePlanKeepsTheChoice) {
       }
     }
   ASSERT_GT(linears, 0);
+  EXPECT_EQ(gathered, 1);
   write_plan(tmp("tuned.plan"), model, PlanBuildInfo{fixture("bloom-tiny"), {}}, ctx.log());
   ModelIR loaded = read_plan(tmp("tuned.plan"), ctx.log());
   for (size_t gi = 0; gi < model.graphs.size(); ++gi)

@@ -97,6 +97,12 @@ class CudaContext {
            : rows <= 1            ? kGemvWarpsOneRow
                                   : kGemvWarpsMoreRows;
   }
+  // The same for a one-row GEMV with a folded norm (64 registers a thread: four blocks fill an
+  // SM's registers, so fewer of its blocks fit beside the kernel before it):
+  // KILN_CUDA_GEMV_NORM_WARPS=N (for A/B runs), else gemv_warps_per_sm(1).
+  int gemv_norm_warps_per_sm() const {
+    return gemv_norm_warps_ > 0 ? gemv_norm_warps_ : gemv_warps_per_sm(1);
+  }
   // The warps of a block of the warp attention kernel at a block per SM or fewer:
   // KILN_CUDA_ATTN_WARPS=16|8|4 forces them (for A/B runs); 0 (default): by the key count.
   int attention_warps() const { return attention_warps_; }
@@ -247,6 +253,7 @@ class CudaContext {
   bool defer_checks_ = true;    // not KILN_CUDA_DEFER_CHECK=0
   bool after_library_ = false;  // note_library_launch(), until the next kiln launch
   int gemv_warps_forced_ = 0;   // KILN_CUDA_GEMV_WARPS; 0: by the row count
+  int gemv_norm_warps_ = 0;     // KILN_CUDA_GEMV_NORM_WARPS; 0: as gemv_warps_per_sm(1)
   int gemv_rows_ = kGemvDefaultRows;
   int attention_warps_ = 0;
   bool inexact_tactics_ = false;

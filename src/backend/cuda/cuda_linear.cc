@@ -72,6 +72,8 @@ class LinearKernel final : public CudaKernel {
     for (int n = 1; n <= kGemvMaxRows; ++n)
       gemv_split_[n] = gemv_split(float_type(dtype_), in_, out_, ctx_.multiprocessors(),
                                   ctx_.gemv_warps_per_sm(n));
+    gemv_norm_split_ = gemv_split(float_type(dtype_), in_, out_, ctx_.multiprocessors(),
+                                  ctx_.gemv_norm_warps_per_sm());
 
     const LinearAttrs& attrs = node_.attr<LinearAttrs>();
     norm_ = attrs.norm;
@@ -396,7 +398,8 @@ class LinearKernel final : public CudaKernel {
     p.rows = n;
     p.in = in_;
     p.out = out_;
-    p.split = gemv_split_[std::min<int64_t>(n, kGemvMaxRows)];
+    p.split =
+        o.norm.on && n == 1 ? gemv_norm_split_ : gemv_split_[std::min<int64_t>(n, kGemvMaxRows)];
     p.has_act = activation_.has_value();
     p.act = act_fn(activation_.value_or(Activation::kRelu));
     p.norm = o.norm.on;
@@ -531,6 +534,7 @@ class LinearKernel final : public CudaKernel {
   Tensor unit_, zero_;
   bool bias_in_epilogue_ = false, bias_after_ = false;
   int gemv_split_[kGemvMaxRows + 1] = {};  // per row count (gemv_split)
+  int gemv_norm_split_ = 1;                // one row with the folded norm inside the GEMV
   cublasLtMatmulDesc_t desc_ = nullptr;
   cublasLtMatrixLayout_t a_ = nullptr;
   std::vector<LinearTactic> tactics_;

@@ -2,7 +2,8 @@
 // graph gets, per row count the plan's profile can run, the kernel and cuBLASLt algorithm that
 // was fastest when timed on this GPU on the node's own weights. Linears of one signature (shape,
 // dtypes, bias, activation, residual, TF32) share one timing. The plan stores the choices and
-// the build log prints them.
+// the build log prints them. Row counts are the output's (a Linear of gathered rows,
+// fuse_gather_linear, has as many rows as it gathers, not as its input has).
 #include <algorithm>
 #include <map>
 
@@ -50,27 +51,30 @@ void select_linear_tactics(Graph& graph, const ShapeProfile& profile, CudaContex
     const Node& n = graph.nodes[i];
     if (n.op != OpKind::kLinear) continue;
     const Value& x = graph.values[n.inputs[0]];
+    const Value& y = graph.values[n.outputs[0]];
     const Value& w = graph.values[n.inputs[1]];
     const bool bias = n.inputs.size() > 2 && n.inputs[2] >= 0;
     if (w.kind != ValueKind::kWeight ||
         (bias && graph.values[n.inputs[2]].kind != ValueKind::kWeight))
       continue;
-    if (x.shape.empty() || !x.shape[0].is_symbolic()) continue;
+    if (y.shape.empty() || !y.shape[0].is_symbolic()) continue;
     const LinearAttrs& a = n.attr<LinearAttrs>();
+    auto has = [&](size_t slot) { return n.inputs.size() > slot && n.inputs[slot] >= 0; };
     const std::string key = fmt::format(
-        "[{}] -> [{}] {}{}{}{}{}{} over {}", sym_shape_str(x.shape), w.shape[0].value,
+        "[{}] -> [{}] {}{}{}{}{}{}{}{}{} over {}", sym_shape_str(x.shape), w.shape[0].value,
         dtype_name(w.dtype),
         bias ? fmt::format(", {} bias", dtype_name(graph.values[n.inputs[2]].dtype)) : "",
         a.activation ? fmt::format(", {}", activation_name(*a.activation)) : "",
-        n.inputs.size() > kLinearResidual && n.inputs[kLinearResidual] >= 0 ? ", residual" : "",
-        a.norm ? fmt::format(", folded {}", input_norm_name(*a.norm)) : "", a.tf32 ? ", tf32" : "",
-        x.shape[0].symbol);
+        has(kLinearResidual) ? ", residual" : "",
+        a.norm ? fmt::format(", folded {}", input_norm_name(*a.norm)) : "",
+        has(kLinearNormScale) ? ", norm scale" : "", has(kLinearRows) ? ", gathered rows" : "",
+        a.widen ? ", f32 output" : "", a.tf32 ? ", tf32" : "", y.shape[0].symbol);
     groups[key].push_back(static_cast<int>(i));
   }
   for (const auto& [key, nodes] : groups) {
     const Node& first = graph.nodes[nodes.front()];
     const std::vector<int64_t> rows =
-        tactic_rows(graph.values[first.inputs[0]].shape[0].symbol, profile);
+        tactic_rows(graph.values[first.outputs[0]].shape[0].symbol, profile);
     const std::vector<LinearTactic> tactics = time_linear_tactics(graph, first, ctx, rows);
     std::string chosen;
     for (const LinearTactic& t : tactics) chosen += (chosen.empty() ? "" : ", ") + describe(t);

@@ -108,6 +108,7 @@ __global__ void argmax_kernel(const T* x, int64_t cols, BannedIds banned,
     row_keys[blockIdx.x] = best;
     __threadfence();  // the key is visible before the count that announces it
     last = atomicAdd(row_done + r, 1u) == gridDim.x - 1;
+    __threadfence();  // and the other blocks' keys are read after the count that announced them
   }
   __syncthreads();
   if (!last) return;
