@@ -99,6 +99,9 @@ struct Node {
   std::vector<int> outputs;
   OpAttrs attrs;  // the alternative op_schema(op).attrs names (checked by verify_graph)
 
+  // Whether optional input `i` is present.
+  bool has_input(size_t i) const { return i < inputs.size() && inputs[i] >= 0; }
+
   // The node's attributes as `T`; throws naming the node when it holds another kind.
   template <typename T>
   const T& attr() const {

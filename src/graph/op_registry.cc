@@ -11,7 +11,7 @@ const Value& in(const Graph& g, const Node& n, size_t i) {
       "node '{}' ({}): input {} is missing", n.name, op_name(n.op), i);
   return g.values[n.inputs[i]];
 }
-bool has_in(const Node& n, size_t i) { return i < n.inputs.size() && n.inputs[i] >= 0; }
+bool has_in(const Node& n, size_t i) { return n.has_input(i); }
 
 void expect_rank(const Node& n, const Value& v, size_t rank) {
   KILN_CHECK(v.shape.size() == rank, "node '{}' ({}): input '{}' has shape {}, expected rank {}",
@@ -32,6 +32,16 @@ void expect_same(const Node& n, const Value& a, const Value& b) {
              "node '{}' ({}): inputs '{}' {} {} and '{}' {} {} differ", n.name, op_name(n.op),
              a.name, dtype_name(a.dtype), sym_shape_str(a.shape), b.name, dtype_name(b.dtype),
              sym_shape_str(b.shape));
+}
+
+// x [n, d] read at the rows `rows` [r] (i64/i32) of an op's optional rows input: a gathered
+// embedding's LayerNorm, a Linear of gathered rows.
+void expect_gathered_rows(const Node& n, const Value& x, const Value& rows) {
+  expect_rank(n, x, 2);
+  expect_rank(n, rows, 1);
+  KILN_CHECK(rows.dtype == DType::kI64 || rows.dtype == DType::kI32,
+             "node '{}' ({}): rows '{}' must be integers, not {}", n.name, op_name(n.op), rows.name,
+             dtype_name(rows.dtype));
 }
 
 std::vector<ValueType> infer_embedding(const Graph& g, const Node& n) {
@@ -96,11 +106,7 @@ std::vector<ValueType> infer_linear(const Graph& g, const Node& n) {
   out.back() = w.shape[0];
   if (has_in(n, kLinearRows)) {  // the Linear of x's rows x[rows]
     const Value& rows = in(g, n, kLinearRows);
-    expect_rank(n, x, 2);
-    expect_rank(n, rows, 1);
-    KILN_CHECK(rows.dtype == DType::kI64 || rows.dtype == DType::kI32,
-               "node '{}' (Linear): rows '{}' must be integers, not {}", n.name, rows.name,
-               dtype_name(rows.dtype));
+    expect_gathered_rows(n, x, rows);
     KILN_CHECK(!has_in(n, kLinearResidual), "node '{}' (Linear): gathered rows take no residual",
                n.name);
     out = {rows.shape[0], w.shape[0]};
@@ -199,11 +205,7 @@ std::vector<ValueType> infer_layer_norm(const Graph& g, const Node& n) {
   expect_dim(n, b, 0, w.shape[0]);
   if (has_in(n, 3)) {  // the rows x[rows] (a gathered embedding)
     const Value& rows = in(g, n, 3);
-    expect_rank(n, x, 2);
-    expect_rank(n, rows, 1);
-    KILN_CHECK(rows.dtype == DType::kI64 || rows.dtype == DType::kI32,
-               "node '{}' (LayerNorm): rows '{}' must be integers, not {}", n.name, rows.name,
-               dtype_name(rows.dtype));
+    expect_gathered_rows(n, x, rows);
     return {{x.dtype, {rows.shape[0], x.shape[1]}}};
   }
   return {{x.dtype, x.shape}};

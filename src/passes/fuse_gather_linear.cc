@@ -18,9 +18,7 @@ int fuse_gather_linear(Graph& graph, const Logger& log) {
     const int g = lin.inputs[0];
     const int producer = graph.values[g].producer;
     if (producer < 0 || uses[g] != 1 || graph.nodes[producer].op != OpKind::kGatherRows) continue;
-    if ((lin.inputs.size() > kLinearResidual && lin.inputs[kLinearResidual] >= 0) ||
-        (lin.inputs.size() > kLinearRows && lin.inputs[kLinearRows] >= 0))
-      continue;
+    if (lin.has_input(kLinearResidual) || lin.has_input(kLinearRows)) continue;
     const Node& gather = graph.nodes[producer];
     if (graph.values[gather.inputs[0]].shape.size() != 2) continue;
     if (lin.inputs.size() <= kLinearRows) lin.inputs.resize(kLinearRows + 1, -1);

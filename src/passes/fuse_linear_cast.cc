@@ -22,8 +22,7 @@ int fuse_linear_cast(Graph& graph, const Logger& log) {
     Node& lin = graph.nodes[producer];
     const DType t = graph.values[narrow].dtype;
     if (lin.op != OpKind::kLinear || (t != DType::kF16 && t != DType::kBF16) ||
-        (lin.inputs.size() > kLinearResidual && lin.inputs[kLinearResidual] >= 0) ||
-        graph.values[lin.inputs[0]].dtype != t)
+        lin.has_input(kLinearResidual) || graph.values[lin.inputs[0]].dtype != t)
       continue;
     const int wide = cast.outputs[0];
     lin.attr<LinearAttrs>().widen = true;

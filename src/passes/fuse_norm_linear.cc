@@ -67,17 +67,20 @@ Folded fold(const Graph& g, const Node& lin, const std::vector<float>& gamma,
   const Tensor w = wv.data.to_f32();
   const int64_t out = w.dim(0), in = w.dim(1);
   const float* wf = w.data<float>();
-  Tensor scaled = Tensor::empty(DType::kF32, {out, in});
-  float* sf = scaled.data<float>();
-  for (int64_t o = 0; o < out; ++o)
-    for (int64_t i = 0; i < in; ++i) sf[o * in + i] = wf[o * in + i] * gamma[i];
   Folded f;
-  if (shared)
+  if (shared) {
+    // The weight stays: no scaled copy of it (a tied lm_head's is the whole embedding table).
     f.scale = Tensor::from_vector(gamma, {in});
-  else
+  } else {
+    Tensor scaled = Tensor::empty(DType::kF32, {out, in});
+    float* sf = scaled.data<float>();
+    for (int64_t o = 0; o < out; ++o)
+      for (int64_t i = 0; i < in; ++i) sf[o * in + i] = wf[o * in + i] * gamma[i];
     f.weight = scaled.to(wv.dtype);
+  }
   if (!layer) return f;
-  const Tensor back = shared ? scaled : f.weight.to_f32();
+  // The row sums of the weight the kernel multiplies by: the stored folded weight, or w * gamma.
+  const Tensor back = shared ? Tensor() : f.weight.to_f32();
   std::vector<float> sums(static_cast<size_t>(out)), bias(static_cast<size_t>(out), 0.0f);
   const bool has_bias = lin.inputs.size() > 2 && lin.inputs[2] >= 0;
   if (has_bias) {
@@ -87,7 +90,7 @@ Folded fold(const Graph& g, const Node& lin, const std::vector<float>& gamma,
   for (int64_t o = 0; o < out; ++o) {
     double s = 0.0, b = bias[o];
     for (int64_t i = 0; i < in; ++i) {
-      s += back.data<float>()[o * in + i];
+      s += shared ? wf[o * in + i] * gamma[i] : back.data<float>()[o * in + i];
       b += static_cast<double>(wf[o * in + i]) * beta[i];
     }
     sums[o] = static_cast<float>(s);

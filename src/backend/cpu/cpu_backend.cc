@@ -156,12 +156,11 @@ class CpuBackend final : public Backend {
       return "the cpu linears take no fused residual (a CUDA plan's fusion)";
     if (node.op == OpKind::kLinear && node.attr<LinearAttrs>().norm)
       return "the cpu linears take no folded input norm (a CUDA plan's fusion)";
-    if (node.op == OpKind::kLinear && node.inputs.size() > kLinearRows &&
-        node.inputs[kLinearRows] >= 0)
+    if (node.op == OpKind::kLinear && node.has_input(kLinearRows))
       return "the cpu linears gather no rows (a CUDA plan's fusion)";
     if (node.op == OpKind::kLinear && node.attr<LinearAttrs>().widen)
       return "the cpu linears do not widen their output (a CUDA plan's fusion)";
-    if (node.op == OpKind::kLayerNorm && node.inputs.size() > 3 && node.inputs[3] >= 0)
+    if (node.op == OpKind::kLayerNorm && node.has_input(3))
       return "the cpu layer norm gathers no rows (a CUDA plan's fused embedding)";
     for (int id : node.inputs) {
       if (id < 0 || graph.values[id].layout.plain()) continue;

@@ -78,11 +78,9 @@ class LinearKernel final : public CudaKernel {
     const LinearAttrs& attrs = node_.attr<LinearAttrs>();
     norm_ = attrs.norm;
     norm_eps_ = static_cast<float>(attrs.norm_eps);
-    x_shape_ = graph.values[node_.inputs[0]].shape;
     y_shape_ = graph.values[node_.outputs[0]].shape;
-    gather_ = node_.inputs.size() > kLinearRows && node_.inputs[kLinearRows] >= 0;
-    norm_scaled_ =
-        norm_ && node_.inputs.size() > kLinearNormScale && node_.inputs[kLinearNormScale] >= 0;
+    gather_ = node_.has_input(kLinearRows);
+    norm_scaled_ = norm_ && node_.has_input(kLinearNormScale);
     if (norm_) {
       // The norm kernel's unit weight and zero bias, for the steps that standardize x first
       // (f32 with a norm scale: that is then the norm kernel's weight).
@@ -528,7 +526,7 @@ class LinearKernel final : public CudaKernel {
   bool norm_scaled_ = false;  // the folded norm's gamma is input kLinearNormScale
   bool widen_ = false;        // f32 output (LinearAttrs::widen)
   float norm_eps_ = 0.0f;
-  SymShape x_shape_, y_shape_;
+  SymShape y_shape_;
   bool gather_ = false;  // input kLinearRows: the Linear of x's rows x[rows]
   // [in] of the activations' type (f32 with a norm scale): a folded norm's standardizing kernel
   Tensor unit_, zero_;

@@ -39,8 +39,9 @@ Tensor CudaContext::start_argmax_rows(const Tensor& logits, std::span<const int6
     KILN_CUDA_CHECK(cudaStreamSynchronize(stream_));
     argmax_capacity_ = std::max<size_t>({rows, argmax_capacity_, 256});
     argmax_scratch_capacity_ = std::max(scratch, argmax_scratch_capacity_);
-    // The ids, then one flag byte per row (device and pinned host alike), then the chunks'
-    // keys (device only, from a 256-byte boundary).
+    // The ids, then one flag byte per row (device and pinned host alike), then the rows'
+    // counters of finished blocks (zeroed once here; each launch leaves them zero) and the
+    // chunks' keys (device only, each from a 256-byte boundary).
     const size_t bytes = argmax_capacity_ * (sizeof(long long) + 1);
     argmax_device_ = allocator_.allocate(argmax_keys_offset() + argmax_scratch_capacity_);
     KILN_CUDA_CHECK(cudaMemsetAsync(static_cast<char*>(argmax_device_.get()) + argmax_done_offset(),

@@ -59,16 +59,16 @@ void select_linear_tactics(Graph& graph, const ShapeProfile& profile, CudaContex
       continue;
     if (y.shape.empty() || !y.shape[0].is_symbolic()) continue;
     const LinearAttrs& a = n.attr<LinearAttrs>();
-    auto has = [&](size_t slot) { return n.inputs.size() > slot && n.inputs[slot] >= 0; };
     const std::string key = fmt::format(
         "[{}] -> [{}] {}{}{}{}{}{}{}{}{} over {}", sym_shape_str(x.shape), w.shape[0].value,
         dtype_name(w.dtype),
         bias ? fmt::format(", {} bias", dtype_name(graph.values[n.inputs[2]].dtype)) : "",
         a.activation ? fmt::format(", {}", activation_name(*a.activation)) : "",
-        has(kLinearResidual) ? ", residual" : "",
+        n.has_input(kLinearResidual) ? ", residual" : "",
         a.norm ? fmt::format(", folded {}", input_norm_name(*a.norm)) : "",
-        has(kLinearNormScale) ? ", norm scale" : "", has(kLinearRows) ? ", gathered rows" : "",
-        a.widen ? ", f32 output" : "", a.tf32 ? ", tf32" : "", y.shape[0].symbol);
+        n.has_input(kLinearNormScale) ? ", norm scale" : "",
+        n.has_input(kLinearRows) ? ", gathered rows" : "", a.widen ? ", f32 output" : "",
+        a.tf32 ? ", tf32" : "", y.shape[0].symbol);
     groups[key].push_back(static_cast<int>(i));
   }
   for (const auto& [key, nodes] : groups) {

@@ -142,6 +142,17 @@ __device__ __forceinline__ void report(DeviceStatus* status, int code, int node,
   }
 }
 
+// Row index[r] of a gathered input (RowIndex), or -1 for an index outside [0, table_rows), which
+// `reporter` reports as `code` (the first error wins).
+__device__ __forceinline__ long long gathered_row(const RowIndex& g, int64_t r, int code,
+                                                  bool reporter) {
+  const long long id = g.type == IndexType::kI64 ? static_cast<const long long*>(g.index)[r]
+                                                 : static_cast<const int*>(g.index)[r];
+  if (id >= 0 && id < g.table_rows) return id;
+  if (reporter) report(g.status, code, g.node, id, g.table_rows);
+  return -1;
+}
+
 // Programmatic dependent launch (sm_90 and newer). Kernels go to the stream through launch(),
 // which lets a kernel start while the one before it in the stream still runs (when
 // KernelStream policy allows it). So every kiln kernel calls pdl_wait() before it reads anything

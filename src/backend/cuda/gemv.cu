@@ -122,14 +122,10 @@ __global__ void __launch_bounds__(kWarps * 32, kNorm ? (kScale ? 3 : 4) : 1)
   pdl_wait();
   pdl_trigger();
   if constexpr (kGather) {
-    long long row = x_rows.type == IndexType::kI64 ? static_cast<const long long*>(x_rows.index)[0]
-                                                   : static_cast<const int*>(x_rows.index)[0];
-    if (row < 0 || row >= x_rows.table_rows) {
-      if (blockIdx.x == 0 && threadIdx.x == 0)
-        report(x_rows.status, kStatusGatherRow, x_rows.node, row, x_rows.table_rows);
-      row = 0;
-    }
-    x += row * chunks;
+    // A bad row (reported once) reads row 0: the step's results are not used.
+    const long long row =
+        gathered_row(x_rows, 0, kStatusGatherRow, blockIdx.x == 0 && threadIdx.x == 0);
+    x += (row < 0 ? 0 : row) * chunks;
   }
   if (!kNorm && stores && residual != nullptr)
     res_v = to_float(residual[static_cast<int64_t>(lane % N) * out + f0 + lane / N]);

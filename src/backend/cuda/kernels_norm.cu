@@ -52,12 +52,7 @@ __global__ void add_rms_norm_kernel(const T* a, const T* b, const W* w, T* sum, 
 // index (the whole block returns). Reads the index: after the wait.
 __device__ __forceinline__ int64_t source_row(const RowIndex& g) {
   if (g.index == nullptr) return blockIdx.x;
-  const long long id = g.type == IndexType::kI64
-                           ? static_cast<const long long*>(g.index)[blockIdx.x]
-                           : static_cast<const int*>(g.index)[blockIdx.x];
-  if (id >= 0 && id < g.table_rows) return id;
-  if (threadIdx.x == 0) report(g.status, kStatusTokenId, g.node, id, g.table_rows);
-  return -1;
+  return gathered_row(g, blockIdx.x, kStatusTokenId, threadIdx.x == 0);
 }
 
 template <typename T, typename W>
