@@ -3,6 +3,8 @@
 // against oneDNN's own OpenMP sgemm on the same
 // buffers, for decode (n = 1..16) and prefill (n = 78..1024) shapes. Reports GFLOP/s and, for small
 // n, the weight-streaming bandwidth in GB/s; compare with `kiln bench`'s measured read bandwidth.
+// Also flan-t5-base's prompt shapes (78 rows) in int8 dot products, hot and with the weights cold
+// (BM_kiln_int8_cold), against oneDNN's u8 x s8 matmul as `kiln bench` times it.
 // Run: build/kiln_linear_bench [--benchmark_filter=...]
 #include <benchmark/benchmark.h>
 #include <omp.h>
@@ -12,6 +14,7 @@
 #include <random>
 
 #include "backend/cpu/kernels.h"
+#include "backend/cpu/onednn_reference.h"
 #include "core/cpu_features.h"
 #include "core/dtype.h"
 
@@ -144,7 +147,69 @@ void narrow_shapes(benchmark::internal::Benchmark* b) {
   b->UseRealTime();
 }
 
+// The same int8 dot-product Linear with its weights cold, as in a model's prompt step: calls
+// rotate over copies of the problem whose weights add up to ~96 MB, past the last-level cache.
+void BM_kiln_int8_cold(benchmark::State& state) {
+  const int64_t n = state.range(0), k = state.range(1), m = state.range(2);
+  if (!(detect_cpu_features().avx512_vnni && detect_cpu_features().avx512_vbmi)) {
+    state.SkipWithError("no AVX512-VNNI and AVX512-VBMI here");
+    return;
+  }
+  const int64_t copies = std::max<int64_t>(2, (96 << 20) / (k * m));
+  std::vector<std::unique_ptr<Problem>> problems;
+  std::vector<std::unique_ptr<Kernel>> kernels;
+  for (int64_t c = 0; c < copies; ++c) {
+    problems.push_back(std::make_unique<Problem>(n, k, m, DType::kI8));
+    kernels.push_back(cpu::packed_int8_dot_linear_factory()(problems.back()->graph.nodes[0]));
+    kernels.back()->prepare(problems.back()->graph);
+  }
+  int64_t c = 0;
+  for (auto _ : state) {
+    Problem& p = *problems[c];
+    const Tensor in[] = {p.x, p.w, Tensor(), p.scales};
+    Tensor out[] = {p.y};
+    kernels[c]->run(KernelArgs{std::span<const Tensor>(in, 4), out, nullptr, nullptr, &pool()});
+    benchmark::ClobberMemory();
+    c = (c + 1) % copies;
+  }
+  report(state, n, k, m, 1);
+}
+
+// oneDNN's matmul primitive as `kiln bench` times it (weights reordered once into its layout):
+// range(3) 0 f32, 1 bf16, 2 u8 x s8.
+void BM_onednn_matmul(benchmark::State& state) {
+  const int64_t n = state.range(0), k = state.range(1), m = state.range(2);
+  const cpu::OnednnType type = state.range(3) == 0   ? cpu::OnednnType::kF32
+                               : state.range(3) == 1 ? cpu::OnednnType::kBf16
+                                                     : cpu::OnednnType::kInt8;
+  for (auto _ : state) {
+    const cpu::OnednnTiming t =
+        cpu::time_onednn_matmul(n, k, m, type, static_cast<int>(pool().size()), 5);
+    state.SetIterationTime(t.ms / 1000.0);
+    state.SetLabel(t.impl);
+  }
+  report(state, n, k, m, 1);
+}
+
+// flan-t5-base's prompt step (78 rows): d 768, stacked q/k/v 2304, ff 2048, and back.
+void t5_prefill_shapes(benchmark::internal::Benchmark* b, int64_t type) {
+  for (auto [k, m] : {std::pair<int64_t, int64_t>{768, 768}, {768, 2304}, {768, 2048}, {2048, 768}})
+    b->Args({78, k, m, type});
+}
+
 BENCHMARK(BM_kiln)->Apply(shapes);
+BENCHMARK(BM_kiln)->Apply([](benchmark::internal::Benchmark* b) {
+  t5_prefill_shapes(b, 4);
+  b->UseRealTime();
+});
+BENCHMARK(BM_kiln_int8_cold)->Apply([](benchmark::internal::Benchmark* b) {
+  t5_prefill_shapes(b, 4);
+  b->UseRealTime();
+});
+BENCHMARK(BM_onednn_matmul)->Apply([](benchmark::internal::Benchmark* b) {
+  t5_prefill_shapes(b, 2);
+  b->UseManualTime();
+});
 BENCHMARK(BM_kiln)->Apply(narrow_shapes);
 BENCHMARK(BM_onednn_sgemm)->Apply(shapes);
 

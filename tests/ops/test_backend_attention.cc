@@ -49,6 +49,53 @@ std::vector<OpCase> attention_op_cases() {
          c.kind = AttentionKind::kEncoderSelf;
          return encoder_scenario(g, c, {5, 2});
        }});
+  // Head widths a multiple of 16: the CPU's AVX-512 register tiles for encoder prompts
+  // (attention_prompt.cc): keys in tiles of 64, 48 (3 vectors), 32 and 16, query blocks of 6 and
+  // what is left (1-5 rows), head widths of 1 to 4 vectors and two chunks (128); packed q/k/v as
+  // flan-t5's; ALiBi and a scale; a causal encoder (the row-at-a-time loops).
+  cases.push_back(
+      {"Attention_encoder_t5_packed_dh64_ragged_78_5_1", DType::kF32, {check}, [](Gen& g) {
+         AttnConfig c = t5_encoder();
+         c.heads = 3;
+         c.head_dim = 64;
+         c.buckets = 32;
+         c.max_distance = 128;
+         c.packed = true;
+         return encoder_scenario(g, c, {78, 5, 1});
+       }});
+  cases.push_back(
+      {"Attention_encoder_alibi_scaled_dh48_ragged_23_48", DType::kF32, {check}, [](Gen& g) {
+         AttnConfig c;
+         c.bias = PositionBias::kAlibi;
+         c.heads = 6;
+         c.head_dim = 48;
+         c.scale = 0.5f;
+         return encoder_scenario(g, c, {23, 48});
+       }});
+  cases.push_back(
+      {"Attention_encoder_nobias_dh128_ragged_33_2_17", DType::kF32, {check}, [](Gen& g) {
+         AttnConfig c;
+         c.heads = 2;
+         c.head_dim = 128;
+         c.scale = 0.125f;
+         return encoder_scenario(g, c, {33, 2, 17});
+       }});
+  cases.push_back({"Attention_encoder_nobias_dh16_ragged_64_7", DType::kF32, {check}, [](Gen& g) {
+                     AttnConfig c;
+                     c.heads = 4;
+                     c.head_dim = 16;
+                     return encoder_scenario(g, c, {64, 7});
+                   }});
+  cases.push_back(
+      {"Attention_encoder_causal_t5_dh64_ragged_20_3", DType::kF32, {check}, [](Gen& g) {
+         AttnConfig c = t5_encoder();
+         c.heads = 2;
+         c.head_dim = 64;
+         c.buckets = 32;
+         c.max_distance = 128;
+         c.causal = true;
+         return encoder_scenario(g, c, {20, 3});
+       }});
   for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16})
     cases.push_back(
         {"Attention_cached_alibi_packed_prefill_then_decode" + dtype_suffix(dtype),

@@ -268,7 +268,11 @@ TEST(LowPrecisionOps, Int8DotProductsQuantizeEachActivationRow) {
         LinearShape{9, 1024, 48, true, std::nullopt},
         LinearShape{11, 20, 70, true, Activation::kRelu},
         LinearShape{3, 19, 5, false, std::nullopt}, LinearShape{2, 3, 16, true, std::nullopt},
-        LinearShape{1, 2, 16, false, std::nullopt}}) {
+        LinearShape{1, 2, 16, false, std::nullopt},
+        // Prompt-sized calls: three to five row tiles over each group of panels, full groups
+        // and a narrow last panel.
+        LinearShape{40, 1031, 100, true, Activation::kGeluTanh},
+        LinearShape{26, 768, 96, false, std::nullopt}}) {
     Gen g(DType::kF32, DType::kF32, kSeed);
     const Graph graph = linear_graph(g, WeightKind::kI8, s);
     std::vector<float> x = g.floats(s.n * s.in, -2.0f, 2.0f);
@@ -287,9 +291,20 @@ TEST(LowPrecisionOps, Int8DotProductsQuantizeEachActivationRow) {
       expect_matches(got, want, Check{CheckKind::kMaxRelative, 1e-5},
                      fmt::format("n={} in={} out={}", n, s.in, s.out));
       ++checked;
+      if (n >= 17) {
+        // In a prompt-sized call a row's sums are bitwise those of the same rows as a pair.
+        const Tensor pair = run_scenario(
+            *dot->backend,
+            one_step(graph,
+                     {{"x", Tensor::from_vector(std::vector<float>(x.begin(), x.begin() + 2 * s.in),
+                                                {2, s.in})}}))[0][0];
+        for (int64_t o = 0; o < 2 * s.out; ++o)
+          ASSERT_EQ(pair.data<float>()[o], got.data<float>()[o])
+              << "n=" << n << " in=" << s.in << " out=" << s.out << " output " << o;
+      }
     }
   }
-  EXPECT_GT(checked, 40);
+  EXPECT_GT(checked, 50);
 }
 
 INSTANTIATE_TEST_SUITE_P(BackendOps, LowPrecisionOps, testing::ValuesIn(lowp_cases()),

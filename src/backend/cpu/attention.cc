@@ -236,6 +236,7 @@ AttentionRowLoops<E> avx2_row_loops() {
 struct RowLoops {
   AttentionRowLoops<float> f32;
   AttentionRowLoops<uint16_t> bf16;
+  bool prompt_tiles = false;  // encoder self-attention in prompt_head_avx512's register tiles
 };
 
 void attention_with(const Node& node, std::span<const Tensor> in, std::span<Tensor> out,
@@ -250,7 +251,7 @@ void attention(const Node& node, std::span<const Tensor> in, std::span<Tensor> o
 
 void attention_avx512(const Node& node, std::span<const Tensor> in, std::span<Tensor> out,
                       const KernelEnv& env) {
-  attention_with(node, in, out, env, {avx512_row_loops_f32(), avx512_row_loops_bf16()});
+  attention_with(node, in, out, env, {avx512_row_loops_f32(), avx512_row_loops_bf16(), true});
 }
 
 namespace {
@@ -375,6 +376,40 @@ void attention_with(const Node& node, std::span<const Tensor> in, std::span<Tens
       for (int64_t h = 0; h < H; ++h)
         bias_at[h * span + d + farthest_query] = rel_table[bucket * H + h];
     }
+  }
+
+  // Encoder self-attention on AVX-512 (T5's: every query row sees every key): each (sequence,
+  // head) of the whole prompt in register tiles (attention_prompt.cc), the pairs taken from a
+  // shared counter.
+  if (a.kind == AttentionKind::kEncoderSelf && !a.causal && loops.prompt_tiles && dh % 16 == 0) {
+    const int64_t pairs = nseq * H;
+    std::atomic<int64_t> next_pair{0};
+    env.pool.parallel_for(std::min<int64_t>(env.pool.size(), pairs), 1, [&](int64_t, int64_t) {
+      static thread_local std::vector<float> scratch;
+      for (;;) {
+        const int64_t pair = next_pair.fetch_add(1, std::memory_order_relaxed);
+        if (pair >= pairs) break;
+        const int s = static_cast<int>(pair / H);
+        const int64_t h = pair % H, begin = L.token_begin[s];
+        PromptHead p{q + begin * q_stride,
+                     k + begin * kv_stride,
+                     v + begin * kv_stride,
+                     y + begin * width,
+                     q_stride,
+                     kv_stride,
+                     width,
+                     L.num_tokens(s),
+                     h,
+                     dh};
+        p.scale = a.scale;
+        if (a.bias == PositionBias::kT5Relative)
+          p.t5_bias = bias_at.data() + h * span + farthest_query;
+        if (a.bias == PositionBias::kAlibi) p.slope = slopes[h];
+        scratch.resize(static_cast<size_t>(prompt_head_scratch_floats(p.tokens, dh)));
+        prompt_head_avx512(p, scratch.data());
+      }
+    });
+    return;
   }
 
   // Every query row attends to its visible keys in two halves, [0, m) and [m, visible) with m =

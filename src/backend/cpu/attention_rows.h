@@ -41,4 +41,23 @@ struct AttentionRowLoops {
 AttentionRowLoops<float> avx512_row_loops_f32();
 AttentionRowLoops<uint16_t> avx512_row_loops_bf16();
 
+// One head of encoder self-attention over a whole sequence: every query row against every key
+// (no mask), attention_prompt.cc. Rows of q, k, v and y are `*_stride` floats apart, the head's
+// elements at head · dh. Bias: T5's (t5_bias[key - query], the head's run of relative
+// positions centred on 0) and/or ALiBi's (slope · key); scale multiplies the raw scores first.
+struct PromptHead {
+  const float* q;
+  const float* k;
+  const float* v;
+  float* y;
+  int64_t q_stride, kv_stride, y_stride;
+  int64_t tokens, head, dh;  // dh: a multiple of 16
+  float scale = 1.0f;
+  const float* t5_bias = nullptr;
+  float slope = 0.0f;
+};
+// Floats of scratch prompt_head_avx512 needs (the transposed keys and a block of scores).
+int64_t prompt_head_scratch_floats(int64_t tokens, int64_t dh);
+void prompt_head_avx512(const PromptHead& p, float* scratch);
+
 }  // namespace kiln::cpu

@@ -2,14 +2,37 @@
 #include <cmath>
 
 #include "backend/cpu/kernels.h"
+#include "backend/cpu/simd.h"
 
 namespace kiln::cpu {
 namespace {
 
+// Σ x[i]² in fp32: four 8-lane partial sums over 32 elements a step, added in a fixed order,
+// then the tail. (One serial sum was a 4-cycle chain per element: 47 us a row block of a
+// 78-token flan-t5-base prompt's add + RMSNorm, 1.1 ms of its encoder step.)
+float sum_of_squares(const float* x, int64_t d) {
+  V8 a0 = {}, a1 = {}, a2 = {}, a3 = {};
+  int64_t i = 0;
+  for (; i + 32 <= d; i += 32) {
+    const V8 x0 = load8(x + i), x1 = load8(x + i + 8), x2 = load8(x + i + 16),
+             x3 = load8(x + i + 24);
+    a0 += x0 * x0;
+    a1 += x1 * x1;
+    a2 += x2 * x2;
+    a3 += x3 * x3;
+  }
+  for (; i + 8 <= d; i += 8) {
+    const V8 x0 = load8(x + i);
+    a0 += x0 * x0;
+  }
+  float ss = hsum((a0 + a1) + (a2 + a3));
+  for (; i < d; ++i) ss += x[i] * x[i];
+  return ss;
+}
+
 // T5LayerNorm: variance = mean(x^2) in fp32; x * rsqrt(variance + eps) * w. No mean, no bias.
 void rms_row(const float* x, const float* w, float* y, int64_t d, float eps) {
-  float ss = 0.0f;
-  for (int64_t i = 0; i < d; ++i) ss += x[i] * x[i];
+  const float ss = sum_of_squares(x, d);
   const float inv = 1.0f / std::sqrt(ss / static_cast<float>(d) + eps);
   for (int64_t i = 0; i < d; ++i) y[i] = w[i] * (x[i] * inv);
 }
