@@ -15,6 +15,7 @@
 #include <random>
 
 #include "backend/backend.h"
+#include "backend/cpu/attention_rows.h"
 #include "backend/cpu/kernels.h"
 #include "core/context.h"
 #include "core/cpu_features.h"
@@ -157,6 +158,43 @@ BENCHMARK(BM_decode_attention)
     ->Args({16, 109, 1, 1, 32})
     ->Args({16, 109, 0, 1, 32})
     ->UseManualTime();
+
+// One encoder prompt's self-attention, one thread, in the AVX-512 register tiles
+// (attention_prompt.cc): flan-t5-base's 12 heads of 64 over range(0) tokens, q/k/v packed as
+// fuse_qkv leaves them, T5's relative bias. Time: every head of one layer.
+void BM_prompt_heads(benchmark::State& state) {
+  if (!detect_cpu_features().avx512f) {
+    state.SkipWithError("no AVX-512 here");
+    return;
+  }
+  constexpr int64_t kT5Heads = 12, kT5Width = kT5Heads * 64;
+  const int64_t tokens = state.range(0);
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> u(-1.f, 1.f);
+  std::vector<float> qkv(static_cast<size_t>(tokens * 3 * kT5Width)), y(tokens * kT5Width);
+  for (float& v : qkv) v = u(rng);
+  std::vector<float> bias(static_cast<size_t>(kT5Heads * (2 * tokens + 1)));
+  for (float& v : bias) v = u(rng);
+  std::vector<float> scratch(static_cast<size_t>(cpu::prompt_head_scratch_floats(tokens, 64)));
+  for (auto _ : state) {
+    for (int64_t h = 0; h < kT5Heads; ++h) {
+      cpu::PromptHead p{qkv.data(),
+                        qkv.data() + kT5Width,
+                        qkv.data() + 2 * kT5Width,
+                        y.data(),
+                        3 * kT5Width,
+                        3 * kT5Width,
+                        kT5Width,
+                        tokens,
+                        h,
+                        64};
+      p.t5_bias = bias.data() + h * (2 * tokens + 1) + tokens;
+      cpu::prompt_head_avx512(p, scratch.data());
+    }
+    benchmark::ClobberMemory();
+  }
+}
+BENCHMARK(BM_prompt_heads)->Arg(78)->Arg(512);
 
 }  // namespace
 
