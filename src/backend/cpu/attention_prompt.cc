@@ -29,7 +29,7 @@
 namespace kiln::cpu {
 namespace {
 
-#define KILN_TARGET_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma")))
+#define KILN_TARGET_AVX512 __attribute__((target("avx512f,avx512dq,avx512bw,avx512vl,avx2,fma")))
 
 constexpr int kQueries = 6;  // query rows a tile: 6 × 4 accumulators, 4 loads, 1 broadcast
 constexpr int kVectors = 4;  // 16-lane vectors a tile: 64 keys (scores) or 64 elements (values)
@@ -162,21 +162,25 @@ KILN_TARGET_AVX512 float softmax_row(float* s, int64_t n, int64_t i, const Promp
     mx = _mm512_mask_max_ps(mx, m, mx, x);
   }
   const float largest = _mm512_reduce_max_ps(mx);
-  // e^(x - largest) eight at a time (as the row-at-a-time softmax), the lane sums added in a
-  // fixed order, then the tail.
-  const __m256 m8 = _mm256_set1_ps(largest);
-  __m256 sum8 = _mm256_setzero_ps();
-  int64_t j = 0;
-  for (; j + 8 <= n; j += 8) {
-    const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(s + j), m8));
-    _mm256_storeu_ps(s + j, e);
-    sum8 = _mm256_add_ps(sum8, e);
+  // e^(x - largest) sixteen at a time, the last block masked (lanes past the row: e^-inf = 0,
+  // not stored; scalar exponentials of a 78-key row's last 6 keys were a fifth of the softmax),
+  // the lane sums added in a fixed order.
+  const __m512 m16 = _mm512_set1_ps(largest);
+  __m512 sum16 = _mm512_setzero_ps();
+  for (int64_t j = 0; j < n; j += 16) {
+    const __mmask16 m = _cvtu32_mask16(n - j >= 16 ? 0xffffu : (1u << (n - j)) - 1);
+    const __m512 x = _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), m, s + j);
+    const __m512 e = exp16(_mm512_sub_ps(x, m16));
+    _mm512_mask_storeu_ps(s + j, m, e);
+    sum16 = _mm512_add_ps(sum16, e);
   }
+  const __m256 halves =
+      _mm256_add_ps(_mm512_castps512_ps256(sum16),
+                    _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(sum16), 1)));
   alignas(32) float lanes[8];
-  _mm256_store_ps(lanes, sum8);
-  float sum = ((lanes[0] + lanes[4]) + (lanes[1] + lanes[5])) +
-              ((lanes[2] + lanes[6]) + (lanes[3] + lanes[7]));
-  for (; j < n; ++j) sum += (s[j] = std::exp(s[j] - largest));
+  _mm256_store_ps(lanes, halves);
+  const float sum = ((lanes[0] + lanes[4]) + (lanes[1] + lanes[5])) +
+                    ((lanes[2] + lanes[6]) + (lanes[3] + lanes[7]));
   return sum > 0.0f ? 1.0f / sum : 0.0f;
 }
 

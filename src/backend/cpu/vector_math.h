@@ -46,6 +46,38 @@ inline __m256 exp8(__m256 x0) {
   return _mm256_blendv_ps(y, x0, nan_mask);
 }
 
+// exp8's operations on sixteen lanes, for the AVX-512 kernels: every lane's result is bit for
+// bit the eight-lane one (each step is an IEEE lane-wise operation, the rounding of n to an
+// integer included), so a row's results do not depend on which width ran them.
+__attribute__((target("avx512f,avx512dq,avx2,fma"))) inline __m512 exp16(__m512 x0) {
+  const __m512 hi = _mm512_set1_ps(88.7228f), lo = _mm512_set1_ps(-87.3365f);
+  const __mmask16 nan_mask = _mm512_cmp_ps_mask(x0, x0, _CMP_UNORD_Q);
+  const __mmask16 over = _mm512_cmp_ps_mask(x0, hi, _CMP_GT_OQ);
+  const __mmask16 under = _mm512_cmp_ps_mask(x0, lo, _CMP_LT_OQ);
+  const __m512 x = _mm512_max_ps(_mm512_min_ps(x0, hi), lo);
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+  const __m512i ni = _mm512_cvtps_epi32(n);
+  const __m512i half = _mm512_srai_epi32(ni, 1);
+  const __m512 s1 =
+      _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(half, _mm512_set1_epi32(127)), 23));
+  const __m512 s2 = _mm512_castsi512_ps(
+      _mm512_slli_epi32(_mm512_add_epi32(_mm512_sub_epi32(ni, half), _mm512_set1_epi32(127)), 23));
+  __m512 y = _mm512_mul_ps(_mm512_mul_ps(p, s1), s2);
+  y = _mm512_mask_blend_ps(over, y, _mm512_set1_ps(__builtin_inff()));
+  y = _mm512_maskz_mov_ps(static_cast<__mmask16>(~under), y);
+  return _mm512_mask_blend_ps(nan_mask, y, x0);
+}
+
 // erf(x) = sign(x) (1 - poly(t) e^{-x^2}), t = 1 / (1 + p|x|).
 inline __m256 erf8(__m256 x) {
   const __m256 sign = _mm256_and_ps(x, _mm256_set1_ps(-0.0f));
