@@ -65,7 +65,7 @@ TEST_P(RealSize, NarrowPrecisionLogitsFollowFp32) {
   const Forward ref = run_forward(*fp32, prompt, decoder_ids, false);
   const int64_t v = d.vocab_size, last = static_cast<int64_t>(decoder_ids.size()) - 1;
   // int8-weight twice where the CPU has AVX512-VNNI: in int8 dot products (activations
-  // quantized per row in groups of 64; the default there) and in f32 FMAs (the path of every other
+  // quantized per row in groups of 128; the default there) and in f32 FMAs (the path of every other
   // CPU).
   ContextOptions fma_options{LogLevel::kWarning, 0};
   fma_options.cpu_int8_dot = false;

@@ -4,7 +4,7 @@
 // in double. Also: a row's result does not depend on the batch it runs in (the narrow kernels
 // switch strategy with the batch size), and malformed quantized nodes are refused. The AVX512-BF16
 // family rounds activations to bf16 for bf16 weights, and is checked on rounded activations; the
-// AVX512-VNNI family quantizes activations to int8 (per row, in groups of 64) for i8 weights, and
+// AVX512-VNNI family quantizes activations to int8 (per row, in groups of 128) for i8 weights, and
 // is checked on activations quantized the same way.
 #include <gtest/gtest.h>
 
@@ -33,11 +33,11 @@ Tensor round_to_bf16(const Tensor& x) {
   return r;
 }
 
-// Each row of x [n, k] as the int8 dot products see it, in groups of 64 elements (the last one
+// Each row of x [n, k] as the int8 dot products see it, in groups of 128 elements (the last one
 // shorter): q = x · (127 / max|group|) rounded to the nearest integer (ties to even), times
 // max|group| / 127; a group of zeros stays zero.
 Tensor quantize_rows_to_int8(const Tensor& x) {
-  constexpr int64_t kGroup = 64;
+  constexpr int64_t kGroup = 128;
   Tensor r = x.clone();
   const int64_t k = x.dim(x.rank() - 1), n = x.numel() / k;
   for (int64_t t = 0; t < n; ++t)
@@ -247,14 +247,14 @@ TEST(LowPrecisionOps, Bf16DotProductsRoundActivationsToNearestEven) {
   }
 }
 
-// The AVX512-VNNI Linear quantizes each activation row on its own, in groups of 64 elements
+// The AVX512-VNNI Linear quantizes each activation row on its own, in groups of 128 elements
 // (scale max|group| / 127, ties to even), and sums each group's products exactly in integers: on
 // f32 activations it gives what the reference gives on the quantized rows. Every row count up to
-// two full tiles and beyond; `in` a multiple of 64, of 4 only, and not of 4 (the last quad is
-// partial: 1031, 19, 3, 2); `out` ending in a narrower panel and below one panel; a row of zeros
-// (its outputs are the bias) and a row with one large value among small ones (only its group
-// rounds the small ones to few levels). A single row keeps the f32 FMAs (kMinRows in
-// kernels_vnni.cc: faster at batch 1) and matches the reference on its unquantized values.
+// two full tiles and beyond; `in` a multiple of 128 (1024, 768), of 64 only, of 4 only, and not of
+// 4 (the last quad is partial: 1031, 19, 3, 2); `out` ending in a narrower panel and below one
+// panel; a row of zeros (its outputs are the bias) and a row with one large value among small ones
+// (only its group rounds the small ones to few levels). A single row keeps the f32 FMAs (kMinRows
+// in kernels_vnni.cc: faster at batch 1) and matches the reference on its unquantized values.
 TEST(LowPrecisionOps, Int8DotProductsQuantizeEachActivationRow) {
   std::vector<NamedBackend> backends = available_backends();
   const auto dot = std::find_if(backends.begin(), backends.end(),
@@ -341,7 +341,7 @@ TEST(LowPrecisionOps, RowResultsDoNotDependOnTheBatch) {
           for (int64_t o = 0; o < s.out; ++o) {
             ASSERT_EQ(two.data<float>()[o], all.data<float>()[r * s.out + o])
                 << b.name << " " << kind_name(kind) << " row " << r << " of a pair, output " << o;
-            // int8 activations in groups of 64 (steps of max|group| / 127 = 1/64 here): within a
+            // int8 activations in groups of 128 (steps of max|group| / 127 = 1/64 here): within a
             // few percent of the row's largest output.
             ASSERT_NEAR(one.data<float>()[o], all.data<float>()[r * s.out + o],
                         0.05f * max_abs(one.data<float>(), s.out))

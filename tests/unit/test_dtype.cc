@@ -114,7 +114,7 @@ TEST(DType, QuantizedLinearOnTheReferenceEqualsTheDequantizedFloatLinear) {
   }
   // The cpu backend's int8 Linear (int8-weight plans) gives the dequantized float Linear too: in
   // f32 FMAs to float rounding; in AVX512-VNNI int8 dot products (where the CPU has them), which
-  // quantize the activations (groups of 64, steps of max|group| / 127), within that rounding.
+  // quantize the activations (groups of 128, steps of max|group| / 127), within that rounding.
   auto cpu_linear = [&](bool int8_dot) {
     ContextOptions o{LogLevel::kError, 1};
     o.cpu_int8_dot = int8_dot;

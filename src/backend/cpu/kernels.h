@@ -26,7 +26,7 @@ KernelFactory packed_linear_factory(DType weight);
 // once per row, products summed in f32 (vdpbf16ps), twice the f32 FMA rate.
 KernelFactory packed_bf16_dot_linear_factory();
 // The same Linear for i8 weights with AVX512-VNNI dot products (kernels_vnni.cc): activations
-// quantized to int8 once per row (a scale per group of 64), integer sums (vpdpbusd), then the
+// quantized to int8 once per row (a scale per group of 128), integer sums (vpdpbusd), then the
 // groups' and the weight's scales.
 KernelFactory packed_int8_dot_linear_factory();
 void linear_avx2(const Node&, std::span<const Tensor>, std::span<Tensor>, const KernelEnv&);

@@ -2,17 +2,20 @@
 // into each s32 lane) over the same panel16-packed i8 weights the f32 kernel reads, so a plan
 // packed for avx512 runs either way and the choice is the context's (cpu_int8_dot).
 //
-// Activations are quantized on the fly, each row in groups of kGroup = 64 elements: a group's
+// Activations are quantized on the fly, each row in groups of kGroup = 128 elements: a group's
 // scale a = max|x| / 127 over the group, q = x · (127 / max|x|) rounded to nearest even (s8).
 // vpdpbusd multiplies unsigned by signed bytes, so the weights take the unsigned side as
 // u = w + 128 (one xor per line, in registers) and each group's sum carries 128 · Σ q, which the
 // quantization records per group and the tile takes off before scaling:
 //   y[t][o] = Σ_g f32(Σ_{i∈g} q[t][i] · u[o][i] − 128 · Σ_{i∈g} q[t][i]) · a[t][g]
 //             · scale[o] + bias[o],
-// each group's integer part exact (|Σ| <= 64 · 127 · 255). Groups rather than one scale a row:
-// at real size (synthesized flan-t5-base, last-token logits against fp32) one scale a row gave
-// cosine 0.99906 against 0.99982 for the f32 FMAs; groups of 64 give 0.99959 (bloom-560m 0.99976
-// -> 0.99983, f32 FMAs 0.99993) for ~5 % of the kernel's speed (kiln_linear_bench).
+// each group's integer part exact (|Σ| <= 128 · 127 · 255 < 2^24, so its f32 conversion too).
+// Groups rather than one scale a row: at real size (synthesized flan-t5-base, last-token logits
+// against fp32, test_real_size_accuracy.cc) one scale a row gave cosine 0.99906 against 0.99982
+// for the f32 FMAs; groups of 64 gave 0.99959 (bloom-560m 0.99982, f32 FMAs 0.99993), of 128
+// 0.99947 (0.99981), of 256 0.99943 (0.99981). Each group ends in a conversion and a multiply-add
+// per accumulator: in kiln_linear_bench's 78-row flan-t5-base shapes groups of 128 took 8 %
+// less time than groups of 64 (256: 10 %), 3 interleaved rounds.
 //
 // Why: batched decode of int8-weight plans was compute-bound in f32 FMAs (each i8 weight widened
 // to f32, then one FMA per row): a 16-row bloom-560m step took 73-84 ms against ~12 ms at batch
@@ -87,7 +90,7 @@ KILN_TARGET_AVX512_VNNI __attribute__((always_inline)) inline void quad_step(
   }
 }
 
-constexpr int64_t kGroup = 64;  // activation elements per quantization group
+constexpr int64_t kGroup = 128;  // activation elements per quantization group
 constexpr int64_t kGroupQuads = kGroup / 4;
 
 // A group's integer sums into the f32 sums: the shift taken off, × the group's scale.
