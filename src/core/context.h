@@ -23,8 +23,8 @@ struct ContextOptions {
   // CPU has AVX512-BF16.
   std::optional<bool> cpu_bf16_dot;
   // With avx512 kernels, i8 weights in AVX512-VNNI dot products (activations quantized to int8
-  // per row in groups of 128) instead of f32 FMAs; unset: KILN_CPU_INT8_DOT (on|off) if set, else on
-  // where the CPU has AVX512-VNNI and AVX512-VBMI.
+  // per row in groups of 128) instead of f32 FMAs; unset: KILN_CPU_INT8_DOT (on|off) if set, else
+  // on where the CPU has AVX512-VNNI and AVX512-VBMI.
   std::optional<bool> cpu_int8_dot;
   // Time every node of the CPU executors and log, per graph, each kernel class's time per step
   // (at INFO, when the executor goes away); unset: KILN_CPU_PROFILE=1.
