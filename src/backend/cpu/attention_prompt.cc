@@ -46,95 +46,56 @@ KILN_TARGET_AVX512 void transpose_keys(const float* k, int64_t stride, int64_t n
   }
 }
 
-// s[r * ld + j] = q_r · k_j for R rows and V vectors of keys from j0.
+// out_r[c0 .. c0 + 16V) = (Σ_t a_r[t] · b[t · ldb + c0 ..]) · scale[r] for R rows, t < len in
+// order (one FMA chain per output; scale null: unscaled). Both products of a head: the scores
+// (a_r: query row r, b: the transposed keys, t over the head's elements) and the weighted values
+// (a_r: row r's probabilities, b: the value rows, t over the keys).
 template <int R, int V>
-KILN_TARGET_AVX512 void score_tile(const float* const* q, const float* kt, int64_t ld, int64_t dh,
-                                   int64_t j0, float* s) {
+KILN_TARGET_AVX512 void product_tile(const float* const* a, const float* b, int64_t ldb,
+                                     int64_t len, int64_t c0, const float* scale,
+                                     float* const* out) {
   __m512 acc[R][V];
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 4
     for (int v = 0; v < V; ++v) acc[r][v] = _mm512_setzero_ps();
-  for (int64_t d = 0; d < dh; ++d) {
-    __m512 kv[V];
+  for (int64_t t = 0; t < len; ++t) {
+    __m512 bv[V];
 #pragma GCC unroll 4
-    for (int v = 0; v < V; ++v) kv[v] = _mm512_loadu_ps(kt + d * ld + j0 + 16 * v);
+    for (int v = 0; v < V; ++v) bv[v] = _mm512_loadu_ps(b + t * ldb + c0 + 16 * v);
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
-      const __m512 qb = _mm512_set1_ps(q[r][d]);
+      const __m512 ab = _mm512_set1_ps(a[r][t]);
 #pragma GCC unroll 4
-      for (int v = 0; v < V; ++v) acc[r][v] = _mm512_fmadd_ps(qb, kv[v], acc[r][v]);
+      for (int v = 0; v < V; ++v) acc[r][v] = _mm512_fmadd_ps(ab, bv[v], acc[r][v]);
     }
   }
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 4
-    for (int v = 0; v < V; ++v) _mm512_storeu_ps(s + r * ld + j0 + 16 * v, acc[r][v]);
+    for (int v = 0; v < V; ++v)
+      _mm512_storeu_ps(
+          out[r] + c0 + 16 * v,
+          scale != nullptr ? _mm512_mul_ps(acc[r][v], _mm512_set1_ps(scale[r])) : acc[r][v]);
 }
 
-// out_r[e0 .. e0 + 16V) = (Σ_j p[r * ld + j] · v_j[e0 ..]) · inv[r] for R rows, j < n in order.
-template <int R, int V>
-KILN_TARGET_AVX512 void value_tile(const float* p, int64_t ld, const float* v, int64_t stride,
-                                   int64_t n, int64_t e0, const float* inv, float* const* out) {
-  __m512 acc[R][V];
-#pragma GCC unroll 8
-  for (int r = 0; r < R; ++r)
-#pragma GCC unroll 4
-    for (int u = 0; u < V; ++u) acc[r][u] = _mm512_setzero_ps();
-  for (int64_t j = 0; j < n; ++j) {
-    __m512 vv[V];
-#pragma GCC unroll 4
-    for (int u = 0; u < V; ++u) vv[u] = _mm512_loadu_ps(v + j * stride + e0 + 16 * u);
-#pragma GCC unroll 8
-    for (int r = 0; r < R; ++r) {
-      const __m512 pb = _mm512_set1_ps(p[r * ld + j]);
-#pragma GCC unroll 4
-      for (int u = 0; u < V; ++u) acc[r][u] = _mm512_fmadd_ps(pb, vv[u], acc[r][u]);
-    }
-  }
-#pragma GCC unroll 8
-  for (int r = 0; r < R; ++r)
-#pragma GCC unroll 4
-    for (int u = 0; u < V; ++u)
-      _mm512_storeu_ps(out[r] + e0 + 16 * u, _mm512_mul_ps(acc[r][u], _mm512_set1_ps(inv[r])));
-}
-
-// Scores of R rows over every key (vectors of 16 keys, four at a time).
+// product_tile over columns [0, width) (a multiple of 16), kVectors vectors at a time.
 template <int R>
-KILN_TARGET_AVX512 void score_rows(const float* const* q, const float* kt, int64_t ld, int64_t dh,
-                                   float* s) {
-  int64_t j0 = 0;
-  for (; j0 + 64 <= ld; j0 += 64) score_tile<R, 4>(q, kt, ld, dh, j0, s);
-  switch ((ld - j0) / 16) {
+KILN_TARGET_AVX512 void product_rows(const float* const* a, const float* b, int64_t ldb,
+                                     int64_t len, int64_t width, const float* scale,
+                                     float* const* out) {
+  int64_t c0 = 0;
+  for (; c0 + 16 * kVectors <= width; c0 += 16 * kVectors)
+    product_tile<R, kVectors>(a, b, ldb, len, c0, scale, out);
+  switch ((width - c0) / 16) {
     case 3:
-      score_tile<R, 3>(q, kt, ld, dh, j0, s);
+      product_tile<R, 3>(a, b, ldb, len, c0, scale, out);
       break;
     case 2:
-      score_tile<R, 2>(q, kt, ld, dh, j0, s);
+      product_tile<R, 2>(a, b, ldb, len, c0, scale, out);
       break;
     case 1:
-      score_tile<R, 1>(q, kt, ld, dh, j0, s);
-      break;
-    default:
-      break;
-  }
-}
-
-// Weighted values of R rows over every element of the head (dh a multiple of 16).
-template <int R>
-KILN_TARGET_AVX512 void value_rows(const float* p, int64_t ld, const float* v, int64_t stride,
-                                   int64_t n, int64_t dh, const float* inv, float* const* out) {
-  int64_t e0 = 0;
-  for (; e0 + 64 <= dh; e0 += 64) value_tile<R, 4>(p, ld, v, stride, n, e0, inv, out);
-  switch ((dh - e0) / 16) {
-    case 3:
-      value_tile<R, 3>(p, ld, v, stride, n, e0, inv, out);
-      break;
-    case 2:
-      value_tile<R, 2>(p, ld, v, stride, n, e0, inv, out);
-      break;
-    case 1:
-      value_tile<R, 1>(p, ld, v, stride, n, e0, inv, out);
+      product_tile<R, 1>(a, b, ldb, len, c0, scale, out);
       break;
     default:
       break;
@@ -189,15 +150,17 @@ KILN_TARGET_AVX512 void query_block(const PromptHead& p, int64_t i0, const float
                                     float* s) {
   const int64_t off = p.head * p.dh;
   const float* q[R];
+  float* rows[R];  // row r's scores, then its probabilities
   float* out[R];
   float inv[R];
   for (int r = 0; r < R; ++r) {
     q[r] = p.q + (i0 + r) * p.q_stride + off;
+    rows[r] = s + r * ld;
     out[r] = p.y + (i0 + r) * p.y_stride + off;
   }
-  score_rows<R>(q, kt, ld, p.dh, s);
-  for (int r = 0; r < R; ++r) inv[r] = softmax_row(s + r * ld, p.tokens, i0 + r, p);
-  value_rows<R>(s, ld, p.v + off, p.kv_stride, p.tokens, p.dh, inv, out);
+  product_rows<R>(q, kt, ld, p.dh, ld, nullptr, rows);
+  for (int r = 0; r < R; ++r) inv[r] = softmax_row(rows[r], p.tokens, i0 + r, p);
+  product_rows<R>(rows, p.v + off, p.kv_stride, p.tokens, p.dh, inv, out);
 }
 
 }  // namespace
