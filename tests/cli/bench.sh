@@ -29,6 +29,15 @@ for r in rows:
         assert r[k] > 0, (k, r[k])
     assert abs(r["prefill_vs_onednn_pct"] - 100 * r["onednn_linear_ms"] / r["ttft_ms"]) < 1e-6 * r["prefill_vs_onednn_pct"] + 1e-9
 assert 2.5 < rows[1]["prefill_linear_gflop"] / rows[0]["prefill_linear_gflop"] < 3.5, "3 prompts: 3x the FLOPs"
+# Memory: the plan's weights (bloom-tiny: ~18 MiB of f32) and the KV cache the runs filled, and
+# each configuration's own peak, which leaves out the bandwidth probe's 1 GiB buffer before it.
+for r in rows:
+    assert 17 * 2**20 < r["weight_bytes"] < 40 * 2**20, r["weight_bytes"]
+    assert r["kv_cache_bytes"] > 0, r["kv_cache_bytes"]
+    assert r["weight_bytes"] / 2 < r["peak_memory_bytes"] < 512 * 2**20, r["peak_memory_bytes"]
+    want = 100 * (r["peak_memory_bytes"] / (r["weight_bytes"] + r["kv_cache_bytes"]) - 1)
+    assert abs(r["peak_over_weights_kv_pct"] - want) < 1e-6 * abs(want) + 1e-6, r
+assert 2.5 < rows[1]["kv_cache_bytes"] / rows[0]["kv_cache_bytes"] < 3.5, "3 sequences: 3x the KV"
 PY
 # An int8-weight plan is set against oneDNN's int8 GEMM (u8 x s8; f32 where oneDNN has only its
 # reference code for it).
@@ -44,6 +53,7 @@ expect_exit 0 "bench table" -- "$KILN" bench --plan "$TMP/b.plan" --input-len 8 
 expect_in "$TMP/out" "roofline" "table header"
 expect_in "$TMP/out" "GB/s" "measured bandwidth"
 expect_in "$TMP/out" "vs oneDNN" "the prompt step against oneDNN"
+expect_in "$TMP/out" "w+kv+" "peak memory against weights + KV cache"
 expect_exit 2 "bad sweep" -- "$KILN" bench --plan "$TMP/b.plan" --sweep batch=1,x
 expect_exit 2 "output-len 1" -- "$KILN" bench --plan "$TMP/b.plan" --output-len 1
 expect_exit 2 "batch beyond the plan" -- "$KILN" bench --plan "$TMP/b.plan" --batch 100000

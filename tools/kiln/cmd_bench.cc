@@ -6,8 +6,10 @@
 #include <array>
 #include <chrono>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "backend/cpu/onednn_reference.h"
 #include "backend/cuda_info.h"
@@ -30,10 +32,32 @@ double median(std::vector<double> v) {
   return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
 }
 
+// The process's resident high-water mark since reset_peak_rss() (Linux's VmHWM), so that a
+// configuration's peak leaves out what ran before it (the bandwidth probe's 1 GiB buffer);
+// getrusage's lifetime peak where /proc/self/status has no VmHWM.
+void reset_peak_rss() {
+  std::ofstream clear("/proc/self/clear_refs");
+  clear << "5";  // resets VmHWM to the current resident size
+}
 int64_t peak_rss_bytes() {
+  std::ifstream status("/proc/self/status");
+  for (std::string line; std::getline(status, line);)
+    if (line.rfind("VmHWM:", 0) == 0) return std::stoll(line.substr(6)) * 1024;  // "  123 kB"
   rusage u{};
   getrusage(RUSAGE_SELF, &u);
   return static_cast<int64_t>(u.ru_maxrss) * 1024;
+}
+
+// Bytes of every weight of the plan's graphs at its stored dtype, a tensor shared by two graphs
+// (T5's embedding) once.
+int64_t plan_weight_bytes(const ModelIR& ir) {
+  std::set<const void*> seen;
+  int64_t bytes = 0;
+  for (const Graph& g : ir.graphs)
+    for (const Value& v : g.values)
+      if (v.kind == ValueKind::kWeight && v.data.defined() && seen.insert(v.data.raw()).second)
+        bytes += static_cast<int64_t>(v.data.nbytes());
+  return bytes;
 }
 
 // Prompts of exactly `len` tokens made of the tokenizer's own ids (so they are valid for it).
@@ -221,6 +245,16 @@ Runner add_bench(CLI::App& app) {
     // the plan's on CUDA; on the CPU bf16 in bf16 and int8-weight plans, f32 otherwise).
     const double avg_ctx = (d.encoder_decoder ? 1.0 : static_cast<double>(o->input_len)) +
                            static_cast<double>(o->output_len) / 2.0;
+    const int64_t weight_bytes = plan_weight_bytes(ir);
+    // The KV cache a sequence fills by its last token (and T5's cross K/V), for the memory
+    // budget: weights + KV cache + 15 % (issue 8).
+    auto kv_filled_per_seq = [&](DType kv_dtype) {
+      const double row =
+          static_cast<double>(dtype_bytes(kv_dtype, static_cast<size_t>(d.cache_row_width())));
+      const double positions = d.encoder_decoder ? o->output_len : o->input_len + o->output_len;
+      return static_cast<double>(d.cache_layers) * 2.0 *
+             (row * positions + (d.encoder_decoder ? row * o->input_len : 0.0));
+    };
     auto kv_per_seq = [&](DType kv_dtype) {
       const double row =
           static_cast<double>(dtype_bytes(kv_dtype, static_cast<size_t>(d.cache_row_width())));
@@ -232,7 +266,10 @@ Runner add_bench(CLI::App& app) {
     for (int batch : batches) {
       SchedulerOptions so;
       so.max_batch = batch;
-      if (gpu) cuda_memory_peak_reset();
+      if (gpu)
+        cuda_memory_peak_reset();
+      else
+        reset_peak_rss();
       Scheduler scheduler(*model, so);
       for (int i = 0; i < o->warmup; ++i) run_once(scheduler, batch, prompt, o->output_len);
       std::vector<double> ttft, decode, total;
@@ -251,6 +288,8 @@ Runner add_bench(CLI::App& app) {
       const double bytes_per_step = static_cast<double>(weights.streamed) +
                                     static_cast<double>(weights.gathered_row) * batch +
                                     kv_per_seq(scheduler.kv_dtype()) * batch;
+      const double kv_bytes = kv_filled_per_seq(scheduler.kv_dtype()) * batch;
+      const int64_t peak = gpu ? static_cast<int64_t>(gpu_peak) : peak_rss_bytes();
       nlohmann::json j{
           {"model", std::filesystem::path(o->plan).filename().string()},
           {"architecture", d.architecture},
@@ -266,10 +305,15 @@ Runner add_bench(CLI::App& app) {
           {"tokens_per_s", batch * 1000.0 / step_ms},
           {"prefill_tokens_per_s", batch * static_cast<double>(o->input_len) * 1000.0 / ttft_ms},
           {"total_ms", median(total)},
-          {"peak_memory_bytes", gpu ? static_cast<int64_t>(gpu_peak) : peak_rss_bytes()},
+          {"peak_memory_bytes", peak},
           {"peak_memory_kind",
            gpu ? "gpu (device-wide: in use after each run plus kiln's allocation high-water mark)"
-               : "host rss"},
+               : "host rss (this configuration's high-water mark)"},
+          {"weight_bytes", weight_bytes},
+          {"kv_cache_bytes", static_cast<int64_t>(kv_bytes)},
+          {"peak_over_weights_kv_pct",
+           100.0 *
+               (static_cast<double>(peak) / (static_cast<double>(weight_bytes) + kv_bytes) - 1.0)},
           {"bandwidth_gbps", bw.gbps},
           {"bytes_per_step", static_cast<int64_t>(bytes_per_step)},
           {"roofline_pct", 100.0 * bytes_per_step / (step_ms / 1000.0) / (bw.gbps * 1e9)},
@@ -324,16 +368,18 @@ Runner add_bench(CLI::App& app) {
           "load {:.1f} ms; read bandwidth {:.1f} GB/s\n",
           o->plan, d.architecture, precision_name(ir.precision), device_name(ir.device),
           o->input_len, o->output_len, o->runs, load_ms, bw.gbps);
-      kiln::cli::out("{:>6} {:>10} {:>14} {:>10} {:>14} {:>12} {:>10} {:>10} {:>10}\n", "batch",
-                     "ttft ms", "ms/token/step", "tokens/s", "prefill tok/s", "MB/step", "roofline",
-                     "peak MiB", "vs oneDNN");
+      kiln::cli::out("{:>6} {:>10} {:>14} {:>10} {:>14} {:>12} {:>10} {:>10} {:>9} {:>10}\n",
+                     "batch", "ttft ms", "ms/token/step", "tokens/s", "prefill tok/s", "MB/step",
+                     "roofline", "peak MiB", "w+kv+", "vs oneDNN");
       for (const auto& j : rows)
         kiln::cli::out(
-            "{:>6} {:>10.1f} {:>14.2f} {:>10.1f} {:>14.0f} {:>12.1f} {:>9.1f}% {:>10.0f} {:>10}\n",
+            "{:>6} {:>10.1f} {:>14.2f} {:>10.1f} {:>14.0f} {:>12.1f} {:>9.1f}% {:>10.0f} {:>8.0f}% "
+            "{:>10}\n",
             j["batch"].get<int>(), j["ttft_ms"].get<double>(),
             j["decode_ms_per_token"].get<double>(), j["tokens_per_s"].get<double>(),
             j["prefill_tokens_per_s"].get<double>(), j["bytes_per_step"].get<double>() / 1e6,
             j["roofline_pct"].get<double>(), j["peak_memory_bytes"].get<double>() / (1 << 20),
+            j["peak_over_weights_kv_pct"].get<double>(),
             j.contains("prefill_vs_onednn_pct")
                 ? fmt::format("{:.0f}%", j["prefill_vs_onednn_pct"].get<double>())
                 : std::string("-"));
