@@ -13,7 +13,7 @@ namespace kiln {
 namespace {
 
 // This process's resident memory (VmRSS), or -1 where /proc/self/status has none.
-int64_t resident_bytes() {
+[[maybe_unused]] int64_t resident_bytes() {
   std::ifstream status("/proc/self/status");
   for (std::string line; std::getline(status, line);)
     if (line.rfind("VmRSS:", 0) == 0) return std::stoll(line.substr(6)) * 1024;
