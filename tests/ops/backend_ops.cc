@@ -54,6 +54,17 @@ std::vector<NamedBackend> available_backends() {
       out.push_back({"cuda-block-attention", std::move(block_ctx), std::move(backend),
                      /*batch_invariant=*/false});
     }
+    // Again without CUDA graphs: every step launched kernel by kernel, so that an op graph's
+    // first kernel runs right behind the step's uploads kernel under programmatic launch (the
+    // warp attention once read the step's layout before its wait there and met a half-written
+    // block table: "KV block -1", every time without graphs, now and then with them).
+    {
+      const ScopedEnv eager("KILN_CUDA_GRAPHS", "0");
+      auto eager_ctx = std::make_unique<Context>(ContextOptions{LogLevel::kError, 1});
+      auto backend = make_cuda_backend(*eager_ctx);
+      out.push_back({"cuda-eager", std::move(eager_ctx), std::move(backend),
+                     /*batch_invariant=*/false});
+    }
     // Again with the tensor-core attention for every step it can take, in blocks of 64 and of
     // 32 query rows (by default only prompts that fill the GPU take it, larger than these cases).
     for (const char* rows : {"64", "32"}) {

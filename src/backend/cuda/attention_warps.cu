@@ -123,8 +123,12 @@ __global__ void __launch_bounds__(W * 32) warp_attention_kernel(AttentionParams 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   constexpr int warps = W;
   const int group = lane / L, sub = lane % L;
-  // The step's layout was uploaded before its first kernel, and the cache rows before `past`
-  // were written by earlier steps: both are read before the wait for the kernel that wrote q.
+  // The step's layout and the cache rows before `past` (written by earlier steps) are read
+  // before the wait for the kernel that wrote q where a kernel ran between the step's uploads
+  // and this one (layout_visible); right behind the uploads kernel, this one may start while it
+  // still writes the layout (and while the step before still appends to the cache), so it waits
+  // first.
+  if (!p.layout_visible) pdl_wait();
   const RowKeys rk = row_keys(p, static_cast<int>(row));
   const int s = rk.s, past = rk.past, qpos = rk.qpos, visible = rk.visible;
   const int dh = p.head_dim;

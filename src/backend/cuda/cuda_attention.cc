@@ -162,6 +162,7 @@ class AttentionKernel final : public CudaKernel {
     p.tiled = ctx_.tiled_attention();
     p.tiled_rows = ctx_.tiled_rows();
     p.warp_rows = ctx_.use_warp_attention();
+    p.layout_visible = ctx_.layout_visible();
     p.sms = ctx_.multiprocessors();
     p.warps_forced = ctx_.attention_warps();
     p.key_bound = static_cast<int64_t>(ctx_.step_key_bucket()) * kKeyBucketSize;

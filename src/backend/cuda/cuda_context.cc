@@ -511,6 +511,7 @@ void CudaContext::launch_uploads(UploadList& list) {
                                         stream_));
   }
   list.count = 0;
+  launches_at_uploads_ = launches_;  // copies too: a kernel right behind them is plain
   if (step_copy_due_) KILN_CUDA_CHECK(cudaEventRecord(step_copied_[step_half_], stream_));
   step_copy_due_ = false;
 }

@@ -88,7 +88,16 @@ class CudaContext {
   Context& host() { return host_; }
   cudaStream_t stream() const { return stream_; }
   // The stream with this context's launch policy, for kiln's kernel launchers (kernels.cuh).
-  KernelStream kernel_stream() { return KernelStream(stream_, programmatic_, &after_library_); }
+  KernelStream kernel_stream() {
+    return KernelStream(stream_, programmatic_, &after_library_, &launches_);
+  }
+  // Whether a kernel launched now may read the step's layout (uploaded by launch_uploads' kernel)
+  // before its programmatic-launch wait: some launch came between. Every kiln kernel triggers
+  // its dependents only after its own wait, so a kernel that starts early behind another one
+  // starts after the uploads kernel has finished (and, with it, every step before); one
+  // launched right behind the uploads kernel may start while it still writes. (A cuBLASLt
+  // launch counts: the kiln kernel after it starts only when it has finished.)
+  bool layout_visible() const { return launches_ > launches_at_uploads_; }
   // The warps per SM the GEMV's split aims at for `rows` rows: 16 at one row, 8 at more
   // (kGemvWarpsOneRow, kGemvWarpsMoreRows); KILN_CUDA_GEMV_WARPS=N sets N at every row count (for
   // A/B runs).
@@ -110,7 +119,10 @@ class CudaContext {
   // rows at every count (LinearKernel::tactic_for; for A/B runs).
   bool inexact_tactics() const { return inexact_tactics_; }
   // A cuBLASLt kernel was just enqueued: the next kiln kernel is launched plainly.
-  void note_library_launch() { after_library_ = true; }
+  void note_library_launch() {
+    after_library_ = true;
+    ++launches_;
+  }
   cublasLtHandle_t blas() const { return blas_; }
   void* blas_workspace() const { return blas_workspace_; }
   size_t blas_workspace_bytes() const { return kBlasWorkspaceBytes; }
@@ -249,11 +261,13 @@ class CudaContext {
   int tiled_rows_ = 64;
   bool profile_ = false;
   bool profile_steps_ = false;
-  bool programmatic_ = false;   // programmatic dependent launch (sm_90+, not KILN_CUDA_PDL=0)
-  bool defer_checks_ = true;    // not KILN_CUDA_DEFER_CHECK=0
-  bool after_library_ = false;  // note_library_launch(), until the next kiln launch
-  int gemv_warps_forced_ = 0;   // KILN_CUDA_GEMV_WARPS; 0: by the row count
-  int gemv_norm_warps_ = 0;     // KILN_CUDA_GEMV_NORM_WARPS; 0: as gemv_warps_per_sm(1)
+  bool programmatic_ = false;        // programmatic dependent launch (sm_90+, not KILN_CUDA_PDL=0)
+  bool defer_checks_ = true;         // not KILN_CUDA_DEFER_CHECK=0
+  bool after_library_ = false;       // note_library_launch(), until the next kiln launch
+  int64_t launches_ = 0;             // kernels launched on the stream (kiln's and cuBLASLt's)
+  int64_t launches_at_uploads_ = 0;  // launches_ after the last launch_uploads
+  int gemv_warps_forced_ = 0;        // KILN_CUDA_GEMV_WARPS; 0: by the row count
+  int gemv_norm_warps_ = 0;          // KILN_CUDA_GEMV_NORM_WARPS; 0: as gemv_warps_per_sm(1)
   int gemv_rows_ = kGemvDefaultRows;
   int attention_warps_ = 0;
   bool inexact_tactics_ = false;

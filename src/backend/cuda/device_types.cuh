@@ -185,6 +185,7 @@ void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, Kerne
   const bool programmatic =
       stream.programmatic && !(stream.after_library != nullptr && *stream.after_library);
   if (stream.after_library != nullptr) *stream.after_library = false;
+  if (stream.launches != nullptr) ++*stream.launches;
   cudaLaunchConfig_t config = {};
   config.gridDim = grid;
   config.blockDim = block;

@@ -42,10 +42,11 @@ struct KernelStream {
   cudaStream_t stream = nullptr;
   bool programmatic = false;
   bool* after_library = nullptr;
+  int64_t* launches = nullptr;  // counts the kernels launched (CudaContext::layout_visible)
   KernelStream() = default;
   KernelStream(cudaStream_t s) : stream(s) {}  // NOLINT(google-explicit-constructor)
-  KernelStream(cudaStream_t s, bool pdl, bool* after)
-      : stream(s), programmatic(pdl), after_library(after) {}
+  KernelStream(cudaStream_t s, bool pdl, bool* after, int64_t* count)
+      : stream(s), programmatic(pdl), after_library(after), launches(count) {}
 };
 
 // table [vocab, d], ids [n] -> out [n, d]
@@ -247,6 +248,10 @@ struct AttentionParams {
   int tiled_rows;  // query rows per block of the tiled kernel: 32 or 64
   // Whether row-kernel steps may take the warp kernel (attention_warps.cu) where it fits.
   bool warp_rows;
+  // Whether the step's layout (and the cache rows earlier steps wrote) are visible to this
+  // kernel before its programmatic-launch wait: a kiln kernel ran between the step's uploads and
+  // this one (CudaContext::layout_visible). Otherwise the warp kernel waits before reading them.
+  bool layout_visible;
   int sms;  // the GPU's multiprocessors (the warp kernel's block size follows the step's blocks)
   // The warp kernel's warps per block when the step has a block per SM or fewer: 0 (default)
   // the fewest of 8 and 16 that score key_bound keys in one pass; 16, 8 or 4 forced (A/B runs).
