@@ -45,7 +45,7 @@ struct KernelStream {
   int64_t* launches = nullptr;  // counts the kernels launched (CudaContext::layout_visible)
   KernelStream() = default;
   KernelStream(cudaStream_t s) : stream(s) {}  // NOLINT(google-explicit-constructor)
-  KernelStream(cudaStream_t s, bool pdl, bool* after, int64_t* count)
+  KernelStream(cudaStream_t s, bool pdl, bool* after, int64_t* count = nullptr)
       : stream(s), programmatic(pdl), after_library(after), launches(count) {}
 };
 
