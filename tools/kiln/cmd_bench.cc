@@ -35,9 +35,13 @@ double median(std::vector<double> v) {
 // The process's resident high-water mark since reset_peak_rss() (Linux's VmHWM), so that a
 // configuration's peak leaves out what ran before it (the bandwidth probe's 1 GiB buffer);
 // getrusage's lifetime peak where /proc/self/status has no VmHWM.
-void reset_peak_rss() {
+// False where the reset is not there (no /proc/self/clear_refs, or it refused the write): the
+// peak is then the process's since its start.
+bool reset_peak_rss() {
   std::ofstream clear("/proc/self/clear_refs");
   clear << "5";  // resets VmHWM to the current resident size
+  clear.flush();
+  return clear.good();
 }
 int64_t peak_rss_bytes() {
   std::ifstream status("/proc/self/status");
@@ -266,10 +270,11 @@ Runner add_bench(CLI::App& app) {
     for (int batch : batches) {
       SchedulerOptions so;
       so.max_batch = batch;
+      bool peak_reset = true;
       if (gpu)
         cuda_memory_peak_reset();
       else
-        reset_peak_rss();
+        peak_reset = reset_peak_rss();
       Scheduler scheduler(*model, so);
       for (int i = 0; i < o->warmup; ++i) run_once(scheduler, batch, prompt, o->output_len);
       std::vector<double> ttft, decode, total;
@@ -308,7 +313,9 @@ Runner add_bench(CLI::App& app) {
           {"peak_memory_bytes", peak},
           {"peak_memory_kind",
            gpu ? "gpu (device-wide: in use after each run plus kiln's allocation high-water mark)"
-               : "host rss (this configuration's high-water mark)"},
+           : peak_reset
+               ? "host rss (this configuration's high-water mark)"
+               : "host rss (the process's high-water mark: /proc/self/clear_refs is not there)"},
           {"weight_bytes", weight_bytes},
           {"kv_cache_bytes", static_cast<int64_t>(kv_bytes)},
           {"bandwidth_gbps", bw.gbps},

@@ -98,6 +98,17 @@ class CudaContext {
   // launched right behind the uploads kernel may start while it still writes. (A cuBLASLt
   // launch counts: the kiln kernel after it starts only when it has finished.)
   bool layout_visible() const { return launches_ > launches_at_uploads_; }
+  // The launch count and the state after the last library launch, saved before a graph capture
+  // and restored when the capture fails (its launches never ran: CudaExecutor::run_graph).
+  struct LaunchCount {
+    int64_t launches = 0;
+    bool after_library = false;
+  };
+  LaunchCount launch_count() const { return {launches_, after_library_}; }
+  void restore_launch_count(LaunchCount c) {
+    launches_ = c.launches;
+    after_library_ = c.after_library;
+  }
   // The warps per SM the GEMV's split aims at for `rows` rows: 16 at one row, 8 at more
   // (kGemvWarpsOneRow, kGemvWarpsMoreRows); KILN_CUDA_GEMV_WARPS=N sets N at every row count (for
   // A/B runs).

@@ -148,6 +148,9 @@ void CudaExecutor::run_graph(const GraphKey& key, char* scratch, const StepConte
   }
   if (g.exec == nullptr) {
     cudaStream_t stream = ctx_.stream();
+    // What the capture launches does not run on the stream: the launch count it leaves must not
+    // tell an eager run after a failed capture that a kernel came after the step's uploads.
+    const CudaContext::LaunchCount before_capture = ctx_.launch_count();
     KILN_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
     try {
       run_nodes(scratch, step);
@@ -170,6 +173,7 @@ void CudaExecutor::run_graph(const GraphKey& key, char* scratch, const StepConte
       graphs_off_ = true;
       ctx_.host().log().warn("graph '{}': CUDA graph capture failed ({}); running eagerly",
                              graph_.name, cudaGetErrorString(err));
+      ctx_.restore_launch_count(before_capture);
       run_nodes(scratch, step);
       return;
     }
