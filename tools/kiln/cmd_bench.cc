@@ -32,17 +32,16 @@ double median(std::vector<double> v) {
   return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
 }
 
-// The process's resident high-water mark since reset_peak_rss() (Linux's VmHWM), so that a
-// configuration's peak leaves out what ran before it (the bandwidth probe's 1 GiB buffer);
-// getrusage's lifetime peak where /proc/self/status has no VmHWM.
-// False where the reset is not there (no /proc/self/clear_refs, or it refused the write): the
-// peak is then the process's since its start.
+// Resets the process's resident high-water mark (Linux's VmHWM) to its current size, so that a
+// configuration's peak leaves out what ran before it (the bandwidth probe's 1 GiB buffer). False
+// where that is not there (no /proc/self/clear_refs, or it refused the write).
 bool reset_peak_rss() {
   std::ofstream clear("/proc/self/clear_refs");
-  clear << "5";  // resets VmHWM to the current resident size
+  clear << "5";
   clear.flush();
   return clear.good();
 }
+// VmHWM: the peak since the last reset; getrusage's lifetime peak where /proc has no VmHWM.
 int64_t peak_rss_bytes() {
   std::ifstream status("/proc/self/status");
   for (std::string line; std::getline(status, line);)
@@ -249,22 +248,18 @@ Runner add_bench(CLI::App& app) {
     // the plan's on CUDA; on the CPU bf16 in bf16 and int8-weight plans, f32 otherwise).
     const double avg_ctx = (d.encoder_decoder ? 1.0 : static_cast<double>(o->input_len)) +
                            static_cast<double>(o->output_len) / 2.0;
-    const int64_t weight_bytes = plan_weight_bytes(ir);
-    // The KV cache a sequence fills by its last token (and T5's cross K/V), for the memory
-    // budget: weights + KV cache + 15 % (issue 8).
-    auto kv_filled_per_seq = [&](DType kv_dtype) {
+    // A sequence's KV cache at `positions` (and, encoder-decoder, its cross K/V).
+    auto kv_per_seq = [&](DType kv_dtype, double positions) {
       const double row =
           static_cast<double>(dtype_bytes(kv_dtype, static_cast<size_t>(d.cache_row_width())));
-      const double positions = d.encoder_decoder ? o->output_len : o->input_len + o->output_len;
       return static_cast<double>(d.cache_layers) * 2.0 *
              (row * positions + (d.encoder_decoder ? row * o->input_len : 0.0));
     };
-    auto kv_per_seq = [&](DType kv_dtype) {
-      const double row =
-          static_cast<double>(dtype_bytes(kv_dtype, static_cast<size_t>(d.cache_row_width())));
-      return static_cast<double>(d.cache_layers) * 2.0 *
-             (row * avg_ctx + (d.encoder_decoder ? row * o->input_len : 0.0));
-    };
+    // For the memory budget (weights + KV cache + 15 %, issue 8): the plan's weights and the KV
+    // cache a sequence has filled by its last token.
+    const int64_t weight_bytes = plan_weight_bytes(ir);
+    const double filled =
+        static_cast<double>(d.encoder_decoder ? o->output_len : o->input_len + o->output_len);
     const std::vector<int64_t> prompt = bench_prompt(*model, o->input_len);
     std::vector<nlohmann::json> rows;
     for (int batch : batches) {
@@ -292,8 +287,8 @@ Runner add_bench(CLI::App& app) {
       const double step_ms = median(decode), ttft_ms = median(ttft);
       const double bytes_per_step = static_cast<double>(weights.streamed) +
                                     static_cast<double>(weights.gathered_row) * batch +
-                                    kv_per_seq(scheduler.kv_dtype()) * batch;
-      const double kv_bytes = kv_filled_per_seq(scheduler.kv_dtype()) * batch;
+                                    kv_per_seq(scheduler.kv_dtype(), avg_ctx) * batch;
+      const double kv_bytes = kv_per_seq(scheduler.kv_dtype(), filled) * batch;
       const int64_t peak = gpu ? static_cast<int64_t>(gpu_peak) : peak_rss_bytes();
       nlohmann::json j{
           {"model", std::filesystem::path(o->plan).filename().string()},
