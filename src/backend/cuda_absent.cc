@@ -21,6 +21,10 @@ void cuda_memory_peak_reset() {}
 
 long long cuda_memory_peak_bytes() { return -1; }
 
+long long cuda_memory_held_bytes() { return 0; }
+
+long long cuda_library_workspace_bytes() { return 0; }
+
 std::unique_ptr<Backend> make_cuda_backend(Context&) {
   KILN_FAIL_KIND(ErrorKind::kUsage, "device cuda: {}", query_cuda().error);
 }

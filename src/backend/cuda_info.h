@@ -33,5 +33,11 @@ void cuda_memory_peak_reset();
 // what kiln's device allocations (blocks kept in its allocator's cache included) held at their
 // peak beyond what they hold now. -1 without a GPU.
 long long cuda_memory_peak_bytes();
+// Device bytes kiln's allocations hold now (weights, KV cache, workspaces, the allocator's cached
+// blocks, the libraries' workspaces): what cuda_memory_used_bytes() holds beyond the CUDA
+// context, its loaded kernels and other processes. 0 without a GPU.
+long long cuda_memory_held_bytes();
+// Of those, the libraries' fixed workspaces (cuBLASLt's), 0 without a GPU.
+long long cuda_library_workspace_bytes();
 
 }  // namespace kiln

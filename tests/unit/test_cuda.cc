@@ -137,6 +137,35 @@ TEST(Cuda, MemoryPeakCountsBlocksFreedBeforeTheReading) {
   EXPECT_LT(cuda_memory_peak_bytes(), cuda_memory_used_bytes() + kBlock / 2);
 }
 
+// What `kiln bench` sets against a GPU's memory budget: kiln's held bytes grow by a block while it
+// is live, and the context's cuBLASLt workspace counts among them and among the libraries'
+// workspaces; the device's use minus the held bytes (the CUDA context) stays put.
+TEST(Cuda, MemoryHeldCountsBlocksAndTheLibraryWorkspace) {
+  const CudaInfo info = query_cuda();
+  if (info.device_count == 0) {
+    EXPECT_EQ(cuda_memory_held_bytes(), 0);
+    EXPECT_EQ(cuda_library_workspace_bytes(), 0);
+    GTEST_SKIP() << "no GPU visible: " << (info.compiled ? info.error : "built without CUDA");
+  }
+  Context ctx(ContextOptions{LogLevel::kError, 1});
+  const long long library_before = cuda_library_workspace_bytes();
+  auto backend = make_cuda_backend(ctx);
+  const long long library = cuda_library_workspace_bytes() - library_before;
+  EXPECT_GT(library, 0) << "the cuBLASLt workspace is not counted";
+  const long long held = cuda_memory_held_bytes();
+  EXPECT_GE(held, library);
+  const long long outside = cuda_memory_used_bytes() - held;
+  constexpr long long kBlock = 300ll << 20;
+  {
+    std::shared_ptr<void> block = backend->allocator().allocate(static_cast<size_t>(kBlock));
+    EXPECT_EQ(cuda_memory_held_bytes(), held + kBlock);
+    EXPECT_NEAR(static_cast<double>(cuda_memory_used_bytes() - cuda_memory_held_bytes()),
+                static_cast<double>(outside), 64.0 * (1 << 20));
+  }
+  backend.reset();
+  EXPECT_EQ(cuda_library_workspace_bytes(), library_before);
+}
+
 #if KILN_HAVE_CUDA
 // The kernel that uploads a decode step's layout and inputs (launch_uploads) copies every part:
 // pinned host sources (16-byte aligned with a tail of single bytes, unaligned, longer than one

@@ -106,6 +106,8 @@ namespace {
 // since cuda_memory_peak_reset(): the high-water mark between two readings of cudaMemGetInfo.
 std::atomic<long long> g_held{0};
 std::atomic<long long> g_peak_held{0};
+// Of g_held: the libraries' fixed workspaces (cuBLASLt's, one per context).
+std::atomic<long long> g_library_workspace{0};
 
 void note_malloc(size_t bytes) {
   const long long held = g_held += static_cast<long long>(bytes);
@@ -388,6 +390,8 @@ CudaContext::CudaContext(Context& host) : host_(host) {
   allocator_ = CudaAllocator(stream_);  // the cache of the placeholder is empty
   KILN_CUBLAS_CHECK(cublasLtCreate(&blas_));
   KILN_CUDA_CHECK(cudaMalloc(&blas_workspace_, kBlasWorkspaceBytes));
+  note_malloc(kBlasWorkspaceBytes);
+  g_library_workspace += static_cast<long long>(kBlasWorkspaceBytes);
   KILN_CUDA_CHECK(cudaMalloc(&status_, sizeof(DeviceStatus)));
   KILN_CUDA_CHECK(cudaMemset(status_, 0, sizeof(DeviceStatus)));
   KILN_CUDA_CHECK(cudaMallocHost(&status_host_, kMaxPending * sizeof(DeviceStatus)));
@@ -421,7 +425,10 @@ CudaContext::~CudaContext() {
   for (cudaEvent_t e : step_copied_)
     if (e != nullptr) cudaEventDestroy(e);
   if (argmax_copied_ != nullptr) cudaEventDestroy(argmax_copied_);
-  cudaFree(blas_workspace_);
+  if (blas_workspace_ != nullptr) {
+    free_block(blas_workspace_, kBlasWorkspaceBytes);
+    g_library_workspace -= static_cast<long long>(kBlasWorkspaceBytes);
+  }
   if (blas_ != nullptr) cublasLtDestroy(blas_);
   if (stream_ != nullptr) cudaStreamDestroy(stream_);
 }
@@ -625,6 +632,10 @@ Tensor CudaContext::filled_vector(DType dtype, int64_t n, float value) {
 namespace kiln {
 
 void cuda_memory_peak_reset() { cuda::g_peak_held = cuda::g_held.load(); }
+
+long long cuda_memory_held_bytes() { return cuda::g_held.load(); }
+
+long long cuda_library_workspace_bytes() { return cuda::g_library_workspace.load(); }
 
 long long cuda_memory_peak_bytes() {
   const long long now = cuda_memory_used_bytes();
