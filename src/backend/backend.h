@@ -66,7 +66,8 @@ class Executable {
   // they are not, by the next execute(); either way naming the node that found it.
   virtual std::span<const Tensor> execute(std::span<const Tensor> inputs,
                                           const StepContext* step) = 0;
-  // Workspace bytes allocated so far (one arena per shape bucket used).
+  // Workspace bytes allocated so far (the CPU: one arena, sized for the largest bucket run; CUDA:
+  // one arena per shape bucket used).
   virtual int64_t workspace_bytes() const = 0;
   // Which kernel runs each node ("avx512 dot4 linear"), in node order.
   virtual std::vector<std::string> kernel_names() const = 0;

@@ -128,26 +128,19 @@ GraphExecutor::~GraphExecutor() {
   }
 }
 
-GraphExecutor::Arena& GraphExecutor::arena_for(int64_t bucket) {
-  auto it = arenas_.find(bucket);
-  if (it != arenas_.end()) return it->second;
+const GraphExecutor::BucketBytes& GraphExecutor::bucket_bytes(int64_t bucket) {
+  auto it = bucket_bytes_.find(bucket);
+  if (it != bucket_bytes_.end()) return it->second;
   const Bindings bindings = profile_.bucket_bindings(bucket);
-  const WorkspaceLayout layout = workspace_layout(graph_, bindings);
   int64_t scratch = 0;
   for (const auto& k : kernels_) scratch = std::max(scratch, k->workspace_bytes(bindings));
-  Arena a;
-  a.offset = layout.offset;
-  a.scratch_offset = layout.bytes;
-  a.bytes = layout.bytes + (scratch + kWorkspaceAlign - 1) / kWorkspaceAlign * kWorkspaceAlign;
-  a.memory = allocator_.allocate(static_cast<size_t>(std::max<int64_t>(a.bytes, 64)));
-  return arenas_.emplace(bucket, std::move(a)).first->second;
+  BucketBytes b;
+  b.layout = workspace_layout(graph_, bindings).bytes;
+  b.total = b.layout + (scratch + kWorkspaceAlign - 1) / kWorkspaceAlign * kWorkspaceAlign;
+  return bucket_bytes_.emplace(bucket, b).first->second;
 }
 
-int64_t GraphExecutor::workspace_bytes() const {
-  int64_t total = 0;
-  for (const auto& [bucket, a] : arenas_) total += a.bytes;
-  return total;
-}
+int64_t GraphExecutor::workspace_bytes() const { return arena_bytes_; }
 
 std::span<const Tensor> GraphExecutor::execute(std::span<const Tensor> inputs,
                                                const StepContext* step) {
@@ -159,19 +152,34 @@ std::span<const Tensor> GraphExecutor::execute(std::span<const Tensor> inputs,
     check_step_layout(graph_, step, shape.tokens);
     if (step->kv && !step->layout->copies.empty()) step->kv->copy_blocks(step->layout->copies);
   }
-  Arena& arena = arena_for(bucket);
-  char* base = static_cast<char*>(arena.memory.get());
-  // Every activation's view and each node's argument lists depend only on the bindings (and
-  // their bucket): consecutive decode steps of one batch size reuse them and only take the new
-  // inputs (building ~400 views and copying ~700 tensors a step was ~0.1 ms of a 3 ms
-  // flan-t5-base decode step).
-  if (bucket != views_bucket_ || bindings != views_bindings_) {
+  // The arena grows to the largest bucket run so far (a step's outputs from the old one stay
+  // valid: their views hold it).
+  const BucketBytes need = bucket_bytes(bucket);
+  if (need.total > arena_bytes_) {
+    arena_ = allocator_.allocate(static_cast<size_t>(std::max<int64_t>(need.total, 64)));
+    arena_bytes_ = need.total;
+  }
+  char* base = static_cast<char*>(arena_.get());
+  // Every activation's view and each node's argument lists depend only on the bindings:
+  // consecutive decode steps of one batch size reuse them and only take the new inputs
+  // (building ~400 views and copying ~700 tensors a step was ~0.1 ms of a 3 ms flan-t5-base
+  // decode step).
+  if (base != views_base_ || bindings != views_bindings_) {
+    // Laid out for these bindings, the scratch right behind: no larger than the bucket's
+    // layout (every size grows with the bindings, which the bucket bounds), so the kernels'
+    // scratch at the bucket's bounds fits behind it.
+    const WorkspaceLayout layout = workspace_layout(graph_, bindings);
+    KILN_CHECK(
+        layout.bytes <= need.layout,
+        "graph '{}': a step of {} tokens needs {} workspace bytes, more than its bucket's {}",
+        graph_.name, shape.tokens, layout.bytes, need.layout);
+    scratch_offset_ = layout.bytes;
     const Device device = allocator_.device();
     for (size_t id = 0; id < graph_.values.size(); ++id) {
       if (graph_.values[id].kind != ValueKind::kActivation) continue;
       values_[id] =
           Tensor::view(graph_.values[id].dtype, resolve_shape(graph_.values[id].shape, bindings),
-                       base + arena.offset[id], arena.memory, device);
+                       base + layout.offset[id], arena_, device);
     }
     for (size_t n = 0; n < graph_.nodes.size(); ++n) {
       const Node& node = graph_.nodes[n];
@@ -180,13 +188,13 @@ std::span<const Tensor> GraphExecutor::execute(std::span<const Tensor> inputs,
       for (int id : node.inputs) node_io_[n].in.push_back(id >= 0 ? values_[id] : Tensor());
       for (int id : node.outputs) node_io_[n].out.push_back(values_[id]);
     }
-    views_bucket_ = bucket;
+    views_base_ = base;
     views_bindings_ = bindings;
   } else {
     for (const InputUse& u : input_uses_) node_io_[u.node].in[u.slot] = inputs[u.input];
   }
   KernelArgs args;
-  args.scratch = base + arena.scratch_offset;
+  args.scratch = base + scratch_offset_;
   args.step = step;
   args.pool = pool_;
   using Clock = std::chrono::steady_clock;

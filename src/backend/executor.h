@@ -1,6 +1,8 @@
-// The graph executor every backend shares: binds the step's symbols from its inputs, picks the
-// shape bucket, places each activation at its offset in the bucket's workspace (allocated once
-// per bucket through the backend's allocator, never per step) and runs the node kernels in order.
+// The graph executor of the host backends (CPU, reference; CUDA has cuda_executor.h): binds the
+// step's symbols from its inputs, picks the shape bucket, places each activation in one
+// workspace (sized for the largest bucket run so far, allocated through the backend's allocator
+// when a step needs more, never per step) at the offsets the step's own shapes give, and runs the
+// node kernels in order.
 #pragma once
 
 #include <memory>
@@ -40,15 +42,17 @@ class GraphExecutor final : public Executable {
   std::span<const Tensor> execute(std::span<const Tensor> inputs, const StepContext* step) override;
   int64_t workspace_bytes() const override;
   std::vector<std::string> kernel_names() const override { return kernel_names_; }
+  // Where the workspace starts (null before the first step): the step's activations sit at
+  // workspace_layout(graph, the step's bindings).offset from here.
+  const void* workspace_base() const { return arena_.get(); }
 
  private:
-  struct Arena {
-    std::shared_ptr<void> memory;
-    std::vector<int64_t> offset;  // per value
-    int64_t scratch_offset = 0;
-    int64_t bytes = 0;
+  // What a bucket needs: its planned workspace at the bucket's bounds (`layout`) and, with the
+  // kernels' scratch there, the arena's bytes (`total`). Cached per bucket.
+  struct BucketBytes {
+    int64_t layout = 0, total = 0;
   };
-  Arena& arena_for(int64_t bucket);
+  const BucketBytes& bucket_bytes(int64_t bucket);
 
   const Graph& graph_;
   ShapeProfile profile_;
@@ -56,11 +60,22 @@ class GraphExecutor final : public Executable {
   ThreadPool* pool_;
   std::vector<std::unique_ptr<Kernel>> kernels_;
   std::vector<std::string> kernel_names_;
-  std::map<int64_t, Arena> arenas_;
+  // One arena for every bucket. Each step's activations are laid out for its own bindings
+  // (workspace_layout at the step's token and row counts), so a step touches only the front of
+  // the arena: a host workspace of 16 MiB or more is a lazily zeroed mapping, resident as far
+  // as written, and a
+  // short step in a large bucket (78 tokens in the 256-token bucket) writes a packed 78 tokens'
+  // worth, not a strip at the start of every slot of a 256-token layout (which, in 2 MB pages,
+  // made most of a T5 encoder arena resident).
+  std::shared_ptr<void> arena_;
+  int64_t arena_bytes_ = 0;
+  std::map<int64_t, BucketBytes> bucket_bytes_;
+  int64_t scratch_offset_ = 0;
   std::vector<Tensor> values_;
   std::vector<Tensor> outputs_;
   // Each node's inputs and outputs as its kernel takes them, for the bindings views_bindings_
-  // in bucket views_bucket_; input_uses_ are the places a graph input goes, refreshed each step.
+  // in the arena at views_base_; input_uses_ are the places a graph input goes, refreshed each
+  // step.
   struct NodeIo {
     std::vector<Tensor> in, out;
   };
@@ -70,7 +85,7 @@ class GraphExecutor final : public Executable {
   std::vector<NodeIo> node_io_;
   std::vector<InputUse> input_uses_;
   Bindings views_bindings_;
-  int64_t views_bucket_ = -1;
+  const void* views_base_ = nullptr;
   bool has_attention_ = false;
   // The profile, per step size (tokens): steps, wall time, and per node the summed time.
   struct StepTimes {

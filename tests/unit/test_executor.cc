@@ -1,6 +1,7 @@
-// The shared graph executor: workspaces are allocated once per shape bucket and reused, so a
-// step allocates nothing and its tensors sit at the same addresses every time (what CUDA-graph
-// capture needs); inputs and outputs are addressed by position.
+// The shared graph executor: one workspace per graph, allocated when a step's bucket needs more
+// than it has (never per step) and reused; each step's activations are laid out for its own
+// shapes at the workspace's front, so a short step in a large bucket writes only a short step's
+// bytes; inputs and outputs are addressed by position.
 #include <gtest/gtest.h>
 
 #include "../models/parity_util.h"
@@ -11,48 +12,64 @@
 namespace kiln::test {
 namespace {
 
-TEST(Executor, WorkspacesAreAllocatedOncePerBucketAndReused) {
+TEST(Executor, OneWorkspaceGrowsToTheLargestBucketAndEachStepUsesItsFront) {
   Context ctx(ContextOptions{LogLevel::kError, 2});
   auto model = compile_model_dir(ctx, fixture("bloom-tiny"));
   const ModelIR& ir = model->model();
+  const Graph& graph = ir.graph(kDecoderGraph);
   Executable& dec = model->decoder();
+  const auto* exec = dynamic_cast<const GraphExecutor*>(&dec);
+  ASSERT_NE(exec, nullptr);
   const auto io = model->decoder_io();
   auto kv = model->backend().create_kv_storage(
       KvGeometry{model->desc().cache_layers, model->desc().cache_row_width(), 16, DType::kF32});
   kv->resize(8);
+  Bindings bound;  // the last step's bindings
   auto step = [&](int64_t tokens) {
     StepLayout layout;
     layout.clear();
     std::vector<int32_t> blocks;
     for (int32_t b = 0; b * 16 < tokens; ++b) blocks.push_back(b);
     layout.add_sequence(tokens, 0, blocks, nullptr);
-    std::vector<Tensor> in(ir.graph(kDecoderGraph).inputs.size());
+    std::vector<Tensor> in(graph.inputs.size());
     in[io.input_ids] = Tensor::from_vector(std::vector<int64_t>(tokens, 5), {tokens});
     in[io.logit_rows] = Tensor::from_vector(std::vector<int64_t>{tokens - 1}, {1});
+    bound = bind_step_inputs(graph, ir.profile, in).bindings;
     StepContext ctx_step{&layout, kv.get()};
-    return dec.execute(in, &ctx_step)[io.logits].raw();
+    return static_cast<const char*>(dec.execute(in, &ctx_step)[io.logits].raw());
+  };
+  // The logits sit where the step's own layout puts them (a layout for the bucket's bounds
+  // would put them behind slots sized for 16 or 64 tokens).
+  const int logits_id = graph.outputs[static_cast<size_t>(io.logits)];
+  auto at_own_offset = [&](const char* logits) {
+    return logits - static_cast<const char*>(exec->workspace_base()) ==
+           workspace_layout(graph, bound).offset[static_cast<size_t>(logits_id)];
   };
   EXPECT_EQ(dec.workspace_bytes(), 0) << "nothing before the first step";
-  const void* first = step(3);
-  const int64_t small = dec.workspace_bytes();
-  const Bindings b16 = ir.profile.bucket_bindings(16);
   // Plus the kernels' scratch: the AVX-512 Linear interleaves its (up to 16) input rows.
   int64_t scratch = 0;
   if (ctx.cpu_isa() == CpuIsa::kAvx512)
-    for (const Node& n : ir.graph(kDecoderGraph).nodes)
+    for (const Node& n : graph.nodes)
       if (n.op == OpKind::kLinear)
-        scratch = std::max<int64_t>(
-            scratch, 16 * ir.graph(kDecoderGraph).values[n.inputs[1]].data.dim(1) * 4);
-  EXPECT_EQ(small, workspace_layout(ir.graph(kDecoderGraph), b16).bytes + (scratch + 63) / 64 * 64)
-      << "the 16-token bucket's arena is exactly the planned workspace and the kernels' scratch";
-  EXPECT_EQ(step(16), first) << "same bucket: same arena, same addresses";
-  EXPECT_EQ(dec.workspace_bytes(), small);
-  step(40);  // the 64-token bucket
-  const int64_t both = dec.workspace_bytes();
-  EXPECT_GT(both, small);
-  EXPECT_EQ(step(2), first) << "back to the first bucket: its arena was kept";
-  step(64);
-  EXPECT_EQ(dec.workspace_bytes(), both) << "no allocation for a bucket seen before";
+        scratch = std::max<int64_t>(scratch, 16 * graph.values[n.inputs[1]].data.dim(1) * 4);
+  const int64_t scratch_bytes = (scratch + 63) / 64 * 64;
+  EXPECT_TRUE(at_own_offset(step(3)));
+  const int64_t small = dec.workspace_bytes();
+  EXPECT_EQ(small, workspace_layout(graph, ir.profile.bucket_bindings(16)).bytes + scratch_bytes)
+      << "sized for the 16-token bucket: its planned workspace and the kernels' scratch";
+  const void* first_base = exec->workspace_base();
+  EXPECT_TRUE(at_own_offset(step(16)));
+  EXPECT_EQ(dec.workspace_bytes(), small) << "same bucket: no allocation";
+  EXPECT_EQ(exec->workspace_base(), first_base);
+  EXPECT_TRUE(at_own_offset(step(40)));  // the 64-token bucket: the workspace grows
+  const int64_t grown = dec.workspace_bytes();
+  // (Its kernels' scratch grows with the bucket too: the prompt attention's.)
+  EXPECT_GE(grown, workspace_layout(graph, ir.profile.bucket_bindings(64)).bytes + scratch_bytes);
+  const void* grown_base = exec->workspace_base();
+  EXPECT_TRUE(at_own_offset(step(2))) << "a small step at the front of the grown workspace";
+  EXPECT_TRUE(at_own_offset(step(64)));
+  EXPECT_EQ(dec.workspace_bytes(), grown) << "no allocation for a bucket it already holds";
+  EXPECT_EQ(exec->workspace_base(), grown_base);
 }
 
 TEST(Executor, BadInputStepBeyondTheProfileIsRefused) {
