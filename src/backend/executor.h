@@ -62,11 +62,10 @@ class GraphExecutor final : public Executable {
   std::vector<std::string> kernel_names_;
   // One arena for every bucket. Each step's activations are laid out for its own bindings
   // (workspace_layout at the step's token and row counts), so a step touches only the front of
-  // the arena: a host workspace of 16 MiB or more is a lazily zeroed mapping, resident as far
-  // as written, and a
-  // short step in a large bucket (78 tokens in the 256-token bucket) writes a packed 78 tokens'
-  // worth, not a strip at the start of every slot of a 256-token layout (which, in 2 MB pages,
-  // made most of a T5 encoder arena resident).
+  // the arena: a host workspace of 16 MiB or more is a lazily zeroed mapping, resident as far as
+  // written, and a short step in a large bucket (78 tokens in the 256-token bucket) writes a
+  // packed 78 tokens' worth, not a strip at the start of every slot of a 256-token layout
+  // (which, in 2 MB pages, made most of a T5 encoder arena resident).
   std::shared_ptr<void> arena_;
   int64_t arena_bytes_ = 0;
   std::map<int64_t, BucketBytes> bucket_bytes_;
