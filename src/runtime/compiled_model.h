@@ -32,7 +32,7 @@ class CompiledModel {
   Backend& backend() { return *backend_; }
   Executable& encoder();  // encoder-decoder models only
   Executable& decoder() { return *decoder_; }
-  // The activation workspaces the graphs allocated so far (one arena per token bucket run).
+  // The activation workspaces the graphs allocated so far (Executable::workspace_bytes).
   int64_t workspace_bytes() const {
     return (encoder_ != nullptr ? encoder_->workspace_bytes() : 0) + decoder_->workspace_bytes();
   }
