@@ -2,9 +2,9 @@
 # Everything on the GPU machine in one command: the CUDA tests, real-size checkpoints made by
 # `kiln synth` (bloom-560m fp16, flan-t5-large), kiln plans, `kiln bench` and HuggingFace
 # transformers (eager) on the same weights, logs and a JSON summary in $OUT; batch-1 A/B runs
-# without CUDA graphs, without kiln's GEMV and without programmatic dependent launch
-# (KILN_CUDA_GRAPHS=0, KILN_CUDA_GEMV=0, KILN_CUDA_PDL=0) and without run-ahead
-# (KILN_RUN_AHEAD=0), and each step's GPU time; the
+# without CUDA graphs, without kiln's GEMV, without its wide one-row instance and without
+# programmatic dependent launch (KILN_CUDA_GRAPHS=0, KILN_CUDA_GEMV=0, KILN_CUDA_GEMV_WIDE=0,
+# KILN_CUDA_PDL=0) and without run-ahead (KILN_RUN_AHEAD=0), and each step's GPU time; the
 # real-size logits check against HF fp32 (bench/gpu/hf_real_logits.py + the CudaRealSize test);
 # plans built with --no-tune (build-time tactic selection off); a long-context run with and
 # without split-sequence attention (KILN_CUDA_SPLIT=0).
@@ -55,7 +55,7 @@ bench_model() {  # preset family synth-dtype precision
   cat "$OUT/kiln-$preset-$prec.jsonl" >>"$LOG"
   # What each decode-step change is worth at batch 1: without CUDA graphs, without the GEMV,
   # without programmatic dependent launch, without the scheduler's run-ahead.
-  for ab in KILN_CUDA_GRAPHS KILN_CUDA_GEMV KILN_CUDA_PDL KILN_RUN_AHEAD; do
+  for ab in KILN_CUDA_GRAPHS KILN_CUDA_GEMV KILN_CUDA_GEMV_WIDE KILN_CUDA_PDL KILN_RUN_AHEAD; do
     echo "== A/B $preset $prec batch 1 with $ab=0" >>"$LOG"
     env "$ab=0" "$KILN" bench --plan "$plan" --input-len 78 --output-len 100 --runs "$RUNS" \
       --batch 1 2>&1 | grep -E "^ +[0-9]" >>"$LOG"

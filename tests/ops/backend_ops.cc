@@ -54,6 +54,15 @@ std::vector<NamedBackend> available_backends() {
       out.push_back({"cuda-block-attention", std::move(block_ctx), std::move(backend),
                      /*batch_invariant=*/false});
     }
+    // Again with the wide one-row GEMV for every one-row Linear (by default only those whose
+    // wide grid fills half the SMs: larger than these cases).
+    {
+      const ScopedEnv wide("KILN_CUDA_GEMV_WIDE", "2");
+      auto wide_ctx = std::make_unique<Context>(ContextOptions{LogLevel::kError, 1});
+      auto backend = make_cuda_backend(*wide_ctx);
+      out.push_back({"cuda-wide-gemv", std::move(wide_ctx), std::move(backend),
+                     /*batch_invariant=*/false});
+    }
     // Again without CUDA graphs: every step launched kernel by kernel, so that an op graph's
     // first kernel runs right behind the step's uploads kernel under programmatic launch (the
     // warp attention once read the step's layout before its wait there and met a half-written

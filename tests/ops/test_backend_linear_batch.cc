@@ -107,7 +107,8 @@ TEST(BackendOps, LinearWithFusedResidualMatchesTheUnfusedGraph) {
 // on each backend that runs it: CUDA's GEMV takes the norm itself at one row; more rows, and rows
 // the GEMV cannot take, are standardized by the norm kernel first. One reader and two (T5's q,
 // k, v read one norm), with and without the Linear's bias, with a fused activation (BLOOM's
-// dense_h_to_4h), rows of small and of large mean (the one-row GEMV's sums must not cancel);
+// dense_h_to_4h), rows of small and of large mean (the one-row GEMV's sums must not cancel),
+// rows longer than one pass of the wide one-row GEMV's loads (8256);
 // a reader whose weight is shared (a tied lm_head) keeps its weight and takes gamma as its norm
 // scale (x * gamma on the fly); nothing is folded when the norm's output is also read elsewhere
 // (a graph output here).
@@ -120,7 +121,7 @@ TEST(BackendOps, LinearWithFoldedNormMatchesTheUnfusedGraph) {
   int compared = 0;
   for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16})
     for (bool layer : {true, false})
-      for (const Shape2 sh : {Shape2{256, 37}, Shape2{2048, 64}, Shape2{100, 20}})
+      for (const Shape2 sh : {Shape2{256, 37}, Shape2{2048, 64}, Shape2{100, 20}, Shape2{8256, 12}})
         for (int variant = 0; variant < 4; ++variant) {
           const bool two_readers = variant == 1, also_output = variant == 2, shared = variant == 3;
           Gen g(dtype, dtype, static_cast<uint32_t>(sh.in + variant + (layer ? 7 : 0)));

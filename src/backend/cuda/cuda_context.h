@@ -167,6 +167,10 @@ class CudaContext {
   // KILN_CUDA_GEMV_NORM=0: a Linear's fused input norm runs as the norm kernel into scratch
   // memory before the GEMV too, instead of inside it (the unfused kernels, for A/B runs).
   bool use_gemv_norm() const { return use_gemv_norm_; }
+  // Which one-row GEMVs take the wide instance (GemvParams::wide): 1 (the default) those of a
+  // Linear run right after another Linear whose wide grid still has a block for half the SMs or
+  // more (cuda_linear.cc), 0 none (KILN_CUDA_GEMV_WIDE=0), 2 all (=2; for A/B runs and tests).
+  int gemv_wide() const { return gemv_wide_; }
   // Query rows per block of that kernel (KILN_CUDA_TILED_ROWS=32|64, for A/B runs).
   int tiled_rows() const { return tiled_rows_; }
   // Read at construction, used inside: KILN_CUDA_SPLIT=0: decode attention never splits along
@@ -268,6 +272,7 @@ class CudaContext {
   bool use_splits_ = true;
   bool use_warp_attention_ = true;
   bool use_gemv_norm_ = true;
+  int gemv_wide_ = 1;
   TiledAttention tiled_attention_ = TiledAttention::kAuto;
   int tiled_rows_ = 64;
   bool profile_ = false;

@@ -74,6 +74,18 @@ class LinearKernel final : public CudaKernel {
                                   ctx_.gemv_warps_per_sm(n));
     gemv_norm_split_ = gemv_split(float_type(dtype_), in_, out_, ctx_.multiprocessors(),
                                   ctx_.gemv_norm_warps_per_sm());
+    // The wide one-row GEMV where the standard one's many small blocks would not all find room
+    // beside the kernel before it (another Linear's GEMV: BLOOM's q/k/v, dense_h_to_4h and
+    // dense_4h_to_h), and its own grid still has a block for half the SMs or more. Behind a
+    // small kernel (a norm, attention, T5's gated activation) the standard grid is resident at
+    // once, and the wide one measured slower there (flan-t5-large); docs/performance-cuda.md.
+    bool after_linear = false;
+    for (size_t i = 1; i < graph.nodes.size(); ++i)
+      if (graph.nodes[i].name == node_.name)
+        after_linear = graph.nodes[i - 1].op == OpKind::kLinear;
+    const int64_t wide_blocks = gemv_wide_blocks(float_type(dtype_), in_, out_);
+    gemv_wide_ = ctx_.gemv_wide() == 2 || (ctx_.gemv_wide() == 1 && after_linear &&
+                                           2 * wide_blocks >= ctx_.multiprocessors());
 
     const LinearAttrs& attrs = node_.attr<LinearAttrs>();
     norm_ = attrs.norm;
@@ -406,6 +418,7 @@ class LinearKernel final : public CudaKernel {
     p.norm_eps = norm_eps_;
     p.y32 = o.y32;
     p.x_rows = o.x_rows;
+    p.wide = gemv_wide_ && n == 1 && o.x_rows.index == nullptr && o.norm.scale == nullptr;
     return launch_gemv(p, ctx_.kernel_stream());
   }
 
@@ -532,6 +545,7 @@ class LinearKernel final : public CudaKernel {
   Tensor unit_, zero_;
   bool bias_in_epilogue_ = false, bias_after_ = false;
   int gemv_split_[kGemvMaxRows + 1] = {};  // per row count (gemv_split)
+  bool gemv_wide_ = false;                 // one-row steps take the wide GEMV (prepare)
   int gemv_norm_split_ = 1;                // one row with the folded norm inside the GEMV
   cublasLtMatmulDesc_t desc_ = nullptr;
   cublasLtMatrixLayout_t a_ = nullptr;

@@ -17,7 +17,10 @@ namespace {
 
 constexpr int kWarps = 8;     // per block
 constexpr int kFeatures = 4;  // features (weight rows) per warp: each x chunk serves 4 rows
-constexpr int kUnroll = 2;    // chunk positions per iteration: 2 x 4 weight loads in flight
+// Chunk positions per iteration (the kernel's kUnroll): 2 x 4 weight loads in flight. The wide
+// one-row instance (GemvParams::wide) takes kWideUnroll, and a split that puts every weight of
+// the warp in flight before the wait.
+constexpr int kWideUnroll = 4;
 // A folded input norm runs inside the GEMV at one row only. Summing the rows costs ALU work per
 // weight load and registers (162 a thread at 8 rows against 128: half the blocks per SM): on
 // the H200 bloom-560m's decode step was 12 % faster at one row, the same at two, and slower
@@ -26,6 +29,14 @@ constexpr int kUnroll = 2;    // chunk positions per iteration: 2 x 4 weight loa
 constexpr int64_t kNormMaxRows = 1;
 
 // The 16 bytes at p as floats (8 halves, 8 bf16 or 4 floats).
+// The wide instance's split: the smallest whose warps hold all their weights at once
+// (kWideUnroll chunk positions of 32 lanes each), at most kWarps.
+int wide_split(int64_t chunks) {
+  int split = 1;
+  while (split < kWarps && static_cast<int64_t>(kWideUnroll) * 32 * split < chunks) split *= 2;
+  return split;
+}
+
 template <typename T>
 struct Vec {
   static constexpr int kN = 16 / static_cast<int>(sizeof(T));
@@ -62,8 +73,13 @@ __device__ __forceinline__ float dot16(const uint4& w, const uint4& x) {
 // before the tied lm_head), held to three blocks an SM (up to 85 registers; at 64 it spilled 32
 // bytes), as many as the plain one-row instance gets with its 72.
 // kGather (kNorm, one row): x's row x_rows.index[0] (the lm_head reading the row it needs).
-template <typename T, typename B, int N, bool kNorm, bool kScale = false, bool kGather = false>
-__global__ void __launch_bounds__(kWarps * 32, kNorm ? (kScale ? 3 : 4) : 1)
+// kUnroll: chunk positions a lane loads per pass, 2; the wide one-row instance's kWideUnroll
+// holds it to two blocks an SM (108 registers, no spills).
+template <typename T, typename B, int N, bool kNorm, bool kScale = false, bool kGather = false,
+          int kUnroll = 2>
+__global__ void __launch_bounds__(kWarps * 32, kUnroll > 2 ? 2
+                                               : kNorm     ? (kScale ? 3 : 4)
+                                                           : 1)
     gemv_kernel(const uint4* __restrict__ x, const uint4* __restrict__ w,
                 const B* __restrict__ bias, const T* residual, T* y, int64_t chunks, int64_t out,
                 int split, bool has_act, ActFn act, const float* __restrict__ row_sums, float eps,
@@ -258,14 +274,15 @@ template <typename T, typename B, int N>
 void launch_n(const GemvParams& p, KernelStream stream) {
   const int64_t chunks = p.in / Vec<T>::kN;
   const int64_t groups = (p.out + kFeatures - 1) / kFeatures;
-  const int64_t per_block = kWarps / p.split;
+  const int split = p.wide && N == 1 ? wide_split(chunks) : p.split;
+  const int64_t per_block = kWarps / split;
   const auto blocks = static_cast<unsigned>((groups + per_block - 1) / per_block);
   auto go = [&](auto kernel) {
     launch(kernel, blocks, kWarps * 32, 0, stream, static_cast<const uint4*>(p.x),
            static_cast<const uint4*>(p.w), static_cast<const B*>(p.bias),
-           static_cast<const T*>(p.residual), static_cast<T*>(p.y), chunks, p.out, p.split,
-           p.has_act, p.act, static_cast<const float*>(p.norm_row_sums), p.norm_eps, p.norm_scale,
-           p.y32, p.x_rows);
+           static_cast<const T*>(p.residual), static_cast<T*>(p.y), chunks, p.out, split, p.has_act,
+           p.act, static_cast<const float*>(p.norm_row_sums), p.norm_eps, p.norm_scale, p.y32,
+           p.x_rows);
   };
   // The folded norm's instances exist where launch_gemv lets p.norm through.
   if constexpr (std::is_same_v<T, B> && N <= kNormMaxRows) {
@@ -273,9 +290,13 @@ void launch_n(const GemvParams& p, KernelStream stream) {
     if (p.norm && p.norm_scale != nullptr)
       return gather ? go(gemv_kernel<T, B, N, true, true, true>)
                     : go(gemv_kernel<T, B, N, true, true>);
+    if (p.norm && p.wide && !gather)
+      return go(gemv_kernel<T, B, N, true, false, false, kWideUnroll>);
     if (p.norm)
       return gather ? go(gemv_kernel<T, B, N, true, false, true>) : go(gemv_kernel<T, B, N, true>);
   }
+  if constexpr (N == 1)
+    if (p.wide) return go(gemv_kernel<T, B, N, false, false, false, kWideUnroll>);
   go(gemv_kernel<T, B, N, false>);
 }
 
@@ -321,6 +342,13 @@ int gemv_split(FloatType t, int64_t in, int64_t out, int sms, int warps_per_sm) 
          chunks >= 64LL * split)
     split *= 2;
   return split;
+}
+
+int64_t gemv_wide_blocks(FloatType t, int64_t in, int64_t out) {
+  const int64_t chunks = in * (t == FloatType::kF32 ? 4 : 2) / 16;
+  const int64_t groups = (out + kFeatures - 1) / kFeatures;
+  const int64_t per_block = kWarps / wide_split(chunks);
+  return (groups + per_block - 1) / per_block;
 }
 
 bool launch_gemv(const GemvParams& p, KernelStream stream) {

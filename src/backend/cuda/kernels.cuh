@@ -129,6 +129,8 @@ inline constexpr int kGemvMaxRows = 8;
 inline constexpr int kGemvDefaultRows = 5;
 bool gemv_fits(FloatType t, const void* x, const void* w, int64_t in);
 int gemv_split(FloatType t, int64_t in, int64_t out, int sms, int warps_per_sm);
+// The blocks of the wide one-row instance (GemvParams::wide) for this shape.
+int64_t gemv_wide_blocks(FloatType t, int64_t in, int64_t out);
 struct GemvParams {
   FloatType type;
   const void* x;
@@ -155,6 +157,9 @@ struct GemvParams {
   // one row with a folded norm only (launch_gemv is false otherwise).
   RowIndex x_rows;
   float norm_eps = 0.0f;
+  // One row: each warp loads every weight it multiplies before waiting for the kernel before
+  // it (kWideUnroll chunk positions a lane, the split chosen for it), in fewer, larger blocks.
+  bool wide = false;
 };
 // False, launching nothing, when p asks for a folded norm it cannot take (see norm).
 bool launch_gemv(const GemvParams& p, KernelStream stream);
