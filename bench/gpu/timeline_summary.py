@@ -45,6 +45,15 @@ for r in rows:
 events.sort()
 steps, current, after_copy = [], [], False
 for start, dur, kind in events:
+    # A step uploads its layout with host-to-device copies, or (builds since 2026-12-02) with
+    # kiln's uploads kernel: either starts a new step.
+    if kind.startswith("kiln::cuda::uploads_kernel"):
+        if current and not after_copy:
+            steps.append(current)
+            current = []
+        after_copy = True
+        current.append((start, dur, kind))
+        continue
     if kind == "copy":
         if current and not after_copy:
             steps.append(current)
