@@ -54,8 +54,8 @@ std::vector<NamedBackend> available_backends() {
       out.push_back({"cuda-block-attention", std::move(block_ctx), std::move(backend),
                      /*batch_invariant=*/false});
     }
-    // Again with the wide one-row GEMV for every one-row Linear (by default only those whose
-    // wide grid fills half the SMs: larger than these cases).
+    // Again with the wide one-row GEMV for every one-row Linear (by default only a Linear run
+    // right after another one whose wide grid fills half the SMs: larger than these cases).
     {
       const ScopedEnv wide("KILN_CUDA_GEMV_WIDE", "2");
       auto wide_ctx = std::make_unique<Context>(ContextOptions{LogLevel::kError, 1});

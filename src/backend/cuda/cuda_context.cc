@@ -370,7 +370,7 @@ CudaContext::CudaContext(Context& host) : host_(host) {
   };
   number("KILN_CUDA_GEMV_WARPS", 1, 64, "the warps per SM", &gemv_warps_forced_);
   number("KILN_CUDA_GEMV_NORM_WARPS", 1, 64, "the warps per SM", &gemv_norm_warps_);
-  number("KILN_CUDA_GEMV_WIDE", 0, 2, "0 (off), 1 (by the grid) or 2 (every one-row GEMV)",
+  number("KILN_CUDA_GEMV_WIDE", 0, 2, "0 (off), 1 (after another Linear) or 2 (every one-row GEMV)",
          &gemv_wide_);
   number("KILN_CUDA_GEMV_ROWS", 1, kGemvMaxRows, "the most rows an untuned Linear runs on the GEMV",
          &gemv_rows_);

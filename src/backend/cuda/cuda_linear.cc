@@ -79,10 +79,9 @@ class LinearKernel final : public CudaKernel {
     // dense_4h_to_h), and its own grid still has a block for half the SMs or more. Behind a
     // small kernel (a norm, attention, T5's gated activation) the standard grid is resident at
     // once, and the wide one measured slower there (flan-t5-large); docs/performance-cuda.md.
-    bool after_linear = false;
-    for (size_t i = 1; i < graph.nodes.size(); ++i)
-      if (graph.nodes[i].name == node_.name)
-        after_linear = graph.nodes[i - 1].op == OpKind::kLinear;
+    const bool after_linear =
+        node_index_ > 0 && static_cast<size_t>(node_index_) < graph.nodes.size() &&
+        graph.nodes[static_cast<size_t>(node_index_) - 1].op == OpKind::kLinear;
     const int64_t wide_blocks = gemv_wide_blocks(float_type(dtype_), in_, out_);
     gemv_wide_ = ctx_.gemv_wide() == 2 || (ctx_.gemv_wide() == 1 && after_linear &&
                                            2 * wide_blocks >= ctx_.multiprocessors());

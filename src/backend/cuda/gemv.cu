@@ -28,7 +28,6 @@ constexpr int kWideUnroll = 4;
 // with the norm kernel first.
 constexpr int64_t kNormMaxRows = 1;
 
-// The 16 bytes at p as floats (8 halves, 8 bf16 or 4 floats).
 // The wide instance's split: the smallest whose warps hold all their weights at once
 // (kWideUnroll chunk positions of 32 lanes each), at most kWarps.
 int wide_split(int64_t chunks) {
@@ -37,6 +36,7 @@ int wide_split(int64_t chunks) {
   return split;
 }
 
+// The 16 bytes at p as floats (8 halves, 8 bf16 or 4 floats).
 template <typename T>
 struct Vec {
   static constexpr int kN = 16 / static_cast<int>(sizeof(T));
