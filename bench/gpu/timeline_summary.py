@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Summarizes an Nsight Systems cuda_gpu_trace CSV of a `kiln bench` run (timeline.sh).
 
-The decode steps are the kernels between two groups of host-to-device copies (each step uploads
-its layout; groups of fewer than 8 kernels, such as a run-ahead step's argmax, are left out);
+The decode steps are the kernels between two uploads of a step's layout (kiln's uploads kernel,
+or a group of host-to-device copies in builds before it; groups of fewer than 8 kernels, such as
+a run-ahead step's argmax, are left out);
 the steps with the most common kernel count, past the first quarter (capture, warm-up), are the
 steady ones. Per kernel kind (name and grid) of those: launches per step, the
 median duration, the median gap from the end of the kernel before it (negative: they overlap,

@@ -58,7 +58,7 @@ TEST(BackendOps, LinearRowsDoNotDependOnTheirBatch) {
 // fuse_linear_residual (CUDA plans): the residual Add after a Linear (BLOOM's attention output
 // and FFN down projections) folded into the Linear gives the unfused graph's numbers on the
 // reference backend and on every backend that runs it: both operand orders, with and without
-// bias, few rows (CUDA's GEMV) and many (cuBLASLt), every float dtype; and nothing is fused
+// bias, one row and few (CUDA's GEMV) and many (cuBLASLt), every float dtype; and nothing is fused
 // when the Linear's output is also read elsewhere (a graph output here).
 TEST(BackendOps, LinearWithFusedResidualMatchesTheUnfusedGraph) {
   const int64_t in = 64, out = 48;
@@ -80,7 +80,7 @@ TEST(BackendOps, LinearWithFusedResidualMatchesTheUnfusedGraph) {
       Graph fused = plain;
       EXPECT_EQ(fuse_linear_residual(fused, quiet), variant == 3 ? 0 : 1) << variant;
       verify_graph(fused);
-      for (int64_t n : {3, 70}) {
+      for (int64_t n : {1, 3, 70}) {  // 1: the one-row GEMV (standard and wide instances)
         const std::map<std::string, Tensor> feed = {{"x", g.random({n, in}, -2, 2)},
                                                     {"r", g.random({n, out}, -2, 2)}};
         const ScenarioOutputs ref = run_scenario(*reference, one_step(plain, feed));

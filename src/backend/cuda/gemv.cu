@@ -9,7 +9,9 @@
 // (fuse_norm_linear: BLOOM's LayerNorms before query_key_value and dense_h_to_4h, and ln_f before
 // the tied lm_head, its gamma multiplied into x on the fly; one row, see kNormMaxRows) needs the
 // row's sum and sum of squares: the lanes add up the x chunks they multiply anyway, and the
-// store applies mean and 1 / std (or 1 / rms) to the product.
+// store applies mean and 1 / std (or 1 / rms) to the product. The wide one-row instance
+// (GemvParams::wide) gives each lane sixteen loads and its warps all their weights before the
+// wait, in fewer blocks, so that its whole grid fits beside the GEMV before it.
 #include "backend/cuda/device_types.cuh"
 
 namespace kiln::cuda {
@@ -17,9 +19,11 @@ namespace {
 
 constexpr int kWarps = 8;     // per block
 constexpr int kFeatures = 4;  // features (weight rows) per warp: each x chunk serves 4 rows
-// Chunk positions per iteration (the kernel's kUnroll): 2 x 4 weight loads in flight. The wide
-// one-row instance (GemvParams::wide) takes kWideUnroll, and a split that puts every weight of
-// the warp in flight before the wait.
+// Chunk positions a lane loads per pass (the kernel's kUnroll): 2 x 4 weight loads in flight.
+// The wide one-row instance (GemvParams::wide) takes kWideUnroll and the smallest split that puts
+// every weight of its warp in flight before the wait (up to kWarps: rows longer than 1024 chunks
+// take more passes).
+constexpr int kDefaultUnroll = 2;
 constexpr int kWideUnroll = 4;
 // A folded input norm runs inside the GEMV at one row only. Summing the rows costs ALU work per
 // weight load and registers (162 a thread at 8 rows against 128: half the blocks per SM): on
@@ -27,6 +31,9 @@ constexpr int kWideUnroll = 4;
 // from three (1.12 against 1.04 ms; 4.18 against 2.12 at eight) than standardizing the rows
 // with the norm kernel first.
 constexpr int64_t kNormMaxRows = 1;
+
+// 16-byte chunks of a weight row of `in` elements of t (launch_n's in / Vec<T>::kN).
+int64_t row_chunks(FloatType t, int64_t in) { return in * (t == FloatType::kF32 ? 4 : 2) / 16; }
 
 // The wide instance's split: the smallest whose warps hold all their weights at once
 // (kWideUnroll chunk positions of 32 lanes each), at most kWarps.
@@ -73,13 +80,13 @@ __device__ __forceinline__ float dot16(const uint4& w, const uint4& x) {
 // before the tied lm_head), held to three blocks an SM (up to 85 registers; at 64 it spilled 32
 // bytes), as many as the plain one-row instance gets with its 72.
 // kGather (kNorm, one row): x's row x_rows.index[0] (the lm_head reading the row it needs).
-// kUnroll: chunk positions a lane loads per pass, 2; the wide one-row instance's kWideUnroll
-// holds it to two blocks an SM (108 registers, no spills).
+// kUnroll: chunk positions a lane loads per pass (kDefaultUnroll); the wide one-row instance's
+// kWideUnroll holds it to two blocks an SM (108 registers, no spills).
 template <typename T, typename B, int N, bool kNorm, bool kScale = false, bool kGather = false,
-          int kUnroll = 2>
-__global__ void __launch_bounds__(kWarps * 32, kUnroll > 2 ? 2
-                                               : kNorm     ? (kScale ? 3 : 4)
-                                                           : 1)
+          int kUnroll = kDefaultUnroll>
+__global__ void __launch_bounds__(kWarps * 32, kUnroll > kDefaultUnroll ? 2
+                                               : kNorm                  ? (kScale ? 3 : 4)
+                                                                        : 1)
     gemv_kernel(const uint4* __restrict__ x, const uint4* __restrict__ w,
                 const B* __restrict__ bias, const T* residual, T* y, int64_t chunks, int64_t out,
                 int split, bool has_act, ActFn act, const float* __restrict__ row_sums, float eps,
@@ -274,7 +281,10 @@ template <typename T, typename B, int N>
 void launch_n(const GemvParams& p, KernelStream stream) {
   const int64_t chunks = p.in / Vec<T>::kN;
   const int64_t groups = (p.out + kFeatures - 1) / kFeatures;
-  const int split = p.wide && N == 1 ? wide_split(chunks) : p.split;
+  // The wide instance is one row without a gathered row or a norm scale (the lm_head's); the
+  // flag is ignored elsewhere.
+  const bool wide = p.wide && N == 1 && p.x_rows.index == nullptr && p.norm_scale == nullptr;
+  const int split = wide ? wide_split(chunks) : p.split;
   const int64_t per_block = kWarps / split;
   const auto blocks = static_cast<unsigned>((groups + per_block - 1) / per_block);
   auto go = [&](auto kernel) {
@@ -290,13 +300,12 @@ void launch_n(const GemvParams& p, KernelStream stream) {
     if (p.norm && p.norm_scale != nullptr)
       return gather ? go(gemv_kernel<T, B, N, true, true, true>)
                     : go(gemv_kernel<T, B, N, true, true>);
-    if (p.norm && p.wide && !gather)
-      return go(gemv_kernel<T, B, N, true, false, false, kWideUnroll>);
+    if (p.norm && wide) return go(gemv_kernel<T, B, N, true, false, false, kWideUnroll>);
     if (p.norm)
       return gather ? go(gemv_kernel<T, B, N, true, false, true>) : go(gemv_kernel<T, B, N, true>);
   }
   if constexpr (N == 1)
-    if (p.wide) return go(gemv_kernel<T, B, N, false, false, false, kWideUnroll>);
+    if (wide) return go(gemv_kernel<T, B, N, false, false, false, kWideUnroll>);
   go(gemv_kernel<T, B, N, false>);
 }
 
@@ -331,7 +340,7 @@ bool gemv_fits(FloatType t, const void* x, const void* w, int64_t in) {
 }
 
 int gemv_split(FloatType t, int64_t in, int64_t out, int sms, int warps_per_sm) {
-  const int64_t chunks = in * (t == FloatType::kF32 ? 4 : 2) / 16;
+  const int64_t chunks = row_chunks(t, in);
   // Enough warps to keep every SM's load units busy (about warps_per_sm per SM: 16 at one row,
   // 8 at more, CudaContext::gemv_warps_per_sm), but no more warps on a feature than leave each lane
   // at least one load. Fewer, longer blocks leave room on the SMs for the next kernel's blocks,
@@ -345,7 +354,7 @@ int gemv_split(FloatType t, int64_t in, int64_t out, int sms, int warps_per_sm) 
 }
 
 int64_t gemv_wide_blocks(FloatType t, int64_t in, int64_t out) {
-  const int64_t chunks = in * (t == FloatType::kF32 ? 4 : 2) / 16;
+  const int64_t chunks = row_chunks(t, in);
   const int64_t groups = (out + kFeatures - 1) / kFeatures;
   const int64_t per_block = kWarps / wide_split(chunks);
   return (groups + per_block - 1) / per_block;

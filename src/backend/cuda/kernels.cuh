@@ -157,8 +157,10 @@ struct GemvParams {
   // one row with a folded norm only (launch_gemv is false otherwise).
   RowIndex x_rows;
   float norm_eps = 0.0f;
-  // One row: each warp loads every weight it multiplies before waiting for the kernel before
-  // it (kWideUnroll chunk positions a lane, the split chosen for it), in fewer, larger blocks.
+  // One row, no gathered row, no norm scale (ignored otherwise): fewer, larger blocks whose
+  // warps load every weight they multiply before waiting for the kernel before them (4 chunk
+  // positions a lane and the smallest split that covers the row; rows longer than 1024 chunks
+  // take more passes).
   bool wide = false;
 };
 // False, launching nothing, when p asks for a folded norm it cannot take (see norm).
