@@ -47,19 +47,15 @@ events.sort()
 steps, current, after_copy = [], [], False
 for start, dur, kind in events:
     # A step uploads its layout with host-to-device copies, or (builds since 2026-12-02) with
-    # kiln's uploads kernel: either starts a new step.
-    if kind.startswith("kiln::cuda::uploads_kernel"):
+    # kiln's uploads kernel (which is one of the step's kernels): either starts a new step.
+    upload = kind.startswith("kiln::cuda::uploads_kernel")
+    if kind == "copy" or upload:
         if current and not after_copy:
             steps.append(current)
             current = []
         after_copy = True
-        current.append((start, dur, kind))
-        continue
-    if kind == "copy":
-        if current and not after_copy:
-            steps.append(current)
-            current = []
-        after_copy = True
+        if upload:
+            current.append((start, dur, kind))
         continue
     after_copy = False
     current.append((start, dur, kind))

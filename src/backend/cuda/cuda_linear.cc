@@ -417,7 +417,7 @@ class LinearKernel final : public CudaKernel {
     p.norm_eps = norm_eps_;
     p.y32 = o.y32;
     p.x_rows = o.x_rows;
-    p.wide = gemv_wide_ && n == 1 && o.x_rows.index == nullptr && o.norm.scale == nullptr;
+    p.wide = gemv_wide_;  // launch_gemv takes it at one row without a gather or norm scale
     return launch_gemv(p, ctx_.kernel_stream());
   }
 

@@ -35,6 +35,12 @@ constexpr int64_t kNormMaxRows = 1;
 // 16-byte chunks of a weight row of `in` elements of t (launch_n's in / Vec<T>::kN).
 int64_t row_chunks(FloatType t, int64_t in) { return in * (t == FloatType::kF32 ? 4 : 2) / 16; }
 
+// Blocks of kWarps warps for `out` features in groups of kFeatures, `split` warps a group.
+int64_t grid_blocks(int64_t out, int split) {
+  const int64_t groups = (out + kFeatures - 1) / kFeatures, per_block = kWarps / split;
+  return (groups + per_block - 1) / per_block;
+}
+
 // The wide instance's split: the smallest whose warps hold all their weights at once
 // (kWideUnroll chunk positions of 32 lanes each), at most kWarps.
 int wide_split(int64_t chunks) {
@@ -280,13 +286,11 @@ __global__ void __launch_bounds__(kWarps * 32, kUnroll > kDefaultUnroll ? 2
 template <typename T, typename B, int N>
 void launch_n(const GemvParams& p, KernelStream stream) {
   const int64_t chunks = p.in / Vec<T>::kN;
-  const int64_t groups = (p.out + kFeatures - 1) / kFeatures;
   // The wide instance is one row without a gathered row or a norm scale (the lm_head's); the
   // flag is ignored elsewhere.
   const bool wide = p.wide && N == 1 && p.x_rows.index == nullptr && p.norm_scale == nullptr;
   const int split = wide ? wide_split(chunks) : p.split;
-  const int64_t per_block = kWarps / split;
-  const auto blocks = static_cast<unsigned>((groups + per_block - 1) / per_block);
+  const auto blocks = static_cast<unsigned>(grid_blocks(p.out, split));
   auto go = [&](auto kernel) {
     launch(kernel, blocks, kWarps * 32, 0, stream, static_cast<const uint4*>(p.x),
            static_cast<const uint4*>(p.w), static_cast<const B*>(p.bias),
@@ -354,10 +358,7 @@ int gemv_split(FloatType t, int64_t in, int64_t out, int sms, int warps_per_sm) 
 }
 
 int64_t gemv_wide_blocks(FloatType t, int64_t in, int64_t out) {
-  const int64_t chunks = row_chunks(t, in);
-  const int64_t groups = (out + kFeatures - 1) / kFeatures;
-  const int64_t per_block = kWarps / wide_split(chunks);
-  return (groups + per_block - 1) / per_block;
+  return grid_blocks(out, wide_split(row_chunks(t, in)));
 }
 
 bool launch_gemv(const GemvParams& p, KernelStream stream) {
