@@ -196,9 +196,10 @@ OpAttrs attrs_from_json(const json& j, AttrKind kind, const std::string& source)
         for (const json& t : j.at("tactics")) {
           LinearTactic tactic{t.at("rows").get<int64_t>(), t.at("kernel").get<std::string>(),
                               t.at("algo").get<std::string>(), t.at("us").get<float>()};
-          KILN_CHECK(tactic.rows > last && (tactic.kernel == "gemv" || tactic.kernel == "cublaslt"),
+          KILN_CHECK(tactic.rows > last && (tactic.kernel == "gemv" || tactic.kernel == "skinny" ||
+                                            tactic.kernel == "cublaslt"),
                      "{}: invalid linear tactic (rows {} after {}, kernel '{}'): rows ascend, "
-                     "kernels are gemv or cublaslt",
+                     "kernels are gemv, skinny or cublaslt",
                      source, tactic.rows, last, tactic.kernel);
           last = tactic.rows;
           a.tactics.push_back(std::move(tactic));

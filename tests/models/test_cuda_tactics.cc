@@ -62,7 +62,8 @@ TEST(CudaTactics, BuildTimesEveryLinearAndThePlanKeepsTheChoice) {
       EXPECT_LE(tactics.back().rows, bound.at(rows.symbol)) << n.name;
       gathered += n.inputs.size() > kLinearRows && n.inputs[kLinearRows] >= 0;
       for (const LinearTactic& t : tactics) {
-        EXPECT_TRUE(t.kernel == "gemv" || t.kernel == "cublaslt") << n.name << " " << t.kernel;
+        EXPECT_TRUE(t.kernel == "gemv" || t.kernel == "skinny" || t.kernel == "cublaslt")
+            << n.name << " " << t.kernel;
         EXPECT_GT(t.us, 0.0f) << n.name;
         EXPECT_EQ(t.kernel == "cublaslt", !t.algo.empty()) << n.name;
       }

@@ -44,23 +44,26 @@ std::vector<NamedBackend> available_backends() {
     auto ctx = std::make_unique<Context>(ContextOptions{LogLevel::kError, 1});
     auto backend = make_cuda_backend(*ctx);
     out.push_back({"cuda", std::move(ctx), std::move(backend), /*batch_invariant=*/false});
-    // Again with attention.cu's row kernel where the warp kernel would take the step, and
-    // kiln's GEMV for every Linear of up to 8 rows (tuned plans may choose it there; without a
-    // tactic it takes up to 5 rows).
+    // Again with attention.cu's row kernel where the warp kernel would take the step, kiln's
+    // GEMV for every Linear of up to 8 rows (tuned plans may choose it there; without a tactic
+    // it takes up to 5 rows) and cuBLASLt for every Linear of more (the skinny GEMM's rows
+    // included).
     {
-      const ScopedEnv block_rows("KILN_CUDA_WARP_ATTN", "0"), gemv_rows("KILN_CUDA_GEMV_ROWS", "8");
+      const ScopedEnv block_rows("KILN_CUDA_WARP_ATTN", "0"), gemv_rows("KILN_CUDA_GEMV_ROWS", "8"),
+          skinny_rows("KILN_CUDA_SKINNY_ROWS", "0");
       auto block_ctx = std::make_unique<Context>(ContextOptions{LogLevel::kError, 1});
       auto backend = make_cuda_backend(*block_ctx);
       out.push_back({"cuda-block-attention", std::move(block_ctx), std::move(backend),
                      /*batch_invariant=*/false});
     }
     // Again with the wide one-row GEMV for every one-row Linear (by default only a Linear run
-    // right after another one whose wide grid fills half the SMs: larger than these cases).
+    // right after another one whose wide grid fills half the SMs: larger than these cases), and
+    // the skinny GEMM up to its most rows (kSkinnyMaxRows; by default up to 32).
     {
-      const ScopedEnv wide("KILN_CUDA_GEMV_WIDE", "2");
+      const ScopedEnv wide("KILN_CUDA_GEMV_WIDE", "2"), skinny("KILN_CUDA_SKINNY_ROWS", "64");
       auto wide_ctx = std::make_unique<Context>(ContextOptions{LogLevel::kError, 1});
       auto backend = make_cuda_backend(*wide_ctx);
-      out.push_back({"cuda-wide-gemv", std::move(wide_ctx), std::move(backend),
+      out.push_back({"cuda-wide", std::move(wide_ctx), std::move(backend),
                      /*batch_invariant=*/false});
     }
     // Again without CUDA graphs: every step launched kernel by kernel, so that an op graph's

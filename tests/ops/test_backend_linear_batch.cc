@@ -80,7 +80,9 @@ TEST(BackendOps, LinearWithFusedResidualMatchesTheUnfusedGraph) {
       Graph fused = plain;
       EXPECT_EQ(fuse_linear_residual(fused, quiet), variant == 3 ? 0 : 1) << variant;
       verify_graph(fused);
-      for (int64_t n : {1, 3, 70}) {  // 1: the one-row GEMV (standard and wide instances)
+      // 1: the one-row GEMV (standard and wide instances); 16, 40: the skinny GEMM (40 with
+      // KILN_CUDA_SKINNY_ROWS=64, the cuda-skinny backend); 70: cuBLASLt.
+      for (int64_t n : {1, 3, 16, 40, 70}) {
         const std::map<std::string, Tensor> feed = {{"x", g.random({n, in}, -2, 2)},
                                                     {"r", g.random({n, out}, -2, 2)}};
         const ScenarioOutputs ref = run_scenario(*reference, one_step(plain, feed));

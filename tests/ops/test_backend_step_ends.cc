@@ -7,8 +7,8 @@
 // - the decoder's end: fuse_linear_cast (a narrow Linear storing its output as f32, the logits,
 //   instead of a Cast after it), alone, after ln_f folded into a Linear whose weight is shared
 //   (BLOOM's tied lm_head: fuse_norm_linear's norm scale) and with fuse_gather_linear (the
-//   Linear reading the rows it needs itself), on the GEMV's row counts and on cuBLASLt's; bad
-//   rows are errors.
+//   Linear reading the rows it needs itself), on the GEMV's row counts, the skinny GEMM's and
+//   cuBLASLt's; bad rows are errors.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -152,7 +152,8 @@ Graph fused_end(const Graph& plain, const EndOptions& e) {
 
 // Variants: 0 plain, 1 with a bias, 2 ln_f folded into a tied lm_head (norm scale), 3 the same
 // reading gathered rows (BLOOM's decoder end), 4 gathered rows without a norm (gathered into
-// scratch). Row counts on the GEMV (1, 3, 8: one row gathers and normalizes inside it) and on
+// scratch). Row counts on the GEMV (1, 3, 8: one row gathers and normalizes inside it), on the
+// skinny GEMM (16: it gathers its rows itself; a folded norm standardizes them first) and on
 // cuBLASLt (70).
 TEST(BackendOps, DecoderEndFusionsMatchTheUnfusedGraph) {
   const std::unique_ptr<Backend> reference = reference_backend();
@@ -172,7 +173,7 @@ TEST(BackendOps, DecoderEndFusionsMatchTheUnfusedGraph) {
       for (const Node& n : plain.nodes)
         if (n.name == "lm_head") kept.outputs.push_back(n.outputs[0]);
       EXPECT_EQ(fuse_linear_cast(kept, quiet), 0);
-      for (const int64_t n : {1, 3, 8, 70}) {
+      for (const int64_t n : {1, 3, 8, 16, 70}) {
         const std::string what = std::string(dtype_name(dtype)) + " variant " +
                                  std::to_string(variant) + " rows " + std::to_string(n);
         std::map<std::string, Tensor> feed = {{"x", g.random({n + 2, in}, -2, 2)}};
@@ -207,11 +208,12 @@ TEST(BackendOps, DecoderEndFusionsMatchTheUnfusedGraph) {
         ++compared;
       }
     }
-  EXPECT_EQ(compared, 40);
+  EXPECT_EQ(compared, 50);
 }
 
 // A gathered row outside x is an error on every backend that runs the fused graph, in the
-// one-row GEMV (with the norm) and in the gather before other kernels.
+// one-row GEMV (with the norm), in the skinny GEMM (16 rows, without) and in the gather before
+// other kernels.
 TEST(BackendOps, BadInputDecoderEndRowOutOfRange) {
   for (const bool norm : {true, false}) {
     EndOptions e;
@@ -222,7 +224,7 @@ TEST(BackendOps, BadInputDecoderEndRowOutOfRange) {
     std::vector<NamedBackend> backends = available_backends();
     backends.push_back({"reference", nullptr, reference_backend()});
     for (const int64_t bad : {int64_t{4}, int64_t{-1}}) {
-      for (const int64_t n : {int64_t{1}, int64_t{3}}) {
+      for (const int64_t n : {int64_t{1}, int64_t{3}, int64_t{16}}) {
         std::vector<int64_t> rows(static_cast<size_t>(n), 0);
         rows.back() = bad;
         const Scenario s =

@@ -60,27 +60,6 @@ __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
   return *reinterpret_cast<const uint32_t*>(pair);
 }
 
-// D (16 x 8, fp32) += A (16 x 16, row-major) · B (16 x 8, column-major), fp16 or bf16 operands:
-// lane l holds A rows l/4 and l/4 + 8, B column l/4, D rows l/4 and l/4 + 8 at columns
-// 2 (l % 4) and 2 (l % 4) + 1 (PTX's m16n8k16 fragment layout).
-template <typename T>
-__device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
-                                         uint32_t b1) {
-  if constexpr (std::is_same_v<T, __half>) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-        "{%8,%9}, {%0,%1,%2,%3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  } else {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-        "{%8,%9}, {%0,%1,%2,%3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  }
-}
-
 // The B operand of P · V for 16 keys and 8 dimensions: V's rows are keys, so the fragment is
 // V transposed (ldmatrix .trans); lanes 0-15 name the 16 key rows at dimension d0.
 __device__ __forceinline__ void load_v_fragment(const void* row, uint32_t& b0, uint32_t& b1) {

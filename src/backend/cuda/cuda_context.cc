@@ -374,6 +374,8 @@ CudaContext::CudaContext(Context& host) : host_(host) {
          &gemv_wide_);
   number("KILN_CUDA_GEMV_ROWS", 1, kGemvMaxRows, "the most rows an untuned Linear runs on the GEMV",
          &gemv_rows_);
+  number("KILN_CUDA_SKINNY_ROWS", 0, kSkinnyMaxRows,
+         "the most rows an untuned Linear runs on the skinny GEMM (0: none)", &skinny_rows_);
   if (const char* v = std::getenv("KILN_CUDA_ATTN_WARPS")) {
     const std::string_view s(v);
     KILN_CHECK_USAGE(s == "0" || s == "4" || s == "8" || s == "16",

@@ -164,6 +164,10 @@ class CudaContext {
   // The most rows a Linear without a tactic runs on the GEMV (kGemvDefaultRows;
   // KILN_CUDA_GEMV_ROWS=1..8 for A/B runs and for tests of the GEMV at every row count).
   int gemv_rows() const { return gemv_rows_; }
+  // The most rows a Linear without a tactic runs on the tensor-core skinny GEMM (rows past
+  // gemv_rows(); kSkinnyDefaultRows; KILN_CUDA_SKINNY_ROWS=0..kSkinnyMaxRows for A/B runs, 0:
+  // none, cuBLASLt as before).
+  int skinny_rows() const { return skinny_rows_; }
   // KILN_CUDA_GEMV_NORM=0: a Linear's fused input norm runs as the norm kernel into scratch
   // memory before the GEMV too, instead of inside it (the unfused kernels, for A/B runs).
   bool use_gemv_norm() const { return use_gemv_norm_; }
@@ -285,6 +289,7 @@ class CudaContext {
   int gemv_warps_forced_ = 0;        // KILN_CUDA_GEMV_WARPS; 0: by the row count
   int gemv_norm_warps_ = 0;          // KILN_CUDA_GEMV_NORM_WARPS; 0: as gemv_warps_per_sm(1)
   int gemv_rows_ = kGemvDefaultRows;
+  int skinny_rows_ = kSkinnyDefaultRows;
   int attention_warps_ = 0;
   bool inexact_tactics_ = false;
   std::string device_name_;

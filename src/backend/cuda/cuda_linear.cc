@@ -1,5 +1,7 @@
 // Linear: decode's few rows on kiln's GEMV (gemv.cu), which streams the weights at HBM speed
-// where cuBLASLt's GEMMs spend 10-50 us on a single row; more rows on cuBLASLt:
+// where cuBLASLt's GEMMs spend 10-50 us on a single row; a batched decode step's rows (up to
+// kSkinnyMaxRows, fp16/bf16) on kiln's skinny tensor-core GEMM (skinny_gemm.cu), which starts
+// streaming its weights before the kernel before it ends; more rows on cuBLASLt:
 // y [n, out] = x [n, in] · w [out, in]^T (+ bias) (then the fused
 // activation). Row-major y is column-major y^T [out, n] = w · x^T, so A = w (transposed),
 // B = x. fp16/bf16 multiply with fp32 accumulation; fp32 stays fp32 unless the node allows TF32
@@ -7,9 +9,10 @@
 // type; the activation (and a bias of another type) is one elementwise kernel after the GEMM.
 // Which kernel and cuBLASLt algorithm run for n rows: the node's tactic for n, timed at build
 // time (time_linear_tactics, below; tactic_for_rows), or without one GEMV up to
-// kGemvDefaultRows (CudaContext::gemv_rows) and cuBLASLt's heuristic's first algorithm above. A
+// kGemvDefaultRows (CudaContext::gemv_rows), the skinny GEMM up to kSkinnyDefaultRows
+// (CudaContext::skinny_rows) and cuBLASLt's heuristic's first algorithm above. A
 // folded input norm (fuse_norm_linear) rides in a one-row GEMV, which sums the row while it streams
-// the weights and applies mean and 1 / std after the product; before other GEMVs and cuBLASLt GEMMs
+// the weights and applies mean and 1 / std after the product; before other GEMVs and GEMMs
 // the norm kernel (unit weight, no bias) writes the standardized rows to the node's scratch memory.
 #include <algorithm>
 #include <cmath>
@@ -263,7 +266,8 @@ class LinearKernel final : public CudaKernel {
     };
     std::vector<LinearTactic> out;
     for (int64_t n : rows) {
-      // The untuned choice (GEMV up to gemv_rows(), else the heuristic's first) is timed first
+      // The untuned choice (GEMV up to gemv_rows(), the skinny GEMM up to skinny_rows(), else
+      // the heuristic's first) is timed first
       // and kept unless another candidate beats it by kClearWin: one launch after an L2 flush is
       // a noisy measure (a 130 us lm_head GEMM timed faster here than the GEMV that runs faster
       // in real decode steps), so a tactic only overrides the default on a clear win.
@@ -278,7 +282,18 @@ class LinearKernel final : public CudaKernel {
                               return true;
                             })};
       }
-      if (gemv && n <= ctx_.gemv_rows()) timed.push_back(*gemv);
+      std::optional<LinearTactic> skinny;
+      if (skinny_applies(n, x.get(), w.raw())) {
+        const LinearTactic chosen{n, "skinny", "", 0.0f};
+        skinny = LinearTactic{n, "skinny", "", time([&] {
+                                run_rows(n, o, &chosen);
+                                return true;
+                              })};
+      }
+      const bool gemv_first = gemv && n <= ctx_.gemv_rows();
+      const bool skinny_first = !gemv_first && skinny && n <= ctx_.skinny_rows();
+      if (gemv_first) timed.push_back(*gemv);
+      if (skinny_first) timed.push_back(*skinny);
       const Plan& plan = plan_for(n, nullptr);
       for (const cublasLtMatmulAlgo_t& algo : plan.candidates) {
         const float us = time([&] {
@@ -289,7 +304,8 @@ class LinearKernel final : public CudaKernel {
         });
         if (std::isfinite(us)) timed.push_back({n, "cublaslt", algo_string(algo), us});
       }
-      if (gemv && n > ctx_.gemv_rows()) timed.push_back(*gemv);
+      if (gemv && !gemv_first) timed.push_back(*gemv);
+      if (skinny && !skinny_first) timed.push_back(*skinny);
       KILN_CHECK(!timed.empty(), "node '{}': no kernel ran a {} linear of [{}, {}] x [{}, {}]^T",
                  node_.name, dtype_name(dtype_), n, in_, out_, in_);
       const LinearTactic* fastest = &timed.front();
@@ -330,14 +346,23 @@ class LinearKernel final : public CudaKernel {
     void* gathered = nullptr;
   };
 
-  // n rows on the GEMV, which takes a folded norm itself where it can, or on cuBLASLt.
+  // n rows on the GEMV, which takes a folded norm itself where it can, on the skinny GEMM, which
+  // reads gathered rows itself, or on cuBLASLt.
   void run_rows(int64_t n, const Operands& o, const LinearTactic* tactic) {
     if (gemv_runs(n, o.x, o.w, tactic) && (!o.norm.on || ctx_.use_gemv_norm()) &&
         launch_gemv_for(n, o))
       return;
+    if (!o.norm.on && skinny_runs(n, o.x, o.w, tactic)) {
+      launch_skinny_for(n, o);
+      return;
+    }
     const Operands plain = standardize(n, gather(n, o));
     if (gemv_runs(n, plain.x, plain.w, tactic)) {
       launch_gemv_for(n, plain);
+      return;
+    }
+    if (skinny_runs(n, plain.x, plain.w, tactic)) {
+      launch_skinny_for(n, plain);
       return;
     }
     const Plan& plan = plan_for(n, tactic);
@@ -387,6 +412,39 @@ class LinearKernel final : public CudaKernel {
   bool gemv_runs(int64_t n, const void* x, const void* w, const LinearTactic* tactic) const {
     return n <= kGemvMaxRows && ctx_.use_gemv() && gemv_fits(float_type(dtype_), x, w, in_) &&
            (tactic != nullptr ? tactic->kernel == "gemv" : n <= ctx_.gemv_rows());
+  }
+
+  // Whether n rows can run on the skinny GEMM: fp16/bf16 operands that fit it, a bias (if any) of
+  // the activations' type.
+  bool skinny_applies(int64_t n, const void* x, const void* w) const {
+    return !bias_after_ && skinny_fits(float_type(dtype_), x, w, in_, n);
+  }
+  // Whether n rows run on it: it applies and the tactic for n chose it (without one: past
+  // gemv_rows(), up to skinny_rows()).
+  bool skinny_runs(int64_t n, const void* x, const void* w, const LinearTactic* tactic) const {
+    return skinny_applies(n, x, w) &&
+           (tactic != nullptr
+                ? tactic->kernel == "skinny"
+                : (n > ctx_.gemv_rows() || !ctx_.use_gemv()) && n <= ctx_.skinny_rows());
+  }
+
+  void launch_skinny_for(int64_t n, const Operands& o) {
+    SkinnyParams p{};
+    p.type = float_type(dtype_);
+    p.x = o.x;
+    p.w = o.w;
+    p.bias = o.bias ? o.bias->raw() : nullptr;
+    p.residual = o.residual;
+    p.y = o.y;
+    p.y32 = o.y32;
+    p.rows = n;
+    p.in = in_;
+    p.out = out_;
+    p.has_act = activation_.has_value();
+    p.act = act_fn(activation_.value_or(Activation::kRelu));
+    p.x_rows = o.x_rows;
+    p.sms = ctx_.multiprocessors();
+    launch_skinny(p, ctx_.kernel_stream());
   }
 
   // The tactic for n rows (tactic_for_rows); null without tactics.

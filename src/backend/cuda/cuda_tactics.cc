@@ -32,8 +32,7 @@ std::vector<int64_t> tactic_rows(const std::string& symbol, const ShapeProfile& 
 }
 
 std::string describe(const LinearTactic& t) {
-  return t.kernel == "gemv" ? fmt::format("{}: gemv {:.1f} us", t.rows, t.us)
-                            : fmt::format("{}: cublaslt {:.1f} us", t.rows, t.us);
+  return fmt::format("{}: {} {:.1f} us", t.rows, t.kernel, t.us);
 }
 
 }  // namespace

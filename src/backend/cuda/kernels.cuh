@@ -165,6 +165,31 @@ struct GemvParams {
 };
 // False, launching nothing, when p asks for a folded norm it cannot take (see norm).
 bool launch_gemv(const GemvParams& p, KernelStream stream);
+// The Linear of batched decode steps on tensor cores (skinny_gemm.cu): y [rows, out] =
+// act(round(x [rows, in] · w [out, in]^T + bias)) (+ residual [rows, out], rounded again, when
+// not null), fp16 or bf16 with fp32 accumulation, rows <= kSkinnyMaxRows; its first weights
+// stream before its programmatic-launch wait. skinny_fits says whether the operands allow it
+// (fp16/bf16, `in` a multiple of 32, 16-byte aligned x and w).
+inline constexpr int kSkinnyMaxRows = 64;
+inline constexpr int kSkinnyDefaultRows = 32;
+struct SkinnyParams {
+  FloatType type;
+  const void* x;
+  const void* w;
+  const void* bias;      // of `type`, or null
+  const void* residual;  // or null
+  void* y;
+  // Not null: y is not written; y32 [rows, out] gets each output rounded to `type`, as f32 (a
+  // widened Linear). No residual.
+  float* y32 = nullptr;
+  int64_t rows, in, out;
+  bool has_act = false;
+  ActFn act = ActFn::kRelu;
+  RowIndex x_rows;  // x's rows x_rows.index[r] instead of rows r (no residual)
+  int sms = 1;      // the GPU's multiprocessors (the grid's size)
+};
+bool skinny_fits(FloatType t, const void* x, const void* w, int64_t in, int64_t rows);
+void launch_skinny(const SkinnyParams& p, KernelStream stream);
 // y [rows, cols] = round(act(gate)) * up, gate's and up's rows `ld` elements apart (cols for
 // two inputs; 2 * cols for a packed gate | up, up = gate + cols)
 void launch_gated(ActFn act, FloatType t, const void* gate, const void* up, void* y, int64_t rows,

@@ -1,0 +1,215 @@
+// The Linear of batched decode steps on tensor cores: y [rows, out] = x [rows, in] · w [out, in]^T
+// for kGemvMaxRows < rows <= kSkinnyMaxRows, fp16 or bf16 with fp32 accumulation (mma.sync
+// m16n8k16). At 16 or 64 rows such a product still reads each weight once and does little with
+// it, so, as for the GEMV, its time is the time the weights take to stream from HBM, and the time
+// the chain of kernels waits for them: cuBLASLt's kernels (5-6 us for bloom-560m's 2-8 MB
+// matrices at 16 rows) launch without programmatic dependent launch and start loading only
+// when the kernel before them has ended. Here every warp loads its first weights before its
+// programmatic-launch wait, as the GEMV does.
+//
+// A block takes a tile of 8 NT features (weight rows) and all rows (MT tiles of 16); its 8 warps
+// share the tile's reduction: warp v takes k-steps v, v + 8, v + 16, ... of 32 elements. In a
+// k-step lane l loads the 16 bytes of weight row 8 n + l / 4 at elements 8 (l % 4) .. +7 and the
+// same 16 bytes of x rows l / 4 and l / 4 + 8: with the k order permuted alike in A and B
+// (elements 0-3 of each lane's eight for the first m16n8k16, 4-7 for the second), every operand
+// of the mma fragments comes from one 16-byte load, with no shuffles and no shared memory. The
+// warps' partial tiles meet in shared memory, added in warp order (a row's result does not
+// depend on the other rows or on their number); bias, activation and a fused residual ride on
+// the store, rounded as the GEMV rounds them. Grids larger than the SMs hold (the lm_head's
+// 250880 features) loop over tiles, each block loading its next tile's first weights before
+// the reduction of the current one, and reading x's rows (kept in L1) once per block.
+#include "backend/cuda/device_types.cuh"
+
+namespace kiln::cuda {
+namespace {
+
+constexpr int kWarps = 8;  // per block: they split a tile's k-steps
+// k-steps (32 elements) a warp loads per pass: kSteps<MT> NT weight loads in flight a lane; at four
+// row tiles two (at four, four tiles of x a k-step spilled registers).
+template <int MT>
+constexpr int kSteps = MT == 4 ? 2 : 4;
+constexpr int kBlocksPerSm = 2;  // the launch bounds (up to 128 registers a thread)
+
+// MT tiles of 16 rows, NT tiles of 8 features. x_rows.index not null: row r is x's row
+// x_rows.index[r] (the lm_head of a decode step).
+template <typename T, int MT, int NT>
+__global__ void __launch_bounds__(kWarps * 32, kBlocksPerSm)
+    skinny_kernel(const uint4* __restrict__ x, const uint4* __restrict__ w,
+                  const T* __restrict__ bias, const T* residual, T* y, float* y32, int rows,
+                  int64_t ksteps, int64_t out, int64_t tiles, bool has_act, ActFn act,
+                  RowIndex x_rows) {
+  constexpr int F = NT * 8, R = MT * 16;
+  constexpr int kThreads = kWarps * 32;
+  constexpr int kPer = (R * F + kThreads - 1) / kThreads;  // outputs a thread stores per tile
+  __shared__ float red[kWarps][R][F + 1];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
+  const int64_t chunks = ksteps * 4;  // 16-byte chunks of a row
+  const int64_t my_steps = ksteps > warp ? (ksteps - warp + kWarps - 1) / kWarps : 0;
+  const int64_t passes = (my_steps + kSteps<MT> - 1) / kSteps<MT>;
+  uint4 wv[kSteps<MT>][NT];
+  // The weights of a pass; features past `out` (the last tile) read row out - 1 and are never
+  // stored, k-steps past the warp's last load nothing.
+  auto load_weights = [&](int64_t tile, int64_t pass) {
+#pragma unroll
+    for (int u = 0; u < kSteps<MT>; ++u) {
+      const int64_t s = pass * kSteps<MT> + u;
+#pragma unroll
+      for (int n = 0; n < NT; ++n) {
+        const int64_t f = min(tile * F + n * 8 + g, out - 1);
+        wv[u][n] = s < my_steps ? __ldcs(w + f * chunks + (warp + s * kWarps) * 4 + q) : uint4{};
+      }
+    }
+  };
+  int64_t tile = blockIdx.x;
+  // Weights are constant: the first pass streams while the kernel before this one finishes.
+  load_weights(tile, 0);
+  pdl_wait();
+  pdl_trigger();
+  // This lane's x rows: g + 16 m and g + 8 + 16 m (null: past `rows`, or a bad gathered row,
+  // reported once: that step's results are not used).
+  const uint4* xr[MT][2];
+#pragma unroll
+  for (int m = 0; m < MT; ++m)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = m * 16 + h * 8 + g;
+      long long row = r < rows ? r : -1;
+      if (row >= 0 && x_rows.index != nullptr)
+        row = gathered_row(x_rows, r, kStatusGatherRow, blockIdx.x == 0 && warp == 0 && q == 0);
+      xr[m][h] = row >= 0 ? x + row * chunks : nullptr;
+    }
+  for (; tile < tiles; tile += gridDim.x) {
+    // The store's bias (constant) and residual (written before this kernel), in flight during
+    // the products.
+    float bias_v[kPer], res_v[kPer];
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) {
+      const int idx = threadIdx.x + i * kThreads, r = idx / F;
+      const int64_t f = tile * F + idx % F;
+      const bool stores = idx < R * F && r < rows && f < out;
+      bias_v[i] = stores && bias != nullptr ? to_float(bias[f]) : 0.0f;
+      res_v[i] = stores && residual != nullptr ? to_float(residual[r * out + f]) : 0.0f;
+    }
+    float acc[MT][NT][4];
+#pragma unroll
+    for (int m = 0; m < MT; ++m)
+#pragma unroll
+      for (int n = 0; n < NT; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[m][n][e] = 0.0f;
+    for (int64_t pass = 0; pass < passes; ++pass) {
+      if (pass > 0) load_weights(tile, pass);
+#pragma unroll
+      for (int u = 0; u < kSteps<MT>; ++u) {
+        const int64_t s = pass * kSteps<MT> + u;
+        if (s >= my_steps) break;
+        const int64_t at = (warp + s * kWarps) * 4 + q;
+        uint4 xa[MT][2];
+#pragma unroll
+        for (int m = 0; m < MT; ++m)
+#pragma unroll
+          for (int h = 0; h < 2; ++h)
+            xa[m][h] = xr[m][h] != nullptr ? __ldg(xr[m][h] + at) : uint4{};
+#pragma unroll
+        for (int m = 0; m < MT; ++m) {
+          // Elements 0-3 of the lane's eight: the first product's k columns 2q, 2q + 1 (A's and
+          // B's first registers) and 2q + 8, 2q + 9 (their second); 4-7 the second product's.
+          const uint32_t a_lo[4] = {xa[m][0].x, xa[m][1].x, xa[m][0].y, xa[m][1].y};
+          const uint32_t a_hi[4] = {xa[m][0].z, xa[m][1].z, xa[m][0].w, xa[m][1].w};
+#pragma unroll
+          for (int n = 0; n < NT; ++n) {
+            mma16816<T>(acc[m][n], a_lo, wv[u][n].x, wv[u][n].y);
+            mma16816<T>(acc[m][n], a_hi, wv[u][n].z, wv[u][n].w);
+          }
+        }
+      }
+    }
+    const int64_t next = tile + gridDim.x;
+    if (next < tiles) load_weights(next, 0);
+      // D fragments: lane l holds rows l / 4 and l / 4 + 8 at features 2 (l % 4) and 2 (l % 4) + 1.
+#pragma unroll
+    for (int m = 0; m < MT; ++m)
+#pragma unroll
+      for (int n = 0; n < NT; ++n) {
+        float* lo = &red[warp][m * 16 + g][n * 8 + 2 * q];
+        float* hi = &red[warp][m * 16 + g + 8][n * 8 + 2 * q];
+        lo[0] = acc[m][n][0];
+        lo[1] = acc[m][n][1];
+        hi[0] = acc[m][n][2];
+        hi[1] = acc[m][n][3];
+      }
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) {
+      const int idx = threadIdx.x + i * kThreads, r = idx / F, c = idx % F;
+      const int64_t f = tile * F + c;
+      if (idx >= R * F || r >= rows || f >= out) continue;
+      float v = 0.0f;
+#pragma unroll
+      for (int p = 0; p < kWarps; ++p) v += red[p][r][c];
+      if (bias != nullptr) v += bias_v[i];
+      v = round_as<T>(v);
+      if (has_act) v = apply_act(act, v);
+      const int64_t at = r * out + f;
+      // A fused residual add rounds like the Add it replaces: (residual + round(y)), rounded.
+      if (residual != nullptr) v = round_as<T>(v) + res_v[i];
+      if (y32 != nullptr)
+        y32[at] = round_as<T>(v);  // a widened output: the same value, stored as f32
+      else
+        y[at] = from_float<T>(v);
+    }
+    __syncthreads();
+  }
+}
+
+template <typename T, int MT>
+void launch_mt(const SkinnyParams& p, KernelStream stream) {
+  // The widest feature tile that still gives every SM a block (4 x 8 features at most; from two
+  // row tiles on two: with four the registers spilled 2 KB): fewer tiles read x fewer times from
+  // L2.
+  int nt = 1;
+  for (int c : {4, 2}) {
+    if (MT > 1 && c == 4) continue;
+    if ((p.out + 8 * c - 1) / (8 * c) >= p.sms) {
+      nt = c;
+      break;
+    }
+  }
+  const int64_t tiles = (p.out + 8 * nt - 1) / (8 * nt);
+  const auto blocks =
+      static_cast<unsigned>(std::min<int64_t>(tiles, static_cast<int64_t>(kBlocksPerSm) * p.sms));
+  auto go = [&](auto kernel) {
+    launch(kernel, blocks, kWarps * 32, 0, stream, static_cast<const uint4*>(p.x),
+           static_cast<const uint4*>(p.w), static_cast<const T*>(p.bias),
+           static_cast<const T*>(p.residual), static_cast<T*>(p.y), p.y32, static_cast<int>(p.rows),
+           p.in / 32, p.out, tiles, p.has_act, p.act, p.x_rows);
+  };
+  if constexpr (MT == 1)
+    if (nt == 4) return go(skinny_kernel<T, MT, 4>);
+  if (nt == 2) return go(skinny_kernel<T, MT, 2>);
+  go(skinny_kernel<T, MT, 1>);
+}
+
+template <typename T>
+void launch_t(const SkinnyParams& p, KernelStream stream) {
+  if (p.rows <= 16) return launch_mt<T, 1>(p, stream);
+  if (p.rows <= 32) return launch_mt<T, 2>(p, stream);
+  launch_mt<T, 4>(p, stream);
+}
+
+}  // namespace
+
+bool skinny_fits(FloatType t, const void* x, const void* w, int64_t in, int64_t rows) {
+  return t != FloatType::kF32 && rows > 0 && rows <= kSkinnyMaxRows && in > 0 && in % 32 == 0 &&
+         aligned16(x) && aligned16(w);
+}
+
+void launch_skinny(const SkinnyParams& p, KernelStream stream) {
+  if (p.rows <= 0 || p.out <= 0) return;
+  if (p.type == FloatType::kF16)
+    launch_t<__half>(p, stream);
+  else
+    launch_t<__nv_bfloat16>(p, stream);
+}
+
+}  // namespace kiln::cuda
