@@ -57,10 +57,9 @@ std::vector<NamedBackend> available_backends() {
                      /*batch_invariant=*/false});
     }
     // Again with the wide one-row GEMV for every one-row Linear (by default only a Linear run
-    // right after another one whose wide grid fills half the SMs: larger than these cases), and
-    // the skinny GEMM up to its most rows (kSkinnyMaxRows; by default up to 32).
+    // right after another one whose wide grid fills half the SMs: larger than these cases).
     {
-      const ScopedEnv wide("KILN_CUDA_GEMV_WIDE", "2"), skinny("KILN_CUDA_SKINNY_ROWS", "64");
+      const ScopedEnv wide("KILN_CUDA_GEMV_WIDE", "2");
       auto wide_ctx = std::make_unique<Context>(ContextOptions{LogLevel::kError, 1});
       auto backend = make_cuda_backend(*wide_ctx);
       out.push_back({"cuda-wide", std::move(wide_ctx), std::move(backend),

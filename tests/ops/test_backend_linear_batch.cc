@@ -80,9 +80,9 @@ TEST(BackendOps, LinearWithFusedResidualMatchesTheUnfusedGraph) {
       Graph fused = plain;
       EXPECT_EQ(fuse_linear_residual(fused, quiet), variant == 3 ? 0 : 1) << variant;
       verify_graph(fused);
-      // 1: the one-row GEMV (standard and wide instances); 16, 40: the skinny GEMM (40 with
-      // KILN_CUDA_SKINNY_ROWS=64, the cuda-skinny backend); 70: cuBLASLt.
-      for (int64_t n : {1, 3, 16, 40, 70}) {
+      // 1: the one-row GEMV (standard and wide instances); 16, 32: the skinny GEMM (cuBLASLt on
+      // the cuda-block-attention backend); 70: cuBLASLt.
+      for (int64_t n : {1, 3, 16, 32, 70}) {
         const std::map<std::string, Tensor> feed = {{"x", g.random({n, in}, -2, 2)},
                                                     {"r", g.random({n, out}, -2, 2)}};
         const ScenarioOutputs ref = run_scenario(*reference, one_step(plain, feed));
@@ -110,7 +110,8 @@ TEST(BackendOps, LinearWithFusedResidualMatchesTheUnfusedGraph) {
 // the GEMV cannot take, are standardized by the norm kernel first. One reader and two (T5's q,
 // k, v read one norm), with and without the Linear's bias, with a fused activation (BLOOM's
 // dense_h_to_4h), rows of small and of large mean (the one-row GEMV's sums must not cancel),
-// rows longer than one pass of the wide one-row GEMV's loads (8256);
+// rows longer than one pass of the wide one-row GEMV's loads (8256); the skinny GEMM's rows (16,
+// 32, after the norm kernel; 4500 features take its widest tiles);
 // a reader whose weight is shared (a tied lm_head) keeps its weight and takes gamma as its norm
 // scale (x * gamma on the fly); nothing is folded when the norm's output is also read elsewhere
 // (a graph output here).
@@ -123,7 +124,8 @@ TEST(BackendOps, LinearWithFoldedNormMatchesTheUnfusedGraph) {
   int compared = 0;
   for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16})
     for (bool layer : {true, false})
-      for (const Shape2 sh : {Shape2{256, 37}, Shape2{2048, 64}, Shape2{100, 20}, Shape2{8256, 12}})
+      for (const Shape2 sh :
+           {Shape2{256, 37}, Shape2{2048, 64}, Shape2{100, 20}, Shape2{8256, 12}, Shape2{64, 4500}})
         for (int variant = 0; variant < 4; ++variant) {
           const bool two_readers = variant == 1, also_output = variant == 2, shared = variant == 3;
           Gen g(dtype, dtype, static_cast<uint32_t>(sh.in + variant + (layer ? 7 : 0)));
@@ -153,7 +155,7 @@ TEST(BackendOps, LinearWithFoldedNormMatchesTheUnfusedGraph) {
             EXPECT_EQ(scaled, shared) << variant;
             EXPECT_EQ(fused.values[n.inputs[1]].name == "w", shared) << variant;
           }
-          for (int64_t n : {1, 3, 8, 70})
+          for (int64_t n : {1, 3, 8, 16, 32, 70})
             for (const float lo : {-3.0f, 200.0f}) {
               const std::map<std::string, Tensor> feed = {
                   {"x", g.random({n, sh.in}, lo, lo < 0 ? 5.0f : lo + 4.0f)}};

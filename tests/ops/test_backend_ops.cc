@@ -127,18 +127,18 @@ void add_linear_cases(std::vector<OpCase>& cases) {
   // takes its vector kernel.
   for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16})
     variants.push_back({33, 64, 96, true, Activation::kGeluTanh, dtype});
-  // The skinny GEMM's row tiles (16, 32, 64 rows; past 32 with KILN_CUDA_SKINNY_ROWS=64, the
-  // cuda-skinny backend), feature tiles of 8, 16 and 32, rows of 33 k-steps (the 8 warps' shares
-  // unequal, a pass cut short), and more tiles than the grid's blocks (8461 features: blocks
-  // loop over tiles).
+  // The skinny GEMM (9-32 rows): one and two row tiles, feature tiles of 8, 16 and 32, rows of
+  // 33 k-steps (the warps' shares unequal, a pass cut short), 16-warp blocks (more than 64
+  // k-steps: 66, and 130 in two passes), and more tiles than the grid's blocks (8461 features:
+  // blocks loop over tiles).
   for (DType dtype : kNarrowTypes) {
     variants.push_back({9, 1056, 37, false, std::nullopt, dtype});
     variants.push_back({16, 96, 70, true, Activation::kGeluTanh, dtype});
     variants.push_back({16, 64, 8461, true, std::nullopt, dtype});
     variants.push_back({20, 64, 8461, false, Activation::kRelu, dtype});
     variants.push_back({32, 256, 300, true, std::nullopt, dtype});
-    variants.push_back({64, 1056, 45, true, Activation::kGeluTanh, dtype});
-    variants.push_back({47, 128, 5000, false, std::nullopt, dtype});
+    variants.push_back({24, 2112, 45, true, Activation::kGeluTanh, dtype});
+    variants.push_back({12, 4160, 130, false, std::nullopt, dtype});
   }
   for (const LinearVariant& v : variants)
     cases.push_back(

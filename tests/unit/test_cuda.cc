@@ -92,7 +92,7 @@ TEST(Cuda, BadInputSwitchValuesAreRefused) {
       {"KILN_CUDA_GEMV_ROWS", "+3"},       {"KILN_CUDA_GEMV_WARPS", "0"},
       {"KILN_CUDA_GEMV_WARPS", ""},        {"KILN_CUDA_ATTN_WARPS", "3"},
       {"KILN_CUDA_GEMV_WIDE", "3"},        {"KILN_CUDA_GEMV_WIDE", "on"},
-      {"KILN_CUDA_SKINNY_ROWS", "65"},     {"KILN_CUDA_SKINNY_ROWS", "-1"},
+      {"KILN_CUDA_SKINNY_ROWS", "33"},     {"KILN_CUDA_SKINNY_ROWS", "-1"},
       {"KILN_CUDA_TACTICS_INEXACT", "yes"}};
   for (const auto& [name, value] : bad) {
     const test::ScopedEnv env(name, value);
@@ -109,7 +109,7 @@ TEST(Cuda, BadInputSwitchValuesAreRefused) {
       {"KILN_CUDA_GEMV_ROWS", "1"},      {"KILN_CUDA_GEMV_ROWS", "8"},
       {"KILN_CUDA_GEMV_WARPS", "16"},    {"KILN_CUDA_ATTN_WARPS", "8"},
       {"KILN_CUDA_GEMV_WIDE", "0"},      {"KILN_CUDA_GEMV_WIDE", "2"},
-      {"KILN_CUDA_SKINNY_ROWS", "0"},    {"KILN_CUDA_SKINNY_ROWS", "64"},
+      {"KILN_CUDA_SKINNY_ROWS", "0"},    {"KILN_CUDA_SKINNY_ROWS", "32"},
       {"KILN_CUDA_TACTICS_INEXACT", "1"}};
   for (const auto& [name, value] : good) {
     const test::ScopedEnv env(name, value);

@@ -291,9 +291,9 @@ class LinearKernel final : public CudaKernel {
                               })};
       }
       const bool gemv_first = gemv && n <= ctx_.gemv_rows();
-      const bool skinny_first = !gemv_first && skinny && n <= ctx_.skinny_rows();
+      const bool skinny_default = !gemv_first && skinny && skinny_first(n);
       if (gemv_first) timed.push_back(*gemv);
-      if (skinny_first) timed.push_back(*skinny);
+      if (skinny_default) timed.push_back(*skinny);
       const Plan& plan = plan_for(n, nullptr);
       for (const cublasLtMatmulAlgo_t& algo : plan.candidates) {
         const float us = time([&] {
@@ -305,7 +305,7 @@ class LinearKernel final : public CudaKernel {
         if (std::isfinite(us)) timed.push_back({n, "cublaslt", algo_string(algo), us});
       }
       if (gemv && !gemv_first) timed.push_back(*gemv);
-      if (skinny && !skinny_first) timed.push_back(*skinny);
+      if (skinny && !skinny_default) timed.push_back(*skinny);
       KILN_CHECK(!timed.empty(), "node '{}': no kernel ran a {} linear of [{}, {}] x [{}, {}]^T",
                  node_.name, dtype_name(dtype_), n, in_, out_, in_);
       const LinearTactic* fastest = &timed.front();
@@ -419,13 +419,14 @@ class LinearKernel final : public CudaKernel {
   bool skinny_applies(int64_t n, const void* x, const void* w) const {
     return !bias_after_ && skinny_fits(float_type(dtype_), x, w, in_, n);
   }
-  // Whether n rows run on it: it applies and the tactic for n chose it (without one: past
-  // gemv_rows(), up to skinny_rows()).
+  // Whether n rows run on it: it applies and the tactic for n chose it (without one, skinny_first).
   bool skinny_runs(int64_t n, const void* x, const void* w, const LinearTactic* tactic) const {
     return skinny_applies(n, x, w) &&
-           (tactic != nullptr
-                ? tactic->kernel == "skinny"
-                : (n > ctx_.gemv_rows() || !ctx_.use_gemv()) && n <= ctx_.skinny_rows());
+           (tactic != nullptr ? tactic->kernel == "skinny" : skinny_first(n));
+  }
+  // The untuned choice: past gemv_rows(), up to skinny_rows().
+  bool skinny_first(int64_t n) const {
+    return (n > ctx_.gemv_rows() || !ctx_.use_gemv()) && n <= ctx_.skinny_rows();
   }
 
   void launch_skinny_for(int64_t n, const Operands& o) {

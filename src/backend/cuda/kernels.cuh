@@ -170,7 +170,7 @@ bool launch_gemv(const GemvParams& p, KernelStream stream);
 // not null), fp16 or bf16 with fp32 accumulation, rows <= kSkinnyMaxRows; its first weights
 // stream before its programmatic-launch wait. skinny_fits says whether the operands allow it
 // (fp16/bf16, `in` a multiple of 32, 16-byte aligned x and w).
-inline constexpr int kSkinnyMaxRows = 64;
+inline constexpr int kSkinnyMaxRows = 32;
 inline constexpr int kSkinnyDefaultRows = 32;
 struct SkinnyParams {
   FloatType type;

@@ -1,39 +1,46 @@
 // The Linear of batched decode steps on tensor cores: y [rows, out] = x [rows, in] · w [out, in]^T
 // for kGemvMaxRows < rows <= kSkinnyMaxRows, fp16 or bf16 with fp32 accumulation (mma.sync
-// m16n8k16). At 16 or 64 rows such a product still reads each weight once and does little with
-// it, so, as for the GEMV, its time is the time the weights take to stream from HBM, and the time
-// the chain of kernels waits for them: cuBLASLt's kernels (5-6 us for bloom-560m's 2-8 MB
-// matrices at 16 rows) launch without programmatic dependent launch and start loading only
-// when the kernel before them has ended. Here every warp loads its first weights before its
+// m16n8k16). At 16 rows such a product still reads each weight once and does little with it, so,
+// as for the GEMV, its time is the time the weights take to stream from HBM, and the time the
+// chain of kernels waits for them: cuBLASLt's kernels (5-6 us for bloom-560m's 2-8 MB matrices
+// at 16 rows) launch without programmatic dependent launch and start loading only when the
+// kernel before them has ended. Here every warp loads its first weights before its
 // programmatic-launch wait, as the GEMV does.
 //
-// A block takes a tile of 8 NT features (weight rows) and all rows (MT tiles of 16); its 8 warps
-// share the tile's reduction: warp v takes k-steps v, v + 8, v + 16, ... of 32 elements. In a
+// A block takes a tile of 8 NT features (weight rows) and all rows (MT tiles of 16); its 8 or 16
+// warps share the tile's reduction: warp v takes k-steps v, v + warps, ... of 32 elements. In a
 // k-step lane l loads the 16 bytes of weight row 8 n + l / 4 at elements 8 (l % 4) .. +7 and the
 // same 16 bytes of x rows l / 4 and l / 4 + 8: with the k order permuted alike in A and B
 // (elements 0-3 of each lane's eight for the first m16n8k16, 4-7 for the second), every operand
 // of the mma fragments comes from one 16-byte load, with no shuffles and no shared memory. The
 // warps' partial tiles meet in shared memory, added in warp order (a row's result does not
 // depend on the other rows or on their number); bias, activation and a fused residual ride on
-// the store, rounded as the GEMV rounds them. Grids larger than the SMs hold (the lm_head's
-// 250880 features) loop over tiles, each block loading its next tile's first weights before
-// the reduction of the current one, and reading x's rows (kept in L1) once per block.
+// the store, rounded as the GEMV rounds them (a folded input norm runs as the norm kernel
+// before it: taken inside, from each row's statistics gathered first, it made bloom-560m's
+// batch-16 step 0.86 -> 0.92 ms). Grids larger than the SMs hold (the
+// lm_head's 250880 features) loop over tiles, each block loading its next tile's first weights
+// before the reduction of the current one, and reading x's rows (kept in L1) once per block.
+// At 64 rows a block per tile reads all of x per tile, 3-8 times the weights' bytes from L2:
+// slower than cuBLASLt (bloom-560m's batch-64 step 1.38 -> 1.82 ms), hence kSkinnyMaxRows.
 #include "backend/cuda/device_types.cuh"
 
 namespace kiln::cuda {
 namespace {
 
-constexpr int kWarps = 8;  // per block: they split a tile's k-steps
-// k-steps (32 elements) a warp loads per pass: kSteps<MT> NT weight loads in flight a lane; at four
-// row tiles two (at four, four tiles of x a k-step spilled registers).
-template <int MT>
-constexpr int kSteps = MT == 4 ? 2 : 4;
-constexpr int kBlocksPerSm = 2;  // the launch bounds (up to 128 registers a thread)
+// k-steps (32 elements) a warp loads per pass: kSteps NT weight loads in flight a lane (eight
+// with one feature tile).
+template <int NT>
+constexpr int kSteps = NT == 1 ? 8 : 4;
+// A block's warps split its tile's k-steps: 8, or 16 where 8 would each take more than one pass
+// (bloom-560m's dense_4h_to_h, 4096 inputs, at 16 rows: 128 blocks; with 8 warps the second
+// pass's loads left after the first's products, and it held the chain 7.8 us for its 8 MB).
+// Launch bounds: 512 threads an SM (two blocks of 8 warps, one of 16), up to 128 registers.
+constexpr int kThreadsPerSm = 512;
 
-// MT tiles of 16 rows, NT tiles of 8 features. x_rows.index not null: row r is x's row
-// x_rows.index[r] (the lm_head of a decode step).
-template <typename T, int MT, int NT>
-__global__ void __launch_bounds__(kWarps * 32, kBlocksPerSm)
+// MT tiles of 16 rows, NT tiles of 8 features, kWarps warps. x_rows.index not null: row r is x's
+// row x_rows.index[r] (the lm_head of a decode step).
+template <typename T, int MT, int NT, int kWarps>
+__global__ void __launch_bounds__(kWarps * 32, kThreadsPerSm / (kWarps * 32))
     skinny_kernel(const uint4* __restrict__ x, const uint4* __restrict__ w,
                   const T* __restrict__ bias, const T* residual, T* y, float* y32, int rows,
                   int64_t ksteps, int64_t out, int64_t tiles, bool has_act, ActFn act,
@@ -45,14 +52,14 @@ __global__ void __launch_bounds__(kWarps * 32, kBlocksPerSm)
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
   const int64_t chunks = ksteps * 4;  // 16-byte chunks of a row
   const int64_t my_steps = ksteps > warp ? (ksteps - warp + kWarps - 1) / kWarps : 0;
-  const int64_t passes = (my_steps + kSteps<MT> - 1) / kSteps<MT>;
-  uint4 wv[kSteps<MT>][NT];
+  const int64_t passes = (my_steps + kSteps<NT> - 1) / kSteps<NT>;
+  uint4 wv[kSteps<NT>][NT];
   // The weights of a pass; features past `out` (the last tile) read row out - 1 and are never
   // stored, k-steps past the warp's last load nothing.
   auto load_weights = [&](int64_t tile, int64_t pass) {
 #pragma unroll
-    for (int u = 0; u < kSteps<MT>; ++u) {
-      const int64_t s = pass * kSteps<MT> + u;
+    for (int u = 0; u < kSteps<NT>; ++u) {
+      const int64_t s = pass * kSteps<NT> + u;
 #pragma unroll
       for (int n = 0; n < NT; ++n) {
         const int64_t f = min(tile * F + n * 8 + g, out - 1);
@@ -65,19 +72,21 @@ __global__ void __launch_bounds__(kWarps * 32, kBlocksPerSm)
   load_weights(tile, 0);
   pdl_wait();
   pdl_trigger();
-  // This lane's x rows: g + 16 m and g + 8 + 16 m (null: past `rows`, or a bad gathered row,
-  // reported once: that step's results are not used).
+  // Row r of the product (null: past `rows`, or a bad gathered row, reported once: that step's
+  // results are not used).
+  auto row_of = [&](int r, bool reporter) -> const uint4* {
+    long long row = r < rows ? r : -1;
+    if (row >= 0 && x_rows.index != nullptr)
+      row = gathered_row(x_rows, r, kStatusGatherRow, reporter);
+    return row >= 0 ? x + row * chunks : nullptr;
+  };
+  // This lane's x rows: g + 16 m and g + 8 + 16 m.
   const uint4* xr[MT][2];
 #pragma unroll
   for (int m = 0; m < MT; ++m)
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int r = m * 16 + h * 8 + g;
-      long long row = r < rows ? r : -1;
-      if (row >= 0 && x_rows.index != nullptr)
-        row = gathered_row(x_rows, r, kStatusGatherRow, blockIdx.x == 0 && warp == 0 && q == 0);
-      xr[m][h] = row >= 0 ? x + row * chunks : nullptr;
-    }
+    for (int h = 0; h < 2; ++h)
+      xr[m][h] = row_of(m * 16 + h * 8 + g, blockIdx.x == 0 && warp == 0 && q == 0);
   for (; tile < tiles; tile += gridDim.x) {
     // The store's bias (constant) and residual (written before this kernel), in flight during
     // the products.
@@ -100,8 +109,8 @@ __global__ void __launch_bounds__(kWarps * 32, kBlocksPerSm)
     for (int64_t pass = 0; pass < passes; ++pass) {
       if (pass > 0) load_weights(tile, pass);
 #pragma unroll
-      for (int u = 0; u < kSteps<MT>; ++u) {
-        const int64_t s = pass * kSteps<MT> + u;
+      for (int u = 0; u < kSteps<NT>; ++u) {
+        const int64_t s = pass * kSteps<NT> + u;
         if (s >= my_steps) break;
         const int64_t at = (warp + s * kWarps) * 4 + q;
         uint4 xa[MT][2];
@@ -162,39 +171,47 @@ __global__ void __launch_bounds__(kWarps * 32, kBlocksPerSm)
   }
 }
 
-template <typename T, int MT>
-void launch_mt(const SkinnyParams& p, KernelStream stream) {
-  // The widest feature tile that still gives every SM a block (4 x 8 features at most; from two
-  // row tiles on two: with four the registers spilled 2 KB): fewer tiles read x fewer times from
-  // L2.
-  int nt = 1;
+// The widest feature tile (of NT x 8 features) that still gives every SM a block (4 at most;
+// at two row tiles, two: with four the registers spilled 2 KB): fewer tiles read x fewer times
+// from L2.
+int feature_tiles(int64_t rows, int64_t out, int sms) {
   for (int c : {4, 2}) {
-    if (MT > 1 && c == 4) continue;
-    if ((p.out + 8 * c - 1) / (8 * c) >= p.sms) {
-      nt = c;
-      break;
-    }
+    if (rows > 16 && c == 4) continue;
+    if ((out + 8 * c - 1) / (8 * c) >= sms) return c;
   }
-  const int64_t tiles = (p.out + 8 * nt - 1) / (8 * nt);
-  const auto blocks =
-      static_cast<unsigned>(std::min<int64_t>(tiles, static_cast<int64_t>(kBlocksPerSm) * p.sms));
+  return 1;
+}
+
+template <typename T, int MT, int NT>
+void launch_nt(const SkinnyParams& p, KernelStream stream) {
+  const int64_t tiles = (p.out + 8 * NT - 1) / (8 * NT), ksteps = p.in / 32;
+  const int warps = ksteps > 8 * kSteps<NT> ? 16 : 8;
+  // At most the blocks the SMs hold at once; larger grids loop over the tiles.
+  const int64_t most = static_cast<int64_t>(kThreadsPerSm / (warps * 32)) * p.sms;
+  const auto blocks = static_cast<unsigned>(std::min<int64_t>(tiles, most));
   auto go = [&](auto kernel) {
-    launch(kernel, blocks, kWarps * 32, 0, stream, static_cast<const uint4*>(p.x),
+    launch(kernel, blocks, warps * 32, 0, stream, static_cast<const uint4*>(p.x),
            static_cast<const uint4*>(p.w), static_cast<const T*>(p.bias),
            static_cast<const T*>(p.residual), static_cast<T*>(p.y), p.y32, static_cast<int>(p.rows),
-           p.in / 32, p.out, tiles, p.has_act, p.act, p.x_rows);
+           ksteps, p.out, tiles, p.has_act, p.act, p.x_rows);
   };
+  if (warps == 16) return go(skinny_kernel<T, MT, NT, 16>);
+  go(skinny_kernel<T, MT, NT, 8>);
+}
+
+template <typename T, int MT>
+void launch_mt(const SkinnyParams& p, KernelStream stream) {
+  const int nt = feature_tiles(p.rows, p.out, p.sms);
   if constexpr (MT == 1)
-    if (nt == 4) return go(skinny_kernel<T, MT, 4>);
-  if (nt == 2) return go(skinny_kernel<T, MT, 2>);
-  go(skinny_kernel<T, MT, 1>);
+    if (nt == 4) return launch_nt<T, MT, 4>(p, stream);
+  if (nt == 2) return launch_nt<T, MT, 2>(p, stream);
+  launch_nt<T, MT, 1>(p, stream);
 }
 
 template <typename T>
 void launch_t(const SkinnyParams& p, KernelStream stream) {
   if (p.rows <= 16) return launch_mt<T, 1>(p, stream);
-  if (p.rows <= 32) return launch_mt<T, 2>(p, stream);
-  launch_mt<T, 4>(p, stream);
+  launch_mt<T, 2>(p, stream);
 }
 
 }  // namespace
