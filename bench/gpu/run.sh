@@ -4,7 +4,8 @@
 # transformers (eager) on the same weights, logs and a JSON summary in $OUT; batch-1 A/B runs
 # without CUDA graphs, without kiln's GEMV, without its wide one-row instance and without
 # programmatic dependent launch (KILN_CUDA_GRAPHS=0, KILN_CUDA_GEMV=0, KILN_CUDA_GEMV_WIDE=0,
-# KILN_CUDA_PDL=0) and without run-ahead (KILN_RUN_AHEAD=0), and each step's GPU time; the
+# KILN_CUDA_PDL=0) and without run-ahead (KILN_RUN_AHEAD=0), batch 16 without the skinny GEMM
+# (KILN_CUDA_SKINNY_ROWS=0), and each step's GPU time; the
 # real-size logits check against HF fp32 (bench/gpu/hf_real_logits.py + the CudaRealSize test);
 # plans built with --no-tune (build-time tactic selection off); a long-context run with and
 # without split-sequence attention (KILN_CUDA_SPLIT=0).
@@ -60,6 +61,10 @@ bench_model() {  # preset family synth-dtype precision
     env "$ab=0" "$KILN" bench --plan "$plan" --input-len 78 --output-len 100 --runs "$RUNS" \
       --batch 1 2>&1 | grep -E "^ +[0-9]" >>"$LOG"
   done
+  # The skinny GEMM's worth at batch 16: its rows on cuBLASLt instead.
+  echo "== A/B $preset $prec batch 16 with KILN_CUDA_SKINNY_ROWS=0" >>"$LOG"
+  KILN_CUDA_SKINNY_ROWS=0 "$KILN" bench --plan "$plan" --input-len 78 --output-len 100 \
+    --runs "$RUNS" --batch 16 2>&1 | grep -E "^ +[0-9]" >>"$LOG"
   # A decode step's GPU time (CUDA events around its graph launch) beside the wall time.
   echo "== step profile $preset $prec batch 1" >>"$LOG"
   KILN_CUDA_PROFILE=steps "$KILN" -v bench --plan "$plan" --input-len 78 --output-len 100 \
