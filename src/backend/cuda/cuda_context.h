@@ -165,8 +165,8 @@ class CudaContext {
   // KILN_CUDA_GEMV_ROWS=1..8 for A/B runs and for tests of the GEMV at every row count).
   int gemv_rows() const { return gemv_rows_; }
   // The most rows a Linear without a tactic runs on the tensor-core skinny GEMM (rows past
-  // gemv_rows(); kSkinnyDefaultRows; KILN_CUDA_SKINNY_ROWS=0..kSkinnyMaxRows for A/B runs, 0:
-  // none, cuBLASLt as before).
+  // gemv_rows(); kSkinnyDefaultRows; KILN_CUDA_SKINNY_ROWS=0..kSkinnyMaxRows for A/B runs). 0:
+  // never, whatever the plan's tactics chose (cuBLASLt as before), and tactic timing skips it.
   int skinny_rows() const { return skinny_rows_; }
   // KILN_CUDA_GEMV_NORM=0: a Linear's fused input norm runs as the norm kernel into scratch
   // memory before the GEMV too, instead of inside it (the unfused kernels, for A/B runs).

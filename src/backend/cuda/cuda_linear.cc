@@ -283,7 +283,7 @@ class LinearKernel final : public CudaKernel {
                             })};
       }
       std::optional<LinearTactic> skinny;
-      if (skinny_applies(n, x.get(), w.raw())) {
+      if (ctx_.skinny_rows() > 0 && skinny_applies(n, x.get(), w.raw())) {
         const LinearTactic chosen{n, "skinny", "", 0.0f};
         skinny = LinearTactic{n, "skinny", "", time([&] {
                                 run_rows(n, o, &chosen);
@@ -419,9 +419,10 @@ class LinearKernel final : public CudaKernel {
   bool skinny_applies(int64_t n, const void* x, const void* w) const {
     return !bias_after_ && skinny_fits(float_type(dtype_), x, w, in_, n);
   }
-  // Whether n rows run on it: it applies and the tactic for n chose it (without one, skinny_first).
+  // Whether n rows run on it: it applies, it is not switched off (KILN_CUDA_SKINNY_ROWS=0) and
+  // the tactic for n chose it (without one, skinny_first).
   bool skinny_runs(int64_t n, const void* x, const void* w, const LinearTactic* tactic) const {
-    return skinny_applies(n, x, w) &&
+    return ctx_.skinny_rows() > 0 && skinny_applies(n, x, w) &&
            (tactic != nullptr ? tactic->kernel == "skinny" : skinny_first(n));
   }
   // The untuned choice: past gemv_rows(), up to skinny_rows().
