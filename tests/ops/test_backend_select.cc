@@ -152,10 +152,22 @@ TEST(BackendOps, ArgmaxRowsFlagsInDeviceMemoryPastTheMask) { check_argmax_many_r
 // The device argmax is one kernel: each row's last block to finish reduces the row, found by a
 // counter per row that it leaves at zero for the next launch. Launches of other row and chunk
 // counts in between (a row counter of one launch is another row's of the next) must not leave a
-// count behind: every launch's ids against a host scan.
+// count behind: every launch's ids against a host scan. Rows of whole 16-byte vectors take the
+// kernel's vector loads, others its value-by-value ones.
 TEST(BackendOps, ArgmaxRowsRepeatedWithOtherShapes) {
   const std::vector<std::pair<int64_t, int64_t>> shapes = {
-      {3, 9000}, {7, 4096}, {1, 250880}, {3, 9000}, {12, 5000}, {7, 4096}, {1, 250880}};
+      {3, 9000},
+      {7, 4096},
+      {1, 250880},
+      {3, 9000},
+      {12, 5000},
+      {7, 4096},
+      {1, 250880},
+      // Rows that do not start 16-byte aligned (the kernel's value-by-value loads): one chunk,
+      // three, two (the second of 2 columns).
+      {5, 4099},
+      {3, 16390},
+      {2, 8194}};
   Gen g(DType::kF32, DType::kF32, 31);
   int checked = 0;
   for (NamedBackend& nb : available_backends()) {
