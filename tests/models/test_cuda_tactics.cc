@@ -85,6 +85,55 @@ TEST(CudaTactics, BuildTimesEveryLinearAndThePlanKeepsTheChoice) {
   }
 }
 
+// fp16 plans: where the skinny GEMM is the untuned choice (9-32 rows of fp16/bf16 Linears whose
+// inputs are whole 32-element steps) the tactic is the skinny GEMM, kept untimed, and 32 rows
+// have a tactic of their own (steps of 17-32 rows would otherwise take the 64-row bucket's); a
+// batch of nine prompts (nine decode rows) generates with the tuned plan what it does untuned.
+TEST(CudaTactics, Fp16PlansKeepTheSkinnyGemmForBatchedDecode) {
+  if (!gpu_visible()) GTEST_SKIP() << "no GPU visible: tactics are timed on the GPU machine";
+  Context ctx(ContextOptions{LogLevel::kWarning, 2});
+  BuildOptions o;
+  o.device = Device::kCuda;
+  o.precision = Precision::kFp16;
+  ModelIR model = build_model(fixture("bloom-tiny"), o, ctx.log());
+  const ModelIR untuned = model;
+  select_tactics(model, ctx);
+  int skinny = 0;
+  const auto bound = model.profile.bucket_bindings(model.profile.token_buckets.back());
+  for (const Graph& g : model.graphs)
+    for (const Node& n : g.nodes) {
+      if (n.op != OpKind::kLinear) continue;
+      const Value& w = g.values[n.inputs[1]];
+      if (w.dtype != DType::kF16 || w.shape[1].value % 32 != 0) continue;
+      const Dim& rows = g.values[n.outputs[0]].shape[0];
+      if (!rows.is_symbolic() || bound.at(rows.symbol) < 32) continue;
+      bool has32 = false;
+      for (const LinearTactic& t : n.attr<LinearAttrs>().tactics) {
+        has32 |= t.rows == 32;
+        if (t.rows > 8 && t.rows <= 32) {
+          EXPECT_EQ(t.kernel, "skinny") << n.name << " at " << t.rows << " rows";
+          ++skinny;
+        }
+      }
+      EXPECT_TRUE(has32) << n.name;
+    }
+  EXPECT_GT(skinny, 0);
+  CompiledModel tuned(ctx, std::move(model)), plain(ctx, untuned);
+  const SafetensorsFile ref = SafetensorsFile::open(fixture("bloom-tiny/reference.safetensors"));
+  std::vector<std::vector<int64_t>> prompts;
+  for (int c = 0; c < 9; ++c)
+    prompts.push_back(ids_of(ref.tensors().at("case" + std::to_string(c) + ".input_ids")));
+  GenerationParams p;
+  p.max_new_tokens = 12;
+  SchedulerOptions so;
+  so.max_batch = 16;
+  Scheduler a(tuned, so), b(plain, so);
+  const std::vector<GenerationResult> got = a.generate(prompts, p), want = b.generate(prompts, p);
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i)
+    EXPECT_EQ(got[i].output_ids, want[i].output_ids) << "case " << i;
+}
+
 // A plan whose algorithms were timed by another cuBLASLt (or are garbage) still runs: each Linear
 // falls back to the heuristic's algorithm, with the same results.
 TEST(CudaTactics, AlgorithmsOfAnotherCublasLtFallBackToTheHeuristic) {

@@ -127,10 +127,11 @@ void add_linear_cases(std::vector<OpCase>& cases) {
   // takes its vector kernel.
   for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16})
     variants.push_back({33, 64, 96, true, Activation::kGeluTanh, dtype});
-  // The skinny GEMM (9-32 rows): one and two row tiles, feature tiles of 8, 16 and 32, rows of
-  // 33 k-steps (the warps' shares unequal, a pass cut short), 16-warp blocks (more than 64
-  // k-steps: 66, and 130 in two passes), and more tiles than the grid's blocks (8461 features:
-  // blocks loop over tiles).
+  // The skinny GEMM (9-32 rows): one and two row tiles, feature tiles of 8, 16 and 32 (on a
+  // 132-SM GPU: the widest with a tile for every SM), rows of 33 k-steps (the warps' shares
+  // unequal, a pass cut short), 16-warp blocks (more than 8 warps' one pass: 66 and 65 k-steps,
+  // and 130 in two or three passes) at each tile width, and more tiles than the grid's blocks
+  // (8461 features: blocks loop over tiles).
   for (DType dtype : kNarrowTypes) {
     variants.push_back({9, 1056, 37, false, std::nullopt, dtype});
     variants.push_back({16, 96, 70, true, Activation::kGeluTanh, dtype});
@@ -139,6 +140,10 @@ void add_linear_cases(std::vector<OpCase>& cases) {
     variants.push_back({32, 256, 300, true, std::nullopt, dtype});
     variants.push_back({24, 2112, 45, true, Activation::kGeluTanh, dtype});
     variants.push_back({12, 4160, 130, false, std::nullopt, dtype});
+    variants.push_back({16, 64, 3000, true, std::nullopt, dtype});
+    variants.push_back({10, 2080, 3000, false, std::nullopt, dtype});
+    variants.push_back({16, 2080, 4300, true, Activation::kGeluTanh, dtype});
+    variants.push_back({20, 4160, 2200, false, std::nullopt, dtype});
   }
   for (const LinearVariant& v : variants)
     cases.push_back(

@@ -110,8 +110,9 @@ TEST(BackendOps, TopKRowsAtTheLargestK) {
 // The greedy argmax over many rows: the rows' ban flags travel as bits of the kernel's
 // parameters up to RowMask::kRows rows (words of 64: rows 63, 64, 127 and 128 on both sides of a
 // boundary) and as device bytes beyond. Against a host scan.
-void check_argmax_many_rows(int64_t rows, uint32_t seed) {
-  const int64_t cols = 4100;  // two chunks of the device kernel, the second of 4 columns
+// `cols`: 8200 is two chunks of the device kernel (8192 f32 columns), the second of 8 columns;
+// 8195 the same in rows not 16-byte aligned (its value-by-value loads).
+void check_argmax_many_rows(int64_t rows, int64_t cols, uint32_t seed) {
   Gen g(DType::kF32, DType::kF32, seed);
   std::vector<float> v = g.floats(rows * cols, -6, 6);
   std::vector<uint8_t> flagged(static_cast<size_t>(rows), 0);
@@ -145,9 +146,15 @@ void check_argmax_many_rows(int64_t rows, uint32_t seed) {
   if (checked == 0) GTEST_SKIP() << "no backend here computes argmax on a device (CUDA does)";
 }
 
-TEST(BackendOps, ArgmaxRowsFlagsAsBitsAcrossWordBoundaries) { check_argmax_many_rows(130, 21); }
+TEST(BackendOps, ArgmaxRowsFlagsAsBitsAcrossWordBoundaries) {
+  check_argmax_many_rows(130, 8200, 21);
+}
 
-TEST(BackendOps, ArgmaxRowsFlagsInDeviceMemoryPastTheMask) { check_argmax_many_rows(600, 22); }
+TEST(BackendOps, ArgmaxRowsFlagsInDeviceMemoryPastTheMask) {
+  check_argmax_many_rows(600, 8200, 22);
+}
+
+TEST(BackendOps, ArgmaxRowsBansOnUnalignedRows) { check_argmax_many_rows(70, 8195, 23); }
 
 // The device argmax is one kernel: each row's last block to finish reduces the row, found by a
 // counter per row that it leaves at zero for the next launch. Launches of other row and chunk

@@ -148,7 +148,8 @@ class CudaContext {
   // events around the step's launches) beside its wall time in execute().
   bool profile() const { return profile_; }
   bool profile_steps() const { return profile_steps_; }
-  // KILN_CUDA_GEMV=0: few-row Linears run on cuBLASLt too instead of kiln's GEMV (for A/B runs).
+  // KILN_CUDA_GEMV=0: few-row Linears run on cuBLASLt too instead of kiln's GEMV (for A/B runs;
+  // the skinny GEMM's rows are KILN_CUDA_SKINNY_ROWS's).
   bool use_gemv() const { return use_gemv_; }
   // KILN_CUDA_GRAPHS=0: decode steps are launched kernel by kernel instead of replayed from a
   // captured CUDA graph (for A/B runs and debugging).

@@ -267,7 +267,7 @@ class LinearKernel final : public CudaKernel {
     std::vector<LinearTactic> out;
     for (int64_t n : rows) {
       // The untuned choice (GEMV up to gemv_rows(), else the heuristic's first; the skinny GEMM,
-      // up to skinny_rows(), is kept, below) is timed first
+      // from 9 rows up to skinny_rows(), is kept, below) is timed first
       // and kept unless another candidate beats it by kClearWin: one launch after an L2 flush is
       // a noisy measure (a 130 us lm_head GEMM timed faster here than the GEMV that runs faster
       // in real decode steps), so a tactic only overrides the default on a clear win.
@@ -432,10 +432,10 @@ class LinearKernel final : public CudaKernel {
     return ctx_.skinny_rows() > 0 && skinny_applies(n, x, w) &&
            (tactic != nullptr ? tactic->kernel == "skinny" : skinny_first(n));
   }
-  // The untuned choice: past gemv_rows(), up to skinny_rows().
-  bool skinny_first(int64_t n) const {
-    return (n > ctx_.gemv_rows() || !ctx_.use_gemv()) && n <= ctx_.skinny_rows();
-  }
+  // The untuned choice: past the GEMV's rows (kGemvMaxRows), up to skinny_rows(). (Rows 6-8
+  // stay on cuBLASLt untuned and timed against the GEMV and the skinny GEMM in tuned plans:
+  // the skinny GEMM is measured at 16 rows, not there.)
+  bool skinny_first(int64_t n) const { return n > kGemvMaxRows && n <= ctx_.skinny_rows(); }
 
   void launch_skinny_for(int64_t n, const Operands& o) {
     SkinnyParams p{};

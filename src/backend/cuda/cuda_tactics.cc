@@ -15,9 +15,10 @@ namespace {
 
 // Row counts a Linear over `symbol` rows meets: decode's few rows (where GEMV competes with
 // cuBLASLt; 3 and 5 too, where the GEMV at 8 warps an SM measured faster in real steps than the
-// choice timed at 4 and 8 rows) and each workspace bucket's bound.
+// choice timed at 4 and 8 rows), the skinny GEMM's most (kSkinnyMaxRows: a step of 17-32 rows
+// would otherwise take the 64-row bucket's tactic, cuBLASLt) and each workspace bucket's bound.
 std::vector<int64_t> tactic_rows(const std::string& symbol, const ShapeProfile& profile) {
-  std::vector<int64_t> rows = {1, 2, 3, 4, 5, 8};
+  std::vector<int64_t> rows = {1, 2, 3, 4, 5, 8, kSkinnyMaxRows};
   for (int64_t bucket : profile.token_buckets) {
     const auto bound = profile.bucket_bindings(bucket);
     const auto it = bound.find(symbol);

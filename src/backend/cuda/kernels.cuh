@@ -119,13 +119,14 @@ struct RowIndex {
 // about `warps_per_sm` warps each.
 inline constexpr int kGemvMaxRows = 8;
 // Without a tactic (plans built with --no-tune, or row counts no tactic covers) a Linear of up
-// to this many rows runs on the GEMV, more on cuBLASLt. The GEMV's cost grows with its rows
+// to this many rows runs on the GEMV, 6-8 on cuBLASLt (9-32 on the skinny GEMM, below, where it
+// applies). The GEMV's cost grows with its rows
 // (each row's sums in registers: fewer blocks an SM; at 6 rows one block). On the H200, untuned
 // decode steps at batch 4 / 5 / 6 / 8 took 0.95 / 1.07 / 1.65 / 2.06 ms on the GEMV (8 warps an SM
 // from two rows, gemv_warps_per_sm) and 1.16 / 1.13 / 1.15 / 1.11 on cuBLASLt (bloom-560m;
 // flan-t5-large 1.18 / 1.32 / 1.79 / 2.31 against 1.43 / 1.50 / 1.53 / 1.30;
 // bench/gpu/h200-2026-12-01w-gemv-warps-rows-ab.log, -01w-gemv-rows-5-6.log). Tuned plans time
-// both at 1, 2, 3, 4, 5 and 8 rows.
+// both (and the skinny GEMM) at 1, 2, 3, 4, 5 and 8 rows.
 inline constexpr int kGemvDefaultRows = 5;
 bool gemv_fits(FloatType t, const void* x, const void* w, int64_t in);
 int gemv_split(FloatType t, int64_t in, int64_t out, int sms, int warps_per_sm);

@@ -1,8 +1,8 @@
 // The Linear of batched decode steps on tensor cores: y [rows, out] = x [rows, in] · w [out, in]^T
-// for kGemvMaxRows < rows <= kSkinnyMaxRows, fp16 or bf16 with fp32 accumulation (mma.sync
-// m16n8k16). At 16 rows such a product still reads each weight once and does little with it, so,
-// as for the GEMV, its time is the time the weights take to stream from HBM, and the time the
-// chain of kernels waits for them: cuBLASLt's kernels (5-6 us for bloom-560m's 2-8 MB matrices
+// for up to kSkinnyMaxRows rows (untuned plans: 9-32), fp16 or bf16 with fp32 accumulation
+// (mma.sync m16n8k16). At 16 rows such a product still reads each weight once and does little with
+// it, so, as for the GEMV, its time is the time the weights take to stream from HBM, and the time
+// the chain of kernels waits for them: cuBLASLt's kernels (5-6 us for bloom-560m's 2-8 MB matrices
 // at 16 rows) launch without programmatic dependent launch and start loading only when the
 // kernel before them has ended. Here every warp loads its first weights before its
 // programmatic-launch wait, as the GEMV does.
@@ -19,7 +19,7 @@
 // before it: taken inside, from each row's statistics gathered first, it made bloom-560m's
 // batch-16 step 0.86 -> 0.92 ms). Grids larger than the SMs hold (the
 // lm_head's 250880 features) loop over tiles, each block loading its next tile's first weights
-// before the reduction of the current one, and reading x's rows (kept in L1) once per block.
+// before the reduction of the current one; x's rows, read again for each tile, stay in L1.
 // At 64 rows a block per tile reads all of x per tile, 3-8 times the weights' bytes from L2:
 // slower than cuBLASLt (bloom-560m's batch-64 step 1.38 -> 1.82 ms), hence kSkinnyMaxRows.
 #include "backend/cuda/device_types.cuh"
