@@ -73,8 +73,7 @@ __device__ __forceinline__ bool row_bans(const unsigned char* ban_row, const Row
 // over 16 rows of 250880 f32 logits took 16.8 us in ncu, ~1 TB/s: 992 blocks in two waves.)
 constexpr int kArgmaxLoads = 8;
 template <typename T>
-constexpr int64_t kArgmaxChunk = int64_t{kSelectThreads} *
-                                 kArgmaxLoads* static_cast<int64_t>(16 / sizeof(T));
+constexpr int64_t kArgmaxChunk = int64_t{kVec<T>} * kArgmaxLoads* kSelectThreads;
 
 // Block (c, r): the largest key of chunk c of row r into keys[r * chunks + c] (0: none); the
 // row's last block to finish (row_done[r] counts them, and that block puts it back to zero for
@@ -88,7 +87,7 @@ template <typename T, bool kVectors>
 __global__ void argmax_kernel(const T* x, int64_t cols, BannedIds banned,
                               const unsigned char* ban_row, RowMask mask, unsigned long long* keys,
                               unsigned int* row_done, long long* out, long long* host_out) {
-  constexpr int kN = 16 / static_cast<int>(sizeof(T));
+  constexpr int kN = kVec<T>;
   pdl_begin();
   const int64_t r = blockIdx.y;
   const T* row = x + r * cols;
@@ -241,19 +240,16 @@ __global__ void topk_merge_kernel(int chunks, int k, unsigned long long* cand, c
   }
 }
 
-int chunks_of(int64_t cols) { return static_cast<int>((cols + kChunk - 1) / kChunk); }
-
-// The argmax's chunks of a row of `cols` logits of T.
-template <typename T>
-int argmax_chunks(int64_t cols) {
-  return static_cast<int>((cols + kArgmaxChunk<T> - 1) / kArgmaxChunk<T>);
+// The chunks of a row of `cols` columns (the argmax's: chunk = kArgmaxChunk<T>).
+int chunks_of(int64_t cols, int64_t chunk = kChunk) {
+  return static_cast<int>((cols + chunk - 1) / chunk);
 }
 
 }  // namespace
 
 size_t argmax_scratch_bytes(int64_t rows, int64_t cols) {
   // f32's chunks are the smallest, so its count is the most of any type.
-  return static_cast<size_t>(rows) * static_cast<size_t>(argmax_chunks<float>(cols)) *
+  return static_cast<size_t>(rows) * static_cast<size_t>(chunks_of(cols, kArgmaxChunk<float>)) *
          sizeof(unsigned long long);
 }
 
@@ -265,7 +261,8 @@ void launch_argmax_rows(FloatType t, const void* x, int64_t rows, int64_t cols,
   auto* keys = static_cast<unsigned long long*>(scratch);
   dispatch_float(t, [&](auto tag) {
     using T = decltype(tag);
-    const dim3 grid(static_cast<unsigned>(argmax_chunks<T>(cols)), static_cast<unsigned>(rows));
+    const dim3 grid(static_cast<unsigned>(chunks_of(cols, kArgmaxChunk<T>)),
+                    static_cast<unsigned>(rows));
     const bool vectors = aligned16(x) && (cols * static_cast<int64_t>(sizeof(T))) % 16 == 0;
     launch(vectors ? argmax_kernel<T, true> : argmax_kernel<T, false>, grid, kSelectThreads, 0,
            stream, static_cast<const T*>(x), cols, banned, ban_row, mask, keys, row_done, out,

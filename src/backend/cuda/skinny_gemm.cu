@@ -134,8 +134,10 @@ __global__ void __launch_bounds__(kWarps * 32, kThreadsPerSm / (kWarps * 32))
       }
     }
     const int64_t next = tile + gridDim.x;
-    if (next < tiles) load_weights(next, 0);
-      // D fragments: lane l holds rows l / 4 and l / 4 + 8 at features 2 (l % 4) and 2 (l % 4) + 1.
+    if (next < tiles) {
+      load_weights(next, 0);
+    }
+    // D fragments: lane l holds rows l / 4 and l / 4 + 8 at features 2 (l % 4) and 2 (l % 4) + 1.
 #pragma unroll
     for (int m = 0; m < MT; ++m)
 #pragma unroll
