@@ -3,7 +3,6 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
-#include <optional>
 
 #include "backend/backend.h"
 
@@ -80,26 +79,18 @@ namespace {
 size_t padded(size_t bytes) { return (bytes + 63) / 64 * 64; }
 
 // Copies of `parts` in one new buffer from `a` (host memory: written in place), each part at a
-// 64-byte boundary and of type `as` (f32 parts converted through the dtype table), or of its own
-// type when `as` is empty.
-std::vector<Tensor> pack_group(Allocator& a, std::span<const Tensor> parts,
-                               std::optional<DType> as) {
-  const auto type_of = [&](const Tensor& t) { return as.value_or(t.dtype()); };
+// 64-byte boundary.
+std::vector<Tensor> pack_group(Allocator& a, std::span<const Tensor> parts) {
   size_t total = 0;
-  for (const Tensor& t : parts)
-    total += padded(dtype_bytes(type_of(t), static_cast<size_t>(t.numel())));
+  for (const Tensor& t : parts) total += padded(t.nbytes());
   std::shared_ptr<void> memory = a.allocate(std::max<size_t>(total, 1));
   char* at = static_cast<char*>(memory.get());
   std::vector<Tensor> out;
   out.reserve(parts.size());
   for (const Tensor& t : parts) {
-    const DType type = type_of(t);
-    if (type == t.dtype())
-      a.copy_to_host(t, at);  // this allocator's memory is host memory
-    else
-      dtype_traits(type).from_float(t.data<float>(), at, static_cast<size_t>(t.numel()));
-    out.push_back(Tensor::view(type, t.shape(), at, memory, a.device()));
-    at += padded(dtype_bytes(type, static_cast<size_t>(t.numel())));
+    a.copy_to_host(t, at);  // this allocator's memory is host memory
+    out.push_back(Tensor::view(t.dtype(), t.shape(), at, memory, a.device()));
+    at += padded(t.nbytes());
   }
   return out;
 }
@@ -110,7 +101,7 @@ std::vector<std::vector<Tensor>> Allocator::copy_groups(
     std::span<const std::vector<Tensor>> groups) {
   std::vector<std::vector<Tensor>> out;
   out.reserve(groups.size());
-  for (const std::vector<Tensor>& group : groups) out.push_back(pack_group(*this, group, {}));
+  for (const std::vector<Tensor>& group : groups) out.push_back(pack_group(*this, group));
   return out;
 }
 
@@ -135,18 +126,83 @@ std::vector<std::vector<Tensor>> Allocator::copy_row_groups_as(std::span<const T
   KILN_CHECK(device() == Device::kCpu && as == DType::kBF16,
              "copy_row_groups_as: {} memory copies into {} only rows already of that type",
              device_name(device()), dtype_name(as));
-  KILN_CHECK(!row_bounds.empty(), "copy_row_groups_as: no row bounds");
-  for (const Tensor& s : sources)
-    KILN_CHECK(s.dtype() == DType::kF32 && s.device() == Device::kCpu,
-               "copy_row_groups_as: rounds host f32 rows to bf16, not {} rows on {}",
-               dtype_name(s.dtype()), device_name(s.device()));
-  std::vector<std::vector<Tensor>> out;
-  out.reserve(row_bounds.size() - 1);
-  std::vector<Tensor> parts(sources.size());
-  for (size_t g = 0; g + 1 < row_bounds.size(); ++g) {
-    for (size_t i = 0; i < sources.size(); ++i)
-      parts[i] = sources[i].slice_rows(row_bounds[g], row_bounds[g + 1]);
-    out.push_back(pack_group(*this, parts, as));
+  std::vector<Shape> row_shapes;
+  for (const Tensor& s : sources) {
+    KILN_CHECK(s.rank() >= 1, "copy_row_groups_as: a source has no rows");
+    row_shapes.emplace_back(s.shape().begin() + 1, s.shape().end());
+  }
+  HostRowGroups groups(*this, std::move(row_shapes), row_bounds, as);
+  for (size_t i = 0; i < sources.size(); ++i) groups.fill(i, sources[i]);
+  return groups.take();
+}
+
+HostRowGroups::HostRowGroups(Allocator& allocator, std::vector<Shape> row_shapes,
+                             std::span<const int64_t> row_bounds, DType as)
+    : row_shapes_(std::move(row_shapes)), bounds_(row_bounds.begin(), row_bounds.end()), as_(as) {
+  KILN_CHECK(allocator.device() == Device::kCpu, "HostRowGroups: fills host memory, not {}",
+             device_name(allocator.device()));
+  KILN_CHECK(!bounds_.empty() && bounds_.front() == 0, "HostRowGroups: row bounds must start at 0");
+  for (size_t g = 0; g + 1 < bounds_.size(); ++g)
+    KILN_CHECK(bounds_[g] <= bounds_[g + 1], "HostRowGroups: row bounds decrease at {}", g);
+  for (const Shape& row : row_shapes_)
+    row_bytes_.push_back(dtype_bytes(as_, static_cast<size_t>(shape_numel(row))));
+  filled_.assign(row_shapes_.size(), false);
+  for (size_t g = 0; g + 1 < bounds_.size(); ++g) {
+    const size_t rows = static_cast<size_t>(bounds_[g + 1] - bounds_[g]);
+    size_t total = 0;
+    for (size_t p = 0; p < row_shapes_.size(); ++p) total += padded(rows * row_bytes_[p]);
+    buffers_.push_back(allocator.allocate(std::max<size_t>(total, 1)));
+  }
+}
+
+namespace {
+
+// Where part `p` of a group of `rows` rows starts in its buffer.
+size_t part_start(std::span<const size_t> row_bytes, size_t p, size_t rows) {
+  size_t at = 0;
+  for (size_t i = 0; i < p; ++i) at += padded(rows * row_bytes[i]);
+  return at;
+}
+
+}  // namespace
+
+void HostRowGroups::fill(size_t part, const Tensor& source) {
+  KILN_CHECK(part < row_shapes_.size(), "HostRowGroups: part {} of {}", part, row_shapes_.size());
+  Shape expect{bounds_.back()};
+  expect.insert(expect.end(), row_shapes_[part].begin(), row_shapes_[part].end());
+  KILN_CHECK(source.device() == Device::kCpu && source.shape() == expect &&
+                 (source.dtype() == as_ || source.dtype() == DType::kF32),
+             "HostRowGroups: part {} takes host {} or f32 rows of shape {}, got {} {} on {}", part,
+             dtype_name(as_), shape_str(expect), dtype_name(source.dtype()),
+             shape_str(source.shape()), device_name(source.device()));
+  const size_t elems = static_cast<size_t>(shape_numel(row_shapes_[part]));
+  const size_t src_row = dtype_bytes(source.dtype(), elems);
+  const char* from = static_cast<const char*>(source.raw());
+  for (size_t g = 0; g + 1 < bounds_.size(); ++g) {
+    const size_t rows = static_cast<size_t>(bounds_[g + 1] - bounds_[g]);
+    char* to = static_cast<char*>(buffers_[g].get()) + part_start(row_bytes_, part, rows);
+    const char* src = from + static_cast<size_t>(bounds_[g]) * src_row;
+    if (source.dtype() == as_)
+      std::memcpy(to, src, rows * src_row);
+    else
+      dtype_traits(as_).from_float(reinterpret_cast<const float*>(src), to, rows * elems);
+  }
+  filled_[part] = true;
+}
+
+std::vector<std::vector<Tensor>> HostRowGroups::take() {
+  for (size_t p = 0; p < filled_.size(); ++p)
+    KILN_CHECK(filled_[p], "HostRowGroups: part {} was never filled", p);
+  std::vector<std::vector<Tensor>> out(buffers_.size());
+  for (size_t g = 0; g + 1 < bounds_.size(); ++g) {
+    const int64_t rows = bounds_[g + 1] - bounds_[g];
+    for (size_t p = 0; p < row_shapes_.size(); ++p) {
+      Shape shape{rows};
+      shape.insert(shape.end(), row_shapes_[p].begin(), row_shapes_[p].end());
+      char* at = static_cast<char*>(buffers_[g].get()) +
+                 part_start(row_bytes_, p, static_cast<size_t>(rows));
+      out[g].push_back(Tensor::view(as_, shape, at, buffers_[g], Device::kCpu));
+    }
   }
   return out;
 }

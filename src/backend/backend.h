@@ -54,6 +54,30 @@ class Allocator {
 };
 Allocator& host_allocator();
 
+// Host buffers filled part by part: group g gets one buffer (from `allocator`) holding, for each
+// part p, rows [row_bounds[g], row_bounds[g + 1]) of part p's source, in type `as` (f32 rows
+// rounded to bf16 to nearest even when `as` is bf16) with the trailing shape row_shapes[p], each
+// part at a 64-byte boundary. copy_row_groups_as on the host, and what a CPU T5 encoder that
+// streams its outputs fills one cross K/V projection at a time, as each is written.
+class HostRowGroups {
+ public:
+  HostRowGroups(Allocator& allocator, std::vector<Shape> row_shapes,
+                std::span<const int64_t> row_bounds, DType as);
+  // Copies `source` (host, [row_bounds.back(), row_shapes[part]...], `as` or f32) into every
+  // group's part `part`.
+  void fill(size_t part, const Tensor& source);
+  // out[g][p]: group g's part p; throws naming a part not filled.
+  std::vector<std::vector<Tensor>> take();
+
+ private:
+  std::vector<Shape> row_shapes_;
+  std::vector<int64_t> bounds_;
+  DType as_;
+  std::vector<std::shared_ptr<void>> buffers_;  // per group
+  std::vector<size_t> row_bytes_;               // per part, at `as`
+  std::vector<bool> filled_;
+};
+
 class Executable {
  public:
   virtual ~Executable() = default;

@@ -75,6 +75,15 @@ GraphExecutor::GraphExecutor(const Graph& graph, const ShapeProfile& profile, Al
   for (size_t i = 0; i < graph_.values.size(); ++i)
     if (graph_.values[i].kind == ValueKind::kWeight) values_[i] = graph_.values[i].data;
   for (const Node& n : graph_.nodes) has_attention_ |= n.op == OpKind::kAttention;
+  streamed_.resize(graph_.nodes.size());
+  for (size_t o = 0; o < graph_.outputs.size(); ++o) {
+    if (!graph_.streams_output(o)) continue;
+    const int producer = graph_.values[graph_.outputs[o]].producer;
+    KILN_CHECK(producer >= 0, "graph '{}': streamed output '{}' has no producing node", graph_.name,
+               graph_.values[graph_.outputs[o]].name);
+    streamed_[producer].push_back(static_cast<int>(o));
+    streams_ = true;
+  }
   node_io_.resize(graph_.nodes.size());
   for (size_t i = 0; i < graph_.inputs.size(); ++i)
     for (size_t n = 0; n < graph_.nodes.size(); ++n)
@@ -147,6 +156,10 @@ std::span<const Tensor> GraphExecutor::execute(std::span<const Tensor> inputs,
   const StepShape shape = bind_step_inputs(graph_, profile_, inputs);
   const Bindings& bindings = shape.bindings;
   const int64_t bucket = shape.bucket;
+  KILN_CHECK(!streams_ || (step != nullptr && step->sink != nullptr),
+             "graph '{}' streams its outputs (the plan pools them with the step's activations): "
+             "the step needs an OutputSink to take them",
+             graph_.name);
   for (size_t i = 0; i < inputs.size(); ++i) values_[graph_.inputs[i]] = inputs[i];
   if (has_attention_) {
     check_step_layout(graph_, step, shape.tokens);
@@ -215,11 +228,12 @@ std::span<const Tensor> GraphExecutor::execute(std::span<const Tensor> inputs,
       args.out = node_io_[n].out;
       if (times == nullptr) {
         kernels_[n]->run(args);
-        continue;
+      } else {
+        const Clock::time_point t0 = Clock::now();
+        kernels_[n]->run(args);
+        times->node_ms[n] += ms_since(t0);
       }
-      const Clock::time_point t0 = Clock::now();
-      kernels_[n]->run(args);
-      times->node_ms[n] += ms_since(t0);
+      for (int o : streamed_[n]) step->sink->take(o, values_[graph_.outputs[o]]);
     }
   } catch (const Error& e) {
     // Bad data a kernel found (a block table naming no KV block): the message names the node,
@@ -234,7 +248,8 @@ std::span<const Tensor> GraphExecutor::execute(std::span<const Tensor> inputs,
     times->step_ms += ms_since(step_start);
   }
   outputs_.clear();
-  for (int id : graph_.outputs) outputs_.push_back(values_[id]);
+  for (size_t o = 0; o < graph_.outputs.size(); ++o)
+    outputs_.push_back(graph_.streams_output(o) ? Tensor() : values_[graph_.outputs[o]]);
   return outputs_;
 }
 

@@ -2,7 +2,7 @@
 // step's symbols from its inputs, picks the shape bucket, places each activation in one
 // workspace (sized for the largest bucket run so far, allocated through the backend's allocator
 // when a step needs more, never per step) at the offsets the step's own shapes give, and runs the
-// node kernels in order.
+// node kernels in order, handing streamed outputs to the step's sink as their nodes write them.
 #pragma once
 
 #include <memory>
@@ -86,6 +86,10 @@ class GraphExecutor final : public Executable {
   Bindings views_bindings_;
   const void* views_base_ = nullptr;
   bool has_attention_ = false;
+  // Per node, the streamed outputs (positions in graph.outputs) it writes: handed to the step's
+  // sink right after it runs.
+  std::vector<std::vector<int>> streamed_;
+  bool streams_ = false;
   // The profile, per step size (tokens): steps, wall time, and per node the summed time.
   struct StepTimes {
     int64_t steps = 0;

@@ -39,6 +39,18 @@ struct StepLayout {
   void check(int block_size) const;
 };
 
+// Takes a graph's streamed outputs (Graph::streams_output: outputs the plan pooled with the
+// step's activations) as the nodes write them. A T5 encoder's 24 cross K/V projections of a
+// batch-16 prompt step are 34 MB of f32; each is copied out to the requests' cross K/V as it is
+// written, so that they share a buffer instead of all living in the workspace until the end.
+class OutputSink {
+ public:
+  virtual ~OutputSink() = default;
+  // Output `output` (its position in graph.outputs), in the backend's memory: valid during this
+  // call only (a later node of the step may overwrite it).
+  virtual void take(int output, const Tensor& value) = 0;
+};
+
 struct StepContext {
   const StepLayout* layout = nullptr;
   KvStorage* kv = nullptr;  // cached self attention only
@@ -51,6 +63,8 @@ struct StepContext {
   // batch's encoder, whose cross K/V the first decode step attends to). A backend that runs ahead
   // returns without waiting for it and leaves its check to the next read.
   bool read_on_device = false;
+  // Required by a graph that streams outputs; they are undefined in what execute() returns.
+  OutputSink* sink = nullptr;
 };
 
 }  // namespace kiln

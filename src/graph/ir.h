@@ -124,9 +124,21 @@ struct Graph {
   std::vector<int> inputs;
   std::vector<int> outputs;
   // Set by the plan_memory pass: the activation buffer slot of each value (-1: not pooled —
-  // inputs, weights, graph outputs). Empty until the pass runs.
+  // inputs, weights, graph outputs that are not streamed). Empty until the pass runs. An output
+  // with a slot is streamed: the executor hands it to the step's OutputSink when its node has
+  // written it, and a later node may reuse its buffer.
   std::vector<int> value_slot;
   int num_slots = 0;
+  // Whether output `o` (a position in `outputs`) is streamed, and whether any is.
+  bool streams_output(size_t o) const {
+    return o < outputs.size() && static_cast<size_t>(outputs[o]) < value_slot.size() &&
+           value_slot[outputs[o]] >= 0;
+  }
+  bool streams_outputs() const {
+    for (size_t o = 0; o < outputs.size(); ++o)
+      if (streams_output(o)) return true;
+    return false;
+  }
 
   int find_value(std::string_view value_name) const;  // -1 when absent
   int output(std::string_view value_name) const;      // value id; throws when absent

@@ -13,15 +13,13 @@ int64_t align(int64_t n) { return (n + kWorkspaceAlign - 1) / kWorkspaceAlign * 
 WorkspaceLayout workspace_layout(const Graph& graph,
                                  const std::map<std::string, int64_t>& bindings) {
   const size_t nv = graph.values.size();
-  std::vector<bool> is_output(nv, false);
-  for (int id : graph.outputs) is_output[id] = true;
   WorkspaceLayout layout;
   layout.offset.assign(nv, -1);
   std::vector<int64_t> value_bytes(nv, 0);
   std::vector<int64_t> slot_bytes(static_cast<size_t>(std::max(graph.num_slots, 0)), 0);
+  // Outputs with a slot are streamed (Graph::value_slot); the others have one of their own.
   auto slot_of = [&](size_t id) {
-    const int s = id < graph.value_slot.size() ? graph.value_slot[id] : -1;
-    return is_output[id] ? -1 : s;
+    return id < graph.value_slot.size() ? graph.value_slot[id] : -1;
   };
   for (size_t id = 0; id < nv; ++id) {
     const Value& v = graph.values[id];

@@ -23,9 +23,13 @@ int fuse_add_rms_norm(Graph& graph, const Logger& log);
 // Returns the number of matrices converted (0 for fp32).
 int assign_precision(Graph& graph, Precision precision, std::vector<PrecisionNote>* notes,
                      const Logger& log);
-// Assigns activation buffer slots by lifetime; logs the workspace size for `report_bindings`.
+// Assigns activation buffer slots by lifetime (best fit by the values' sizes at
+// `report_bindings`, which must bind every symbol); logs the workspace size there.
+// With `stream_outputs`, the graph's outputs are pooled too (streamed: Graph::value_slot), each
+// living from its node to its last reader; otherwise each output has a buffer of its own.
 void plan_memory(Graph& graph, const Logger& log,
-                 const std::map<std::string, int64_t>& report_bindings);
+                 const std::map<std::string, int64_t>& report_bindings,
+                 bool stream_outputs = false);
 // Removes values no node, input or output references and renumbers ids (keeps order).
 void compact_values(Graph& graph);
 // Removes the nodes marked in `erase` (keeping order) and renumbers producers; values produced by

@@ -31,11 +31,16 @@ void optimize_model(ModelIR& model, const PassOptions& options, const Logger& lo
     }
     verify_graph(g);
     // Report the workspace of the largest bucket (what a full step needs), with the bindings
-    // the executor allocates it for, so that `kiln inspect` shows the same number.
+    // the executor allocates it for, so that `kiln inspect` shows the same number. On the CPU,
+    // T5's encoder streams its outputs: the runtime copies each cross K/V projection out to the
+    // requests as it is written (a batch-16 prompt step's 24 projections are 34 MB of f32, all
+    // resident until the step's end otherwise). CUDA keeps them (its cross K/V copy is one
+    // launch after the step).
     const ShapeProfile& p = model.profile;
     plan_memory(
         g, log,
-        p.bucket_bindings(p.token_buckets.empty() ? p.max_step_tokens : p.token_buckets.back()));
+        p.bucket_bindings(p.token_buckets.empty() ? p.max_step_tokens : p.token_buckets.back()),
+        model.device == Device::kCpu && g.name == kEncoderGraph);
   }
 }
 

@@ -39,11 +39,7 @@ CompiledModel::CompiledModel(Context& ctx, ModelIR model, std::unique_ptr<Backen
   if (model_.desc.encoder_decoder) {
     const Graph& enc = model_.graph(kEncoderGraph);
     encoder_ = backend_->compile(enc, model_.profile);
-    encoder_io_.input_ids = enc.input_index("input_ids");
-    for (int l = 0; l < model_.desc.cache_layers; ++l) {
-      encoder_io_.cross_k.push_back(enc.output_index("cross_k." + std::to_string(l)));
-      encoder_io_.cross_v.push_back(enc.output_index("cross_v." + std::to_string(l)));
-    }
+    encoder_io_ = EncoderIo::of(enc, model_.desc.cache_layers);
   }
   ctx_.log().info("engine ready on {}", backend_->describe());
 }

@@ -11,6 +11,7 @@
 #include "backend/backend.h"
 #include "core/context.h"
 #include "graph/model_ir.h"
+#include "runtime/encoder_run.h"
 #include "tokenizer/tokenizer.h"
 
 namespace kiln {
@@ -38,10 +39,6 @@ class CompiledModel {
   }
 
   // Positions of the contract's inputs and outputs (graph/model_ir.h), resolved once.
-  struct EncoderIo {
-    int input_ids = -1;
-    std::vector<int> cross_k, cross_v;  // per decoder layer
-  };
   struct DecoderIo {
     int input_ids = -1;
     int logit_rows = -1;

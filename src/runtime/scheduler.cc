@@ -71,6 +71,8 @@ Scheduler::Scheduler(CompiledModel& model, SchedulerOptions options)
   // A decode step gives each running sequence one token.
   options_.max_step_tokens = std::max<int64_t>(options_.max_step_tokens, options_.max_batch);
   eos_ids_ = model_.desc().eos_token_ids;
+  if (model_.desc().encoder_decoder && model_.backend().allocator().device() == Device::kCpu)
+    cross_pool_ = std::make_unique<PoolAllocator>(model_.backend().allocator());
   const char* env = std::getenv("KILN_RUN_AHEAD");
   run_ahead_ = options_.run_ahead == RunAhead::kOn ||
                (options_.run_ahead == RunAhead::kAuto && model_.backend().runs_ahead() &&
@@ -285,7 +287,7 @@ void Scheduler::encode(std::vector<Request*>& joining, std::vector<GenerationEve
 }
 
 void Scheduler::encode_batch(const std::vector<Request*>& batch, bool checked) {
-  const CompiledModel::EncoderIo& io = model_.encoder_io();
+  const EncoderIo& io = model_.encoder_io();
   StepLayout layout;
   layout.clear();
   std::vector<int64_t> ids;
@@ -293,38 +295,15 @@ void Scheduler::encode_batch(const std::vector<Request*>& batch, bool checked) {
     layout.add_sequence(static_cast<int64_t>(r->prompt.size()), 0, {}, nullptr);
     ids.insert(ids.end(), r->prompt.begin(), r->prompt.end());
   }
-  std::vector<Tensor> inputs(model_.model().graph(kEncoderGraph).inputs.size());
+  const Graph& graph = model_.model().graph(kEncoderGraph);
+  std::vector<Tensor> inputs(graph.inputs.size());
   inputs[io.input_ids] = Tensor::from_vector(ids, {static_cast<int64_t>(ids.size())});
   StepContext step{&layout, nullptr};
   step.read_on_device = run_ahead_ && !checked;
-  const std::span<const Tensor> out = model_.encoder().execute(inputs, &step);
-  // Copies of each request's rows only, in one buffer per request (every layer's K then V): the
-  // workspace is reused by the next step, and a request must not keep the whole batch's encoder
-  // output alive. One copy_row_groups call copies the whole batch.
-  std::vector<Tensor> sources;
-  sources.reserve(2 * io.cross_k.size());
-  for (size_t l = 0; l < io.cross_k.size(); ++l) {
-    sources.push_back(out[io.cross_k[l]]);
-    sources.push_back(out[io.cross_v[l]]);
-  }
-  const std::vector<int64_t> bounds(layout.token_begin.begin(), layout.token_begin.end());
-  // In the type the backend keeps K/V in for attention computing in the encoder's type, as the
-  // KV cache: the CPU's bf16 and int8-weight plans keep them in bf16 (half the bytes each
-  // decode step's cross attention reads); elsewhere the encoder's own type.
-  const DType cross_dtype =
-      model_.backend().kv_cache_dtype(sources.front().dtype(), model_.model().precision);
-  std::vector<std::vector<Tensor>> copies =
-      model_.backend().allocator().copy_row_groups_as(sources, bounds, cross_dtype);
-  for (size_t i = 0; i < batch.size(); ++i) {
-    auto cross = std::make_shared<CrossKv>();
-    cross->keys.reserve(io.cross_k.size());
-    cross->values.reserve(io.cross_k.size());
-    for (size_t l = 0; l < io.cross_k.size(); ++l) {
-      cross->keys.push_back(std::move(copies[i][2 * l]));
-      cross->values.push_back(std::move(copies[i][2 * l + 1]));
-    }
-    batch[i]->cross = std::move(cross);
-  }
+  std::vector<std::shared_ptr<CrossKv>> cross =
+      run_encoder(model_.encoder(), graph, io, model_.backend(), model_.model().precision, inputs,
+                  step, nullptr, cross_pool_.get());
+  for (size_t i = 0; i < batch.size(); ++i) batch[i]->cross = std::move(cross[i]);
   if (step.read_on_device)
     for (const Request* r : batch) unchecked_cross_.push_back(r->id);
 }
@@ -515,6 +494,7 @@ std::vector<GenerationEvent> Scheduler::step() {
   if (running_.empty()) {
     check_encoder({}, events);
     blocks_.shrink();  // idle: give the cache's memory back
+    if (cross_pool_) cross_pool_->shrink();
     return events;
   }
   // Token budget: one token for every decoding sequence first, then prefill chunks in

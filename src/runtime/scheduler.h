@@ -26,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/pool_allocator.h"
 #include "kiln/generate.h"
 #include "runtime/beam_search.h"
 #include "runtime/compiled_model.h"
@@ -155,6 +156,9 @@ class Scheduler {
   SchedulerOptions options_;
   std::unique_ptr<KvStorage> kv_;
   BlockManager blocks_;
+  // Host backends' T5 requests' cross K/V, at their exact sizes in chunks kept for the next
+  // requests (given back when idle, with the KV cache's memory); null elsewhere.
+  std::unique_ptr<PoolAllocator> cross_pool_;
   std::vector<int64_t> eos_ids_;
 
   mutable std::mutex inbox_mutex_;

@@ -36,28 +36,15 @@ inline Forward run_forward(const ForwardModel& m, const std::vector<int64_t>& pr
     StepLayout layout;
     layout.clear();
     layout.add_sequence(static_cast<int64_t>(prompt.size()), 0, {}, nullptr);
+    const EncoderIo io = EncoderIo::of(enc, d.cache_layers);
     std::vector<Tensor> in(enc.inputs.size());
-    in[enc.input_index("input_ids")] =
-        Tensor::from_vector(prompt, {static_cast<int64_t>(prompt.size())});
-    StepContext step{&layout, nullptr};
-    const std::span<const Tensor> out = m.encoder->execute(in, &step);
-    // Outputs live in the backend's memory: a host copy of the states, and cross K/V copied
-    // where the backend's kernels read them (device memory for CUDA), in the type the scheduler
-    // keeps them in (the CPU's bf16 and int8-weight plans: bf16).
-    Allocator& memory = m.backend.allocator();
-    f.encoder_hidden = memory.to_host(out[enc.output_index("encoder_hidden")]);
-    std::vector<Tensor> parts;
-    for (int l = 0; l < d.cache_layers; ++l) {
-      parts.push_back(out[enc.output_index("cross_k." + std::to_string(l))]);
-      parts.push_back(out[enc.output_index("cross_v." + std::to_string(l))]);
-    }
-    const int64_t bounds[] = {0, static_cast<int64_t>(prompt.size())};
-    const DType cross_dtype = m.backend.kv_cache_dtype(parts.front().dtype(), m.model.precision);
-    std::vector<std::vector<Tensor>> copies = memory.copy_row_groups_as(parts, bounds, cross_dtype);
-    for (int l = 0; l < d.cache_layers; ++l) {
-      cross.keys.push_back(copies[0][2 * l]);
-      cross.values.push_back(copies[0][2 * l + 1]);
-    }
+    in[io.input_ids] = Tensor::from_vector(prompt, {static_cast<int64_t>(prompt.size())});
+    // Cross K/V where the backend's kernels read them (device memory for CUDA), in the type the
+    // scheduler keeps them in (the CPU's bf16 and int8-weight plans: bf16), as the scheduler
+    // makes them; the states copied to the host.
+    cross = *run_encoder(*m.encoder, enc, io, m.backend, m.model.precision, in,
+                         StepContext{&layout, nullptr}, &f.encoder_hidden)
+                 .at(0);
   }
   KvGeometry geo{d.cache_layers, d.cache_row_width(), 4, m.kv_dtype};
   auto storage = m.backend.create_kv_storage(geo);

@@ -143,8 +143,53 @@ TEST(BackendOps, BadInputCrossKvOfMixedTypes) {
   const int64_t four[] = {0, 4};
   EXPECT_NE(error_of([&] {
               host_allocator().copy_row_groups_as({&ints, 1}, four, DType::kBF16);
-            }).find("rounds host f32 rows to bf16"),
+            }).find("takes host bf16 or f32 rows"),
             std::string::npos);
+}
+
+// HostRowGroups (copy_row_groups_as on the host, and what a streamed CPU encoder fills one
+// projection at a time): each group's buffer holds its own rows of every part, f32 rounded to
+// bf16 to nearest even, bf16 copied as is; a part of the wrong shape or type, or one never
+// filled, is a clear error.
+TEST(BackendOps, HostRowGroupsHoldEachGroupsRowsOfEveryPart) {
+  const int64_t bounds[] = {0, 3, 3, 5};  // the middle group has no rows
+  HostRowGroups groups(host_allocator(), {{4}, {2, 3}}, bounds, DType::kBF16);
+  std::vector<float> a(5 * 4), b(5 * 6);
+  for (size_t i = 0; i < a.size(); ++i) a[i] = 1.0f + 0.0078125f * i + 1e-5f * i;
+  for (size_t i = 0; i < b.size(); ++i) b[i] = -3.0f + 0.33f * i;
+  std::vector<uint16_t> b_bf16(b.size());
+  for (size_t i = 0; i < b.size(); ++i) b_bf16[i] = float_to_bf16(b[i]);
+  const Tensor part_a = Tensor::from_vector(a, {5, 4});
+  const Tensor part_b = Tensor::view(DType::kBF16, {5, 2, 3}, b_bf16.data(), nullptr, Device::kCpu);
+  const auto error_of = [](const std::function<void()>& f) -> std::string {
+    try {
+      f();
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "no error";
+  };
+  groups.fill(0, part_a);
+  EXPECT_NE(error_of([&] { groups.take(); }).find("part 1 was never filled"), std::string::npos);
+  const Tensor short_b = Tensor::from_vector(std::vector<float>(4 * 6), {4, 2, 3});
+  EXPECT_NE(error_of([&] { groups.fill(1, short_b); }).find("of shape [5, 2, 3]"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { groups.fill(2, part_a); }).find("part 2 of 2"), std::string::npos);
+  groups.fill(1, part_b);
+  const std::vector<std::vector<Tensor>> out = groups.take();
+  ASSERT_EQ(out.size(), 3u);
+  for (int g = 0; g < 3; ++g) {
+    const int64_t begin = bounds[g], rows = bounds[g + 1] - bounds[g];
+    ASSERT_EQ(out[g].size(), 2u);
+    EXPECT_EQ(out[g][0].shape(), (Shape{rows, 4}));
+    EXPECT_EQ(out[g][1].shape(), (Shape{rows, 2, 3}));
+    EXPECT_EQ(out[g][0].dtype(), DType::kBF16);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(out[g][1].raw()) % 64, 0u) << "parts 64-byte aligned";
+    const auto* ka = static_cast<const uint16_t*>(out[g][0].raw());
+    const auto* kb = static_cast<const uint16_t*>(out[g][1].raw());
+    for (int64_t i = 0; i < rows * 4; ++i) EXPECT_EQ(ka[i], float_to_bf16(a[begin * 4 + i]));
+    for (int64_t i = 0; i < rows * 6; ++i) EXPECT_EQ(kb[i], b_bf16[begin * 6 + i]);
+  }
 }
 
 // The bad-input tests' attention: causal, cached, two heads of two.

@@ -1,13 +1,14 @@
 // The shared graph executor: one workspace per graph, allocated when a step's bucket needs more
 // than it has (never per step) and reused; each step's activations are laid out for its own
 // shapes at the workspace's front, so a short step in a large bucket writes only a short step's
-// bytes; inputs and outputs are addressed by position.
+// bytes; inputs and outputs are addressed by position; streamed outputs go to the step's sink.
 #include <gtest/gtest.h>
 
 #include "../models/parity_util.h"
 #include "backend/executor.h"
 #include "builder/builder.h"
 #include "graph/workspace.h"
+#include "passes/pass.h"
 
 namespace kiln::test {
 namespace {
@@ -95,6 +96,67 @@ TEST(Executor, BadInputStepBeyondTheProfileIsRefused) {
   }
   std::vector<Tensor> short_in(1);
   EXPECT_THROW(model->decoder().execute(short_in, &step), Error) << "inputs by position, all";
+}
+
+// Records clones of the streamed outputs it is handed, in order.
+class RecordingSink final : public OutputSink {
+ public:
+  void take(int output, const Tensor& value) override {
+    order.push_back(output);
+    values[output] = value.clone();
+  }
+  std::vector<int> order;
+  std::map<int, Tensor> values;
+};
+
+// A CPU plan's T5 encoder streams its outputs: each reaches the sink as its node writes it, with
+// the values the same graph computes when every output keeps a buffer of its own, in a smaller
+// workspace; without a sink the step is refused.
+TEST(Executor, StreamedOutputsReachTheSinkAsWrittenWithTheValuesOfKeptOutputs) {
+  Context ctx(ContextOptions{LogLevel::kError, 2});
+  auto model = compile_model_dir(ctx, fixture("t5-tiny"));
+  const ModelIR& ir = model->model();
+  const Graph& streamed = ir.graph(kEncoderGraph);
+  ASSERT_TRUE(streamed.streams_outputs());
+  Graph kept = streamed;
+  plan_memory(kept, Logger(LogLevel::kError), ir.profile.bucket_bindings(16), false);
+  ASSERT_FALSE(kept.streams_outputs());
+  const Bindings at = ir.profile.bucket_bindings(ir.profile.token_buckets.back());
+  EXPECT_LT(workspace_layout(streamed, at).bytes, workspace_layout(kept, at).bytes)
+      << "the cross K/V projections share buffers";
+  std::unique_ptr<Executable> kept_exec = model->backend().compile(kept, ir.profile);
+
+  const std::vector<int64_t> prompt = {37, 5, 120, 9, 64, 3, 1};
+  StepLayout layout;
+  layout.clear();
+  layout.add_sequence(static_cast<int64_t>(prompt.size()), 0, {}, nullptr);
+  std::vector<Tensor> in(streamed.inputs.size());
+  in[streamed.input_index("input_ids")] =
+      Tensor::from_vector(prompt, {static_cast<int64_t>(prompt.size())});
+  StepContext step{&layout, nullptr};
+  try {
+    model->encoder().execute(in, &step);
+    ADD_FAILURE() << "a streaming graph ran without a sink";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("OutputSink"), std::string::npos) << e.what();
+  }
+  RecordingSink sink;
+  step.sink = &sink;
+  const std::span<const Tensor> out = model->encoder().execute(in, &step);
+  for (const Tensor& t : out) EXPECT_FALSE(t.defined()) << "streamed outputs are not returned";
+  ASSERT_EQ(sink.order.size(), streamed.outputs.size()) << "each output once";
+  // In the order their nodes run.
+  for (size_t i = 1; i < sink.order.size(); ++i)
+    EXPECT_LT(streamed.values[streamed.outputs[sink.order[i - 1]]].producer,
+              streamed.values[streamed.outputs[sink.order[i]]].producer);
+  StepContext plain{&layout, nullptr};
+  const std::span<const Tensor> want = kept_exec->execute(in, &plain);
+  for (size_t o = 0; o < want.size(); ++o) {
+    SCOPED_TRACE(streamed.values[streamed.outputs[o]].name);
+    const Tensor& got = sink.values.at(static_cast<int>(o));
+    ASSERT_EQ(got.shape(), want[o].shape());
+    EXPECT_EQ(std::memcmp(got.raw(), want[o].raw(), got.nbytes()), 0);
+  }
 }
 
 }  // namespace

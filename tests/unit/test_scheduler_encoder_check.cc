@@ -76,16 +76,18 @@ class DeferringBackend final : public Backend {
       const bool encoder = step != nullptr && step->kv == nullptr;
       owner_.encoder_steps_ += encoder;
       if (step == nullptr || !step->behind_unread) owner_.throw_pending();
-      std::span<const Tensor> out = inner_->execute(inputs, step);
-      if (encoder && owner_.failures_ > 0) {
+      const bool inject = encoder && owner_.failures_ > 0;
+      // The bad data is real: every output (the cross K/V) is garbage, so that a request run on
+      // it would not produce a clean run's tokens. A streamed output is spoiled on its way to
+      // the step's sink, the others after the step.
+      GarbageSink garbage(step != nullptr ? step->sink : nullptr);
+      StepContext spoiled = step != nullptr ? *step : StepContext{};
+      if (inject && spoiled.sink != nullptr) spoiled.sink = &garbage;
+      std::span<const Tensor> out = inner_->execute(inputs, step != nullptr ? &spoiled : nullptr);
+      if (inject) {
         --owner_.failures_;
         ++owner_.injected_;
-        // The bad data is real: every output (the cross K/V) is garbage, so that a request run
-        // on it would not produce a clean run's tokens.
-        for (const Tensor& t : out) {
-          Tensor alias = t;
-          if (alias.dtype() == DType::kF32) std::fill_n(alias.data<float>(), alias.numel(), 1e4f);
-        }
+        for (const Tensor& t : out) spoil(t);
         const std::string report = "node 'encoder': injected bad data";
         if (!step->read_on_device) KILN_FAIL("{}", report);
         owner_.pending_ = report;
@@ -96,6 +98,20 @@ class DeferringBackend final : public Backend {
     std::vector<std::string> kernel_names() const override { return inner_->kernel_names(); }
 
    private:
+    static void spoil(Tensor t) {
+      if (t.defined() && t.dtype() == DType::kF32) std::fill_n(t.data<float>(), t.numel(), 1e4f);
+    }
+    class GarbageSink final : public OutputSink {
+     public:
+      explicit GarbageSink(OutputSink* inner) : inner_(inner) {}
+      void take(int output, const Tensor& value) override {
+        spoil(value);
+        inner_->take(output, value);
+      }
+
+     private:
+      OutputSink* inner_;
+    };
     DeferringBackend& owner_;
     std::unique_ptr<Executable> inner_;
   };

@@ -54,6 +54,8 @@ nlohmann::json graph_summary(const Graph& gr, const ShapeProfile& profile) {
   for (const Value& v : gr.values)
     if (v.kind == ValueKind::kWeight)
       weight_bytes[std::string(dtype_name(v.dtype))] += v.data.nbytes();
+  int streamed = 0;
+  for (size_t o = 0; o < gr.outputs.size(); ++o) streamed += gr.streams_output(o);
   nlohmann::json workspace = nlohmann::json::array();
   for (int64_t bucket : profile.token_buckets) {
     const auto bindings = profile.bucket_bindings(bucket);
@@ -70,6 +72,7 @@ nlohmann::json graph_summary(const Graph& gr, const ShapeProfile& profile) {
             {"add_rms_norm", ops.count("AddRMSNorm") ? ops["AddRMSNorm"] : 0}}},
           {"weight_bytes", weight_bytes},
           {"slots", gr.num_slots},
+          {"streamed_outputs", streamed},
           {"workspace", workspace}};
 }
 
@@ -114,7 +117,11 @@ void print_graph_summary(const nlohmann::json& s, bool every_layer) {
     weights += fmt::format(" {} {:.2f} MiB", dt, bytes.get<double>() / (1 << 20));
   out("  weights:{}\n", weights);
   print_precision(s["precision"], every_layer);
-  out("  workspace per token bucket ({} slots):\n", s["slots"].get<int>());
+  const int streamed = s["streamed_outputs"].get<int>();
+  out("  workspace per token bucket ({} slots{}):\n", s["slots"].get<int>(),
+      streamed == 0
+          ? ""
+          : fmt::format("; {} outputs streamed: handed to the runtime as written", streamed));
   for (const auto& w : s["workspace"])
     out("    {}: {:.1f} KiB (unplanned {:.1f} KiB)\n",
         bindings_str(w["bindings"].get<std::map<std::string, int64_t>>()),

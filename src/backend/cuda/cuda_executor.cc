@@ -27,6 +27,11 @@ CudaExecutor::CudaExecutor(const Graph& graph, const ShapeProfile& profile, Cuda
       kernel_names_(std::move(names)) {
   KILN_CHECK(kernels_.size() == graph_.nodes.size(), "graph '{}': {} kernels for {} nodes",
              graph_.name, kernels_.size(), graph_.nodes.size());
+  // Streamed outputs are a CPU plan's (its T5 encoder's); CUDA plans give each output a buffer.
+  KILN_CHECK(!graph_.streams_outputs(),
+             "graph '{}' streams its outputs, which the CUDA executor does not: build the plan "
+             "with --device cuda",
+             graph_.name);
   values_.resize(graph_.values.size());
   is_output_.assign(graph_.values.size(), false);
   KILN_CUDA_CHECK(cudaEventCreateWithFlags(&staged_, cudaEventDisableTiming));
