@@ -83,11 +83,13 @@ class Executable {
   virtual ~Executable() = default;
   // Inputs in the order of graph.inputs, outputs in the order of graph.outputs. Outputs live in
   // the executable's workspace and stay valid until the next execute(); callers copy what they
-  // keep. `step` is required when the graph has Attention nodes. A device backend may return
-  // before a step with a KV cache has run: bad data its kernels find (a token id outside the
-  // vocabulary, a block table naming no block) is then thrown when the step's results are read
-  // on the host (Allocator::to_host / copy_to_host, Backend::argmax_rows / top_k_rows) or, if
-  // they are not, by the next execute(); either way naming the node that found it.
+  // keep. A graph's streamed outputs (Graph::streams_output) go to step->sink as they are
+  // written instead, and are undefined here. `step` is required when the graph has Attention
+  // nodes. A device backend may return before a step with a KV cache has run: bad data its
+  // kernels find (a token id outside the vocabulary, a block table naming no block) is then
+  // thrown when the step's results are read on the host (Allocator::to_host / copy_to_host,
+  // Backend::argmax_rows / top_k_rows) or, if they are not, by the next execute(); either way
+  // naming the node that found it.
   virtual std::span<const Tensor> execute(std::span<const Tensor> inputs,
                                           const StepContext* step) = 0;
   // Workspace bytes allocated so far (the CPU: one arena, sized for the largest bucket run; CUDA:
