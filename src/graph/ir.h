@@ -126,7 +126,8 @@ struct Graph {
   // Set by the plan_memory pass: the activation buffer slot of each value (-1: not pooled —
   // inputs, weights, graph outputs that are not streamed). Empty until the pass runs. An output
   // with a slot is streamed: the executor hands it to the step's OutputSink when its node has
-  // written it, and a later node may reuse its buffer.
+  // written it, and a later node may reuse its buffer. (So a pass that makes a pooled value an
+  // output must run plan_memory again, as the pipeline's last step does.)
   std::vector<int> value_slot;
   int num_slots = 0;
   // Whether output `o` (a position in `outputs`) is streamed, and whether any is.
