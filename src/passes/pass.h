@@ -23,8 +23,9 @@ int fuse_add_rms_norm(Graph& graph, const Logger& log);
 // Returns the number of matrices converted (0 for fp32).
 int assign_precision(Graph& graph, Precision precision, std::vector<PrecisionNote>* notes,
                      const Logger& log);
-// Assigns activation buffer slots by lifetime (best fit by the values' sizes at
-// `report_bindings`, which must bind every symbol); logs the workspace size there.
+// Assigns activation buffer slots by lifetime: of two assignments (slots in node order, and
+// largest values first), the one with the smaller workspace at `report_bindings`, which must
+// bind every symbol; logs that workspace.
 // With `stream_outputs`, the graph's outputs are pooled too (streamed: Graph::value_slot), each
 // living from its node to its last reader; otherwise each output has a buffer of its own.
 void plan_memory(Graph& graph, const Logger& log,

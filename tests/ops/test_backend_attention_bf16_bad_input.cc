@@ -15,6 +15,16 @@
 namespace kiln::test {
 namespace {
 
+// The message of the error `f` throws, or "no error".
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
 // t replaced by a copy whose elements are rounded to the nearest bf16 (ties to even) and kept in
 // f32, those of its columns below `from_col` excepted (a packed qkv's q columns stay f32).
 void round_to_bf16(Tensor& t, int64_t from_col = 0) {
@@ -120,14 +130,6 @@ TEST(BackendOps, BadInputCrossKvOfMixedTypes) {
   const auto narrow = host_allocator().copy_row_groups_as(parts, bounds, DType::kBF16);
   mixed.cross[1].keys[c.layer] = narrow[0][0];
   mixed.cross[1].values[c.layer] = narrow[0][1];
-  const auto error_of = [](const std::function<void()>& f) -> std::string {
-    try {
-      f();
-    } catch (const Error& e) {
-      return e.what();
-    }
-    return "no error";
-  };
   int checked = 0;
   for (NamedBackend& nb : available_backends()) {
     if (nb.backend->device() != Device::kCpu) continue;
@@ -161,14 +163,6 @@ TEST(BackendOps, HostRowGroupsHoldEachGroupsRowsOfEveryPart) {
   for (size_t i = 0; i < b.size(); ++i) b_bf16[i] = float_to_bf16(b[i]);
   const Tensor part_a = Tensor::from_vector(a, {5, 4});
   const Tensor part_b = Tensor::view(DType::kBF16, {5, 2, 3}, b_bf16.data(), nullptr, Device::kCpu);
-  const auto error_of = [](const std::function<void()>& f) -> std::string {
-    try {
-      f();
-    } catch (const Error& e) {
-      return e.what();
-    }
-    return "no error";
-  };
   groups.fill(0, part_a);
   EXPECT_NE(error_of([&] { groups.take(); }).find("part 1 was never filled"), std::string::npos);
   const Tensor short_b = Tensor::from_vector(std::vector<float>(4 * 6), {4, 2, 3});
