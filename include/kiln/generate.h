@@ -29,14 +29,35 @@ struct GenerationParams {
   EarlyStopping early_stopping = EarlyStopping::kHeuristic;
   bool do_sample = false;  // sampling instead of greedy (num_beams must be 1)
   float temperature = 1.0f;
-  int top_k = 50;      // 0: off (HF's default is 50 when sampling)
-  float top_p = 1.0f;  // 1: off
-  uint64_t seed = 0;
+  int top_k = 50;           // 0: off (HF's default is 50 when sampling)
+  float top_p = 1.0f;       // 1: off
+  uint64_t seed = 0;        // sampling: the random stream (a batch's prompt i gets a derived one)
   bool ignore_eos = false;  // generate exactly max_new_tokens (benchmarks); greedy/sampling only
+
+  // HF's logits processors, applied in HF's order to every step's logits (to its log-softmax in
+  // beam search) before the token is chosen; "the sequence" is the prompt and the generated
+  // tokens (decoder-only) or the decoder start token and the generated tokens (encoder-decoder),
+  // as HF's input_ids.
+  float repetition_penalty = 1.0f;       // > 1: tokens of the sequence are less likely (CTRL)
+  int no_repeat_ngram_size = 0;          // no n-gram occurs twice in the sequence
+  int encoder_no_repeat_ngram_size = 0;  // encoder-decoder: no n-gram of the prompt is repeated
+  std::vector<std::vector<int64_t>> bad_words_ids;  // never completed (a lone EOS is ignored)
+  std::vector<int64_t> suppress_tokens;             // never generated
+  int64_t min_length = 0;            // EOS banned while the sequence is shorter (HF's min_length)
+  int64_t forced_bos_token_id = -1;  // the first token when the sequence is one token long
+  std::vector<int64_t> forced_eos_token_ids;  // the last token when max_new_tokens is reached
+
+  // Whether any processor above is on (min_new_tokens and min_length only ban EOS).
+  bool processes_logits() const {
+    return repetition_penalty != 1.0f || no_repeat_ngram_size > 0 ||
+           encoder_no_repeat_ngram_size > 0 || !bad_words_ids.empty() || !suppress_tokens.empty() ||
+           forced_bos_token_id >= 0 || !forced_eos_token_ids.empty();
+  }
 };
 
-// Throws a usage error naming the bad field.
-void validate(const GenerationParams& params);
+// Throws a usage error naming the bad field; ids are checked against the vocabulary when
+// vocab_size > 0.
+void validate(const GenerationParams& params, int64_t vocab_size = 0);
 
 enum class FinishReason { kEos, kLength, kCancelled };
 

@@ -2,6 +2,8 @@
 #include "backend/backend.h"
 
 #include <algorithm>
+#include <cmath>
+#include <limits>
 
 namespace kiln {
 
@@ -19,6 +21,55 @@ void Backend::finish_argmax_rows(std::span<int64_t> out) {
   KILN_CHECK(out.size() == started_ids_.size(), "finish_argmax_rows: {} outputs for {} rows",
              out.size(), started_ids_.size());
   std::copy(started_ids_.begin(), started_ids_.end(), out.begin());
+}
+
+void check_row_edits(const Tensor& logits, std::span<const RowEdit> edits) {
+  KILN_CHECK(logits.rank() == 2 && logits.dtype() == DType::kF32,
+             "edit_logits_rows: logits must be [rows, vocab] f32");
+  const int64_t rows = logits.dim(0), vocab = logits.dim(1);
+  for (const RowEdit& e : edits) {
+    KILN_CHECK(e.row >= 0 && e.row < rows, "edit_logits_rows: row {} outside the {} rows", e.row,
+               rows);
+    KILN_CHECK(e.penalty > 0.0f && std::isfinite(e.penalty),
+               "edit_logits_rows: repetition penalty {} (must be > 0)", e.penalty);
+    for (const std::vector<int64_t>* ids : {&e.penalized, &e.banned, &e.forced, &e.suppressed})
+      for (int64_t id : *ids)
+        KILN_CHECK(id >= 0 && id < vocab, "edit_logits_rows: token id {} outside [0, {})", id,
+                   vocab);
+  }
+}
+
+void edit_logits_row(std::span<float> x, const RowEdit& e) {
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  if (e.log_softmax) {
+    // As the runtime's log_softmax (fp32 sum of exp(x - max)).
+    const float mx = *std::max_element(x.begin(), x.end());
+    float sum = 0.0f;
+    for (float v : x) sum += std::exp(v - mx);
+    const float lse = mx + std::log(sum);
+    for (float& v : x) v -= lse;
+  }
+  for (int64_t id : e.penalized) {
+    float& v = x[static_cast<size_t>(id)];
+    v = v < 0.0f ? v * e.penalty : v / e.penalty;
+  }
+  for (int64_t id : e.banned) x[static_cast<size_t>(id)] = kNegInf;
+  if (!e.forced.empty()) {
+    std::fill(x.begin(), x.end(), kNegInf);
+    for (int64_t id : e.forced) x[static_cast<size_t>(id)] = 0.0f;
+  }
+  for (int64_t id : e.suppressed) x[static_cast<size_t>(id)] = kNegInf;
+}
+
+void Backend::edit_logits_rows(Tensor& logits, std::span<const RowEdit> edits) {
+  if (edits.empty()) return;
+  KILN_CHECK(logits.device() == Device::kCpu,
+             "edit_logits_rows: this backend has no kernel for {} logits",
+             device_name(logits.device()));
+  check_row_edits(logits, edits);
+  const size_t vocab = static_cast<size_t>(logits.dim(1));
+  for (const RowEdit& e : edits)
+    edit_logits_row(std::span<float>(logits.data<float>() + e.row * logits.dim(1), vocab), e);
 }
 
 }  // namespace kiln

@@ -108,6 +108,27 @@ struct TopKRows {
   std::vector<float> log_norm;
 };
 
+// HuggingFace's logits processors as edits of one row of logits, applied in this order:
+// 1. log_softmax: the row becomes its log-softmax (beam search processes log-probabilities);
+// 2. every id of `penalized` (no repeats): x < 0 ? x * penalty : x / penalty;
+// 3. every id of `banned`: -inf;
+// 4. `forced` not empty: every id -inf, then each forced id 0;
+// 5. every id of `suppressed`: -inf.
+struct RowEdit {
+  int64_t row = 0;
+  bool log_softmax = false;
+  float penalty = 1.0f;
+  std::vector<int64_t> penalized;
+  std::vector<int64_t> banned;
+  std::vector<int64_t> forced;
+  std::vector<int64_t> suppressed;
+};
+
+// Throws naming the first edit whose row or id is outside `logits` [rows, vocab] (f32).
+void check_row_edits(const Tensor& logits, std::span<const RowEdit> edits);
+// One row's edits on the host (the reference for every backend's kernel).
+void edit_logits_row(std::span<float> row, const RowEdit& edit);
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -169,6 +190,10 @@ class Backend {
                           TopKRows* out) {
     return false;
   }
+  // Applies `edits` to rows of `logits` [rows, vocab] (f32) in place, where they live, before
+  // argmax_rows / top_k_rows / a copy reads them. Every id must be inside the vocabulary and
+  // every row inside `logits`. Default: on the host (backends whose tensors are host memory).
+  virtual void edit_logits_rows(Tensor& logits, std::span<const RowEdit> edits);
 
  private:
   std::vector<int64_t> started_ids_;  // the default start_argmax_rows's result

@@ -26,6 +26,14 @@ struct GenerationDefaults {
   std::optional<float> temperature;
   std::optional<int> top_k;
   std::optional<float> top_p;
+  std::optional<double> repetition_penalty;
+  std::optional<int> no_repeat_ngram_size;
+  std::optional<int> encoder_no_repeat_ngram_size;
+  std::optional<std::vector<std::vector<int64_t>>> bad_words_ids;
+  std::optional<std::vector<int64_t>> suppress_tokens;
+  std::optional<int64_t> min_length;
+  std::optional<int64_t> forced_bos_token_id;
+  std::optional<std::vector<int64_t>> forced_eos_token_ids;
   std::vector<int64_t> eos_token_ids;  // empty: the model's
   bool operator==(const GenerationDefaults&) const = default;
 };

@@ -1,6 +1,7 @@
 #include "graph/model_ir.h"
 
 #include <algorithm>
+#include <span>
 
 namespace kiln {
 
@@ -20,9 +21,27 @@ void check_model_desc(const ModelDesc& d, const std::string& source) {
   KILN_CHECK(!d.encoder_decoder || in_vocab(d.decoder_start_token_id),
              "{}: decoder start id {} is outside the vocabulary of {}", source,
              d.decoder_start_token_id, d.vocab_size);
-  for (int64_t id : d.generation.eos_token_ids)
+  const GenerationDefaults& g = d.generation;
+  for (int64_t id : g.eos_token_ids)
     KILN_CHECK(in_vocab(id), "{}: generation eos id {} is outside the vocabulary of {}", source, id,
                d.vocab_size);
+  auto check_ids = [&](const char* field, std::span<const int64_t> ids) {
+    for (int64_t id : ids)
+      KILN_CHECK(in_vocab(id),
+                 "{}: generation setting '{}' holds token id {}, outside the "
+                 "vocabulary of {}",
+                 source, field, id, d.vocab_size);
+  };
+  if (g.suppress_tokens) check_ids("suppress_tokens", *g.suppress_tokens);
+  if (g.forced_eos_token_ids) check_ids("forced_eos_token_id", *g.forced_eos_token_ids);
+  if (g.forced_bos_token_id)
+    check_ids("forced_bos_token_id", std::span(&*g.forced_bos_token_id, 1));
+  if (g.bad_words_ids)
+    for (const std::vector<int64_t>& words : *g.bad_words_ids) {
+      KILN_CHECK(!words.empty(), "{}: generation setting 'bad_words_ids' holds an empty list",
+                 source);
+      check_ids("bad_words_ids", words);
+    }
 }
 
 int64_t ShapeProfile::bucket_for(int64_t tokens) const {

@@ -50,6 +50,14 @@ json desc_to_json(const ModelDesc& d) {
   put(gen, "temperature", g.temperature);
   put(gen, "top_k", g.top_k);
   put(gen, "top_p", g.top_p);
+  put(gen, "repetition_penalty", g.repetition_penalty);
+  put(gen, "no_repeat_ngram_size", g.no_repeat_ngram_size);
+  put(gen, "encoder_no_repeat_ngram_size", g.encoder_no_repeat_ngram_size);
+  put(gen, "bad_words_ids", g.bad_words_ids);
+  put(gen, "suppress_tokens", g.suppress_tokens);
+  put(gen, "min_length", g.min_length);
+  put(gen, "forced_bos_token_id", g.forced_bos_token_id);
+  put(gen, "forced_eos_token_ids", g.forced_eos_token_ids);
   if (!g.eos_token_ids.empty()) gen["eos_token_ids"] = g.eos_token_ids;
   return json{{"architecture", d.architecture},
               {"encoder_decoder", d.encoder_decoder},
@@ -89,6 +97,14 @@ ModelDesc desc_from_json(const json& j, const std::string& source) {
   get(gen, "temperature", &g.temperature);
   get(gen, "top_k", &g.top_k);
   get(gen, "top_p", &g.top_p);
+  get(gen, "repetition_penalty", &g.repetition_penalty);
+  get(gen, "no_repeat_ngram_size", &g.no_repeat_ngram_size);
+  get(gen, "encoder_no_repeat_ngram_size", &g.encoder_no_repeat_ngram_size);
+  get(gen, "bad_words_ids", &g.bad_words_ids);
+  get(gen, "suppress_tokens", &g.suppress_tokens);
+  get(gen, "min_length", &g.min_length);
+  get(gen, "forced_bos_token_id", &g.forced_bos_token_id);
+  get(gen, "forced_eos_token_ids", &g.forced_eos_token_ids);
   if (gen.contains("eos_token_ids"))
     g.eos_token_ids = gen.at("eos_token_ids").get<std::vector<int64_t>>();
   check_model_desc(d, source);
@@ -100,6 +116,9 @@ ModelDesc desc_from_json(const json& j, const std::string& source) {
   KILN_CHECK(p.num_beams >= 1 && p.num_beams <= kMaxBeams && p.max_new_tokens > 0 && p.top_p > 0 &&
                  p.top_p <= 1 && p.temperature > 0,
              "{}: invalid generation defaults", source);
+  KILN_CHECK(g.repetition_penalty.value_or(1.0) > 0 && g.no_repeat_ngram_size.value_or(0) >= 0 &&
+                 g.encoder_no_repeat_ngram_size.value_or(0) >= 0 && g.min_length.value_or(0) >= 0,
+             "{}: invalid generation defaults (a non-positive penalty or a negative size)", source);
   return d;
 }
 

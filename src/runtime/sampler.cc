@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <string_view>
 
 #include "core/status.h"
 
@@ -14,6 +15,13 @@ int64_t argmax(std::span<const float> logits) {
   for (size_t i = 1; i < logits.size(); ++i)
     if (logits[i] > logits[best]) best = static_cast<int64_t>(i);
   return best;
+}
+
+uint64_t derive_seed(uint64_t seed, uint64_t index) {
+  uint64_t z = seed + 0x9E3779B97F4A7C15ull * (index + 1);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
 }
 
 void log_softmax(std::span<const float> logits, std::vector<float>* out) {
@@ -74,7 +82,7 @@ int64_t sample_sorted(std::span<const float> scaled, std::span<const int64_t> id
   return ids[keep - 1];
 }
 
-void validate(const GenerationParams& p) {
+void validate(const GenerationParams& p, int64_t vocab_size) {
   KILN_CHECK_USAGE(p.max_new_tokens >= 0 && p.max_new_tokens <= kMaxNewTokensLimit,
                    "max-new-tokens must be in 1..{}, got {}", kMaxNewTokensLimit, p.max_new_tokens);
   KILN_CHECK_USAGE(p.max_new_tokens > 0 || p.max_length > 0,
@@ -92,6 +100,25 @@ void validate(const GenerationParams& p) {
   KILN_CHECK_USAGE(std::isfinite(p.length_penalty), "length-penalty must be finite");
   KILN_CHECK_USAGE(!(p.ignore_eos && p.num_beams > 1),
                    "ignoring EOS is for greedy or sampled generation, not beam search");
+  KILN_CHECK_USAGE(p.repetition_penalty > 0.0f && std::isfinite(p.repetition_penalty),
+                   "repetition-penalty must be > 0, got {}", p.repetition_penalty);
+  KILN_CHECK_USAGE(p.no_repeat_ngram_size >= 0, "no-repeat-ngram-size must be >= 0, got {}",
+                   p.no_repeat_ngram_size);
+  KILN_CHECK_USAGE(p.encoder_no_repeat_ngram_size >= 0,
+                   "encoder-no-repeat-ngram-size must be >= 0, got {}",
+                   p.encoder_no_repeat_ngram_size);
+  KILN_CHECK_USAGE(p.min_length >= 0, "min-length must be >= 0, got {}", p.min_length);
+  auto check_id = [&](std::string_view what, int64_t id) {
+    KILN_CHECK_USAGE(id >= 0 && (vocab_size <= 0 || id < vocab_size),
+                     "{}: token id {} is outside the vocabulary [0, {})", what, id, vocab_size);
+  };
+  for (const std::vector<int64_t>& words : p.bad_words_ids) {
+    KILN_CHECK_USAGE(!words.empty(), "bad-words-ids: an empty list of ids bans nothing");
+    for (int64_t id : words) check_id("bad-words-ids", id);
+  }
+  for (int64_t id : p.suppress_tokens) check_id("suppress-tokens", id);
+  if (p.forced_bos_token_id >= 0) check_id("forced-bos-token-id", p.forced_bos_token_id);
+  for (int64_t id : p.forced_eos_token_ids) check_id("forced-eos-token-id", id);
 }
 
 }  // namespace kiln

@@ -20,6 +20,9 @@ int64_t sample_token(std::span<const float> logits, const GenerationParams& para
 // top_k > 0, else the whole row. What a backend's top_k_rows returns.
 int64_t sample_sorted(std::span<const float> scaled, std::span<const int64_t> ids,
                       const GenerationParams& params, std::mt19937_64& rng);
+// The seed of request `index` of a run seeded with `seed` (splitmix64 of the pair): requests
+// get unrelated streams, so identical prompts sample differently, and a run repeats exactly.
+uint64_t derive_seed(uint64_t seed, uint64_t index);
 // log_softmax in fp32.
 void log_softmax(std::span<const float> logits, std::vector<float>* out);
 

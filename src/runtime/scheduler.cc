@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "runtime/beam_search.h"
+#include "runtime/logits_processors.h"
 #include "runtime/sampler.h"
 #include "runtime/scheduler_request.h"
 
@@ -30,6 +31,15 @@ GenerationParams default_generation_params(const ModelDesc& desc) {
   if (g.temperature) p.temperature = *g.temperature;
   if (g.top_k) p.top_k = *g.top_k;
   if (g.top_p) p.top_p = *g.top_p;
+  if (g.repetition_penalty) p.repetition_penalty = static_cast<float>(*g.repetition_penalty);
+  if (g.no_repeat_ngram_size) p.no_repeat_ngram_size = *g.no_repeat_ngram_size;
+  if (g.encoder_no_repeat_ngram_size)
+    p.encoder_no_repeat_ngram_size = *g.encoder_no_repeat_ngram_size;
+  if (g.bad_words_ids) p.bad_words_ids = *g.bad_words_ids;
+  if (g.suppress_tokens) p.suppress_tokens = *g.suppress_tokens;
+  if (g.min_length) p.min_length = *g.min_length;
+  if (g.forced_bos_token_id) p.forced_bos_token_id = *g.forced_bos_token_id;
+  if (g.forced_eos_token_ids) p.forced_eos_token_ids = *g.forced_eos_token_ids;
   return p;
 }
 
@@ -118,8 +128,8 @@ bool Scheduler::idle() const {
 }
 
 RequestId Scheduler::submit(std::vector<int64_t> prompt_ids, const GenerationParams& params) {
-  validate(params);
   const ModelDesc& d = model_.desc();
+  validate(params, d.vocab_size);
   const int64_t limit = model_.model().profile.max_input_tokens;
   KILN_CHECK_USAGE(!prompt_ids.empty(), "empty prompt: nothing to generate from");
   KILN_CHECK_USAGE(static_cast<int64_t>(prompt_ids.size()) <= limit,
@@ -403,6 +413,7 @@ void Scheduler::run_decoder(const std::vector<Request*>& batch, bool apply_copie
   StepContext step{&layout_, kv_.get(), behind_encoder};
   const std::span<const Tensor> out = model_.decoder().execute(inputs, &step);
   decoder_logits_ = out[io.logits];
+  process_logits(batch);
   // Greedy rows cross as token ids (argmax where the logits live, when the backend can); rows
   // that sample, search beams or mask EOS copy their own logits row.
   Tensor tokens;
@@ -417,12 +428,44 @@ void Scheduler::run_decoder(const std::vector<Request*>& batch, bool apply_copie
   read_decoder(batch);
 }
 
+ProcessorState Scheduler::processor_state(const Request& r, const Beam& b) const {
+  ProcessorState s;
+  s.sequence = b.seq;
+  s.prompt = r.prompt;
+  s.generated = b.generated;
+  s.max_new = r.max_new;
+  s.eos_ids = eos_ids_;
+  s.beam_search = r.params.num_beams > 1;
+  return s;
+}
+
+bool Scheduler::eos_banned_plainly(const Request& r, const Beam& b) const {
+  return !r.params.processes_logits() && eos_banned(r.params, processor_state(r, b));
+}
+
+void Scheduler::process_logits(const std::vector<Request*>& batch) {
+  edits_.clear();
+  for (Request* r : batch) {
+    if (!r->params.processes_logits()) continue;
+    for (const Beam& b : r->beams) {
+      // Only rows whose token is chosen this step (not a prompt's earlier chunks).
+      if (b.row < 0 || b.scheduled != b.pending()) continue;
+      RowEdit e;
+      if (!make_row_edit(r->params, processor_state(*r, b), &e)) continue;
+      e.row = b.row;
+      edits_.push_back(std::move(e));
+    }
+  }
+  if (!edits_.empty()) model_.backend().edit_logits_rows(decoder_logits_, edits_);
+}
+
 void Scheduler::start_argmax(const std::vector<Request*>& batch, Tensor* tokens) {
-  // Greedy rows still below min_new_tokens may not pick EOS: the device argmax skips it there.
+  // Rows still below min_new_tokens or min_length may not pick EOS: the device argmax skips it
+  // there (rows with processors had it banned by their edit, before any forced token).
   ban_eos_.assign(rows_.size(), 0);
   for (Request* r : batch)
     for (const Beam& b : r->beams)
-      if (b.row >= 0 && b.generated < r->params.min_new_tokens) ban_eos_[b.row] = 1;
+      if (b.row >= 0 && eos_banned_plainly(*r, b)) ban_eos_[b.row] = 1;
   argmax_started_ = model_.backend().start_argmax_rows(decoder_logits_, eos_ids_, ban_eos_, tokens);
 }
 
@@ -596,7 +639,7 @@ void Scheduler::advance(Request& r, std::vector<GenerationEvent>& events) {
     KILN_CHECK(static_cast<int64_t>(logits_.size()) >= (b.row + 1) * vocab,
                "request {}: no logits on the host for row {}", r.id, b.row);
     std::span<float> row(logits_.data() + b.row * vocab, static_cast<size_t>(vocab));
-    if (b.generated < r.params.min_new_tokens)
+    if (eos_banned_plainly(r, b))
       for (int64_t eos : eos_ids_) row[eos] = -INFINITY;
     token = r.params.do_sample ? sample_token(row, r.params, r.rng) : argmax(row);
   }
@@ -627,14 +670,17 @@ void Scheduler::advance_beams(Request& r, std::vector<GenerationEvent>& events) 
   for (const Beam& beam : r.beams)
     device_topk &= beam.row < static_cast<int64_t>(row_topk_.size()) && row_topk_[beam.row];
   if (device_topk) {
-    // The device's best tokens per beam: log-probabilities are logits less the log-normaliser;
-    // EOS below min_new_tokens was skipped there.
+    // The device's best tokens per beam: log-probabilities are logits less the log-normaliser
+    // (rows with processors are processed log-probabilities already); EOS below
+    // min_new_tokens was skipped there.
+    const bool processed = r.params.processes_logits();
     std::vector<std::vector<BeamSearch::TokenLogProb>> rows(r.beams.size());
     for (size_t bi = 0; bi < r.beams.size(); ++bi) {
       const int64_t row = r.beams[bi].row;
       const size_t at = static_cast<size_t>(row * topk_.k);
+      const float norm = processed ? 0.0f : topk_.log_norm[row];
       for (size_t j = 0; j < candidate_count(topk_, row); ++j)
-        rows[bi].push_back({topk_.ids[at + j], topk_.values[at + j] - topk_.log_norm[row]});
+        rows[bi].push_back({topk_.ids[at + j], topk_.values[at + j] - norm});
     }
     continue_beams(r, search.step(std::span<const std::vector<BeamSearch::TokenLogProb>>(rows)),
                    events);
@@ -644,9 +690,15 @@ void Scheduler::advance_beams(Request& r, std::vector<GenerationEvent>& events) 
   std::vector<float> log_probs(r.beams.size() * width), lp;
   for (size_t bi = 0; bi < r.beams.size(); ++bi) {
     const Beam& beam = r.beams[bi];
-    log_softmax(std::span<const float>(logits_.data() + beam.row * vocab, width), &lp);
+    const std::span<const float> row(logits_.data() + beam.row * vocab, width);
+    if (r.params.processes_logits()) {
+      // The backend's edit made the row processed log-probabilities (process_logits).
+      std::copy(row.begin(), row.end(), log_probs.begin() + static_cast<ptrdiff_t>(bi * width));
+      continue;
+    }
+    log_softmax(row, &lp);
     // HF applies logits processors after log_softmax in beam search: no renormalisation.
-    if (beam.generated < r.params.min_new_tokens)
+    if (eos_banned_plainly(r, beam))
       for (int64_t eos : eos_ids_) lp[eos] = -INFINITY;
     std::copy(lp.begin(), lp.end(), log_probs.begin() + static_cast<ptrdiff_t>(bi * width));
   }
@@ -683,7 +735,11 @@ void Scheduler::continue_beams(Request& r, const std::vector<BeamContinuation>& 
 std::vector<GenerationResult> Scheduler::generate(const std::vector<std::vector<int64_t>>& prompts,
                                                   const GenerationParams& params) {
   std::map<RequestId, size_t> order;
-  for (size_t i = 0; i < prompts.size(); ++i) order[submit(prompts[i], params)] = i;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    GenerationParams request = params;
+    request.seed = derive_seed(params.seed, i);
+    order[submit(prompts[i], request)] = i;
+  }
   std::vector<GenerationResult> results(prompts.size());
   size_t received = 0;
   while (received < prompts.size()) {

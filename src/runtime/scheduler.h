@@ -31,6 +31,7 @@
 #include "runtime/beam_search.h"
 #include "runtime/compiled_model.h"
 #include "runtime/kv_cache.h"
+#include "runtime/logits_processors.h"
 
 namespace kiln {
 
@@ -87,8 +88,8 @@ class Scheduler {
   // Decode steps that were queued behind an unread one.
   int64_t steps_ahead() const { return steps_ahead_; }
 
-  // Convenience: submits all, steps until done, results in prompt order. A failed request
-  // throws naming its index.
+  // Convenience: submits all, steps until done, results in prompt order; prompt i samples
+  // from derive_seed(params.seed, i). A failed request throws naming its index.
   std::vector<GenerationResult> generate(const std::vector<std::vector<int64_t>>& prompts,
                                          const GenerationParams& params);
 
@@ -136,6 +137,12 @@ class Scheduler {
   // Starts the argmax of decoder_logits_ (the rows of the batch's scheduled beams), with the
   // EOS bans of min_new_tokens; sets argmax_started_ and, when started, *tokens.
   void start_argmax(const std::vector<Request*>& batch, Tensor* tokens);
+  // Applies the batch's logits processors (GenerationParams::processes_logits) to
+  // decoder_logits_ where they live, before any token is chosen from them.
+  void process_logits(const std::vector<Request*>& batch);
+  ProcessorState processor_state(const Request& r, const Beam& b) const;
+  // EOS is banned for b's next token and no processor edit bans it (the selection does).
+  bool eos_banned_plainly(const Request& r, const Beam& b) const;
   // The last decoder step's token choices to the host (argmax, top-k, logits rows).
   void read_decoder(const std::vector<Request*>& batch);
   // Run-ahead (scheduler_run_ahead.cc).
@@ -191,7 +198,8 @@ class Scheduler {
   std::vector<int64_t> ids_, rows_;
   // Each row's argmax computed by the backend where the logits live (-1: read logits_ instead).
   std::vector<int64_t> row_argmax_;
-  std::vector<uint8_t> ban_eos_;  // per logits row: EOS may not be picked (min_new_tokens)
+  std::vector<uint8_t> ban_eos_;  // per logits row: EOS may not be picked (min lengths)
+  std::vector<RowEdit> edits_;    // this step's logits processors (process_logits)
   // Device backends: each row's best tokens for sampling and beam search (top_k_rows), valid in
   // the rows where row_topk_ is non-zero (else read logits_).
   TopKRows topk_;

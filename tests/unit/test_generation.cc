@@ -43,6 +43,24 @@ TEST_F(GenerationTest, SamplingIsReproducibleForASeed) {
   EXPECT_TRUE(outs[2] != outs[0] || outs[3] != outs[0] || outs[4] != outs[0]);
 }
 
+TEST_F(GenerationTest, IdenticalPromptsOfOneRunSampleDifferentlyAndTheRunRepeats) {
+  GenerationParams p;
+  p.do_sample = true;
+  p.temperature = 3.0f;
+  p.max_new_tokens = 12;
+  p.seed = 7;
+  const std::vector<std::vector<int64_t>> prompts(4, prompt("sort: f r t d e"));
+  Scheduler g(*engine_);
+  const auto first = g.generate(prompts, p);
+  const auto again = g.generate(prompts, p);
+  bool differ = false;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    EXPECT_EQ(first[i].output_ids, again[i].output_ids) << "prompt " << i;
+    differ |= first[i].output_ids != first[0].output_ids;
+  }
+  EXPECT_TRUE(differ) << "four identical prompts sampled four identical outputs";
+}
+
 TEST_F(GenerationTest, TopKOneIsGreedy) {
   GenerationParams greedy;
   GenerationParams k1;

@@ -40,6 +40,10 @@ Runner add_planned(CLI::App& app, const std::string& name, const std::string& de
 CLI::Option* one_value(CLI::Option* opt);
 // Limits shown in --help and checked by the parser ("--beams: Value 40 not in range [1 - 32]").
 CLI::Option* in_range(CLI::Option* opt, int64_t lo, int64_t hi);
+// Validators: a floating-point value for which ok() holds ("must be a number in 0..100, got
+// abc"), and an integer in lo..hi (--help: "INT:in 1..32", or ">= lo" when hi is the maximum).
+CLI::Validator number_check(std::function<bool(double)> ok, const std::string& rule);
+CLI::Validator int_check(int64_t lo, int64_t hi);
 // A subcommand's --help after its options: `details` (what it does, examples), then the global
 // flags and the exit codes.
 void describe(CLI::App* cmd, const std::string& details);
@@ -87,6 +91,15 @@ struct GenerationFlags {
   int64_t top_k = 0;
   float top_p = 1.0f;
   int64_t seed = 0;
+  int64_t min_new_tokens = 0;
+  int64_t min_length = 0;
+  float repetition_penalty = 1.0f;
+  int64_t no_repeat_ngram_size = 0;
+  int64_t encoder_no_repeat_ngram_size = 0;
+  std::string bad_words_ids;    // JSON: [[id, ...], ...]
+  std::string suppress_tokens;  // JSON: [id, ...]
+  int64_t forced_bos_token_id = 0;
+  std::string forced_eos_token_id;  // JSON: id or [id, ...]
   int batch_size = 8;
   std::string prompt_template;  // empty: the plan's
   // Which generation flags the user gave: only those override the model's generation_config.
@@ -97,6 +110,10 @@ void add_generation_flags(CLI::App& cmd, GenerationFlags& flags);
 // The model's defaults (HF's, with its generation_config.json applied), then the flags given.
 // Warns (through `log`) about flags that have no effect with the resulting parameters.
 GenerationParams to_params(const GenerationFlags& flags, const ModelDesc& desc, const Logger& log);
+// The seed the run's sampled requests derive theirs from: --seed, else one from the system's
+// entropy (logged at INFO with how to repeat the run). Request i samples from
+// derive_seed(base, i): identical prompts differ, and the same base repeats the run exactly.
+uint64_t run_seed(const GenerationFlags& flags, const GenerationParams& params, const Logger& log);
 struct Generated {
   std::string prompt;  // as given (before the template)
   std::vector<int64_t> input_ids;

@@ -4,6 +4,7 @@
 #include <map>
 
 #include "commands.h"
+#include "runtime/sampler.h"
 #include "runtime/scheduler.h"
 
 namespace kiln::cli {
@@ -76,9 +77,12 @@ std::vector<Generated> generate_all(CompiledModel& engine, const std::vector<Tex
       static_cast<int>(std::min<int64_t>(flags.batch_size, engine.model().profile.max_batch));
   Scheduler scheduler(engine, so);
   std::map<RequestId, size_t> index;
+  const uint64_t seed = run_seed(flags, params, log);
   for (size_t i = 0; i < n; ++i) {
+    GenerationParams request = params;
+    request.seed = derive_seed(seed, i);
     try {
-      index[scheduler.submit(out[i].input_ids, params)] = i;
+      index[scheduler.submit(out[i].input_ids, request)] = i;
     } catch (const Error& e) {
       throw Error(e.kind(), prompts[i].origin + ": " + e.what(), e.file(), e.line());
     }

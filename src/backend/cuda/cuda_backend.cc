@@ -72,6 +72,13 @@ class CudaBackend final : public Backend {
     return true;
   }
   void finish_argmax_rows(std::span<int64_t> out) override { cuda_->finish_argmax_rows(out); }
+  void edit_logits_rows(Tensor& logits, std::span<const RowEdit> edits) override {
+    if (logits.device() != Device::kCuda) {
+      Backend::edit_logits_rows(logits, edits);
+      return;
+    }
+    cuda_->edit_logits_rows(logits, edits);
+  }
   bool runs_ahead() const override { return true; }
   void wait() override { cuda_->synchronize(); }
 

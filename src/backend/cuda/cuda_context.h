@@ -250,6 +250,10 @@ class CudaContext {
                   std::span<const int64_t> banned, std::span<const uint8_t> banned_rows,
                   TopKRows* out);
 
+  // Backend::edit_logits_rows on the device (logit_edits.cu): one upload of the edits, one
+  // kernel, queued before what reads the logits.
+  void edit_logits_rows(Tensor& logits, std::span<const RowEdit> edits);
+
   // The device copy of a weight, uploaded once per backend (graphs that share a weight share
   // the copy).
   Tensor device_weight(const Tensor& host);
@@ -355,6 +359,10 @@ class CudaContext {
   size_t topk_capacity_ = 0;
   // Host staging of its results.
   std::vector<unsigned char> topk_host_;
+  // edit_logits_rows's LogitEdit headers then ids, on the device and staged on the host.
+  std::shared_ptr<void> edits_device_;
+  size_t edits_capacity_ = 0;
+  std::vector<unsigned char> edits_host_;
 };
 
 }  // namespace kiln::cuda

@@ -158,4 +158,50 @@ void CudaContext::top_k_rows(const Tensor& logits, int k, std::span<const float>
               rows * sizeof(float));
 }
 
+void CudaContext::edit_logits_rows(Tensor& logits, std::span<const RowEdit> edits) {
+  KILN_CHECK(logits.device() == Device::kCuda, "edit_logits_rows: {} logits on the CUDA backend",
+             kiln::device_name(logits.device()));
+  check_row_edits(logits, edits);
+  if (edits.empty()) return;
+  std::vector<LogitEdit> heads(edits.size());
+  std::vector<long long> ids;
+  for (size_t i = 0; i < edits.size(); ++i) {
+    const RowEdit& e = edits[i];
+    LogitEdit& h = heads[i];
+    h.row = e.row;
+    h.penalty = e.penalty;
+    h.log_softmax = e.log_softmax ? 1 : 0;
+    h.penalized = static_cast<int>(ids.size());
+    ids.insert(ids.end(), e.penalized.begin(), e.penalized.end());
+    h.banned = static_cast<int>(ids.size());
+    ids.insert(ids.end(), e.banned.begin(), e.banned.end());
+    h.forced = static_cast<int>(ids.size());
+    ids.insert(ids.end(), e.forced.begin(), e.forced.end());
+    h.suppressed = static_cast<int>(ids.size());
+    ids.insert(ids.end(), e.suppressed.begin(), e.suppressed.end());
+    h.end = static_cast<int>(ids.size());
+  }
+  const size_t head_bytes = align256(heads.size() * sizeof(LogitEdit));
+  const size_t bytes = head_bytes + ids.size() * sizeof(long long);
+  if (bytes > edits_capacity_) {
+    // Kernels queued before may still read the old buffer: the allocator's buffers are freed
+    // in stream order (as topk_device_'s are).
+    edits_capacity_ = std::max<size_t>(bytes, 4096);
+    edits_device_ = allocator_.allocate(edits_capacity_);
+  }
+  edits_host_.resize(bytes);
+  std::memcpy(edits_host_.data(), heads.data(), heads.size() * sizeof(LogitEdit));
+  if (!ids.empty())
+    std::memcpy(edits_host_.data() + head_bytes, ids.data(), ids.size() * sizeof(long long));
+  // From pageable memory: the call returns once the bytes are staged, so edits_host_ may be
+  // reused by the next call.
+  auto* base = static_cast<unsigned char*>(edits_device_.get());
+  KILN_CUDA_CHECK(
+      cudaMemcpyAsync(base, edits_host_.data(), bytes, cudaMemcpyHostToDevice, stream_));
+  launch_edit_logits(static_cast<float*>(logits.raw()), logits.dim(1),
+                     reinterpret_cast<const LogitEdit*>(base), static_cast<int>(heads.size()),
+                     reinterpret_cast<const long long*>(base + head_bytes), kernel_stream());
+  KILN_CUDA_CHECK(cudaGetLastError());
+}
+
 }  // namespace kiln::cuda

@@ -352,6 +352,19 @@ void launch_topk_rows(FloatType t, const void* x, int64_t rows, int64_t cols, in
                       const unsigned char* ban_row, void* scratch, float* values, int* columns,
                       float* log_norm, KernelStream stream);
 
+// One row's logits processors for launch_edit_logits: its ids are ids[penalized, banned) to
+// penalize, [banned, forced) to ban, [forced, suppressed) to force, [suppressed, end) to
+// suppress (RowEdit's order and meaning).
+struct LogitEdit {
+  long long row;
+  float penalty;
+  int log_softmax;
+  int penalized, banned, forced, suppressed, end;
+};
+// Applies edits[0, count) to the rows of x [rows, cols] (f32) in place (logit_edits.cu).
+void launch_edit_logits(float* x, int64_t cols, const LogitEdit* edits, int count,
+                        const long long* ids, KernelStream stream);
+
 // Attends; cached self attention also stores this step's K/V rows in the cache (in the same
 // kernel: its own keys it reads from the step's rows).
 void launch_attention(const AttentionParams& p, KernelStream stream);

@@ -239,8 +239,68 @@ BloomConfig parse_bloom(const Fields& f) {
   return c;
 }
 
-void parse_generation_object(const json& obj, const std::string& source, GenerationDefaults* out) {
+// A list of token ids, or one id where HF takes "an int or a list" (forced_eos_token_id).
+std::vector<int64_t> token_ids(const Fields& f, const char* key, const json& v) {
+  std::vector<int64_t> ids;
+  if (v.is_array()) {
+    for (const json& id : v) ids.push_back(f.to_integer(key, id));
+  } else {
+    ids.push_back(f.to_integer(key, v));
+  }
+  for (int64_t id : ids)
+    KILN_CHECK(id >= 0, "{}: field '{}' holds a negative token id {}", f.source(), key, id);
+  return ids;
+}
+
+// generation_config fields HF applies that kiln does not, with HF's default (null: none): a
+// value other than the default is reported (ModelConfig::unsupported_generation).
+struct UnsupportedField {
+  const char* name;
+  json fallback;
+};
+const std::vector<UnsupportedField>& unsupported_generation_fields() {
+  static const std::vector<UnsupportedField> fields = {
+      {"num_beam_groups", 1},
+      {"diversity_penalty", 0.0},
+      {"encoder_repetition_penalty", 1.0},
+      {"sequence_bias", nullptr},
+      {"exponential_decay_length_penalty", nullptr},
+      {"typical_p", 1.0},
+      {"epsilon_cutoff", 0.0},
+      {"eta_cutoff", 0.0},
+      {"min_p", nullptr},
+      {"top_h", nullptr},
+      {"renormalize_logits", false},
+      {"constraints", nullptr},
+      {"force_words_ids", nullptr},
+      {"guidance_scale", nullptr},
+      {"begin_suppress_tokens", nullptr},
+      {"forced_decoder_ids", nullptr},
+      {"remove_invalid_values", false},
+      {"penalty_alpha", nullptr},
+      {"num_return_sequences", 1},
+      {"watermarking_config", nullptr},
+      {"dola_layers", nullptr},
+      {"max_time", nullptr},
+      {"stop_strings", nullptr},
+      {"prompt_lookup_num_tokens", nullptr},
+      {"token_healing", false},
+  };
+  return fields;
+}
+
+void parse_generation_object(const json& obj, const std::string& source, GenerationDefaults* out,
+                             std::vector<std::string>* unsupported) {
   const Fields f(obj, source);
+  if (unsupported != nullptr)
+    for (const UnsupportedField& u : unsupported_generation_fields()) {
+      const json* v = f.find(u.name);
+      if (v == nullptr || *v == u.fallback) continue;
+      // 1 and 1.0 are HF's same default.
+      if (v->is_number() && u.fallback.is_number() && v->get<double>() == u.fallback.get<double>())
+        continue;
+      unsupported->push_back(fmt::format("{} ({})", u.name, brief_json(*v)));
+    }
   if (const auto v = f.opt_integer("max_new_tokens")) {
     KILN_CHECK(*v > 0, "{}: field 'max_new_tokens' must be positive, got {}", source, *v);
     out->max_new_tokens = *v;
@@ -283,18 +343,45 @@ void parse_generation_object(const json& obj, const std::string& source, Generat
     KILN_CHECK(*v > 0 && *v <= 1, "{}: field 'top_p' must be in (0, 1], got {}", source, *v);
     out->top_p = static_cast<float>(*v);
   }
-  if (const json* v = f.find("eos_token_id")) {
-    std::vector<int64_t> ids;
-    if (v->is_array()) {
-      for (const json& id : *v) ids.push_back(f.to_integer("eos_token_id", id));
-    } else {
-      ids.push_back(f.to_integer("eos_token_id", *v));
-    }
-    for (int64_t id : ids) {
-      KILN_CHECK(id >= 0, "{}: field 'eos_token_id' holds a negative token id {}", source, id);
-    }
-    out->eos_token_ids = std::move(ids);
+  if (const json* v = f.find("eos_token_id")) out->eos_token_ids = token_ids(f, "eos_token_id", *v);
+  if (const auto v = f.opt_number("repetition_penalty")) {
+    KILN_CHECK(*v > 0, "{}: field 'repetition_penalty' must be positive, got {}", source, *v);
+    out->repetition_penalty = *v;
   }
+  auto ngram = [&](const char* key) -> std::optional<int> {
+    const auto v = f.opt_integer(key);
+    if (!v) return std::nullopt;
+    KILN_CHECK(*v >= 0 && *v <= 1 << 20, "{}: field '{}' must be >= 0, got {}", source, key, *v);
+    return static_cast<int>(*v);
+  };
+  if (const auto v = ngram("no_repeat_ngram_size")) out->no_repeat_ngram_size = *v;
+  if (const auto v = ngram("encoder_no_repeat_ngram_size")) out->encoder_no_repeat_ngram_size = *v;
+  if (const json* v = f.find("bad_words_ids")) {
+    if (!v->is_array()) f.fail_type("bad_words_ids", "a list of lists of token ids", *v);
+    std::vector<std::vector<int64_t>> words;
+    for (const json& w : *v) {
+      if (!w.is_array() || w.empty())
+        f.fail_type("bad_words_ids", "a list of non-empty lists of token ids", *v);
+      words.push_back(token_ids(f, "bad_words_ids", w));
+    }
+    out->bad_words_ids = std::move(words);
+  }
+  if (const json* v = f.find("suppress_tokens")) {
+    if (!v->is_array()) f.fail_type("suppress_tokens", "a list of token ids", *v);
+    out->suppress_tokens = token_ids(f, "suppress_tokens", *v);
+  }
+  if (const auto v = f.opt_integer("min_length")) {
+    KILN_CHECK(*v >= 0, "{}: field 'min_length' must be >= 0, got {}", source, *v);
+    out->min_length = *v;
+  }
+  if (const json* v = f.find("forced_bos_token_id")) {
+    const std::vector<int64_t> ids = token_ids(f, "forced_bos_token_id", *v);
+    KILN_CHECK(ids.size() == 1 && !v->is_array(),
+               "{}: field 'forced_bos_token_id' must be one token id", source);
+    out->forced_bos_token_id = ids[0];
+  }
+  if (const json* v = f.find("forced_eos_token_id"))
+    out->forced_eos_token_ids = token_ids(f, "forced_eos_token_id", *v);
 }
 
 }  // namespace
@@ -333,14 +420,14 @@ ModelConfig parse_model_config(const std::string& json_text, const std::string& 
   if (const json* gen = f.find(kGenerationKey)) {
     if (!gen->is_object()) f.fail_type(kGenerationKey, "an object", *gen);
     parse_generation_object(*gen, fmt::format("{} ({})", source, kGenerationKey),
-                            &config.generation);
+                            &config.generation, &config.unsupported_generation);
   }
   return config;
 }
 
 void parse_generation_config(const std::string& json_text, const std::string& source,
-                             GenerationDefaults* out) {
-  parse_generation_object(parse_json_object(json_text, source), source, out);
+                             GenerationDefaults* out, std::vector<std::string>* unsupported) {
+  parse_generation_object(parse_json_object(json_text, source), source, out, unsupported);
 }
 
 ModelConfig load_model_config(const std::string& dir) {
@@ -355,7 +442,9 @@ ModelConfig load_model_config(const std::string& dir) {
   if (fs::exists(gen_path, ec)) {
     // As in transformers, generation_config.json replaces generation settings from elsewhere.
     config.generation = {};
-    parse_generation_config(read_text_file(gen_path), gen_path, &config.generation);
+    config.unsupported_generation.clear();
+    parse_generation_config(read_text_file(gen_path), gen_path, &config.generation,
+                            &config.unsupported_generation);
   }
   return config;
 }
@@ -428,6 +517,15 @@ std::string model_config_to_json(const ModelConfig& config) {
   if (g.temperature) gen["temperature"] = *g.temperature;
   if (g.top_k) gen["top_k"] = *g.top_k;
   if (g.top_p) gen["top_p"] = *g.top_p;
+  if (g.repetition_penalty) gen["repetition_penalty"] = *g.repetition_penalty;
+  if (g.no_repeat_ngram_size) gen["no_repeat_ngram_size"] = *g.no_repeat_ngram_size;
+  if (g.encoder_no_repeat_ngram_size)
+    gen["encoder_no_repeat_ngram_size"] = *g.encoder_no_repeat_ngram_size;
+  if (g.bad_words_ids) gen["bad_words_ids"] = *g.bad_words_ids;
+  if (g.suppress_tokens) gen["suppress_tokens"] = *g.suppress_tokens;
+  if (g.min_length) gen["min_length"] = *g.min_length;
+  if (g.forced_bos_token_id) gen["forced_bos_token_id"] = *g.forced_bos_token_id;
+  if (g.forced_eos_token_ids) gen["forced_eos_token_id"] = *g.forced_eos_token_ids;
   if (!g.eos_token_ids.empty()) gen["eos_token_id"] = g.eos_token_ids;
   if (!gen.empty()) j[kGenerationKey] = std::move(gen);
   return j.dump(2);

@@ -59,6 +59,8 @@ struct ModelConfig {
   Architecture arch;
   std::variant<T5Config, BloomConfig> config;
   GenerationDefaults generation;
+  // generation_config settings HF applies and kiln does not, as "name (value)": the build warns.
+  std::vector<std::string> unsupported_generation;
   const T5Config& t5() const { return std::get<T5Config>(config); }
   const BloomConfig& bloom() const { return std::get<BloomConfig>(config); }
   bool operator==(const ModelConfig&) const = default;
@@ -69,7 +71,8 @@ struct ModelConfig {
 // model_config_to_json writes it) fills `generation`.
 ModelConfig parse_model_config(const std::string& json_text, const std::string& source);
 void parse_generation_config(const std::string& json_text, const std::string& source,
-                             GenerationDefaults* out);
+                             GenerationDefaults* out,
+                             std::vector<std::string>* unsupported = nullptr);
 // Reads DIR/config.json and, when present, DIR/generation_config.json.
 ModelConfig load_model_config(const std::string& dir);
 

@@ -14,7 +14,10 @@ ModelIR import_hf_model(const std::string& dir, const Logger& log) {
   ModelIR model;
   const ModelConfig config = load_model_config(dir);
   log.info("loading {} checkpoint from {}", architecture_name(config.arch), dir);
+  for (const std::string& field : config.unsupported_generation)
+    log.warn("{}/generation_config.json: {} is not supported by kiln and is ignored", dir, field);
   model.desc = describe_model(config);
+  check_model_desc(model.desc, dir);
   model.source_config_json = model_config_to_json(config);
   model.profile.max_input_tokens = model.desc.max_positions;
   model.profile.max_step_tokens = model.desc.max_positions;

@@ -7,19 +7,22 @@ MODELS_DIR holds t5-tiny/ and bloom-tiny/ (the repository's models/). Every case
 unpadded (a padded batch would let HF's repetition penalty and n-gram bans see pad tokens).
 Writes, per model, each prompt's input_ids and, per setting and decoding mode, HF's generated ids
 (no prompt, no decoder start token, no EOS, as `kiln run --json` prints output_ids).
-Sampling runs at temperature 0.01 with a fixed torch seed: the draw is then deterministic in
-practice (a case where HF's sample differs from HF's greedy choice under the same settings is
-left out and listed under "skipped"), so kiln's sampling path must give the same ids.
+Sampling runs at temperature 0.01 with a fixed torch seed, and a case is kept only where every
+step's best token led the second by at least MIN_MARGIN after the temperature (a logit gap of
+0.2: another draw has a chance below exp(-20)) and HF's sample equals its greedy choice; so
+kiln's sampling path must give the same ids. Left-out cases are listed under "skipped".
 """
 import json
 import sys
 
+import sentencepiece
 import torch
 import transformers
 from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoTokenizer
 
 MODELS, OUT = sys.argv[1], sys.argv[2]
 MAX_NEW = 16
+MIN_MARGIN = 20.0
 PROMPTS = {
     "t5-tiny": ["copy: vica vica vica vica", "reverse: suvogi", "sort: f r t d e", "add: 456 + 95",
                 "upper: lubu"],
@@ -48,10 +51,11 @@ def settings_for(model_name, greedy_ids):
         {"repetition_penalty": 1.2, "no_repeat_ngram_size": 2, "suppress_tokens": [g[1]],
          "bad_words_ids": [[g[2], g[3]]], "min_new_tokens": 5},
     ]
-    if model_name == "t5-tiny":
-        s.append({"encoder_no_repeat_ngram_size": 2})
-        s.append({"encoder_no_repeat_ngram_size": 1, "min_new_tokens": 4})
-        s.append({"encoder_no_repeat_ngram_size": 3, "repetition_penalty": 1.4})
+    # HF applies encoder_no_repeat_ngram_size to decoder-only models too, with the prompt as
+    # the "encoder" ids.
+    s.append({"encoder_no_repeat_ngram_size": 2})
+    s.append({"encoder_no_repeat_ngram_size": 1, "min_new_tokens": 4})
+    s.append({"encoder_no_repeat_ngram_size": 3, "repetition_penalty": 1.4})
     return s
 
 
@@ -74,18 +78,32 @@ def main():
         eos = model.generation_config.eos_token_id
         pad = model.generation_config.pad_token_id
         cases, skipped = [], []
-        prompts = [(p, tok(p if enc_dec else p + " =")["input_ids"]) for p in PROMPTS[name]]
+        if enc_dec:
+            # As the fixtures' references: SentencePiece's ids with </s> appended (transformers'
+            # tokenizer.json path for this fixture maps its pieces to <unk>).
+            sp = sentencepiece.SentencePieceProcessor(model_file=f"{path}/spiece.model")
+            prompts = [(p, sp.encode(p) + [eos]) for p in PROMPTS[name]]
+        else:
+            prompts = [(p, tok(p + " =")["input_ids"]) for p in PROMPTS[name]]
         # forced_bos_token_id acts where the sequence is one token long: the decoder start token
         # (T5), or a one-token prompt (BLOOM).
         if not enc_dec:
             prompts.append(("<one token>", [tok("copy")["input_ids"][0]]))
 
-        def run(ids, kw):
+        def run(ids, kw, margins=None):
             x = torch.tensor([ids])
-            args = dict(max_new_tokens=MAX_NEW, pad_token_id=pad, eos_token_id=eos)
+            args = dict(max_new_tokens=MAX_NEW, pad_token_id=pad, eos_token_id=eos,
+                        output_scores=True, return_dict_in_generate=True)
             args.update(kw)
             with torch.no_grad():
-                y = model.generate(x, attention_mask=torch.ones_like(x), **args)[0].tolist()
+                res = model.generate(x, attention_mask=torch.ones_like(x), **args)
+            y = res.sequences[0].tolist()
+            if margins is not None:
+                # Each step's processed scores (after the temperature): the gap between the best
+                # and the second-best token.
+                for step in res.scores:
+                    top = torch.topk(step[0].float(), 2).values
+                    margins.append(float(top[0] - top[1]))
             y = y[1:] if enc_dec else y[len(ids):]
             eos_ids = eos if isinstance(eos, list) else [eos]
             out_ids = []
@@ -105,9 +123,15 @@ def main():
                         greedy_kw = dict(MODES["greedy"])
                         greedy_kw.update(setting)
                         torch.manual_seed(1234)
-                        got = run(ids, kw)
-                        if mode == "sample" and got != run(ids, greedy_kw):
-                            skipped.append({"prompt": prompt, "setting": setting, "mode": mode})
+                        margins = []
+                        got = run(ids, kw, margins)
+                        # A sampled case is kept only where HF's draw is its greedy choice and
+                        # every step's second-best token was at least MIN_MARGIN below the best
+                        # after the temperature (a chance below exp(-20) of another draw).
+                        if mode == "sample" and (got != run(ids, greedy_kw) or
+                                                 min(margins) < MIN_MARGIN):
+                            skipped.append({"prompt": prompt, "setting": setting, "mode": mode,
+                                            "margin": min(margins)})
                             continue
                         cases.append({"prompt": prompt, "input_ids": ids, "mode": mode,
                                       "setting": setting, "output_ids": got})
