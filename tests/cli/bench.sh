@@ -54,6 +54,39 @@ expect_in "$TMP/out" "roofline" "table header"
 expect_in "$TMP/out" "GB/s" "measured bandwidth"
 expect_in "$TMP/out" "vs oneDNN" "the prompt step against oneDNN"
 expect_in "$TMP/out" "w+kv+" "peak memory against weights + KV cache"
+# A bf16 plan on a CPU without AVX-512, where oneDNN has no bf16 GEMM (forced on any machine:
+# kiln's AVX2 kernels, oneDNN capped at AVX2): the measured results are still printed, and the
+# prompt step is set against oneDNN's f32 GEMMs (or against none), saying which and why.
+avx2=(env KILN_CPU_ISA=avx2 ONEDNN_MAX_CPU_ISA=AVX2)
+expect_exit 0 "build bf16 (avx2)" -- "${avx2[@]}" "$KILN" build --model "$FIXTURES/bloom-tiny" --precision bf16 -o "$TMP/bf16.plan" -q
+expect_exit 0 "bench bf16 on avx2 --json" -- "${avx2[@]}" "$KILN" bench --plan "$TMP/bf16.plan" --input-len 12 --output-len 3 --runs 1 --warmup 0 --json
+python3 - "$TMP/out" <<'PY' || fail "bench bf16 on avx2: results and which oneDNN GEMM"
+import json, sys
+lines = open(sys.argv[1]).read().splitlines()
+assert len(lines) == 1, lines
+r = json.loads(lines[0])
+assert r["precision"] == "bf16" and r["ttft_ms"] > 0 and r["roofline_pct"] > 0, r
+assert r["onednn_dtype"] in ("bf16", "f32", None), r
+if r["onednn_dtype"] != "bf16":
+    # Not the plan's kind of GEMM: the row says so.
+    assert "bf16" in r["onednn_note"], r
+if r["onednn_dtype"] is None:
+    assert r["prefill_vs_onednn_pct"] is None and r["onednn_linear_ms"] is None, r
+else:
+    assert r["onednn_linear_ms"] > 0 and r["prefill_vs_onednn_pct"] > 0, r
+PY
+expect_in "$TMP/err" "vs oneDNN" "bench bf16 on avx2 warns about the oneDNN comparison"
+expect_exit 0 "bench bf16 on avx2 table" -- "${avx2[@]}" "$KILN" bench --plan "$TMP/bf16.plan" --input-len 8 --output-len 3 --runs 1 --warmup 0
+expect_in "$TMP/out" "roofline" "bf16 on avx2: the table"
+grep -qE '^vs oneDNN: .*(f32|no comparison)' "$TMP/out" || fail "bf16 on avx2: the table says which oneDNN GEMM: $(cat "$TMP/out")"
+
+# --batch has no effect beside --sweep: a warning names both.
+expect_exit 0 "bench --batch with --sweep" -- "$KILN" bench --plan "$TMP/b.plan" --input-len 8 --output-len 2 --runs 1 --warmup 0 --batch 2 --sweep batch=1,3 --json
+expect_in "$TMP/err" "--batch 2 has no effect with --sweep" "--batch with --sweep warns"
+python3 -c 'import json,sys; assert [json.loads(l)["batch"] for l in open(sys.argv[1])] == [1, 3]' "$TMP/out" || fail "--sweep's batch sizes run"
+expect_exit 0 "bench --sweep alone" -- "$KILN" bench --plan "$TMP/b.plan" --input-len 8 --output-len 2 --runs 1 --warmup 0 --sweep batch=1 --json
+grep -q -- "--batch" "$TMP/err" && fail "--sweep alone warns about --batch: $(cat "$TMP/err")"
+
 expect_exit 2 "bad sweep" -- "$KILN" bench --plan "$TMP/b.plan" --sweep batch=1,x
 expect_exit 2 "output-len 1" -- "$KILN" bench --plan "$TMP/b.plan" --output-len 1
 expect_exit 2 "batch beyond the plan" -- "$KILN" bench --plan "$TMP/b.plan" --batch 100000

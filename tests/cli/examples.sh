@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Every example of the README (the `$ kiln ...` lines of its console blocks) and of `kiln --help`
 # and each command's --help runs, and the README's pasted outputs are what kiln prints (issue 7,
-# items 10 and 18). The examples run in a scratch copy of the repository layout: models/ and
-# ../shared/ resolve as they do from the repository root.
+# items 10 and 18). The examples run in a scratch copy of the repository layout: models/,
+# examples/ and ../shared/ resolve as they do from the repository root.
 source "$(dirname "$0")/lib.bash"
 
 repo="$(cd "$(dirname "$0")/../.." && pwd)"
@@ -10,6 +10,7 @@ work="$TMP/layout"
 rm -rf "$work"
 mkdir -p "$work/repo"
 ln -s "$repo/models" "$work/repo/models"
+ln -s "$repo/examples" "$work/repo/examples"
 ln -s "$(dirname "$FIXTURES")" "$work/shared"
 
 python3 - "$KILN" "$repo/README.md" "$work/repo" <<'PY' || fail "README and --help examples"

@@ -9,7 +9,9 @@
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
+#include <string>
 
 #include "backend/cpu/onednn_reference.h"
 #include "backend/cuda_info.h"
@@ -184,16 +186,18 @@ Runner add_bench(CLI::App& app) {
       "  kiln bench --plan t5.plan\n"
       "  kiln bench --plan bloom.plan --input-len 78 --output-len 100 --sweep batch=1,4,16 --json");
   cmd->add_option("--plan", o->plan, "plan file")->required();
-  cmd->add_option("--batch", o->batch, "sequences generated together (1..the plan's batch)")
-      ->capture_default_str();
+  CLI::Option* batch_opt =
+      cmd->add_option("--batch", o->batch, "sequences generated together (1..the plan's batch)")
+          ->capture_default_str();
   cmd->add_option("--input-len", o->input_len, "prompt tokens")->capture_default_str();
   cmd->add_option("--output-len", o->output_len, "new tokens per sequence (>= 2)")
       ->capture_default_str();
   cmd->add_option("--warmup", o->warmup, "untimed runs first")->capture_default_str();
   cmd->add_option("--runs", o->runs, "timed runs; the median is reported")->capture_default_str();
-  cmd->add_option("--sweep", o->sweep, "batch=1,4,16,64: one configuration per batch size");
+  cmd->add_option("--sweep", o->sweep,
+                  "batch=1,4,16,64: one configuration per batch size (instead of --batch)");
   cmd->add_flag("--json", o->json, "one JSON object per configuration");
-  return [o](const GlobalOptions& g) {
+  return [o, batch_opt](const GlobalOptions& g) {
     KILN_CHECK_USAGE(o->output_len >= 2 && o->output_len <= kMaxNewTokensLimit,
                      "--output-len must be in 2..{}", kMaxNewTokensLimit);
     KILN_CHECK_USAGE(o->input_len >= 1, "--input-len must be positive");
@@ -217,6 +221,9 @@ Runner add_bench(CLI::App& app) {
       }
     }
     auto ctx = make_context(g);
+    if (!o->sweep.empty() && batch_opt->count() > 0)
+      ctx->log().warn("--batch {} has no effect with --sweep {}: the sweep's batch sizes are run",
+                      o->batch, o->sweep);
     const auto t_load = Clock::now();
     auto model = CompiledModel::load_plan(*ctx, o->plan);
     const double load_ms = ms_since(t_load);
@@ -341,45 +348,76 @@ Runner add_bench(CLI::App& app) {
       }
       rows.push_back(j);
     }
+    // Why the prompt step is set against oneDNN's GEMMs of another type than the plan's, or
+    // against none (CPU plans; empty when oneDNN ran the plan's own kind).
+    std::string onednn_note, onednn_why;
     if (!gpu) {
       // After every configuration ran (the reference's buffers stay out of their peak memory):
       // each distinct Linear shape of the prompt step timed once in oneDNN, in the GEMM of the
-      // plan's kind (bf16 for bf16 plans, int8 = u8 x s8 for int8-weight plans, else f32); a
-      // type oneDNN has only reference code for here is replaced by f32.
+      // plan's kind (bf16 for bf16 plans, int8 = u8 x s8 for int8-weight plans, else f32). A type
+      // oneDNN has no implementation of on this CPU (bf16 without AVX-512), or only its reference
+      // code, is replaced by f32, and the output says so; should f32 be missing too, the column
+      // is n/a. The measured results are printed either way.
       const int threads = static_cast<int>(ctx->pool().size());
-      auto reference = [&](cpu::OnednnType type) {
+      // Empty when every shape was timed in `type`; else why it was not.
+      auto reference = [&](cpu::OnednnType type) -> std::string {
+        const char* name = cpu::onednn_type_name(type);
         std::map<LinearShape, double> ms_of;
-        for (auto& j : rows) {
+        std::vector<std::array<double, 2>> per_row;  // gflop, oneDNN ms
+        for (const auto& j : rows) {
           double gflop = 0.0, onednn_ms = 0.0;
           for (const auto& [shape, count] :
                prompt_linears(ir, j["batch"].get<int>(), o->input_len)) {
             auto it = ms_of.find(shape);
             if (it == ms_of.end()) {
-              const cpu::OnednnTiming t =
+              const std::optional<cpu::OnednnTiming> t =
                   cpu::time_onednn_matmul(shape[0], shape[1], shape[2], type, threads, 3);
-              if (type != cpu::OnednnType::kF32 && t.impl.find("ref") != std::string::npos) {
-                ctx->log().info("oneDNN has only reference code for {} GEMMs here: f32 instead",
-                                cpu::onednn_type_name(type));
-                return false;
-              }
+              if (!t) return fmt::format("oneDNN has no {} GEMM for this CPU", name);
+              if (type != cpu::OnednnType::kF32 && t->impl.find("ref") != std::string::npos)
+                return fmt::format("oneDNN has only reference code for {} GEMMs on this CPU", name);
               ctx->log().debug("oneDNN {} x {} -> {} ({}): {:.3f} ms", shape[0], shape[1], shape[2],
-                               t.impl, t.ms);
-              it = ms_of.emplace(shape, t.ms).first;
+                               t->impl, t->ms);
+              it = ms_of.emplace(shape, t->ms).first;
             }
             gflop += 2e-9 * count * static_cast<double>(shape[0] * shape[1]) * shape[2];
             onednn_ms += count * it->second;
           }
-          j["prefill_linear_gflop"] = gflop;
-          j["onednn_dtype"] = cpu::onednn_type_name(type);
-          j["onednn_linear_ms"] = onednn_ms;
-          j["prefill_vs_onednn_pct"] = 100.0 * onednn_ms / j["ttft_ms"].get<double>();
+          per_row.push_back({gflop, onednn_ms});
         }
-        return true;
+        for (size_t i = 0; i < rows.size(); ++i) {
+          rows[i]["prefill_linear_gflop"] = per_row[i][0];
+          rows[i]["onednn_dtype"] = name;
+          rows[i]["onednn_linear_ms"] = per_row[i][1];
+          rows[i]["prefill_vs_onednn_pct"] =
+              100.0 * per_row[i][1] / rows[i]["ttft_ms"].get<double>();
+        }
+        return {};
       };
       const cpu::OnednnType type = ir.precision == Precision::kBf16         ? cpu::OnednnType::kBf16
                                    : ir.precision == Precision::kInt8Weight ? cpu::OnednnType::kInt8
                                                                             : cpu::OnednnType::kF32;
-      if (!reference(type)) reference(cpu::OnednnType::kF32);
+      std::string why = reference(type);
+      if (!why.empty() && type != cpu::OnednnType::kF32) {
+        const std::string why_f32 = reference(cpu::OnednnType::kF32);
+        onednn_why = why_f32.empty() ? why : fmt::format("{}; {}", why, why_f32);
+        onednn_note = why_f32.empty() ? fmt::format("{}: set against its f32 GEMMs instead", why)
+                                      : fmt::format("{}: no comparison", onednn_why);
+        why = why_f32;
+      } else if (!why.empty()) {
+        onednn_why = why;
+        onednn_note = fmt::format("{}: no comparison", why);
+      }
+      if (!why.empty())
+        for (auto& j : rows) {
+          // Parseable and explicit: no oneDNN figure at all rather than a made-up one.
+          j["onednn_dtype"] = nullptr;
+          j["onednn_linear_ms"] = nullptr;
+          j["prefill_vs_onednn_pct"] = nullptr;
+        }
+      if (!onednn_note.empty()) {
+        ctx->log().warn("vs oneDNN: {}", onednn_note);
+        for (auto& j : rows) j["onednn_note"] = onednn_note;
+      }
     }
     if (o->json)
       for (const auto& j : rows) kiln::cli::out("{}\n", j.dump());
@@ -402,9 +440,17 @@ Runner add_bench(CLI::App& app) {
             j["roofline_pct"].get<double>(), j["peak_memory_bytes"].get<double>() / (1 << 20),
             fmt::format("{:.0f}%",
                         j[gpu ? "peak_over_budget_pct" : "peak_over_weights_kv_pct"].get<double>()),
-            j.contains("prefill_vs_onednn_pct")
-                ? fmt::format("{:.0f}%", j["prefill_vs_onednn_pct"].get<double>())
-                : std::string("-"));
+            !j.contains("prefill_vs_onednn_pct") ? std::string("-")
+            : j["prefill_vs_onednn_pct"].is_null()
+                ? std::string("n/a")
+                : fmt::format("{:.0f}%", j["prefill_vs_onednn_pct"].get<double>()));
+      if (!gpu && !rows.empty())
+        kiln::cli::out("vs oneDNN: {}\n",
+                       rows[0]["onednn_dtype"].is_null()
+                           ? "n/a: " + onednn_note
+                           : fmt::format("oneDNN's {} GEMMs on the prompt step's Linear shapes{}",
+                                         rows[0]["onednn_dtype"].get<std::string>(),
+                                         onednn_why.empty() ? "" : " (" + onednn_why + ")"));
     }
     return 0;
   };

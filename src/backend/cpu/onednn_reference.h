@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 namespace kiln::cpu {
@@ -20,8 +21,10 @@ enum class OnednnType { kF32, kBf16, kInt8 };
 const char* onednn_type_name(OnednnType t);
 
 // y [rows, out] (f32) = x [rows, in] · w [out, in]ᵀ in `type`, on `threads` threads, `runs` timed
-// runs. Throws (KILN_CHECK) for a bad shape or when oneDNN fails.
-OnednnTiming time_onednn_matmul(int64_t rows, int64_t in, int64_t out, OnednnType type, int threads,
-                                int runs);
+// runs. Nothing when oneDNN has no implementation of that GEMM for this CPU (or for the ISA
+// ONEDNN_MAX_CPU_ISA allows it: a bf16 matmul on a CPU without AVX-512, for one), which is a fact
+// of the machine, not an error. Throws (KILN_CHECK) for a bad shape or when oneDNN fails otherwise.
+std::optional<OnednnTiming> time_onednn_matmul(int64_t rows, int64_t in, int64_t out,
+                                               OnednnType type, int threads, int runs);
 
 }  // namespace kiln::cpu
