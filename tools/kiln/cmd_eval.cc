@@ -54,7 +54,7 @@ Runner add_eval(CLI::App& app) {
       "\"task\", \"prompt\" and \"answer\" strings, an empty prompt, a prompt longer than the\n"
       "plan allows) stops eval with an error naming its file:line.\n"
       "Example:\n"
-      "  kiln eval --plan t5.plan --dataset ../shared/fixtures/data/dev.jsonl");
+      "  kiln eval --plan t5.plan --dataset examples/dev.jsonl");
   cmd->add_option("--plan", o->plan, "plan file");
   cmd->add_option("--model", o->model, "HF directory, built in memory");
   cmd->add_option("--dataset", o->dataset,
