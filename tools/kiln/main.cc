@@ -100,7 +100,7 @@ std::vector<std::string> command_names(const CLI::App& app) {
 }
 
 int usage_error(const std::string& who, const std::string& message) {
-  fmt::print(stderr, "{}: error: {}\nRun '{} --help' for usage.\n", who, message, who);
+  kiln::cli::err("{}: error: {}\nRun '{} --help' for usage.\n", who, message, who);
   return 2;
 }
 
@@ -239,28 +239,28 @@ int main(int argc, char** argv) {
     if (global.verbose && global.quiet)
       kiln::Logger().warn("-v and -q were both given: -v wins (INFO logging)");
     if (sub == nullptr) {
-      fmt::print(stderr, "kiln: error: no command given\n\n{}", app.help());
+      kiln::cli::err("kiln: error: no command given\n\n{}", app.help());
       return 2;
     }
     const std::string who = "kiln " + sub->get_name();
     try {
       return runners.at(sub->get_name())(global);
     } catch (const kiln::Error& e) {
-      fmt::print(stderr, "{}: error: {}{}\n", who, verbose ? e.what() : user_message(e.what()),
+      kiln::cli::err("{}: error: {}{}\n", who, verbose ? e.what() : user_message(e.what()),
                  verbose ? " [" + e.where() + "]" : "");
       return e.kind() == kiln::ErrorKind::kUsage ? 2 : 1;
     } catch (const std::bad_alloc&) {
-      fmt::print(stderr, "{}: error: out of memory\n", who);
+      kiln::cli::err("{}: error: out of memory\n", who);
       return 1;
     } catch (const std::exception& e) {
-      fmt::print(stderr, "{}: error: {}\n", who, verbose ? e.what() : user_message(e.what()));
+      kiln::cli::err("{}: error: {}\n", who, verbose ? e.what() : user_message(e.what()));
       return 1;
     }
   } catch (const kiln::cli::StdoutClosed&) {
     return 0;  // the reader went away (`| head -1`): nothing more to say to anyone
   } catch (const kiln::Error& e) {
     // Only writing to standard output fails outside a command (--help, --version, help).
-    fmt::print(stderr, "kiln: error: {}\n", e.what());
+    kiln::cli::err("kiln: error: {}\n", e.what());
     return 1;
   }
 }
