@@ -44,6 +44,10 @@ CLI::Option* in_range(CLI::Option* opt, int64_t lo, int64_t hi);
 // flags and the exit codes.
 void describe(CLI::App* cmd, const std::string& details);
 int max_threads();  // --threads upper limit: this machine's hardware threads
+// The closest of `names` to `given` (edit distance, or a prefix of it), or "" when none is close
+// enough to be a likely typo: the "did you mean ...?" of unknown options, commands and presets
+// (suggest.cc).
+std::string closest_name(const std::string& given, const std::vector<std::string>& names);
 
 // --- shared helpers (common.cc) ---
 std::unique_ptr<Context> make_context(const GlobalOptions& g);

@@ -56,33 +56,6 @@ std::string parser_message(const std::string& what) {
   return what;
 }
 
-size_t edit_distance(const std::string& a, const std::string& b) {
-  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    cur[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j)
-      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] != b[j - 1])});
-    std::swap(prev, cur);
-  }
-  return prev[b.size()];
-}
-
-// The closest of `names` to `given`, or "" when none is close enough to be a likely typo.
-std::string closest(const std::string& given, const std::vector<std::string>& names) {
-  std::string best;
-  size_t best_d = std::max<size_t>(2, given.size() / 3) + 1;
-  for (const std::string& n : names) {
-    size_t d = edit_distance(given, n);
-    if (n.size() > given.size() && n.starts_with(given)) d = std::min<size_t>(d, 1);
-    if (d < best_d) {
-      best_d = d;
-      best = n;
-    }
-  }
-  return best;
-}
-
 std::vector<std::string> option_names(const CLI::App& app) {
   std::vector<std::string> names;
   for (const CLI::Option* opt : app.get_options()) {
@@ -113,7 +86,7 @@ int extras_error(CLI::App& app, CLI::App* sub, const std::string& who) {
     for (const std::string& e : extras) {
       if (e.starts_with("-")) continue;
       const std::vector<std::string> commands = command_names(app);
-      const std::string guess = closest(e, commands);
+      const std::string guess = kiln::cli::closest_name(e, commands);
       return usage_error(who, fmt::format("unknown command '{}'{}; the commands are: {}", e,
                                           guess.empty() ? "" : " (did you mean " + guess + "?)",
                                           fmt::join(commands, ", ")));
@@ -127,7 +100,7 @@ int extras_error(CLI::App& app, CLI::App* sub, const std::string& who) {
       const std::vector<std::string> own = option_names(*sub);
       names.insert(names.end(), own.begin(), own.end());
     }
-    const std::string guess = closest(name, names);
+    const std::string guess = kiln::cli::closest_name(name, names);
     return usage_error(who, fmt::format("unknown option {}{}", name,
                                         guess.empty() ? "" : " (did you mean " + guess + "?)"));
   }
