@@ -182,6 +182,50 @@ expect_in "$TMP/err" "cannot write $TMP/big.plan" "names the plan"
 leftovers=$(find "$TMP" / -maxdepth 1 -name '*.partial.*' 2>/dev/null)
 [ -z "$leftovers" ] || fail "temporary files left behind: $leftovers"
 
+# --- build -o that is one of the build's inputs: refused before any work (issue 36, item 3) ---
+rm -rf "$TMP/ow" "$TMP/owlink" "$TMP/hardlink.safetensors" && cp -r "$FIXTURES/t5-tiny" "$TMP/ow"
+check_input_o() {  # check_input_o DESCRIPTION MODEL TARGET
+  expect_exit 2 "build $1" -- "$KILN" build --model "$2" -o "$3"
+  expect_in "$TMP/err" "which the build reads from --model $2" "build $1 says why"
+  if grep -q "loading t5 checkpoint" "$TMP/err"; then fail "build $1: checked only after loading"; fi
+}
+check_input_o "-o MODEL/model.safetensors" "$TMP/ow" "$TMP/ow/model.safetensors"
+check_input_o "-o MODEL/config.json" "$TMP/ow" "$TMP/ow/config.json"
+check_input_o "-o MODEL/spiece.model" "$TMP/ow" "$TMP/ow/spiece.model"
+check_input_o "-o MODEL/generation_config.json" "$TMP/ow" "$TMP/ow/generation_config.json"
+check_input_o "-o MODEL/./model.safetensors" "$TMP/ow" "$TMP/ow/./model.safetensors"
+ln -s "$TMP/ow" "$TMP/owlink"
+check_input_o "-o a weights file through a symlinked model dir" "$TMP/owlink" "$TMP/ow/model.safetensors"
+ln "$TMP/ow/model.safetensors" "$TMP/hardlink.safetensors"
+check_input_o "-o a hard link of the weights" "$TMP/ow" "$TMP/hardlink.safetensors"
+for f in config.json model.safetensors spiece.model generation_config.json; do
+  cmp -s "$FIXTURES/t5-tiny/$f" "$TMP/ow/$f" || fail "a refused build -o changed $f"
+done
+# A new .json or .safetensors in the model directory would be read by later builds.
+expect_exit 2 "build -o MODEL/new.safetensors" -- "$KILN" build --model "$TMP/ow" -o "$TMP/ow/plan.safetensors"
+expect_in "$TMP/err" "would be read as part of the checkpoint" "build -o MODEL/x.safetensors says why"
+# A sharded checkpoint: its shards, and model.safetensors that does not exist yet (it would win
+# over the index at the next build).
+rm -rf "$TMP/sharded" && mkdir -p "$TMP/sharded/shards"
+cp "$FIXTURES/t5-tiny/config.json" "$FIXTURES/t5-tiny/spiece.model" "$TMP/sharded/"
+cp "$FIXTURES/t5-tiny/model.safetensors" "$TMP/sharded/shards/part-1.safetensors"
+python3 - "$TMP/sharded" <<'PY' || fail "making the sharded checkpoint"
+import json, struct, sys
+d = sys.argv[1]
+f = open(d + "/shards/part-1.safetensors", "rb")
+h = json.loads(f.read(struct.unpack("<Q", f.read(8))[0]))
+h.pop("__metadata__", None)
+json.dump({"weight_map": {name: "shards/part-1.safetensors" for name in h}},
+          open(d + "/model.safetensors.index.json", "w"))
+PY
+check_input_o "-o a shard" "$TMP/sharded" "$TMP/sharded/shards/part-1.safetensors"
+check_input_o "-o MODEL/model.safetensors of a sharded checkpoint" "$TMP/sharded" "$TMP/sharded/model.safetensors"
+[ ! -e "$TMP/sharded/model.safetensors" ] || fail "a refused build wrote $TMP/sharded/model.safetensors"
+# A plan beside the weights is fine.
+expect_exit 0 "build -o MODEL/t5.plan" -- "$KILN" build --model "$TMP/sharded" -o "$TMP/sharded/t5.plan"
+expect_exit 0 "run the plan built beside the shards" -- "$KILN" run --plan "$TMP/sharded/t5.plan" --prompt "reverse: abc"
+rm -rf "$TMP/ow" "$TMP/owlink" "$TMP/hardlink.safetensors" "$TMP/sharded"
+
 # --- the messages themselves (items 15, 16) ---
 mkdir -p "$TMP/badcfg"
 cp "$FIXTURES/t5-tiny/spiece.model" "$FIXTURES/t5-tiny/model.safetensors" "$TMP/badcfg/"
