@@ -56,8 +56,38 @@ expect_exit 2 "tokenize --model PLAN" -- "$KILN" tokenize --model "$TMP/short.pl
 expect_in "$TMP/err" "use --plan $TMP/short.plan" "suggests --plan"
 expect_exit 2 "run --model PLAN" -- "$KILN" run --model "$TMP/short.plan" --prompt hi
 expect_in "$TMP/err" "use --plan" "suggests --plan"
-expect_exit 2 "run --plan DIR" -- "$KILN" run --plan "$FIXTURES/t5-tiny" --prompt hi
+# A directory given to --plan is a path that cannot be read as a file, like --input DIR: exit 1
+# (issue 36, item 4), saying it is a directory.
+expect_exit 1 "run --plan CHECKPOINT_DIR" -- "$KILN" run --plan "$FIXTURES/t5-tiny" --prompt hi
+expect_in "$TMP/err" "--plan $FIXTURES/t5-tiny: this is a directory" "run --plan DIR says it is a directory"
 expect_in "$TMP/err" "use --model $FIXTURES/t5-tiny" "suggests --model"
+expect_exit 1 "run --plan DIR" -- "$KILN" run --plan "$TMP/adir" --prompt hi
+expect_in "$TMP/err" "--plan $TMP/adir: this is a directory" "run --plan DIR says it is a directory"
+head -n 2 "$FIXTURES/data/dev.jsonl" > "$TMP/dev2.jsonl"
+expect_exit 1 "eval --plan DIR" -- "$KILN" eval --plan "$TMP/adir" --dataset "$TMP/dev2.jsonl"
+expect_exit 1 "tokenize --plan DIR" -- "$KILN" tokenize --plan "$TMP/adir" --text hi
+
+# A T5 checkpoint without spiece.model names it (not tokenizer.json's Unigram model), for build,
+# run --model and tokenize --model alike (issue 36, item 4).
+rm -rf "$TMP/nospiece" && cp -r "$FIXTURES/t5-tiny" "$TMP/nospiece" && rm "$TMP/nospiece/spiece.model"
+for cmd in "build -o $TMP/nospiece.plan" "run --prompt hi" "tokenize --text hi"; do
+  read -r -a args <<< "$cmd"
+  expect_exit 1 "${args[0]} of a T5 checkpoint without spiece.model" -- "$KILN" "${args[0]}" --model "$TMP/nospiece" "${args[@]:1}"
+  expect_in "$TMP/err" "$TMP/nospiece: no spiece.model" "${args[0]} names the missing spiece.model"
+  expect_in "$TMP/err" "huggingface-cli download" "${args[0]} says how to get spiece.model"
+  if grep -q "Unigram\" is\|only \"BPE\"" "$TMP/err"; then fail "${args[0]}: reports tokenizer.json instead"; fi
+done
+rm -rf "$TMP/nospiece"
+# PyTorch weights only: kiln reads safetensors, and says how to convert (the command was run with
+# transformers 5.17 on a .bin of t5-tiny: the 98 tensors came back identical).
+rm -rf "$TMP/ptonly" && mkdir -p "$TMP/ptonly"
+cp "$FIXTURES/t5-tiny/config.json" "$FIXTURES/t5-tiny/spiece.model" "$TMP/ptonly/"
+printf 'not really a pickle' > "$TMP/ptonly/pytorch_model.bin"
+expect_exit 1 "build of a pytorch_model.bin checkpoint" -- "$KILN" build --model "$TMP/ptonly" -o "$TMP/pt.plan"
+expect_in "$TMP/err" "It has pytorch_model.bin: kiln reads only safetensors weights" "names the .bin and the format"
+expect_in "$TMP/err" "save_pretrained(d, safe_serialization=True)" "says how to convert"
+expect_in "$TMP/err" "d = '$TMP/ptonly'" "the conversion names the directory"
+rm -rf "$TMP/ptonly"
 printf '\n\n' > "$TMP/blank.jsonl"
 expect_exit 2 "run --input of blank lines" -- "$KILN" run --plan "$TMP/short.plan" --input "$TMP/blank.jsonl"
 expect_in "$TMP/err" "no prompts (every line is blank)" "says why"

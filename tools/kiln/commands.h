@@ -54,8 +54,8 @@ std::unique_ptr<Context> make_context(const GlobalOptions& g);
 // From --plan or --model (exactly one must be set); shows activity on a terminal while it builds.
 std::unique_ptr<CompiledModel> open_engine(Context& ctx, const std::string& plan,
                                            const std::string& model);
-// Up-front checks of path arguments, naming the flag: a missing path is a runtime error (exit 1),
-// the wrong kind of path (a plan given to --model, a directory given to --plan) a usage error
+// Up-front checks of path arguments, naming the flag: a missing path, or a directory given to
+// --plan (like --input DIR), is a runtime error (exit 1); a file given to --model is a usage error
 // that says what to give instead.
 void check_model_dir(const std::string& path, const char* flag);
 void check_plan_file(const std::string& path, const char* flag);

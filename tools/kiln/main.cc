@@ -1,4 +1,5 @@
-// kiln: compile HuggingFace transformer checkpoints into plans, run, evaluate and serve them.
+// kiln: compile HuggingFace transformer checkpoints into plans; run, evaluate, benchmark and
+// inspect them.
 #include <cstdio>
 #include <map>
 
@@ -104,10 +105,24 @@ int extras_error(CLI::App& app, CLI::App* sub, const std::string& who) {
     return usage_error(who, fmt::format("unknown option {}{}", name,
                                         guess.empty() ? "" : " (did you mean " + guess + "?)"));
   }
+  // A second value for a positional argument (`kiln inspect a.plan b.plan`, `kiln help run build`).
+  if (sub != nullptr) {
+    for (const CLI::Option* opt : sub->get_options()) {
+      if (!opt->get_positional() || opt->count() == 0) continue;
+      const std::string given = opt->as<std::string>();
+      return usage_error(who, fmt::format("unexpected argument '{}': {} takes one {} ('{}' was "
+                                          "given first); give one per call",
+                                          extras[0], who, opt->get_name(), given));
+    }
+  }
+  // A value with spaces that was not quoted: show it with an option this command has.
+  std::string example;
+  for (const char* flag : {"--prompt", "--text"})
+    if (sub != nullptr && example.empty() && sub->get_option_no_throw(flag) != nullptr)
+      example = fmt::format(" ({} \"reverse: abc\")", flag);
   return usage_error(who, fmt::format("unexpected argument '{}': each option takes exactly one "
-                                      "value; quote a value that contains spaces (--prompt "
-                                      "\"reverse: abc\")",
-                                      extras[0]));
+                                      "value; quote a value that contains spaces{}",
+                                      extras[0], example));
 }
 
 bool wants_verbose(int argc, char** argv) {
@@ -121,8 +136,9 @@ bool wants_verbose(int argc, char** argv) {
 int main(int argc, char** argv) {
   kiln::cli::ignore_write_signals();
   CLI::App app{
-      "kiln: an inference compiler, runtime and server for transformer LLMs (T5/Flan-T5, BLOOM).\n"
-      "Build a plan from a HuggingFace checkpoint, then run, evaluate, benchmark or serve it.\n"
+      "kiln compiles HuggingFace transformer checkpoints (T5/Flan-T5, BLOOM) into plans and runs\n"
+      "them: build a plan from a checkpoint, then run, evaluate, benchmark or inspect it.\n"
+      "(Serving a plan over HTTP/gRPC is designed but not built yet: see `kiln serve --help`.)\n"
       "Examples:\n"
       "  kiln build --model models/t5-tiny -o t5.plan\n"
       "  kiln run --plan t5.plan --prompt \"reverse: suvogi\"\n"
