@@ -256,6 +256,16 @@ expect_exit 0 "build -o MODEL/t5.plan" -- "$KILN" build --model "$TMP/sharded" -
 expect_exit 0 "run the plan built beside the shards" -- "$KILN" run --plan "$TMP/sharded/t5.plan" --prompt "reverse: abc"
 rm -rf "$TMP/ow" "$TMP/owlink" "$TMP/hardlink.safetensors" "$TMP/sharded"
 
+# --- a cuda plan where no GPU is: exit 1, naming the fix (issue 36, item 4) ---
+# A CUDA build makes cuda plans without a GPU; a build without CUDA cannot (test_plan.cc's
+# BadInputOtherDeviceIsRefused covers it with an edited plan).
+if "$KILN" --version | grep -q "cuda: compiled in; no GPU visible"; then
+  expect_exit 0 "build --device cuda without a GPU" -- "$KILN" build --model "$FIXTURES/t5-tiny" --device cuda -o "$TMP/cuda.plan"
+  expect_exit 1 "run a cuda plan without a GPU" -- "$KILN" run --plan "$TMP/cuda.plan" --prompt "reverse: abc"
+  expect_in "$TMP/err" "device cuda: no NVIDIA GPU/driver found (CUDA: " "says what is missing"
+  expect_in "$TMP/err" "rebuild it with --device cpu" "names the fix"
+fi
+
 # --- the messages themselves (items 15, 16) ---
 mkdir -p "$TMP/badcfg"
 cp "$FIXTURES/t5-tiny/spiece.model" "$FIXTURES/t5-tiny/model.safetensors" "$TMP/badcfg/"
