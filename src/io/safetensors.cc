@@ -271,7 +271,8 @@ std::string other_weight_formats(const std::string& dir) {
     return fmt::format(
         ". It has {}: kiln reads only safetensors weights. Convert them once (with PyTorch and "
         "transformers installed), which writes model.safetensors beside them:\n  python -c "
-        "\"import transformers as t; d = '{}'; a = t.AutoConfig.from_pretrained(d).architectures[0]; "
+        "\"import transformers as t; d = '{}'; "
+        "a = t.AutoConfig.from_pretrained(d).architectures[0]; "
         "getattr(t, a).from_pretrained(d).save_pretrained(d, safe_serialization=True)\"",
         fmt::join(pytorch, ", "), dir);
   }

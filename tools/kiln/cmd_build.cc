@@ -76,8 +76,8 @@ void check_output_is_not_an_input(const std::string& output, const std::string& 
   for (const fs::path& input : files_a_build_reads(model_dir)) {
     const std::optional<FileId> input_id = file_id(input);
     const bool same_file = out_id && input_id && *out_id == *input_id;
-    const bool same_entry = out_parent && *out_parent == file_id(parent_of(input)) &&
-                            name == input.filename().string();
+    const bool same_entry =
+        out_parent && *out_parent == file_id(parent_of(input)) && name == input.filename().string();
     KILN_CHECK_USAGE(!same_file && !same_entry,
                      "-o {}: this is {}, which the build reads from --model {}; writing the plan "
                      "there would destroy the checkpoint. Give the plan its own file name, e.g. "

@@ -236,7 +236,7 @@ int main(int argc, char** argv) {
       return runners.at(sub->get_name())(global);
     } catch (const kiln::Error& e) {
       kiln::cli::err("{}: error: {}{}\n", who, verbose ? e.what() : user_message(e.what()),
-                 verbose ? " [" + e.where() + "]" : "");
+                     verbose ? " [" + e.where() + "]" : "");
       return e.kind() == kiln::ErrorKind::kUsage ? 2 : 1;
     } catch (const std::bad_alloc&) {
       kiln::cli::err("{}: error: out of memory\n", who);
