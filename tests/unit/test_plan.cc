@@ -184,8 +184,9 @@ TEST_F(PlanTest, BadInputOtherDeviceIsRefused) {
       EXPECT_NE(e.kind(), ErrorKind::kUsage) << what;
       EXPECT_NE(what.find("device cuda: "), std::string::npos) << what;
       EXPECT_NE(what.find("rebuild it with --device cpu"), std::string::npos) << what;
-      if (query_cuda().compiled)
+      if (query_cuda().compiled) {
         EXPECT_NE(what.find("no NVIDIA GPU/driver found (CUDA: "), std::string::npos) << what;
+      }
     }
   }
   p.header["device"] = "tpu";
