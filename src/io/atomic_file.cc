@@ -263,8 +263,9 @@ AtomicDirWriter::AtomicDirWriter(std::string dir, Existing existing, const char*
   const fs::path path(dir_);
   const std::string name = path.filename().string();
   KILN_CHECK_USAGE(!name.empty() && name != "." && name != "..",
-                   "{} {}: give the directory by its name (e.g. ../{})", what, dir_,
-                   name.empty() ? "checkpoint" : "checkpoint");
+                   "{} {}: give the directory to write by its name (a path ending in '.', '..' "
+                   "or '/' names none)",
+                   what, dir_);
   std::error_code ec;
   const fs::file_status st = fs::status(dir_, ec);
   KILN_CHECK_USAGE(!fs::exists(st) || fs::is_directory(st), "{} {}: exists and is not a directory",

@@ -73,6 +73,11 @@ for f in config.json model.safetensors spiece.model; do
   cmp -s "$FIXTURES/t5-tiny/$f" "$TMP/ow/$f" || fail "the refused synth changed $f"
 done
 expect_exit 2 "synth into a checkpoint given with a trailing slash" -- "$KILN" synth --preset t5-small -o "$TMP/ow/"
+# --force never replaces the current directory (or its parent) from inside.
+(cd "$TMP/ow" && "$KILN" synth --preset t5-small -o . --force) >"$TMP/out" 2>"$TMP/err"
+code=$?
+[ "$code" -eq 2 ] || fail "synth --force -o .: exit $code, expected 2"
+expect_in "$TMP/err" "give the directory to write by its name" "synth -o . says why"
 mkdir -p "$TMP/empty"
 expect_exit 0 "synth into an empty directory" -- "$KILN" -q synth --preset t5-small -o "$TMP/empty"
 [ -s "$TMP/empty/model.safetensors" ] || fail "synth into an empty directory wrote no weights"
