@@ -3,7 +3,12 @@ BUILD ?= build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
-.PHONY: demo test deps build asan format clean
+.PHONY: help demo test deps build build-kiln asan format clean
+
+# The first target: `make` alone says what the two commands are.
+help:
+	@echo "make demo   builds the kiln binary only, compiles both bundled models into plans, runs prompts, inspects a plan"
+	@echo "make test   builds everything (tests, micro-benchmarks) with warnings as errors, runs every ctest, then the bad-input tests under ASan/UBSan"
 
 deps:
 	@scripts/deps.sh
@@ -12,7 +17,12 @@ build: deps
 	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release $(CMAKE_FLAGS) >/dev/null
 	@cmake --build $(BUILD) -j $(JOBS)
 
-demo: build
+# The demo needs the binary alone (and the libraries it links), not the tests and benchmarks.
+build-kiln: deps
+	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release $(CMAKE_FLAGS) >/dev/null
+	@cmake --build $(BUILD) -j $(JOBS) --target kiln
+
+demo: build-kiln
 	@scripts/demo.sh $(BUILD)/kiln
 
 test: build

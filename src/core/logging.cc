@@ -23,6 +23,14 @@ std::string format_rate(double per_second) {
 
 }  // namespace
 
+void write_best_effort(FILE* sink, std::string_view text) {
+  if (sink == nullptr) return;
+  // Not fmt::print, which throws std::system_error on a failed write.
+  std::fwrite(text.data(), 1, text.size(), sink);
+  std::fflush(sink);
+  std::clearerr(sink);
+}
+
 void Logger::write(LogLevel level, std::string_view message) const {
   const char* tag = "";
   switch (level) {
@@ -49,8 +57,7 @@ void Logger::write(LogLevel level, std::string_view message) const {
   std::strftime(stamp, sizeof(stamp), "%H:%M:%S", &tm);
   StatusLine* status = status_;
   if (status != nullptr) status->hide();
-  fmt::print(sink_, "[kiln {} {}] {}\n", tag, stamp, message);
-  std::fflush(sink_);
+  write_best_effort(sink_, fmt::format("[kiln {} {}] {}\n", tag, stamp, message));
   if (status != nullptr) status->show();
 }
 
@@ -122,16 +129,14 @@ void StatusLine::draw_locked() {
   const int fd = fileno(log_.sink());
   const size_t width = ioctl(fd, TIOCGWINSZ, &ws) == 0 && ws.ws_col > 1 ? ws.ws_col - 1 : 79;
   if (text.size() > width) text.resize(width);
-  fmt::print(log_.sink(), "\r\033[K{}", text);
-  std::fflush(log_.sink());
+  write_best_effort(log_.sink(), "\r\033[K" + text);
   drawn_ = true;
   last_draw_ns_ = now_ns();
 }
 
 void StatusLine::erase_locked() {
   if (!drawn_) return;
-  std::fputs("\r\033[K", log_.sink());
-  std::fflush(log_.sink());
+  write_best_effort(log_.sink(), "\r\033[K");
   drawn_ = false;
 }
 

@@ -15,6 +15,12 @@ namespace kiln {
 
 enum class LogLevel : uint8_t { kDebug, kInfo, kWarning, kError, kSilent };
 
+// Writes `text` to `sink` (a log or standard error) and flushes it, ignoring failure: a log line,
+// a progress line or an error message that cannot be written (standard error closed, on a full
+// disk, or a pipe whose reader went away: `2>&1 | grep -q`) must never stop or change the outcome
+// of the work it reports on. Standard output is not written this way (tools/kiln/output.h).
+void write_best_effort(FILE* sink, std::string_view text);
+
 class StatusLine;
 
 class Logger {

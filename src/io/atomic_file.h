@@ -5,8 +5,10 @@
 // when the process is interrupted (SIGINT, SIGTERM, SIGHUP, if their action was the default).
 #pragma once
 
+#include <cstdint>
 #include <cstdio>
 #include <string>
+#include <vector>
 
 namespace kiln {
 
@@ -40,6 +42,51 @@ class AtomicFileWriter {
   size_t position_ = 0;
   bool committed_ = false;
   int slot_ = -1;  // in the interrupt handler's list of temporary files
+};
+
+// Writing a directory of files (a checkpoint) so that nobody sees a partial or mixed one: the
+// files go into a temporary directory beside the target, DIR.partial.PID, which is renamed to DIR
+// only when every file is complete. Two writers of the same DIR at once, an interrupted writer or
+// a full disk leave either the old state or one complete directory: the loser of a race fails
+// (nothing of it is left), a failure or SIGINT/SIGTERM/SIGHUP removes the temporary directory, and
+// only SIGKILL (or a crash) can leave DIR.partial.PID behind, never a partial DIR.
+class AtomicDirWriter {
+ public:
+  enum class Existing : uint8_t {
+    kRefuse,   // an existing non-empty DIR is a usage error (at construction and at commit)
+    kReplace,  // an existing DIR is replaced whole at commit (the old one is then removed)
+  };
+  // Checks `dir` (`what` names it in errors, e.g. "-o"; `force_flag` is what the user gives to
+  // replace it, e.g. "--force"): not empty, not "." or "..", not a file, and with kRefuse not a
+  // non-empty directory; creates its parent directories and the temporary directory.
+  AtomicDirWriter(std::string dir, Existing existing, const char* what, const char* force_flag);
+  ~AtomicDirWriter();  // removes the temporary directory unless commit() succeeded
+  AtomicDirWriter(const AtomicDirWriter&) = delete;
+  AtomicDirWriter& operator=(const AtomicDirWriter&) = delete;
+
+  const std::string& dir() const { return dir_; }
+  const std::string& temporary_dir() const { return tmp_; }
+  // Where to write the file `name` (a plain file name): inside the temporary directory. The
+  // name is recorded so that an interrupt removes the file with the directory.
+  std::string path_of(const std::string& name);
+  // Renames the temporary directory to DIR. kRefuse: fails (usage error) when DIR appeared
+  // meanwhile and is not empty. kReplace: swaps the two atomically where the filesystem can
+  // (renameat2 RENAME_EXCHANGE), else moves the old DIR aside first; then removes the old one.
+  void commit();
+
+  // A usage error naming `what`, `dir` and `force_flag` when `dir` exists and is not an empty
+  // directory (the up-front check of kRefuse, before any work).
+  static void check_absent_or_empty(const std::string& dir, const char* what,
+                                    const char* force_flag);
+
+ private:
+  std::string dir_;
+  std::string tmp_;
+  Existing existing_;
+  std::string what_;
+  std::string force_flag_;
+  bool committed_ = false;
+  int slot_ = -1;  // in the interrupt handler's list of temporary directories
 };
 
 }  // namespace kiln

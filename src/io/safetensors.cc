@@ -248,6 +248,42 @@ void take_from_shard(const std::string& index_path, const std::string& shard_nam
 
 }  // namespace
 
+namespace {
+
+// What to say when a directory has no safetensors weights but weights of another format: which
+// files, that kiln reads only safetensors, and how to convert PyTorch weights.
+std::string other_weight_formats(const std::string& dir) {
+  std::vector<std::string> pytorch, other;
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (name.ends_with(".bin") || name.ends_with(".pt") || name.ends_with(".pth") ||
+        name == "pytorch_model.bin.index.json")
+      pytorch.push_back(name);
+    else if (name.ends_with(".h5") || name.ends_with(".msgpack") || name.ends_with(".ckpt"))
+      other.push_back(name);
+  }
+  std::sort(pytorch.begin(), pytorch.end());
+  std::sort(other.begin(), other.end());
+  if (!pytorch.empty()) {
+    // The model's own class (from config.json's "architectures"): AutoModel would load and save
+    // the model without its head (T5Model has no lm_head).
+    return fmt::format(
+        ". It has {}: kiln reads only safetensors weights. Convert them once (with PyTorch and "
+        "transformers installed), which writes model.safetensors beside them:\n  python -c "
+        "\"import transformers as t; d = '{}'; "
+        "a = t.AutoConfig.from_pretrained(d).architectures[0]; "
+        "getattr(t, a).from_pretrained(d).save_pretrained(d, safe_serialization=True)\"",
+        fmt::join(pytorch, ", "), dir);
+  }
+  if (!other.empty())
+    return fmt::format(". It has {}: kiln reads only safetensors weights (model.safetensors)",
+                       fmt::join(other, ", "));
+  return "";
+}
+
+}  // namespace
+
 Checkpoint Checkpoint::open_dir(const std::string& dir) {
   Checkpoint ckpt;
   ckpt.dir_ = dir;
@@ -267,8 +303,8 @@ Checkpoint Checkpoint::open_dir(const std::string& dir) {
     return ckpt;
   }
   if (!fs::exists(index, ec)) {
-    KILN_FAIL_KIND(ErrorKind::kNotFound, "checkpoint directory {} has neither {} nor {}", dir,
-                   kSingleFile, kIndexFile);
+    KILN_FAIL_KIND(ErrorKind::kNotFound, "checkpoint directory {} has neither {} nor {}{}", dir,
+                   kSingleFile, kIndexFile, other_weight_formats(dir));
   }
 
   const std::string text = read_text_file(index);

@@ -56,8 +56,38 @@ expect_exit 2 "tokenize --model PLAN" -- "$KILN" tokenize --model "$TMP/short.pl
 expect_in "$TMP/err" "use --plan $TMP/short.plan" "suggests --plan"
 expect_exit 2 "run --model PLAN" -- "$KILN" run --model "$TMP/short.plan" --prompt hi
 expect_in "$TMP/err" "use --plan" "suggests --plan"
-expect_exit 2 "run --plan DIR" -- "$KILN" run --plan "$FIXTURES/t5-tiny" --prompt hi
+# A directory given to --plan is a path that cannot be read as a file, like --input DIR: exit 1
+# (issue 36, item 4), saying it is a directory.
+expect_exit 1 "run --plan CHECKPOINT_DIR" -- "$KILN" run --plan "$FIXTURES/t5-tiny" --prompt hi
+expect_in "$TMP/err" "--plan $FIXTURES/t5-tiny: this is a directory" "run --plan DIR says it is a directory"
 expect_in "$TMP/err" "use --model $FIXTURES/t5-tiny" "suggests --model"
+expect_exit 1 "run --plan DIR" -- "$KILN" run --plan "$TMP/adir" --prompt hi
+expect_in "$TMP/err" "--plan $TMP/adir: this is a directory" "run --plan DIR says it is a directory"
+head -n 2 "$FIXTURES/data/dev.jsonl" > "$TMP/dev2.jsonl"
+expect_exit 1 "eval --plan DIR" -- "$KILN" eval --plan "$TMP/adir" --dataset "$TMP/dev2.jsonl"
+expect_exit 1 "tokenize --plan DIR" -- "$KILN" tokenize --plan "$TMP/adir" --text hi
+
+# A T5 checkpoint without spiece.model names it (not tokenizer.json's Unigram model), for build,
+# run --model and tokenize --model alike (issue 36, item 4).
+rm -rf "$TMP/nospiece" && cp -r "$FIXTURES/t5-tiny" "$TMP/nospiece" && rm "$TMP/nospiece/spiece.model"
+for cmd in "build -o $TMP/nospiece.plan" "run --prompt hi" "tokenize --text hi"; do
+  read -r -a args <<< "$cmd"
+  expect_exit 1 "${args[0]} of a T5 checkpoint without spiece.model" -- "$KILN" "${args[0]}" --model "$TMP/nospiece" "${args[@]:1}"
+  expect_in "$TMP/err" "$TMP/nospiece: no spiece.model" "${args[0]} names the missing spiece.model"
+  expect_in "$TMP/err" "huggingface-cli download" "${args[0]} says how to get spiece.model"
+  if grep -q "Unigram\" is\|only \"BPE\"" "$TMP/err"; then fail "${args[0]}: reports tokenizer.json instead"; fi
+done
+rm -rf "$TMP/nospiece"
+# PyTorch weights only: kiln reads safetensors, and says how to convert (the command was run with
+# transformers 5.17 on a .bin of t5-tiny: the 98 tensors came back identical).
+rm -rf "$TMP/ptonly" && mkdir -p "$TMP/ptonly"
+cp "$FIXTURES/t5-tiny/config.json" "$FIXTURES/t5-tiny/spiece.model" "$TMP/ptonly/"
+printf 'not really a pickle' > "$TMP/ptonly/pytorch_model.bin"
+expect_exit 1 "build of a pytorch_model.bin checkpoint" -- "$KILN" build --model "$TMP/ptonly" -o "$TMP/pt.plan"
+expect_in "$TMP/err" "It has pytorch_model.bin: kiln reads only safetensors weights" "names the .bin and the format"
+expect_in "$TMP/err" "save_pretrained(d, safe_serialization=True)" "says how to convert"
+expect_in "$TMP/err" "d = '$TMP/ptonly'" "the conversion names the directory"
+rm -rf "$TMP/ptonly"
 printf '\n\n' > "$TMP/blank.jsonl"
 expect_exit 2 "run --input of blank lines" -- "$KILN" run --plan "$TMP/short.plan" --input "$TMP/blank.jsonl"
 expect_in "$TMP/err" "no prompts (every line is blank)" "says why"
@@ -181,6 +211,60 @@ expect_in "$TMP/err" "cannot write $TMP/big.plan" "names the plan"
 [ ! -e "$TMP/big.plan" ] || fail "a half-written plan was left at $TMP/big.plan"
 leftovers=$(find "$TMP" / -maxdepth 1 -name '*.partial.*' 2>/dev/null)
 [ -z "$leftovers" ] || fail "temporary files left behind: $leftovers"
+
+# --- build -o that is one of the build's inputs: refused before any work (issue 36, item 3) ---
+rm -rf "$TMP/ow" "$TMP/owlink" "$TMP/hardlink.safetensors" && cp -r "$FIXTURES/t5-tiny" "$TMP/ow"
+check_input_o() {  # check_input_o DESCRIPTION MODEL TARGET
+  expect_exit 2 "build $1" -- "$KILN" build --model "$2" -o "$3"
+  expect_in "$TMP/err" "which the build reads from --model $2" "build $1 says why"
+  if grep -q "loading t5 checkpoint" "$TMP/err"; then fail "build $1: checked only after loading"; fi
+}
+check_input_o "-o MODEL/model.safetensors" "$TMP/ow" "$TMP/ow/model.safetensors"
+check_input_o "-o MODEL/config.json" "$TMP/ow" "$TMP/ow/config.json"
+check_input_o "-o MODEL/spiece.model" "$TMP/ow" "$TMP/ow/spiece.model"
+check_input_o "-o MODEL/generation_config.json" "$TMP/ow" "$TMP/ow/generation_config.json"
+check_input_o "-o MODEL/./model.safetensors" "$TMP/ow" "$TMP/ow/./model.safetensors"
+ln -s "$TMP/ow" "$TMP/owlink"
+check_input_o "-o a weights file through a symlinked model dir" "$TMP/owlink" "$TMP/ow/model.safetensors"
+ln "$TMP/ow/model.safetensors" "$TMP/hardlink.safetensors"
+check_input_o "-o a hard link of the weights" "$TMP/ow" "$TMP/hardlink.safetensors"
+for f in config.json model.safetensors spiece.model generation_config.json; do
+  cmp -s "$FIXTURES/t5-tiny/$f" "$TMP/ow/$f" || fail "a refused build -o changed $f"
+done
+# A new .json or .safetensors in the model directory would be read by later builds.
+expect_exit 2 "build -o MODEL/new.safetensors" -- "$KILN" build --model "$TMP/ow" -o "$TMP/ow/plan.safetensors"
+expect_in "$TMP/err" "would be read as part of the checkpoint" "build -o MODEL/x.safetensors says why"
+# A sharded checkpoint: its shards, and model.safetensors that does not exist yet (it would win
+# over the index at the next build).
+rm -rf "$TMP/sharded" && mkdir -p "$TMP/sharded/shards"
+cp "$FIXTURES/t5-tiny/config.json" "$FIXTURES/t5-tiny/spiece.model" "$TMP/sharded/"
+cp "$FIXTURES/t5-tiny/model.safetensors" "$TMP/sharded/shards/part-1.safetensors"
+python3 - "$TMP/sharded" <<'PY' || fail "making the sharded checkpoint"
+import json, struct, sys
+d = sys.argv[1]
+f = open(d + "/shards/part-1.safetensors", "rb")
+h = json.loads(f.read(struct.unpack("<Q", f.read(8))[0]))
+h.pop("__metadata__", None)
+json.dump({"weight_map": {name: "shards/part-1.safetensors" for name in h}},
+          open(d + "/model.safetensors.index.json", "w"))
+PY
+check_input_o "-o a shard" "$TMP/sharded" "$TMP/sharded/shards/part-1.safetensors"
+check_input_o "-o MODEL/model.safetensors of a sharded checkpoint" "$TMP/sharded" "$TMP/sharded/model.safetensors"
+[ ! -e "$TMP/sharded/model.safetensors" ] || fail "a refused build wrote $TMP/sharded/model.safetensors"
+# A plan beside the weights is fine.
+expect_exit 0 "build -o MODEL/t5.plan" -- "$KILN" build --model "$TMP/sharded" -o "$TMP/sharded/t5.plan"
+expect_exit 0 "run the plan built beside the shards" -- "$KILN" run --plan "$TMP/sharded/t5.plan" --prompt "reverse: abc"
+rm -rf "$TMP/ow" "$TMP/owlink" "$TMP/hardlink.safetensors" "$TMP/sharded"
+
+# --- a cuda plan where no GPU is: exit 1, naming the fix (issue 36, item 4) ---
+# A CUDA build makes cuda plans without a GPU; a build without CUDA cannot (test_plan.cc's
+# BadInputOtherDeviceIsRefused covers it with an edited plan).
+if "$KILN" --version | grep -q "cuda: compiled in; no GPU visible"; then
+  expect_exit 0 "build --device cuda without a GPU" -- "$KILN" build --model "$FIXTURES/t5-tiny" --device cuda -o "$TMP/cuda.plan"
+  expect_exit 1 "run a cuda plan without a GPU" -- "$KILN" run --plan "$TMP/cuda.plan" --prompt "reverse: abc"
+  expect_in "$TMP/err" "device cuda: no NVIDIA GPU/driver found (CUDA: " "says what is missing"
+  expect_in "$TMP/err" "rebuild it with --device cpu" "names the fix"
+fi
 
 # --- the messages themselves (items 15, 16) ---
 mkdir -p "$TMP/badcfg"

@@ -23,11 +23,27 @@ env = dict(os.environ, KILN_BIN=kiln)
 env.pop("KILN_LOG_LEVEL", None)
 
 
+# Paths under /tmp/ in examples (`synth -o /tmp/flan-t5-small`) go to a scratch directory of
+# this run, one for the README's and one for the --help examples (both synthesize
+# /tmp/flan-t5-small, and synth refuses an existing checkpoint), and back in what is printed:
+# runs of this test at the same time, or one after another, never meet in the machine's /tmp.
+def scratch_dir(name):
+    path = os.path.join(os.path.dirname(cwd), name)
+    os.makedirs(path, exist_ok=True)
+    return path
+
+
+scratch = scratch_dir("tmp-readme")
+
+
 def run(cmd):
     # `kiln` in an example is the binary under test; pipes and quotes work as in a shell.
-    script = 'kiln() { "$KILN_BIN" "$@"; }\n' + cmd
-    return subprocess.run(["bash", "-c", script], cwd=cwd, env=env, capture_output=True,
-                          text=True, errors="replace")
+    script = 'kiln() { "$KILN_BIN" "$@"; }\n' + cmd.replace("/tmp/", scratch + "/")
+    r = subprocess.run(["bash", "-c", script], cwd=cwd, env=env, capture_output=True,
+                       text=True, errors="replace")
+    r.stdout = r.stdout.replace(scratch + "/", "/tmp/")
+    r.stderr = r.stderr.replace(scratch + "/", "/tmp/")
+    return r
 
 
 def mask(line):
@@ -112,6 +128,7 @@ for lines in blocks:
         check_output(cmd, logs, [log_message(l) for l in r.stderr.splitlines()], "stderr")
 
 # --- --help of kiln and of every command: the lines under "Example(s):" ---
+scratch = scratch_dir("tmp-help")
 help_texts = [run("kiln --help").stdout]
 commands = re.findall(r"^  (\w+) ", help_texts[0].split("Subcommands:")[-1], re.M)
 for c in commands:

@@ -25,4 +25,21 @@ expect_exit 2 "--onnx not built" -- "$KILN" build --onnx m.onnx -o x.plan
 expect_in "$TMP/err" "ONNX" "--onnx explains"
 expect_exit 2 "--precision int8 not built" -- "$KILN" build --model "$FIXTURES/t5-tiny" --precision int8 -o "$TMP/x.plan"
 expect_in "$TMP/err" "int8-weight" "--precision explains"
+
+# --- issue 36, item 4: messages that fit the command; --help says what kiln is today ---
+expect_exit 2 "inspect of two plans" -- "$KILN" inspect a.plan b.plan
+expect_in "$TMP/err" "kiln inspect takes one plan ('a.plan' was given first)" "inspect a.plan b.plan says why"
+if grep -q -- "--prompt" "$TMP/err"; then fail "inspect a.plan b.plan suggests a --prompt inspect has not"; fi
+expect_exit 2 "help of two commands" -- "$KILN" help run build
+expect_in "$TMP/err" "kiln help takes one command ('run' was given first)" "help run build says why"
+if grep -q -- "--prompt" "$TMP/err"; then fail "help run build suggests a --prompt help has not"; fi
+expect_exit 2 "tokenize with an unquoted --text" -- "$KILN" tokenize --plan x.plan --text a b
+expect_in "$TMP/err" "quote a value that contains spaces (--text" "tokenize shows quoting with its own --text"
+expect_exit 2 "run with an unquoted --prompt" -- "$KILN" run --plan x.plan --prompt a b
+expect_in "$TMP/err" "quote a value that contains spaces (--prompt" "run shows quoting with --prompt"
+expect_exit 0 "--help" -- "$KILN" --help
+expect_in "$TMP/out" "compiles HuggingFace transformer checkpoints" "--help says what kiln does"
+if head -n 3 "$TMP/out" | grep -qi "server"; then
+  fail "--help calls kiln a server: $(head -n 3 "$TMP/out")"
+fi
 finish

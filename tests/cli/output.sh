@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Where output goes (issue 7, items 4 and 21): a failed write to standard output is exit 1 with
 # a message, a closed pipe ends quietly; progress shows on a terminal and never on a pipe; -v
-# reports generation steps.
+# reports generation steps. Issue 36, item 1: a failed write to standard error (logs, progress,
+# error messages) changes nothing: the work is done and the exit code is the same.
 source "$(dirname "$0")/lib.bash"
 
 expect_exit 0 "build t5" -- "$KILN" build --model "$FIXTURES/t5-tiny" -o "$TMP/t5.plan"
@@ -46,6 +47,47 @@ pipe_check "inspect --graph" -- "$KILN" inspect "$TMP/t5.plan" --graph
 "$KILN" run --plan "$TMP/t5.plan" --prompt "reverse: abc" --prompt "add: 1 + 2" 2>"$TMP/err" | head -n 1 > "$TMP/out"
 [ "${PIPESTATUS[0]}" -eq 0 ] || fail "run | head -1: exit ${PIPESTATUS[0]}"
 [ "$(wc -l < "$TMP/out")" -eq 1 ] || fail "run | head -1 printed $(wc -l < "$TMP/out") lines"
+
+# --- issue 36, item 1: standard error that cannot be written is ignored ---
+# Every check above sends standard error to a file; these make it the stream that fails.
+# A reader of both streams that stops at the first match: the build goes on, writes its plan.
+rm -f "$TMP/g.plan"
+"$KILN" build --model "$FIXTURES/t5-tiny" -o "$TMP/g.plan" 2>&1 | grep -q loading
+[ "${PIPESTATUS[0]}" -eq 0 ] || fail "build 2>&1 | grep -q loading: exit ${PIPESTATUS[0]}, expected 0"
+expect_exit 0 "the plan of build 2>&1 | grep -q" -- "$KILN" inspect "$TMP/g.plan"
+rm -f "$TMP/g.plan"
+"$KILN" build --model "$FIXTURES/t5-tiny" -o "$TMP/g.plan" 2>/dev/full >"$TMP/out"
+code=$?
+[ "$code" -eq 0 ] || fail "build 2>/dev/full: exit $code, expected 0"
+expect_exit 0 "the plan of build 2>/dev/full" -- "$KILN" run --plan "$TMP/g.plan" --prompt "reverse: abc"
+# -v logs to standard error before the result: `2>&1 | head -1` takes a log line and goes away.
+"$KILN" -v run --plan "$TMP/t5.plan" --prompt "reverse: abc" 2>&1 | head -n 1 > "$TMP/out"
+[ "${PIPESTATUS[0]}" -eq 0 ] || fail "-v run 2>&1 | head -1: exit ${PIPESTATUS[0]}, expected 0"
+expect_in "$TMP/out" "[kiln I" "-v run 2>&1 | head -1 shows the first log line"
+# Results still go out (and their failure still counts) when only standard error is full.
+"$KILN" -v run --plan "$TMP/t5.plan" --prompt "reverse: abc" 2>/dev/full >"$TMP/out"
+code=$?
+[ "$code" -eq 0 ] || fail "-v run 2>/dev/full: exit $code, expected 0"
+[ -s "$TMP/out" ] || fail "-v run 2>/dev/full printed no result"
+"$KILN" -v run --plan "$TMP/t5.plan" --prompt "reverse: abc" 2>/dev/full >/dev/full
+code=$?
+[ "$code" -eq 1 ] || fail "-v run >/dev/full 2>/dev/full: exit $code, expected 1"
+# Errors keep their exit codes when they cannot be shown.
+"$KILN" run --plan "$TMP/t5.plan" --prompt "" 2>/dev/full >/dev/null
+code=$?
+[ "$code" -eq 2 ] || fail "run --prompt '' 2>/dev/full: exit $code, expected 2"
+"$KILN" run --plan "$TMP/missing.plan" --prompt hi 2>/dev/full >/dev/null
+code=$?
+[ "$code" -eq 1 ] || fail "run --plan MISSING 2>/dev/full: exit $code, expected 1"
+"$KILN" run --plan "$TMP/t5.plan" --bogus 2>/dev/full >/dev/null
+code=$?
+[ "$code" -eq 2 ] || fail "run --bogus 2>/dev/full: exit $code, expected 2"
+"$KILN" 2>/dev/full >/dev/null
+code=$?
+[ "$code" -eq 2 ] || fail "kiln (no command) 2>/dev/full: exit $code, expected 2"
+"$KILN" serve 2>/dev/full >/dev/null
+code=$?
+[ "$code" -eq 2 ] || fail "serve (not built) 2>/dev/full: exit $code, expected 2"
 
 # --- item 21: progress on a terminal, nothing on a pipe; -v reports generation steps ---
 expect_exit 0 "eval on a pipe" -- "$KILN" eval --plan "$TMP/t5.plan" --dataset "$FIXTURES/data/dev.jsonl"

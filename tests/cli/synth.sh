@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # kiln synth: real-size HF-layout checkpoints with the public shapes, deterministic per seed,
-# loadable by kiln (and HF) as is; bad presets and outputs are refused.
+# loadable by kiln (and HF) as is; bad presets and outputs are refused. Issue 36, item 2: an
+# existing checkpoint is never overwritten without --force, and a checkpoint appears whole or not
+# at all (concurrent runs, failures; interrupts are in interrupt.sh).
 source "$(dirname "$0")/lib.bash"
 
 expect_exit 0 "list" -- "$KILN" synth --list
@@ -53,9 +55,92 @@ rm -rf "$TMP/a" "$TMP/b" "$TMP/c" "$TMP/fts"
 
 expect_exit 2 "unknown preset" -- "$KILN" synth --preset gpt-5 -o "$TMP/x"
 expect_in "$TMP/err" "flan-t5-small" "lists the presets"
+expect_exit 2 "misspelt preset" -- "$KILN" synth --preset t5-smal -o "$TMP/x"
+expect_in "$TMP/err" "--preset t5-smal: unknown preset (did you mean t5-small?)" "suggests the preset"
+[ ! -e "$TMP/x" ] || fail "a refused synth created $TMP/x"
 touch "$TMP/file"
 expect_exit 2 "output is a file" -- "$KILN" synth --preset t5-small -o "$TMP/file"
 expect_exit 2 "bad dtype" -- "$KILN" synth --preset t5-small -o "$TMP/x" --dtype int4
 expect_exit 2 "no preset" -- "$KILN" synth -o "$TMP/x"
+
+# --- an existing checkpoint is refused without --force, replaced whole with it ---
+# The model directory of the issue: a copy of a real checkpoint.
+rm -rf "$TMP/ow" && cp -r "$FIXTURES/t5-tiny" "$TMP/ow"
+expect_exit 2 "synth into a checkpoint" -- "$KILN" synth --preset t5-small -o "$TMP/ow"
+expect_in "$TMP/err" "-o $TMP/ow: the directory exists and is not empty" "names the directory"
+expect_in "$TMP/err" "--force" "names --force"
+for f in config.json model.safetensors spiece.model; do
+  cmp -s "$FIXTURES/t5-tiny/$f" "$TMP/ow/$f" || fail "the refused synth changed $f"
+done
+expect_exit 2 "synth into a checkpoint given with a trailing slash" -- "$KILN" synth --preset t5-small -o "$TMP/ow/"
+# --force never replaces the current directory (or its parent) from inside.
+(cd "$TMP/ow" && "$KILN" synth --preset t5-small -o . --force) >"$TMP/out" 2>"$TMP/err"
+code=$?
+[ "$code" -eq 2 ] || fail "synth --force -o .: exit $code, expected 2"
+expect_in "$TMP/err" "give the directory to write by its name" "synth -o . says why"
+mkdir -p "$TMP/empty"
+expect_exit 0 "synth into an empty directory" -- "$KILN" -q synth --preset t5-small -o "$TMP/empty"
+[ -s "$TMP/empty/model.safetensors" ] || fail "synth into an empty directory wrote no weights"
+touch "$TMP/ow/stale-file"
+expect_exit 0 "synth --force over a checkpoint" -- "$KILN" -q synth --preset t5-small -o "$TMP/ow" --force
+cmp -s "$TMP/empty/model.safetensors" "$TMP/ow/model.safetensors" || fail "--force: not t5-small's weights"
+cmp -s "$TMP/empty/config.json" "$TMP/ow/config.json" || fail "--force: not t5-small's config"
+[ ! -e "$TMP/ow/stale-file" ] || fail "--force kept a file of the replaced directory"
+leftovers=$(compgen -G "$TMP/ow.*" || true)
+[ -z "$leftovers" ] || fail "--force left $leftovers behind"
+rm -rf "$TMP/empty"
+
+# A checkpoint whose config and weights agree: the config's shapes are the weights' shapes.
+consistent() {  # consistent DIR
+  python3 - "$1" <<'PY'
+import json, struct, sys
+d = sys.argv[1]
+c = json.load(open(d + "/config.json"))
+f = open(d + "/model.safetensors", "rb")
+h = json.loads(f.read(struct.unpack("<Q", f.read(8))[0]))
+assert h["shared.weight"]["shape"] == [c["vocab_size"], c["d_model"]], (c, h["shared.weight"])
+wi = "encoder.block.0.layer.1.DenseReluDense." + ("wi_0" if c["is_gated_act"] else "wi")
+assert h[wi + ".weight"]["shape"] == [c["d_ff"], c["d_model"]], (c, h[wi + ".weight"])
+n = c["num_layers"]
+assert "encoder.block.%d.layer.0.SelfAttention.q.weight" % (n - 1) in h
+assert "encoder.block.%d.layer.0.SelfAttention.q.weight" % n not in h
+assert ("lm_head.weight" in h) != c["tie_word_embeddings"]
+PY
+}
+
+# --- two synth runs into the same directory at once: one complete checkpoint, one clean failure ---
+rm -rf "$TMP/race"
+"$KILN" -q synth --preset t5-small -o "$TMP/race" >"$TMP/out1" 2>"$TMP/err1" &
+p1=$!
+"$KILN" -q synth --preset flan-t5-small --dtype bf16 -o "$TMP/race" >"$TMP/out2" 2>"$TMP/err2" &
+p2=$!
+wait $p1
+c1=$?
+wait $p2
+c2=$?
+if [ "$c1" -eq 0 ] && [ "$c2" -eq 0 ]; then
+  fail "two concurrent synth -o of one directory both succeeded"
+elif [ "$c1" -ne 0 ] && [ "$c2" -ne 0 ]; then
+  fail "two concurrent synth -o both failed: $c1 ($(cat "$TMP/err1")) and $c2 ($(cat "$TMP/err2"))"
+else
+  loser=$([ "$c1" -eq 0 ] && echo 2 || echo 1)
+  code=$([ "$c1" -eq 0 ] && echo "$c2" || echo "$c1")
+  [ "$code" -eq 2 ] || fail "the losing concurrent synth: exit $code, expected 2"
+  grep -q -- "--force" "$TMP/err$loser" || fail "the losing synth says why: $(cat "$TMP/err$loser")"
+fi
+consistent "$TMP/race" || fail "concurrent synth runs left a mixed checkpoint"
+leftovers=$(compgen -G "$TMP/race.*" || true)
+[ -z "$leftovers" ] || fail "concurrent synth runs left $leftovers behind"
+rm -rf "$TMP/race"
+
+# --- a failed write (here a file size limit; a full disk alike) leaves nothing behind ---
+rm -rf "$TMP/limited"
+(ulimit -f 10240; exec "$KILN" -q synth --preset t5-small -o "$TMP/limited") >"$TMP/out" 2>"$TMP/err"
+code=$?
+[ "$code" -eq 1 ] || fail "synth past the file size limit: exit $code, expected 1"
+expect_in "$TMP/err" "model.safetensors" "the failed write names the file"
+[ ! -e "$TMP/limited" ] || fail "a failed synth left $TMP/limited ($(ls "$TMP/limited" | tr '\n' ' '))"
+leftovers=$(compgen -G "$TMP/limited.*" || true)
+[ -z "$leftovers" ] || fail "a failed synth left $leftovers behind"
 
 finish

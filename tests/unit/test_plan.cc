@@ -174,11 +174,19 @@ TEST_F(PlanTest, BadInputOtherDeviceIsRefused) {
     // A machine with a GPU runs cuda plans (fp32 graphs run on either device).
     EXPECT_NO_THROW(CompiledModel::load_plan(ctx_, tmp("cuda.plan")));
   } else {
+    // Issue 36: a runtime error (exit 1, not the usage error 2), naming the fix rather than the
+    // CUDA runtime's words ("CUDA driver version is insufficient ...").
     try {
       CompiledModel::load_plan(ctx_, tmp("cuda.plan"));
       ADD_FAILURE() << "a cuda plan was accepted by a build or machine without CUDA";
     } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find("cuda"), std::string::npos) << e.what();
+      const std::string what = e.what();
+      EXPECT_NE(e.kind(), ErrorKind::kUsage) << what;
+      EXPECT_NE(what.find("device cuda: "), std::string::npos) << what;
+      EXPECT_NE(what.find("rebuild it with --device cpu"), std::string::npos) << what;
+      if (query_cuda().compiled) {
+        EXPECT_NE(what.find("no NVIDIA GPU/driver found (CUDA: "), std::string::npos) << what;
+      }
     }
   }
   p.header["device"] = "tpu";

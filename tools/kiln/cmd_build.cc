@@ -1,5 +1,10 @@
+#include <sys/stat.h>
+
 #include <chrono>
 #include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <optional>
 
 #include "backend/backend.h"
 #include "commands.h"
@@ -11,6 +16,87 @@ namespace kiln::cli {
 // Longest prompt a plan may be built for: far beyond both model families' positions, small
 // enough that the largest workspace bucket stays allocatable.
 inline constexpr int64_t kMaxInputTokensLimit = 65536;
+
+namespace {
+
+namespace fs = std::filesystem;
+
+struct FileId {
+  dev_t dev;
+  ino_t ino;
+  bool operator==(const FileId&) const = default;
+};
+
+std::optional<FileId> file_id(const fs::path& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return std::nullopt;
+  return FileId{st.st_dev, st.st_ino};
+}
+
+fs::path parent_of(const fs::path& path) {
+  const fs::path parent = path.parent_path();
+  return parent.empty() ? fs::path(".") : parent;
+}
+
+// Every file of `model_dir` that a build reads or would read: the configs, the tokenizer files,
+// model.safetensors, the index and the shards it names (existing or not: a plan written there
+// would become part of the checkpoint), and the files hashed into the plan's metadata (every
+// .json and .safetensors of the directory, spiece.model).
+std::vector<fs::path> files_a_build_reads(const fs::path& model_dir) {
+  std::vector<fs::path> files;
+  for (const char* name :
+       {"config.json", "generation_config.json", "spiece.model", "tokenizer.json",
+        "tokenizer_config.json", "model.safetensors", "model.safetensors.index.json"})
+    files.push_back(model_dir / name);
+  std::ifstream index(model_dir / "model.safetensors.index.json");
+  if (index) {
+    // A damaged index is the build's to report; here it only names files.
+    const nlohmann::json doc = nlohmann::json::parse(index, nullptr, /*allow_exceptions=*/false);
+    if (doc.is_object() && doc.contains("weight_map") && doc["weight_map"].is_object())
+      for (const auto& [tensor, shard] : doc["weight_map"].items())
+        if (shard.is_string()) files.push_back(model_dir / shard.get<std::string>());
+  }
+  std::error_code ec;
+  for (fs::directory_iterator it(model_dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (name.ends_with(".json") || name.ends_with(".safetensors")) files.push_back(it->path());
+  }
+  return files;
+}
+
+// A plan written over a file the build reads would destroy the checkpoint (`kiln build --model
+// ow -o ow/model.safetensors`): refused, whether -o names that file (in the model directory, by
+// any path to it) or is the same file under another name (a hard or symbolic link).
+void check_output_is_not_an_input(const std::string& output, const std::string& model_dir) {
+  const fs::path out(output);
+  const std::optional<FileId> out_id = file_id(out);
+  const std::optional<FileId> out_parent = file_id(parent_of(out));
+  const std::optional<FileId> model_id = file_id(model_dir);
+  const std::string name = out.filename().string();
+  for (const fs::path& input : files_a_build_reads(model_dir)) {
+    const std::optional<FileId> input_id = file_id(input);
+    const bool same_file = out_id && input_id && *out_id == *input_id;
+    const bool same_entry =
+        out_parent && *out_parent == file_id(parent_of(input)) && name == input.filename().string();
+    KILN_CHECK_USAGE(!same_file && !same_entry,
+                     "-o {}: this is {}, which the build reads from --model {}; writing the plan "
+                     "there would destroy the checkpoint. Give the plan its own file name, e.g. "
+                     "-o {}.plan",
+                     output, input.string(), model_dir,
+                     fs::path(model_dir).lexically_normal().filename().empty()
+                         ? std::string("model")
+                         : fs::path(model_dir).lexically_normal().filename().string());
+  }
+  // A new .json or .safetensors file in the model directory would be read by later builds.
+  KILN_CHECK_USAGE(
+      !(out_parent && model_id && *out_parent == *model_id &&
+        (name.ends_with(".json") || name.ends_with(".safetensors"))),
+      "-o {}: a .json or .safetensors file in the checkpoint directory --model {} would be read "
+      "as part of the checkpoint by later builds; give the plan a name ending in .plan",
+      output, model_dir);
+}
+
+}  // namespace
 
 Runner add_build(CLI::App& app) {
   struct Opts {
@@ -86,6 +172,7 @@ Runner add_build(CLI::App& app) {
         o->prompt_template);
     check_model_dir(o->model, "--model");
     AtomicFileWriter::check_target(o->output, "-o");
+    check_output_is_not_an_input(o->output, o->model);
     GlobalOptions gl = g;
     auto ctx = make_context(gl);
     // Building is the step users watch: say what happened even without -v.

@@ -1,4 +1,5 @@
 #include "commands.h"
+#include "output.h"
 
 namespace kiln::cli {
 
@@ -9,8 +10,7 @@ Runner add_planned(CLI::App& app, const std::string& name, const std::string& de
   cmd->allow_extras();
   cmd->fallthrough(false);  // keep its arguments: they belong to the future subcommand
   return [name](const GlobalOptions&) {
-    fmt::print(stderr, "kiln {}: not built yet in this version of kiln (see `kiln {} --help`)\n",
-               name, name);
+    err("kiln {}: not built yet in this version of kiln (see `kiln {} --help`)\n", name, name);
     return 2;
   };
 }

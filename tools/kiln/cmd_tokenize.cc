@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "commands.h"
+#include "frontend/hf/frontend.h"
 #include "output.h"
 #include "plan/plan.h"
 
@@ -119,6 +120,7 @@ Runner add_tokenize(CLI::App& app) {
     std::unique_ptr<Tokenizer> tok;
     if (!o->model.empty()) {
       check_model_dir(o->model, "--model");
+      check_tokenizer_files(o->model);
       tok = load_tokenizer_dir(o->model);
     } else {
       check_plan_file(o->plan, "--plan");

@@ -48,14 +48,18 @@ CLI::Validator int_check(int64_t lo, int64_t hi);
 // flags and the exit codes.
 void describe(CLI::App* cmd, const std::string& details);
 int max_threads();  // --threads upper limit: this machine's hardware threads
+// The closest of `names` to `given` (edit distance, or a prefix of it), or "" when none is close
+// enough to be a likely typo: the "did you mean ...?" of unknown options, commands and presets
+// (suggest.cc).
+std::string closest_name(const std::string& given, const std::vector<std::string>& names);
 
 // --- shared helpers (common.cc) ---
 std::unique_ptr<Context> make_context(const GlobalOptions& g);
 // From --plan or --model (exactly one must be set); shows activity on a terminal while it builds.
 std::unique_ptr<CompiledModel> open_engine(Context& ctx, const std::string& plan,
                                            const std::string& model);
-// Up-front checks of path arguments, naming the flag: a missing path is a runtime error (exit 1),
-// the wrong kind of path (a plan given to --model, a directory given to --plan) a usage error
+// Up-front checks of path arguments, naming the flag: a missing path, or a directory given to
+// --plan (like --input DIR), is a runtime error (exit 1); a file given to --model is a usage error
 // that says what to give instead.
 void check_model_dir(const std::string& path, const char* flag);
 void check_plan_file(const std::string& path, const char* flag);

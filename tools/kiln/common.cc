@@ -124,11 +124,10 @@ void check_plan_file(const std::string& path, const char* flag) {
   const fs::file_status st = fs::status(path, ec);
   if (!fs::exists(st)) KILN_FAIL_KIND(ErrorKind::kNotFound, "{} {}: no such file", flag, path);
   if (fs::is_directory(st)) {
+    // A runtime error like --input DIR and --dataset DIR: a path that cannot be read as a file.
     const bool checkpoint = fs::exists(fs::path(path) / "config.json", ec);
-    KILN_FAIL_KIND(
-        ErrorKind::kUsage, "{} {}: this is a directory; a plan is the file `kiln build` writes{}",
-        flag, path,
-        checkpoint ? fmt::format(" (for a checkpoint directory use --model {})", path) : "");
+    KILN_FAIL("{} {}: this is a directory; a plan is the file `kiln build` writes{}", flag, path,
+              checkpoint ? fmt::format(" (for a checkpoint directory use --model {})", path) : "");
   }
 }
 

@@ -1,4 +1,5 @@
-// kiln: compile HuggingFace transformer checkpoints into plans, run, evaluate and serve them.
+// kiln: compile HuggingFace transformer checkpoints into plans; run, evaluate, benchmark and
+// inspect them.
 #include <cstdio>
 #include <map>
 
@@ -56,33 +57,6 @@ std::string parser_message(const std::string& what) {
   return what;
 }
 
-size_t edit_distance(const std::string& a, const std::string& b) {
-  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    cur[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j)
-      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] != b[j - 1])});
-    std::swap(prev, cur);
-  }
-  return prev[b.size()];
-}
-
-// The closest of `names` to `given`, or "" when none is close enough to be a likely typo.
-std::string closest(const std::string& given, const std::vector<std::string>& names) {
-  std::string best;
-  size_t best_d = std::max<size_t>(2, given.size() / 3) + 1;
-  for (const std::string& n : names) {
-    size_t d = edit_distance(given, n);
-    if (n.size() > given.size() && n.starts_with(given)) d = std::min<size_t>(d, 1);
-    if (d < best_d) {
-      best_d = d;
-      best = n;
-    }
-  }
-  return best;
-}
-
 std::vector<std::string> option_names(const CLI::App& app) {
   std::vector<std::string> names;
   for (const CLI::Option* opt : app.get_options()) {
@@ -100,7 +74,7 @@ std::vector<std::string> command_names(const CLI::App& app) {
 }
 
 int usage_error(const std::string& who, const std::string& message) {
-  fmt::print(stderr, "{}: error: {}\nRun '{} --help' for usage.\n", who, message, who);
+  kiln::cli::err("{}: error: {}\nRun '{} --help' for usage.\n", who, message, who);
   return 2;
 }
 
@@ -113,7 +87,7 @@ int extras_error(CLI::App& app, CLI::App* sub, const std::string& who) {
     for (const std::string& e : extras) {
       if (e.starts_with("-")) continue;
       const std::vector<std::string> commands = command_names(app);
-      const std::string guess = closest(e, commands);
+      const std::string guess = kiln::cli::closest_name(e, commands);
       return usage_error(who, fmt::format("unknown command '{}'{}; the commands are: {}", e,
                                           guess.empty() ? "" : " (did you mean " + guess + "?)",
                                           fmt::join(commands, ", ")));
@@ -127,14 +101,28 @@ int extras_error(CLI::App& app, CLI::App* sub, const std::string& who) {
       const std::vector<std::string> own = option_names(*sub);
       names.insert(names.end(), own.begin(), own.end());
     }
-    const std::string guess = closest(name, names);
+    const std::string guess = kiln::cli::closest_name(name, names);
     return usage_error(who, fmt::format("unknown option {}{}", name,
                                         guess.empty() ? "" : " (did you mean " + guess + "?)"));
   }
+  // A second value for a positional argument (`kiln inspect a.plan b.plan`, `kiln help run build`).
+  if (sub != nullptr) {
+    for (const CLI::Option* opt : sub->get_options()) {
+      if (!opt->get_positional() || opt->count() == 0) continue;
+      const std::string given = opt->as<std::string>();
+      return usage_error(who, fmt::format("unexpected argument '{}': {} takes one {} ('{}' was "
+                                          "given first); give one per call",
+                                          extras[0], who, opt->get_name(), given));
+    }
+  }
+  // A value with spaces that was not quoted: show it with an option this command has.
+  std::string example;
+  for (const char* flag : {"--prompt", "--text"})
+    if (sub != nullptr && example.empty() && sub->get_option_no_throw(flag) != nullptr)
+      example = fmt::format(" ({} \"reverse: abc\")", flag);
   return usage_error(who, fmt::format("unexpected argument '{}': each option takes exactly one "
-                                      "value; quote a value that contains spaces (--prompt "
-                                      "\"reverse: abc\")",
-                                      extras[0]));
+                                      "value; quote a value that contains spaces{}",
+                                      extras[0], example));
 }
 
 bool wants_verbose(int argc, char** argv) {
@@ -148,8 +136,9 @@ bool wants_verbose(int argc, char** argv) {
 int main(int argc, char** argv) {
   kiln::cli::ignore_write_signals();
   CLI::App app{
-      "kiln: an inference compiler, runtime and server for transformer LLMs (T5/Flan-T5, BLOOM).\n"
-      "Build a plan from a HuggingFace checkpoint, then run, evaluate, benchmark or serve it.\n"
+      "kiln compiles HuggingFace transformer checkpoints (T5/Flan-T5, BLOOM) into plans and runs\n"
+      "them: build a plan from a checkpoint, then run, evaluate, benchmark or inspect it.\n"
+      "(Serving a plan over HTTP/gRPC is designed but not built yet: see `kiln serve --help`.)\n"
       "Examples:\n"
       "  kiln build --model models/t5-tiny -o t5.plan\n"
       "  kiln run --plan t5.plan --prompt \"reverse: suvogi\"\n"
@@ -239,28 +228,28 @@ int main(int argc, char** argv) {
     if (global.verbose && global.quiet)
       kiln::Logger().warn("-v and -q were both given: -v wins (INFO logging)");
     if (sub == nullptr) {
-      fmt::print(stderr, "kiln: error: no command given\n\n{}", app.help());
+      kiln::cli::err("kiln: error: no command given\n\n{}", app.help());
       return 2;
     }
     const std::string who = "kiln " + sub->get_name();
     try {
       return runners.at(sub->get_name())(global);
     } catch (const kiln::Error& e) {
-      fmt::print(stderr, "{}: error: {}{}\n", who, verbose ? e.what() : user_message(e.what()),
-                 verbose ? " [" + e.where() + "]" : "");
+      kiln::cli::err("{}: error: {}{}\n", who, verbose ? e.what() : user_message(e.what()),
+                     verbose ? " [" + e.where() + "]" : "");
       return e.kind() == kiln::ErrorKind::kUsage ? 2 : 1;
     } catch (const std::bad_alloc&) {
-      fmt::print(stderr, "{}: error: out of memory\n", who);
+      kiln::cli::err("{}: error: out of memory\n", who);
       return 1;
     } catch (const std::exception& e) {
-      fmt::print(stderr, "{}: error: {}\n", who, verbose ? e.what() : user_message(e.what()));
+      kiln::cli::err("{}: error: {}\n", who, verbose ? e.what() : user_message(e.what()));
       return 1;
     }
   } catch (const kiln::cli::StdoutClosed&) {
     return 0;  // the reader went away (`| head -1`): nothing more to say to anyone
   } catch (const kiln::Error& e) {
     // Only writing to standard output fails outside a command (--help, --version, help).
-    fmt::print(stderr, "kiln: error: {}\n", e.what());
+    kiln::cli::err("kiln: error: {}\n", e.what());
     return 1;
   }
 }

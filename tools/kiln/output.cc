@@ -6,6 +6,7 @@
 #include <cstring>
 #include <iostream>
 
+#include "core/logging.h"
 #include "core/status.h"
 
 namespace kiln::cli {
@@ -28,6 +29,8 @@ void out_text(std::string_view text) {
   if (std::fwrite(text.data(), 1, text.size(), stdout) != text.size() || std::fflush(stdout) != 0)
     write_failed(errno != 0 ? errno : EIO);
 }
+
+void err_text(std::string_view text) { write_best_effort(stderr, text); }
 
 void check_cout() {
   errno = 0;

@@ -3,6 +3,7 @@
 #include "backend/cuda/cuda_executor.h"
 #include "backend/cuda/cuda_kernels.h"
 #include "backend/cuda/cuda_kv_storage.h"
+#include "backend/cuda_info.h"
 
 namespace kiln {
 namespace cuda {
@@ -103,6 +104,14 @@ class CudaBackend final : public Backend {
 }  // namespace cuda
 
 std::unique_ptr<Backend> make_cuda_backend(Context& ctx) {
+  // A cuda plan on a machine without a GPU or driver: nothing the command line can change, so a
+  // runtime error (exit 1), in the user's words rather than the CUDA runtime's ("CUDA driver
+  // version is insufficient for CUDA runtime version" is what a missing driver looks like).
+  const CudaInfo info = query_cuda();
+  KILN_CHECK(info.device_count > 0,
+             "device cuda: no NVIDIA GPU/driver found (CUDA: {}); this plan was built with "
+             "--device cuda: rebuild it with --device cpu to run it on this machine",
+             info.error.empty() ? "no device" : info.error);
   return std::make_unique<cuda::CudaBackend>(ctx);
 }
 

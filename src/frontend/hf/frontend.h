@@ -22,4 +22,8 @@ std::vector<Graph> build_bloom_graphs(const BloomConfig& config, const Checkpoin
 // file at fault.
 ModelIR import_hf_model(const std::string& dir, const Logger& log);
 
+// Refuses (naming the file and what to do) a T5 checkpoint directory without spiece.model, the
+// only T5 tokenizer kiln reads; other directories pass (their loaders check them).
+void check_tokenizer_files(const std::string& dir);
+
 }  // namespace kiln

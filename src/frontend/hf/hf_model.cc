@@ -22,6 +22,7 @@ ModelIR import_hf_model(const std::string& dir, const Logger& log) {
   model.profile.max_input_tokens = model.desc.max_positions;
   model.profile.max_step_tokens = model.desc.max_positions;
   model.profile.token_buckets = ShapeProfile::default_buckets(model.profile.max_step_tokens);
+  check_tokenizer_files(dir);
   const std::unique_ptr<Tokenizer> tok = load_tokenizer_dir(dir);
   model.tokenizer_format = std::string(tokenizer_kind_name(tok->kind()));
   model.tokenizer_bytes = tok->source_bytes();

@@ -2,8 +2,6 @@
 
 #include <cmath>
 #include <cstring>
-#include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "core/status.h"
@@ -12,8 +10,6 @@
 #include "io/safetensors.h"
 
 namespace kiln {
-
-namespace fs = std::filesystem;
 
 const std::vector<SynthPreset>& synth_presets() {
   // The public models' shapes (their config.json files). T5's vocabulary is 32128 (padded from
@@ -221,17 +217,15 @@ void synthesize_checkpoint(const SynthPreset& p, const std::string& dir,
   KILN_CHECK_USAGE(
       options.dtype == DType::kF32 || options.dtype == DType::kF16 || options.dtype == DType::kBF16,
       "--dtype {}: synth writes fp32, fp16 or bf16 weights", dtype_name(options.dtype));
-  std::error_code ec;
-  KILN_CHECK_USAGE(dir.empty() == false, "-o: the output directory is empty");
-  KILN_CHECK_USAGE(!fs::exists(dir, ec) || fs::is_directory(dir, ec),
-                   "-o {}: exists and is not a directory", dir);
-  fs::create_directories(dir, ec);
-  KILN_CHECK(!ec, "cannot create directory {}: {}", dir, ec.message());
+  AtomicDirWriter out(dir,
+                      options.replace_existing ? AtomicDirWriter::Existing::kReplace
+                                               : AtomicDirWriter::Existing::kRefuse,
+                      "-o", "--force");
 
   const bool t5 = p.family == "t5";
   const nlohmann::ordered_json config =
       t5 ? t5_config(p, options.dtype) : bloom_config(p, options.dtype);
-  write_file(dir + "/config.json", config.dump(2) + "\n");
+  write_file(out.path_of("config.json"), config.dump(2) + "\n");
   nlohmann::ordered_json gen;
   gen["_from_model_config"] = true;
   if (t5) {
@@ -243,7 +237,7 @@ void synthesize_checkpoint(const SynthPreset& p, const std::string& dir,
     gen["eos_token_id"] = 2;
     gen["pad_token_id"] = 3;
   }
-  write_file(dir + "/generation_config.json", gen.dump(2) + "\n");
+  write_file(out.path_of("generation_config.json"), gen.dump(2) + "\n");
   // The fixture model's tokenizer: its ids are all inside the larger vocabulary.
   const std::vector<std::string> files =
       t5 ? std::vector<std::string>{"spiece.model", "tokenizer.json", "tokenizer_config.json"}
@@ -251,7 +245,7 @@ void synthesize_checkpoint(const SynthPreset& p, const std::string& dir,
   for (const std::string& f : files) {
     const std::string_view bytes = embedded_file(p.family + "/" + f);
     KILN_CHECK(!bytes.empty(), "this kiln was built without the {} tokenizer file {}", p.family, f);
-    write_file(dir + "/" + f, bytes);
+    write_file(out.path_of(f), bytes);
   }
 
   std::vector<TensorSource> sources;
@@ -278,7 +272,9 @@ void synthesize_checkpoint(const SynthPreset& p, const std::string& dir,
            dtype_traits(dtype).from_float(values.data(), dst, static_cast<size_t>(count));
          }});
   }
-  write_safetensors_streaming(dir + "/model.safetensors", sources, {{"format", "pt"}}, progress);
+  write_safetensors_streaming(out.path_of("model.safetensors"), sources, {{"format", "pt"}},
+                              progress);
+  out.commit();
 }
 
 }  // namespace kiln

@@ -36,9 +36,15 @@ int64_t synth_parameter_count(const SynthPreset& preset);
 struct SynthOptions {
   DType dtype = DType::kF32;  // f32, f16 or bf16
   uint64_t seed = 0;
+  // An existing non-empty `dir` is refused (usage error naming -o and --force) unless this is
+  // set; then it is replaced whole.
+  bool replace_existing = false;
 };
 
-// Writes the checkpoint into `dir` (created if needed); `progress(bytes_done, bytes_total)`.
+// Writes the checkpoint as `dir` (its parent directories created if needed), all at once: the
+// files go into DIR.partial.PID beside it, renamed to DIR when complete (AtomicDirWriter), so
+// that a failure, an interrupt or a concurrent synth into the same DIR never leaves a partial
+// or mixed checkpoint. `progress(bytes_done, bytes_total)`.
 void synthesize_checkpoint(const SynthPreset& preset, const std::string& dir,
                            const SynthOptions& options,
                            const std::function<void(int64_t, int64_t)>& progress);
