@@ -9,19 +9,25 @@
 #include <string>
 #include <vector>
 
-#include "kiln/generate.h"
-
 namespace kiln {
 
+// generation_config's "early_stopping" in HF's three values (false, true, "never"). The runtime
+// maps it onto GenerationParams' EarlyStopping: the public API (kiln/generate.h) describes
+// requests, which nothing below the runtime knows about.
+enum class EarlyStoppingSetting : uint8_t { kHeuristic, kAlways, kNever };
+// The widest beam search a checkpoint's defaults may ask for: the runtime's kMaxBeams (the
+// runtime checks that the two agree).
+inline constexpr int kMaxBeamsSetting = 32;
+
 // generation_config.json as HuggingFace applies it: every field is optional, and an absent field
-// keeps the library default (GenerationParams' member initialisers, which are HF's).
+// keeps the library default (the runtime's GenerationParams, whose member initialisers are HF's).
 struct GenerationDefaults {
   std::optional<int64_t> max_new_tokens;
   std::optional<int64_t> max_length;  // HF: prompt + generated (decoder-only) or decoder length
   std::optional<int64_t> min_new_tokens;
   std::optional<int> num_beams;
   std::optional<double> length_penalty;
-  std::optional<EarlyStopping> early_stopping;
+  std::optional<EarlyStoppingSetting> early_stopping;
   std::optional<bool> do_sample;
   std::optional<float> temperature;
   std::optional<int> top_k;

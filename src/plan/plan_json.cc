@@ -8,20 +8,21 @@ using nlohmann::json;
 
 namespace {
 
-std::string_view early_stopping_name(EarlyStopping e) {
+std::string_view early_stopping_name(EarlyStoppingSetting e) {
   switch (e) {
-    case EarlyStopping::kHeuristic:
+    case EarlyStoppingSetting::kHeuristic:
       return "heuristic";
-    case EarlyStopping::kAlways:
+    case EarlyStoppingSetting::kAlways:
       return "always";
-    case EarlyStopping::kNever:
+    case EarlyStoppingSetting::kNever:
       return "never";
   }
   return "?";
 }
 
-EarlyStopping parse_early_stopping(const std::string& s, const std::string& source) {
-  for (EarlyStopping e : {EarlyStopping::kHeuristic, EarlyStopping::kAlways, EarlyStopping::kNever})
+EarlyStoppingSetting parse_early_stopping(const std::string& s, const std::string& source) {
+  for (EarlyStoppingSetting e : {EarlyStoppingSetting::kHeuristic, EarlyStoppingSetting::kAlways,
+                                 EarlyStoppingSetting::kNever})
     if (early_stopping_name(e) == s) return e;
   KILN_FAIL("{}: unknown early_stopping '{}'", source, s);
 }
@@ -108,13 +109,11 @@ ModelDesc desc_from_json(const json& j, const std::string& source) {
   if (gen.contains("eos_token_ids"))
     g.eos_token_ids = gen.at("eos_token_ids").get<std::vector<int64_t>>();
   check_model_desc(d, source);
-  GenerationParams p;  // the stored defaults must be valid generation parameters
-  if (g.num_beams) p.num_beams = *g.num_beams;
-  if (g.max_new_tokens) p.max_new_tokens = *g.max_new_tokens;
-  if (g.top_p) p.top_p = *g.top_p;
-  if (g.temperature) p.temperature = *g.temperature;
-  KILN_CHECK(p.num_beams >= 1 && p.num_beams <= kMaxBeams && p.max_new_tokens > 0 && p.top_p > 0 &&
-                 p.top_p <= 1 && p.temperature > 0,
+  // The stored defaults must be valid generation parameters.
+  const int beams = g.num_beams.value_or(1);
+  const float top_p = g.top_p.value_or(1.0f);
+  KILN_CHECK(beams >= 1 && beams <= kMaxBeamsSetting && g.max_new_tokens.value_or(1) > 0 &&
+                 top_p > 0 && top_p <= 1 && g.temperature.value_or(1.0f) > 0,
              "{}: invalid generation defaults", source);
   KILN_CHECK(g.repetition_penalty.value_or(1.0) > 0 && g.no_repeat_ngram_size.value_or(0) >= 0 &&
                  g.encoder_no_repeat_ngram_size.value_or(0) >= 0 && g.min_length.value_or(0) >= 0,

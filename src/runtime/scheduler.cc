@@ -14,6 +14,8 @@
 
 namespace kiln {
 
+static_assert(kMaxBeamsSetting == kMaxBeams, "a checkpoint's beam limit is the runtime's");
+
 GenerationParams default_generation_params(const ModelDesc& desc) {
   GenerationParams p;
   const GenerationDefaults& g = desc.generation;
@@ -26,7 +28,19 @@ GenerationParams default_generation_params(const ModelDesc& desc) {
   if (g.min_new_tokens) p.min_new_tokens = *g.min_new_tokens;
   if (g.num_beams) p.num_beams = *g.num_beams;
   if (g.length_penalty) p.length_penalty = *g.length_penalty;
-  if (g.early_stopping) p.early_stopping = *g.early_stopping;
+  if (g.early_stopping) {
+    switch (*g.early_stopping) {
+      case EarlyStoppingSetting::kHeuristic:
+        p.early_stopping = EarlyStopping::kHeuristic;
+        break;
+      case EarlyStoppingSetting::kAlways:
+        p.early_stopping = EarlyStopping::kAlways;
+        break;
+      case EarlyStoppingSetting::kNever:
+        p.early_stopping = EarlyStopping::kNever;
+        break;
+    }
+  }
   if (g.do_sample) p.do_sample = *g.do_sample;
   if (g.temperature) p.temperature = *g.temperature;
   if (g.top_k) p.top_k = *g.top_k;

@@ -228,21 +228,21 @@ TEST(HfConfig, GenerationConfigFields) {
   EXPECT_EQ(g.max_new_tokens, 32);
   EXPECT_EQ(g.num_beams, 4);
   EXPECT_EQ(g.length_penalty, 0.6);
-  EXPECT_EQ(g.early_stopping, EarlyStopping::kAlways);
+  EXPECT_EQ(g.early_stopping, EarlyStoppingSetting::kAlways);
   EXPECT_EQ(g.eos_token_ids, (std::vector<int64_t>{1, 7}));
 
   GenerationDefaults h;
   parse_generation_config(R"({"early_stopping": "never", "eos_token_id": 2, "length_penalty": 1,
                               "max_new_tokens": null})",
                           "gen.json", &h);
-  EXPECT_EQ(h.early_stopping, EarlyStopping::kNever);
+  EXPECT_EQ(h.early_stopping, EarlyStoppingSetting::kNever);
   EXPECT_EQ(h.eos_token_ids, std::vector<int64_t>{2});
   EXPECT_EQ(h.length_penalty, 1.0);
   EXPECT_FALSE(h.max_new_tokens);
 
   GenerationDefaults e;
   parse_generation_config(R"({"early_stopping": false})", "gen.json", &e);
-  EXPECT_EQ(e.early_stopping, EarlyStopping::kHeuristic);
+  EXPECT_EQ(e.early_stopping, EarlyStoppingSetting::kHeuristic);
   EXPECT_TRUE(e.eos_token_ids.empty());
 }
 
@@ -278,7 +278,8 @@ TEST(HfConfig, RoundTripsThroughJson) {
   b.tie_word_embeddings = false;
   b.layer_norm_epsilon = 0.1;
   auto gen = [](std::optional<int64_t> max_new, std::optional<int> beams,
-                std::optional<double> penalty, EarlyStopping stop, std::vector<int64_t> eos) {
+                std::optional<double> penalty, EarlyStoppingSetting stop,
+                std::vector<int64_t> eos) {
     GenerationDefaults g;
     g.max_new_tokens = max_new;
     g.num_beams = beams;
@@ -287,10 +288,11 @@ TEST(HfConfig, RoundTripsThroughJson) {
     g.eos_token_ids = std::move(eos);
     return g;
   };
-  configs.push_back({Architecture::kBloom, b, gen(64, 4, 0.7, EarlyStopping::kHeuristic, {2, 9})});
   configs.push_back(
-      {Architecture::kBloom, b, gen(std::nullopt, 1, {}, EarlyStopping::kAlways, {})});
-  configs.push_back({Architecture::kBloom, b, gen(8, 2, -0.5, EarlyStopping::kNever, {})});
+      {Architecture::kBloom, b, gen(64, 4, 0.7, EarlyStoppingSetting::kHeuristic, {2, 9})});
+  configs.push_back(
+      {Architecture::kBloom, b, gen(std::nullopt, 1, {}, EarlyStoppingSetting::kAlways, {})});
+  configs.push_back({Architecture::kBloom, b, gen(8, 2, -0.5, EarlyStoppingSetting::kNever, {})});
   GenerationDefaults sampling;
   sampling.do_sample = true;
   sampling.temperature = 0.5f;
@@ -310,10 +312,10 @@ TEST(HfConfig, RoundTripsThroughJson) {
 
 // Plans store the config in HF's spelling, so that HF tooling reads the same three values.
 TEST(HfConfig, EarlyStoppingWrittenInHfSpelling) {
-  const std::pair<EarlyStopping, std::string> cases[] = {
-      {EarlyStopping::kHeuristic, R"("early_stopping": false)"},
-      {EarlyStopping::kAlways, R"("early_stopping": true)"},
-      {EarlyStopping::kNever, R"("early_stopping": "never")"}};
+  const std::pair<EarlyStoppingSetting, std::string> cases[] = {
+      {EarlyStoppingSetting::kHeuristic, R"("early_stopping": false)"},
+      {EarlyStoppingSetting::kAlways, R"("early_stopping": true)"},
+      {EarlyStoppingSetting::kNever, R"("early_stopping": "never")"}};
   for (const auto& [value, spelling] : cases) {
     GenerationDefaults g;
     g.early_stopping = value;

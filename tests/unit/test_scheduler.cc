@@ -271,7 +271,7 @@ TEST(GenerationDefaults, GenerationConfigFieldsBecomeParams) {
   d.generation.max_new_tokens = 7;
   d.generation.num_beams = 3;
   d.generation.length_penalty = 0.5;
-  d.generation.early_stopping = EarlyStopping::kNever;
+  d.generation.early_stopping = EarlyStoppingSetting::kNever;
   d.generation.do_sample = true;
   d.generation.temperature = 0.25f;
   d.generation.top_k = 9;

@@ -314,17 +314,18 @@ void parse_generation_object(const json& obj, const std::string& source, Generat
     out->min_new_tokens = *v;
   }
   if (const auto v = f.opt_integer("num_beams")) {
-    KILN_CHECK(*v > 0 && *v <= kMaxBeams, "{}: field 'num_beams' must be in 1..{}, got {}", source,
-               kMaxBeams, *v);
+    KILN_CHECK(*v > 0 && *v <= kMaxBeamsSetting, "{}: field 'num_beams' must be in 1..{}, got {}",
+               source, kMaxBeamsSetting, *v);
     out->num_beams = static_cast<int>(*v);
   }
   if (const auto v = f.opt_number("length_penalty")) out->length_penalty = *v;
   if (const json* v = f.find("early_stopping")) {
     if (v->is_string() && v->get<std::string>() == "never") {
-      out->early_stopping = EarlyStopping::kNever;
+      out->early_stopping = EarlyStoppingSetting::kNever;
     } else {
       if (!v->is_boolean()) f.fail_type("early_stopping", "true, false or \"never\"", *v);
-      out->early_stopping = v->get<bool>() ? EarlyStopping::kAlways : EarlyStopping::kHeuristic;
+      out->early_stopping =
+          v->get<bool>() ? EarlyStoppingSetting::kAlways : EarlyStoppingSetting::kHeuristic;
     }
   }
   if (const json* v = f.find("do_sample")) {
@@ -502,13 +503,13 @@ std::string model_config_to_json(const ModelConfig& config) {
   if (g.length_penalty) gen["length_penalty"] = *g.length_penalty;
   if (g.early_stopping) {
     switch (*g.early_stopping) {
-      case EarlyStopping::kHeuristic:
+      case EarlyStoppingSetting::kHeuristic:
         gen["early_stopping"] = false;
         break;
-      case EarlyStopping::kAlways:
+      case EarlyStoppingSetting::kAlways:
         gen["early_stopping"] = true;
         break;
-      case EarlyStopping::kNever:
+      case EarlyStoppingSetting::kNever:
         gen["early_stopping"] = "never";
         break;
     }
