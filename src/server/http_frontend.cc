@@ -156,8 +156,14 @@ HttpFrontend::HttpFrontend(ModelManager& models, HttpOptions options, const Logg
       message = fmt::format("no such endpoint: {} {}", req.method, req.path);
     } else if (res.status == 413) {
       code = Code::kTooLarge;
+      // httplib keeps form-encoded bodies (curl -d without a Content-Type) to 8 KiB.
+      const bool form =
+          req.get_header_value("Content-Type").starts_with("application/x-www-form-urlencoded");
       message =
-          fmt::format("the request body is over the limit of {} bytes (--max-body-bytes)", limit);
+          form ? "a form-encoded body is limited to 8192 bytes: send the JSON with "
+                 "'Content-Type: application/json'"
+               : fmt::format("the request body is over the limit of {} bytes (--max-body-bytes)",
+                             limit);
     } else {
       message = fmt::format("bad request (HTTP {})", res.status);
     }

@@ -137,6 +137,11 @@ void add_kserve_routes(httplib::Server& svr, HttpFrontend::Context& ctx) {
                       {"classification", "model_repository", "model_configuration", "statistics",
                        "binary_tensor_data", "generate", "openai"}}});
   });
+  svr.Get("/v2/models/stats", [&ctx](const httplib::Request&, httplib::Response& res) {
+    Json all = Json::array();
+    for (const auto& m : ctx.models.ready_models()) all.push_back(model_stats(*m));
+    reply_json(res, {{"model_stats", all}});
+  });
   svr.Get(pattern("/ready"), [&ctx](const httplib::Request& req, httplib::Response& res) {
     bool ready = false;
     try {
@@ -164,11 +169,6 @@ void add_kserve_routes(httplib::Server& svr, HttpFrontend::Context& ctx) {
       auto m = ctx.models.get(req.matches[1].str(), version_of(req));
       reply_json(res, {{"model_stats", Json::array({model_stats(*m)})}});
     });
-  });
-  svr.Get("/v2/models/stats", [&ctx](const httplib::Request&, httplib::Response& res) {
-    Json all = Json::array();
-    for (const auto& m : ctx.models.ready_models()) all.push_back(model_stats(*m));
-    reply_json(res, {{"model_stats", all}});
   });
   svr.Post(pattern("/infer"), [&ctx](const httplib::Request& req, httplib::Response& res) {
     guarded(res, [&] { infer(ctx, req, res); });

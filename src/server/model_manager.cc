@@ -2,6 +2,7 @@
 #include "server/model_manager.h"
 
 #include <algorithm>
+#include <filesystem>
 #include <set>
 #include <thread>
 
@@ -276,7 +277,16 @@ std::shared_ptr<LoadedModel> ModelManager::get(const std::string& name,
                                                const std::string& version) const {
   std::lock_guard<std::mutex> lock(mutex_);
   auto it = models_.find(name);
-  if (it == models_.end()) KILN_SERVER_FAIL(Code::kNotFound, "unknown model \"{}\"", name);
+  if (it == models_.end()) {
+    std::error_code ec;
+    if (!options_.repository.empty() && valid_model_name(name) &&
+        std::filesystem::is_directory(std::filesystem::path(options_.repository) / name, ec))
+      KILN_SERVER_FAIL(Code::kUnavailable,
+                       "model \"{}\" is in the repository but not loaded (load it: POST "
+                       "/v2/repository/models/{}/load)",
+                       name, name);
+    KILN_SERVER_FAIL(Code::kNotFound, "unknown model \"{}\"", name);
+  }
   const Entry& e = it->second;
   if (e.versions.empty())
     KILN_SERVER_FAIL(Code::kUnavailable, "model \"{}\" is not ready{}", name,

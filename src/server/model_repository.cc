@@ -29,6 +29,11 @@ class Collector : public google::protobuf::io::ErrorCollector {
       error_ = fmt::format("{}:{}:{}: {}", origin_, line + 1, column + 1, message);
   }
   void AddWarning(int line, int column, const std::string& message) override {
+    // Fields inside a Triton section kiln ignores as a whole: that section gets one warning.
+    for (const char* ignored : {"ModelOptimizationPolicy", "ModelSequenceBatching",
+                                "ModelEnsembling", "BatchInput", "BatchOutput", "ModelWarmup",
+                                "ModelOperations", "ModelRepositoryAgents", "ModelResponseCache"})
+      if (message.find(std::string("inference.") + ignored + "\"") != std::string::npos) return;
     log_.warn("{}:{}: {} (kiln does not use it; ignored)", origin_, line + 1, message);
   }
   const std::string& error() const { return error_; }
@@ -116,6 +121,21 @@ ModelSettings parse_model_config(const std::string& text, const std::string& ori
       ok, "{}",
       collector.error().empty() ? origin + ": not a valid config.pbtxt" : collector.error());
   inference::ModelConfig& c = s.config;
+  // Triton sections kiln has no use for: accepted, one warning each.
+  const auto* desc = c.GetDescriptor();
+  const auto* refl = c.GetReflection();
+  for (const char* field :
+       {"optimization", "sequence_batching", "ensemble_scheduling", "model_warmup",
+        "model_operations", "batch_input", "batch_output", "model_repository_agents",
+        "response_cache", "cc_model_filenames", "metric_tags", "runtime"}) {
+    const auto* f = desc->FindFieldByName(field);
+    const bool set = f->is_repeated() ? refl->FieldSize(c, f) > 0 : refl->HasField(c, f);
+    if (set) log.warn("{}: {} is not used by kiln; ignored", origin, field);
+  }
+  KILN_CHECK_USAGE(!c.has_sequence_batching() && !c.has_ensemble_scheduling(),
+                   "{}: {} is not supported: kiln serves one plan per model with continuous "
+                   "batching (use dynamic_batching or nothing)",
+                   origin, c.has_sequence_batching() ? "sequence_batching" : "ensemble_scheduling");
   KILN_CHECK_USAGE(c.platform().empty() || c.platform() == "kiln_plan",
                    "{}: platform \"{}\" is not kiln's; kiln serves platform \"kiln_plan\" (or "
                    "backend \"kiln\"): build a plan with `kiln build` and set platform: "
