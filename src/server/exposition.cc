@@ -61,8 +61,8 @@ void Exposition::family(std::string_view name, MetricType type, std::string_view
       t = "histogram";
       break;
   }
-  fmt::format_to(std::back_inserter(text_), "# HELP {} {}\n# TYPE {} {}\n", name,
-                 escape_help(help), name, t);
+  fmt::format_to(std::back_inserter(text_), "# HELP {} {}\n# TYPE {} {}\n", name, escape_help(help),
+                 name, t);
 }
 
 void Exposition::series(std::string_view name, const Labels& labels, const std::string* le) {
@@ -78,7 +78,8 @@ void Exposition::series(std::string_view name, const Labels& labels, const std::
     first = false;
     fmt::format_to(std::back_inserter(text_), "{}=\"{}\"", key, escape_label_value(value));
   }
-  if (le != nullptr) fmt::format_to(std::back_inserter(text_), "{}le=\"{}\"", first ? "" : ",", *le);
+  if (le != nullptr)
+    fmt::format_to(std::back_inserter(text_), "{}le=\"{}\"", first ? "" : ",", *le);
   text_ += "} ";
 }
 

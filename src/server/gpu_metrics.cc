@@ -44,18 +44,29 @@ constexpr nvmlClockType_t NVML_CLOCK_SM = 1;
 // NVML's largest name and UUID buffers (NVML_DEVICE_{NAME,UUID}_V2_BUFFER_SIZE).
 constexpr unsigned int kStringBuffer = 96;
 
+// nvmlMemory_v2_t (declared here whatever the header: older headers lack it). Its `used`
+// leaves out the memory the driver reserves, as nvidia-smi and DCGM (Triton's source) report;
+// version 1's `used` counts that reserve too (some 600 MiB on an idle H200).
+struct MemoryV2 {
+  unsigned int version;
+  unsigned long long total, reserved, free, used;  // bytes
+};
+// NVML_STRUCT_VERSION(Memory, 2).
+constexpr unsigned int kMemoryV2Version = static_cast<unsigned int>(sizeof(MemoryV2)) | (2u << 24);
+
 }  // namespace
 
 struct GpuMetrics::Nvml {
   void* lib = nullptr;
   bool initialized = false;
   nvmlReturn_t (*init)() = nullptr;
-  nvmlReturn_t (*shutdown)() = nullptr;              // optional
+  nvmlReturn_t (*shutdown)() = nullptr;                 // optional
   const char* (*error_string)(nvmlReturn_t) = nullptr;  // optional
   nvmlReturn_t (*get_count)(unsigned int*) = nullptr;
   nvmlReturn_t (*get_handle)(unsigned int, nvmlDevice_t*) = nullptr;
   nvmlReturn_t (*get_utilization)(nvmlDevice_t, nvmlUtilization_t*) = nullptr;
   nvmlReturn_t (*get_memory)(nvmlDevice_t, nvmlMemory_t*) = nullptr;
+  nvmlReturn_t (*get_memory_v2)(nvmlDevice_t, MemoryV2*) = nullptr;  // optional (drivers >= 510)
   nvmlReturn_t (*get_clock)(nvmlDevice_t, nvmlClockType_t, unsigned int*) = nullptr;
   nvmlReturn_t (*get_name)(nvmlDevice_t, char*, unsigned int) = nullptr;
   nvmlReturn_t (*get_uuid)(nvmlDevice_t, char*, unsigned int) = nullptr;
@@ -114,10 +125,12 @@ std::unique_ptr<GpuMetrics> GpuMetrics::open_library(const std::string& soname,
   n->bind(n->get_name, "nvmlDeviceGetName", &missing);
   n->bind(n->get_uuid, "nvmlDeviceGetUUID", &missing);
   n->bind(n->get_power, "nvmlDeviceGetPowerUsage", &missing);
+  n->bind(n->get_memory_v2, "nvmlDeviceGetMemoryInfo_v2", nullptr);
   n->bind(n->shutdown, "nvmlShutdown", nullptr);
   n->bind(n->error_string, "nvmlErrorString", nullptr);
   if (!missing.empty())
-    return fail(fmt::format("no GPU metrics: {} has no {} (not NVML, or too old)", soname, missing));
+    return fail(
+        fmt::format("no GPU metrics: {} has no {} (not NVML, or too old)", soname, missing));
   if (nvmlReturn_t r = n->init(); r != NVML_SUCCESS)
     return fail(fmt::format("no GPU metrics: nvmlInit failed: {}", n->error(r)));
   n->initialized = true;
@@ -141,8 +154,8 @@ std::unique_ptr<GpuMetrics> GpuMetrics::open_library(const std::string& soname,
     n->devices.push_back(std::move(d));
   }
   if (n->devices.empty())
-    return fail(fmt::format("no GPU metrics: NVML found no usable GPU ({} device(s){})", count,
-                            skipped));
+    return fail(
+        fmt::format("no GPU metrics: NVML found no usable GPU ({} device(s){})", count, skipped));
   return std::unique_ptr<GpuMetrics>(new GpuMetrics(std::move(n)));
 }
 
@@ -155,8 +168,13 @@ std::vector<GpuReading> GpuMetrics::read() const {
     g.name = d.name;
     nvmlUtilization_t u{};
     if (nvml_->get_utilization(d.handle, &u) == NVML_SUCCESS) g.utilization = u.gpu / 100.0;
+    MemoryV2 m2{};
+    m2.version = kMemoryV2Version;
     nvmlMemory_t m{};
-    if (nvml_->get_memory(d.handle, &m) == NVML_SUCCESS) {
+    if (nvml_->get_memory_v2 != nullptr && nvml_->get_memory_v2(d.handle, &m2) == NVML_SUCCESS) {
+      g.memory_total_bytes = m2.total;
+      g.memory_used_bytes = m2.used;
+    } else if (nvml_->get_memory(d.handle, &m) == NVML_SUCCESS) {
       g.memory_total_bytes = m.total;
       g.memory_used_bytes = m.used;
     }

@@ -17,8 +17,8 @@ namespace kiln::server {
 // One device's readings; a value NVML could not give (not supported on this device, or the
 // query failed) is absent and its sample left out.
 struct GpuReading {
-  std::string uuid;  // "GPU-..."
-  std::string name;  // "NVIDIA H200"
+  std::string uuid;                   // "GPU-..."
+  std::string name;                   // "NVIDIA H200"
   std::optional<double> utilization;  // 0..1 over NVML's last sample period
   std::optional<uint64_t> memory_total_bytes, memory_used_bytes;
   std::optional<double> power_watts;

@@ -22,9 +22,8 @@ void per_model(Exposition& out, const std::vector<ModelMetrics>& models, const c
   for (const ModelMetrics& m : models) out.sample(name, model_labels(m), value(m));
 }
 
-void per_model_histogram(Exposition& out, const std::vector<ModelMetrics>& models,
-                         const char* name, const char* help,
-                         const Histogram ExecutorStats::*field) {
+void per_model_histogram(Exposition& out, const std::vector<ModelMetrics>& models, const char* name,
+                         const char* help, const Histogram ExecutorStats::*field) {
   out.family(name, MetricType::kHistogram, help);
   for (const ModelMetrics& m : models) out.histogram(name, model_labels(m), m.stats.*field);
 }
@@ -74,9 +73,10 @@ std::string render_model_metrics(const std::vector<ModelMetrics>& models) {
              "Number of failed inference requests, all batch sizes");
   for (const ModelMetrics& m : models) {
     const FailureCounts f = failure_counts(m);
-    const std::pair<const char*, int64_t> reasons[] = {
-        {"REJECTED", f.rejected}, {"CANCELED", f.canceled}, {"BACKEND", f.backend},
-        {"OTHER", f.other}};
+    const std::pair<const char*, int64_t> reasons[] = {{"REJECTED", f.rejected},
+                                                       {"CANCELED", f.canceled},
+                                                       {"BACKEND", f.backend},
+                                                       {"OTHER", f.other}};
     for (const auto& [reason, n] : reasons) {
       Labels labels = model_labels(m);
       labels.emplace_back("reason", reason);
@@ -117,9 +117,11 @@ std::string render_model_metrics(const std::vector<ModelMetrics>& models) {
   per_model_histogram(out, models, "kiln_generated_tokens_per_request",
                       "Tokens generated per successful request",
                       &ExecutorStats::output_tokens_per_request);
-  per_model_histogram(out, models, "kiln_batch_size",
-                      "Sequences in the running batch, observed once per decoder step",
-                      &ExecutorStats::batch_size);
+  per_model_histogram(
+      out, models, "kiln_batch_size",
+      "Requests in the running batch, observed after each decoder step that leaves some "
+      "running",
+      &ExecutorStats::batch_size);
   per_model(out, models, "kiln_running_sequences", MetricType::kGauge,
             "Requests in the running batch as of the last step",
             [](M m) { return m.stats.running; });

@@ -4,6 +4,8 @@
 #include <chrono>
 #include <cstring>
 
+#include <sys/socket.h>
+
 #include <httplib.h>
 #include <nlohmann/json.hpp>
 
@@ -44,6 +46,13 @@ void MetricsFrontend::start() {
   auto server = std::make_unique<httplib::Server>();
   // Scrapes are rare and cheap: two workers instead of httplib's one per core.
   server->new_task_queue = [] { return new httplib::ThreadPool(2); };
+  // httplib's default sets SO_REUSEPORT alone on Linux, with which a second server binds the
+  // same port and the kernel splits connections between the two: a port in use must be an
+  // error. SO_REUSEADDR still lets a restarted server bind over connections in TIME_WAIT.
+  server->set_socket_options([](socket_t sock) {
+    int yes = 1;
+    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+  });
   server->Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
     try {
       res.set_content(render(), kContentType);
@@ -56,9 +65,9 @@ void MetricsFrontend::start() {
   server->set_error_handler([](const httplib::Request& req, httplib::Response& res) {
     if (!res.body.empty()) return;
     if (res.status == 404)
-      json_error(res, 404,
-                 fmt::format("not found: {} {} (this port serves GET /metrics)", req.method,
-                             req.path));
+      json_error(
+          res, 404,
+          fmt::format("not found: {} {} (this port serves GET /metrics)", req.method, req.path));
     else
       json_error(res, res.status, fmt::format("{} {}: HTTP {}", req.method, req.path, res.status));
   });

@@ -91,9 +91,9 @@ void RequestLog::write(const std::string& model, int64_t version, const RequestR
                        const std::string& protocol) noexcept {
   try {
     // The record's times are on the steady clock; the line says when on the wall clock.
-    const auto wall = std::chrono::system_clock::now() -
-                      std::chrono::duration_cast<std::chrono::system_clock::duration>(
-                          Clock::now() - r.finished);
+    const auto wall =
+        std::chrono::system_clock::now() -
+        std::chrono::duration_cast<std::chrono::system_clock::duration>(Clock::now() - r.finished);
     // Invalid UTF-8 in an error message is replaced, not thrown about.
     std::string line = request_log_entry(model, version, r, protocol, wall)
                            .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
@@ -107,8 +107,8 @@ void RequestLog::write(const std::string& model, int64_t version, const RequestR
       if (n <= 0) {
         if (!warned_) {
           warned_ = true;
-          log_.warn("request log {}: cannot write ({}); requests go unlogged until it can",
-                    path_, n < 0 ? std::strerror(errno) : "nothing written");
+          log_.warn("request log {}: cannot write ({}); requests go unlogged until it can", path_,
+                    n < 0 ? std::strerror(errno) : "nothing written");
         }
         return;
       }
