@@ -236,6 +236,14 @@ void GenerationExecutor::loop() {
       // Sleep while nothing is queued or running: an idle server uses no CPU.
       wake_.wait(lock, [&] { return quit_ || submitted_ || !live_.empty() || !incoming_.empty(); });
       if (quit_) break;
+      // Starting from idle: give the requests arriving together a moment to start together.
+      if (live_.empty() && options_.batch_delay.count() > 0) {
+        const Clock::time_point until = Clock::now() + options_.batch_delay;
+        wake_.wait_until(lock, until, [&] {
+          return quit_ || static_cast<int>(incoming_.size()) >= options_.scheduler.max_batch;
+        });
+        if (quit_) break;
+      }
       submitted_ = false;
     }
     const Clock::time_point start = Clock::now();

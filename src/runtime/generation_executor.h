@@ -54,6 +54,10 @@ struct ExecutorOptions {
   // its own; zero: no limit.
   std::chrono::microseconds queue_timeout{0};
   std::chrono::microseconds request_timeout{0};
+  // Triton's max_queue_delay: when a request arrives at an idle executor, the first step waits
+  // up to this long for more to start together (until max_batch are queued). Zero: no wait;
+  // once running, requests join at every step anyway (continuous batching).
+  std::chrono::microseconds batch_delay{0};
   std::string name = "model";  // in log lines and errors
 };
 

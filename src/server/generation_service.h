@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "runtime/generation_executor.h"
+#include "server/errors.h"
 #include "server/model_manager.h"
 
 namespace kiln::server {
