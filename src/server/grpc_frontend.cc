@@ -195,7 +195,7 @@ class GrpcFrontend::Service final : public GRPCInferenceService::Service {
                         : !s.config.backend().empty() ? s.config.backend()
                                                       : "kiln");
       add_tensor(out->mutable_inputs(), s.input_name, "BYTES", {-1});
-      for (const auto& p : parameter_inputs())
+      for (const auto& p : parameter_tensors())
         add_tensor(out->mutable_inputs(), p.name, p.datatype, {p.many ? -1 : 1});
       add_tensor(out->mutable_outputs(), s.output_name, "BYTES", {-1});
       add_tensor(out->mutable_outputs(), kTokenIdsOutput, "INT64", {-1, -1});

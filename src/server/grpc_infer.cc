@@ -56,17 +56,10 @@ struct Generated {
   FinishReason finish_reason = FinishReason::kLength;
 };
 
-// The error a final chunk stands for, if any: a generation cancelled by the server (a drain at
-// shutdown, an unload) is unavailable rather than a success with a short text.
+// A generation that did not finish normally (error, timeout, cancelled by the server at
+// shutdown or unload) is an error of its request, as collect() has it.
 void throw_if_failed(const ResponseChunk& last) {
-  if (!last.error.empty() || last.cause == EndCause::kError || last.cause == EndCause::kTimeout ||
-      last.cause == EndCause::kQueueTimeout) {
-    throw chunk_error(last);
-  }
-  if (last.cause == EndCause::kCancelled)
-    KILN_SERVER_FAIL(Code::kUnavailable,
-                     "the request was cancelled by the server (shutting down "
-                     "or the model was unloaded)");
+  if (last.cause != EndCause::kFinished) throw chunk_error(last);
 }
 
 // Reads `g` chunk by chunk, calling on_chunk(chunk) for each. Unlike collect(), it wakes every
@@ -182,7 +175,7 @@ bool stream_one(ModelManager& models, grpc::ServerContext* context,
 
 }  // namespace
 
-const std::vector<ParameterInput>& parameter_inputs() {
+const std::vector<ParameterInput>& parameter_tensors() {
   static const std::vector<ParameterInput> inputs = {
       {"max_tokens", "INT32", false},    {"min_tokens", "INT32", false},
       {"temperature", "FP32", false},    {"top_k", "INT32", false},
@@ -229,7 +222,7 @@ InferPlan plan_infer(const LoadedModel& model, const ModelInferRequest& request)
       have_prompt = true;
       continue;
     }
-    const auto& known = parameter_inputs();
+    const auto& known = parameter_tensors();
     const bool is_parameter = std::any_of(known.begin(), known.end(),
                                           [&](const auto& p) { return input.name() == p.name; });
     if (!is_parameter) {
@@ -245,12 +238,14 @@ InferPlan plan_infer(const LoadedModel& model, const ModelInferRequest& request)
 
   for (const auto& [key, value] : request.parameters()) {
     if (key == kEmptyFinalParameter) continue;
+    KILN_BAD_REQUEST(seen.count(key) == 0,
+                     "'{}' is given both as an input tensor and as a request parameter", key);
     set_parameter(plan.params, key, parameter_value(value), unknown);
   }
   if (!unknown.empty()) {
     std::sort(unknown.begin(), unknown.end());
     std::vector<std::string> names;
-    for (const auto& p : parameter_inputs()) names.push_back(p.name);
+    for (const auto& p : parameter_tensors()) names.push_back(p.name);
     KILN_SERVER_FAIL(Code::kBadRequest, "unknown parameter{} {}; generation parameters are {}",
                      unknown.size() > 1 ? "s" : "", join_names(unknown), join_names(names));
   }

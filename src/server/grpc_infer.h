@@ -23,7 +23,7 @@ struct ParameterInput {
   const char* datatype;
   bool many;  // shape [-1] (stop strings), else [1]
 };
-const std::vector<ParameterInput>& parameter_inputs();
+const std::vector<ParameterInput>& parameter_tensors();
 
 // The extra output with the generated ids (INT64 [N, L]).
 inline constexpr const char* kTokenIdsOutput = "token_ids";
