@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <thread>
 
 #include "grpc_service.grpc.pb.h"
 #include "server/grpc_frontend.h"
@@ -239,6 +240,82 @@ TEST_F(GrpcFrontendTest, BadInputGarbageProtobufIsRefusedAndTheServerLives) {
   ServerLiveResponse live;
   ASSERT_TRUE(stub(*f)->ServerLive(&ctx, {}, &live).ok());
   EXPECT_TRUE(live.live());
+}
+
+// Requests cancelled: a stream whose client cancels after the first piece and a ModelInfer
+// whose deadline passes end their generations (8192 tokens: about 2 s of work on this plan on
+// a 2-core machine) within a poll interval and a step instead of running to max_tokens.
+ModelInferRequest long_request() {
+  ModelInferRequest r;
+  r.set_model_name(kModel);
+  auto* in = r.add_inputs();
+  in->set_name("text_input");
+  in->set_datatype("BYTES");
+  in->add_shape(1);
+  in->mutable_contents()->add_bytes_contents("hello");
+  (*r.mutable_parameters())["max_tokens"].set_int64_param(8192);
+  (*r.mutable_parameters())["ignore_eos"].set_bool_param(true);
+  return r;
+}
+
+bool cancelled_within(ModelManager& models, int64_t before, std::chrono::milliseconds limit) {
+  const auto until = Clock::now() + limit;
+  while (Clock::now() < until) {
+    if (models.get(kModel)->stats().cancelled > before) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return false;
+}
+
+TEST_F(GrpcFrontendTest, ClientsThatGoAwayCancelTheirGenerations) {
+  auto f = start();
+  auto client = stub(*f);
+  {
+    const int64_t before = manager_->get(kModel)->stats().cancelled;
+    grpc::ClientContext ctx;
+    auto stream = client->ModelStreamInfer(&ctx);
+    ASSERT_TRUE(stream->Write(long_request()));
+    ModelStreamInferResponse first;
+    ASSERT_TRUE(stream->Read(&first));
+    ctx.TryCancel();
+    EXPECT_TRUE(cancelled_within(*manager_, before, std::chrono::seconds(3)));
+    EXPECT_EQ(stream->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  }
+  {
+    const int64_t before = manager_->get(kModel)->stats().cancelled;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(100));
+    ModelInferResponse out;
+    EXPECT_EQ(client->ModelInfer(&ctx, long_request(), &out).error_code(),
+              grpc::StatusCode::DEADLINE_EXCEEDED);
+    EXPECT_TRUE(cancelled_within(*manager_, before, std::chrono::seconds(3)));
+  }
+}
+
+// shutdown(deadline) returns soon after the deadline with an idle stream and a running
+// generation open, and the generation is cancelled.
+TEST_F(GrpcFrontendTest, ShutdownEndsOpenStreamsAtTheDeadline) {
+  auto f = start();
+  auto client = stub(*f);
+  const int64_t before = manager_->get(kModel)->stats().cancelled;
+  grpc::ClientContext idle_ctx, busy_ctx;
+  auto idle = client->ModelStreamInfer(&idle_ctx);
+  auto busy = client->ModelStreamInfer(&busy_ctx);
+  ASSERT_TRUE(busy->Write(long_request()));
+  ModelStreamInferResponse first;
+  ASSERT_TRUE(busy->Read(&first));
+  const auto start_time = Clock::now();
+  f->shutdown(Clock::now() + std::chrono::milliseconds(200));
+  EXPECT_LT(Clock::now() - start_time, std::chrono::seconds(2));
+  EXPECT_TRUE(cancelled_within(*manager_, before, std::chrono::seconds(3)));
+  // grpc++ wants a stream read to its end before Finish().
+  ModelStreamInferResponse rest;
+  while (idle->Read(&rest)) {
+  }
+  while (busy->Read(&rest)) {
+  }
+  EXPECT_FALSE(idle->Finish().ok());
+  EXPECT_FALSE(busy->Finish().ok());
 }
 
 // The grpc-js tests (tests/server/grpc.test.mjs) against this process' server.
