@@ -43,8 +43,8 @@ Histogram::Histogram(std::vector<double> upper_bounds)
     : bounds(std::move(upper_bounds)), buckets(bounds.size() + 1, 0) {}
 
 void Histogram::observe(double value) {
-  const size_t i = static_cast<size_t>(
-      std::lower_bound(bounds.begin(), bounds.end(), value) - bounds.begin());
+  const size_t i =
+      static_cast<size_t>(std::lower_bound(bounds.begin(), bounds.end(), value) - bounds.begin());
   ++buckets[i];
   sum += value;
   ++count;
@@ -100,8 +100,8 @@ struct GenerationExecutor::Live {
   int64_t input_tokens = 0;
   std::vector<std::string> stops;
   std::unique_ptr<IncrementalDetokenizer> detok;  // null for beam search (text at the end)
-  std::string text;      // generated text so far (greedy/sampling)
-  size_t emitted = 0;    // bytes of text sent
+  std::string text;                               // generated text so far (greedy/sampling)
+  size_t emitted = 0;                             // bytes of text sent
   int64_t output_tokens = 0;
   Clock::time_point queued, first_token, last_token;
   Clock::time_point queue_deadline, deadline;
@@ -163,9 +163,8 @@ std::shared_ptr<ResponseStream> GenerationExecutor::enqueue(std::vector<int64_t>
     std::lock_guard<std::mutex> lock(mutex_);
     KILN_CHECK(!stopping_, "{}: the server is shutting down and takes no new requests",
                options_.name);
-    const int64_t capacity = options_.max_queue < 0
-                                 ? INT64_MAX
-                                 : options_.scheduler.max_batch + options_.max_queue;
+    const int64_t capacity =
+        options_.max_queue < 0 ? INT64_MAX : options_.scheduler.max_batch + options_.max_queue;
     if (in_flight_.load() >= capacity) {
       ++counters_rejected_;
       throw QueueFullError(fmt::format(
@@ -262,8 +261,8 @@ void GenerationExecutor::loop() {
       incoming_.clear();
     }
     if (!failure.empty()) {
-      log.warn("{}: a generation step failed: {}; failing the {} requests in flight",
-               options_.name, failure, live_.size());
+      log.warn("{}: a generation step failed: {}; failing the {} requests in flight", options_.name,
+               failure, live_.size());
       std::vector<RequestId> ids;
       for (auto& [id, live] : live_) ids.push_back(id);
       for (RequestId id : ids) {
@@ -372,7 +371,7 @@ void GenerationExecutor::deliver(GenerationEvent& e, Clock::time_point now) {
     }
     chunk.finish_reason = e.result.finish_reason;
     chunk.cause = e.result.finish_reason == FinishReason::kCancelled ? EndCause::kCancelled
-                                                                      : EndCause::kFinished;
+                                                                     : EndCause::kFinished;
     chunk.score = e.result.score;
   }
   end(live, std::move(chunk), now);
@@ -450,10 +449,10 @@ void GenerationExecutor::check_deadlines(Clock::time_point now) {
     last.cause = cause;
     last.finish_reason = FinishReason::kCancelled;
     const auto limit = cause == EndCause::kTimeout ? live.deadline : live.queue_deadline;
-    last.error = fmt::format("{}: the request timed out after {} ms {}", options_.name,
-                             micros(limit - live.queued) / 1000,
-                             cause == EndCause::kTimeout ? "(its total time limit)"
-                                                         : "waiting in the queue");
+    last.error = fmt::format(
+        "{}: the request timed out after {} ms {}", options_.name,
+        micros(limit - live.queued) / 1000,
+        cause == EndCause::kTimeout ? "(its total time limit)" : "waiting in the queue");
     end(live, std::move(last), now);
   }
 }

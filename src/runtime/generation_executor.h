@@ -108,8 +108,7 @@ class ResponseStream {
   Clock::time_point queued_at() const { return queued_; }
   // Waits until chunks are ready (or `until` passes) and moves them to the end of `out`.
   // Returns false once the final chunk has been read: nothing more will come.
-  bool next(std::vector<ResponseChunk>& out,
-            Clock::time_point until = Clock::time_point::max());
+  bool next(std::vector<ResponseChunk>& out, Clock::time_point until = Clock::time_point::max());
   bool finished() const;
 
  private:
@@ -141,7 +140,7 @@ struct ExecutorStats {
   // Totals in microseconds over finished requests: queue (enqueue → first step's tokens or end),
   // compute (first tokens → end) and the whole.
   int64_t queue_us = 0, compute_us = 0, request_us = 0;
-  int64_t busy_us = 0;  // engine thread time spent in steps
+  int64_t busy_us = 0;             // engine thread time spent in steps
   Clock::time_point last_request;  // when the last request finished (epoch: never)
   Histogram ttft_seconds, inter_token_seconds, output_tokens_per_request, batch_size;
 };

@@ -33,8 +33,8 @@ class ServerError : public Error {
 
 #define KILN_SERVER_FAIL(code, ...) \
   throw ::kiln::server::ServerError(code, fmt::format(__VA_ARGS__))
-#define KILN_BAD_REQUEST(cond, ...)                                      \
-  do {                                                                   \
+#define KILN_BAD_REQUEST(cond, ...)                                                \
+  do {                                                                             \
     if (!(cond)) KILN_SERVER_FAIL(::kiln::server::Code::kBadRequest, __VA_ARGS__); \
   } while (0)
 

@@ -41,8 +41,7 @@ double get_number(const std::string& key, const json& v) {
 }
 
 bool get_bool(const std::string& key, const json& v) {
-  KILN_BAD_REQUEST(v.is_boolean(), "parameter \"{}\" must be true or false, got {}", key,
-                   v.dump());
+  KILN_BAD_REQUEST(v.is_boolean(), "parameter \"{}\" must be true or false, got {}", key, v.dump());
   return v.get<bool>();
 }
 
@@ -55,8 +54,10 @@ bool RequestParams::set(const std::string& key, const json& v) {
     min_tokens = get_int(key, v, 0, kMaxNewTokensLimit);
   } else if (key == "temperature") {
     const double t = get_number(key, v);
-    KILN_BAD_REQUEST(t >= 0.0 && t <= 100.0, "parameter \"temperature\" must be in 0..100 (0: "
-                     "greedy), got {}", t);
+    KILN_BAD_REQUEST(t >= 0.0 && t <= 100.0,
+                     "parameter \"temperature\" must be in 0..100 (0: "
+                     "greedy), got {}",
+                     t);
     temperature = t;
   } else if (key == "top_k") {
     top_k = get_int(key, v, 0, 1 << 20);
@@ -88,8 +89,7 @@ bool RequestParams::set(const std::string& key, const json& v) {
     KILN_BAD_REQUEST(list.size() <= kMaxStopStrings, "parameter \"{}\": at most {} strings, got {}",
                      key, kMaxStopStrings, list.size());
     for (const json& s : list) {
-      KILN_BAD_REQUEST(s.is_string(), "parameter \"{}\" must hold strings, got {}", key,
-                       s.dump());
+      KILN_BAD_REQUEST(s.is_string(), "parameter \"{}\" must hold strings, got {}", key, s.dump());
       const std::string text = s.get<std::string>();
       KILN_BAD_REQUEST(!text.empty() && text.size() <= kMaxStopStringBytes && valid_utf8(text),
                        "parameter \"{}\": each string must be 1..{} bytes of UTF-8", key,

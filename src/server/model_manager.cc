@@ -17,8 +17,8 @@ LoadedModel::LoadedModel(std::string name, int64_t version, ModelSettings settin
       version_(version),
       settings_(std::move(settings)),
       instances_(std::move(instances)) {
-  prompt_template_ = settings_.has_prompt_template ? settings_.prompt_template
-                                                   : model().model().prompt_template;
+  prompt_template_ =
+      settings_.has_prompt_template ? settings_.prompt_template : model().model().prompt_template;
 }
 
 LoadedModel::~LoadedModel() {
@@ -159,9 +159,10 @@ std::shared_ptr<LoadedModel> ModelManager::load_version(const RepositoryModel& m
     eo.name = fmt::format("{} v{}", m.name, version);
     const int64_t plan_batch = ir.profile.max_batch;
     if (s.max_batch_size > plan_batch)
-      log_.warn("{}: max_batch_size {} is more than the plan's profile allows ({}); using {} "
-                "(rebuild with --max-batch to raise it)",
-                m.name, s.max_batch_size, plan_batch, plan_batch);
+      log_.warn(
+          "{}: max_batch_size {} is more than the plan's profile allows ({}); using {} "
+          "(rebuild with --max-batch to raise it)",
+          m.name, s.max_batch_size, plan_batch, plan_batch);
     eo.scheduler.max_batch = static_cast<int>(
         s.max_batch_size > 0 ? std::min<int64_t>(s.max_batch_size, plan_batch) : plan_batch);
     eo.scheduler.kv_budget_blocks = s.kv_budget_blocks;
@@ -172,6 +173,9 @@ std::shared_ptr<LoadedModel> ModelManager::load_version(const RepositoryModel& m
     eo.request_timeout = std::chrono::microseconds(s.request_timeout_us);
     eo.batch_delay = std::chrono::microseconds(s.batch_delay_us);
     inst->executor = std::make_unique<GenerationExecutor>(*inst->model, eo);
+    if (observer_)
+      inst->executor->set_observer([obs = observer_, name = m.name,
+                                    version](const RequestRecord& r) { obs(name, version, r); });
     instances.push_back(std::move(inst));
   }
   const double ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count();

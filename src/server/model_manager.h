@@ -8,6 +8,7 @@
 #pragma once
 
 #include <atomic>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -102,6 +103,11 @@ class ModelManager {
   bool explicit_control() const { return options_.explicit_control; }
   // Drains every model (SIGTERM): returns whether all in-flight requests finished in time.
   bool drain(Clock::time_point until);
+  // Called on an engine thread for every finished request of every model loaded from now on
+  // (the request log). Set before loading.
+  using RequestObserver =
+      std::function<void(const std::string& model, int64_t version, const RequestRecord& record)>;
+  void set_request_observer(RequestObserver observer) { observer_ = std::move(observer); }
 
  private:
   std::shared_ptr<LoadedModel> load_version(const RepositoryModel& m, int64_t version,
@@ -109,6 +115,7 @@ class ModelManager {
 
   ManagerOptions options_;
   const Logger& log_;
+  RequestObserver observer_;
   mutable std::mutex mutex_;
   struct Entry {
     std::map<int64_t, std::shared_ptr<LoadedModel>> versions;  // loaded

@@ -63,10 +63,18 @@ void check_text_tensor(const std::string& origin, const char* what, const std::s
 
 // Inputs the infer endpoints accept beside the prompt: generation parameters as tensors.
 const std::set<std::string>& parameter_inputs() {
-  static const std::set<std::string> names{"max_tokens", "min_tokens",  "temperature",
-                                           "top_k",      "top_p",       "seed",
-                                           "beam_width", "stop",        "return_token_ids",
-                                           "ignore_eos", "repetition_penalty", "length_penalty"};
+  static const std::set<std::string> names{"max_tokens",
+                                           "min_tokens",
+                                           "temperature",
+                                           "top_k",
+                                           "top_p",
+                                           "seed",
+                                           "beam_width",
+                                           "stop",
+                                           "return_token_ids",
+                                           "ignore_eos",
+                                           "repetition_penalty",
+                                           "length_penalty"};
   return names;
 }
 
@@ -104,8 +112,9 @@ ModelSettings parse_model_config(const std::string& text, const std::string& ori
   parser.RecordErrorsTo(&collector);
   parser.AllowUnknownField(true);
   const bool ok = parser.ParseFromString(text, &s.config);
-  KILN_CHECK_USAGE(ok, "{}", collector.error().empty() ? origin + ": not a valid config.pbtxt"
-                                                       : collector.error());
+  KILN_CHECK_USAGE(
+      ok, "{}",
+      collector.error().empty() ? origin + ": not a valid config.pbtxt" : collector.error());
   inference::ModelConfig& c = s.config;
   KILN_CHECK_USAGE(c.platform().empty() || c.platform() == "kiln_plan",
                    "{}: platform \"{}\" is not kiln's; kiln serves platform \"kiln_plan\" (or "
@@ -169,9 +178,10 @@ ModelSettings parse_model_config(const std::string& text, const std::string& ori
     KILN_CHECK_USAGE(s.batch_delay_us <= 10'000'000,
                      "{}: max_queue_delay_microseconds {} is over 10 s", origin, s.batch_delay_us);
     if (d.preferred_batch_size_size() > 0)
-      log.warn("{}: dynamic_batching.preferred_batch_size is ignored: kiln batches continuously "
-               "(requests join the running batch at every step)",
-               origin);
+      log.warn(
+          "{}: dynamic_batching.preferred_batch_size is ignored: kiln batches continuously "
+          "(requests join the running batch at every step)",
+          origin);
     if (d.has_default_queue_policy()) {
       const inference::ModelQueuePolicy& q = d.default_queue_policy();
       if (q.max_queue_size() > 0) s.max_queue_size = q.max_queue_size();
@@ -199,9 +209,10 @@ ModelSettings parse_model_config(const std::string& text, const std::string& ori
     } else if (key == "request_timeout_microseconds") {
       s.request_timeout_us = non_negative(origin, key, v);
     } else {
-      log.warn("{}: parameters \"{}\" is not one of kiln's (prompt_template, default_max_tokens, "
-               "kv_budget_blocks, max_step_tokens, request_timeout_microseconds); ignored",
-               origin, key);
+      log.warn(
+          "{}: parameters \"{}\" is not one of kiln's (prompt_template, default_max_tokens, "
+          "kv_budget_blocks, max_step_tokens, request_timeout_microseconds); ignored",
+          origin, key);
     }
   }
   if (!c.default_model_filename().empty()) {
@@ -270,9 +281,8 @@ RepositoryModel read_repository_model(const std::string& repo, const std::string
       }
       std::sort(m.versions.rbegin(), m.versions.rend());
     } else {
-      const size_t n = p.has_latest() && p.latest().num_versions() > 0
-                           ? p.latest().num_versions()
-                           : 1;
+      const size_t n =
+          p.has_latest() && p.latest().num_versions() > 0 ? p.latest().num_versions() : 1;
       m.versions.assign(found.begin(), found.begin() + std::min(n, found.size()));
     }
     for (int64_t v : m.versions)

@@ -27,7 +27,7 @@ struct ModelSettings {
   std::string input_name = "text_input";
   std::string output_name = "text_output";
   bool has_prompt_template = false;
-  std::string prompt_template;  // parameters.prompt_template; else the plan's
+  std::string prompt_template;     // parameters.prompt_template; else the plan's
   int64_t default_max_tokens = 0;  // parameters.default_max_tokens; 0: the model's default
   int64_t kv_budget_blocks = 0;    // parameters.kv_budget_blocks; 0: no limit
   int64_t max_step_tokens = 0;     // parameters.max_step_tokens; 0: the plan's profile
