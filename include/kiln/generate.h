@@ -9,6 +9,8 @@ namespace kiln {
 
 inline constexpr int kMaxBeams = 32;
 inline constexpr int64_t kMaxNewTokensLimit = 8192;
+inline constexpr size_t kMaxStopStrings = 16;
+inline constexpr size_t kMaxStopStringBytes = 256;
 
 // HuggingFace's three beam-search stopping rules (generation_config "early_stopping").
 enum class EarlyStopping : uint8_t {
@@ -47,6 +49,11 @@ struct GenerationParams {
   int64_t forced_bos_token_id = -1;  // the first token when the sequence is one token long
   std::vector<int64_t> forced_eos_token_ids;  // the last token when max_new_tokens is reached
 
+  // Generation ends where the generated text first contains one of these (FinishReason::kStop);
+  // the text returned stops before it. Needs text, so the executor applies them (the Engine and
+  // the server); greedy and sampling only.
+  std::vector<std::string> stop_strings;
+
   // Whether any processor above is on (min_new_tokens and min_length only ban EOS).
   bool processes_logits() const {
     return repetition_penalty != 1.0f || no_repeat_ngram_size > 0 ||
@@ -59,7 +66,8 @@ struct GenerationParams {
 // vocab_size > 0.
 void validate(const GenerationParams& params, int64_t vocab_size = 0);
 
-enum class FinishReason { kEos, kLength, kCancelled };
+// kEos: the model ended the sequence; kStop: a stop string did; kLength: the token limit.
+enum class FinishReason { kEos, kLength, kCancelled, kStop };
 
 struct GenerationResult {
   std::vector<int64_t> output_ids;  // generated ids: no prompt, no start token, no EOS

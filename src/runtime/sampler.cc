@@ -119,6 +119,16 @@ void validate(const GenerationParams& p, int64_t vocab_size) {
   for (int64_t id : p.suppress_tokens) check_id("suppress-tokens", id);
   if (p.forced_bos_token_id >= 0) check_id("forced-bos-token-id", p.forced_bos_token_id);
   for (int64_t id : p.forced_eos_token_ids) check_id("forced-eos-token-id", id);
+  KILN_CHECK_USAGE(p.stop_strings.size() <= kMaxStopStrings, "stop: at most {} strings, got {}",
+                   kMaxStopStrings, p.stop_strings.size());
+  for (const std::string& s : p.stop_strings)
+    KILN_CHECK_USAGE(!s.empty() && s.size() <= kMaxStopStringBytes,
+                     "stop: each string must be 1..{} bytes, got {}", kMaxStopStringBytes,
+                     s.size());
+  KILN_CHECK_USAGE(p.stop_strings.empty() || p.num_beams == 1,
+                   "stop strings work with greedy or sampled generation, not beam search "
+                   "(beams {})",
+                   p.num_beams);
 }
 
 }  // namespace kiln

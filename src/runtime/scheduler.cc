@@ -141,9 +141,23 @@ bool Scheduler::idle() const {
   return inbox_.empty() && cancels_.empty() && waiting_.empty() && running_.empty() && !unread_;
 }
 
+size_t Scheduler::waiting() const {
+  std::lock_guard<std::mutex> lock(inbox_mutex_);
+  return inbox_.size() + waiting_.size();
+}
+
+bool Scheduler::is_waiting(RequestId id) const {
+  auto matches = [id](const std::unique_ptr<Request>& r) { return r->id == id; };
+  std::lock_guard<std::mutex> lock(inbox_mutex_);
+  return std::any_of(inbox_.begin(), inbox_.end(), matches) ||
+         std::any_of(waiting_.begin(), waiting_.end(), matches);
+}
+
 RequestId Scheduler::submit(std::vector<int64_t> prompt_ids, const GenerationParams& params) {
   const ModelDesc& d = model_.desc();
   validate(params, d.vocab_size);
+  KILN_CHECK_USAGE(params.stop_strings.empty(),
+                   "stop strings need the generated text: submit through GenerationExecutor");
   const int64_t limit = model_.model().profile.max_input_tokens;
   KILN_CHECK_USAGE(!prompt_ids.empty(), "empty prompt: nothing to generate from");
   KILN_CHECK_USAGE(static_cast<int64_t>(prompt_ids.size()) <= limit,

@@ -83,6 +83,9 @@ class Scheduler {
   // One iteration (engine thread only). Returns this step's events.
   std::vector<GenerationEvent> step();
   bool idle() const;
+  // Requests submitted and not yet admitted to the running batch (engine thread only).
+  size_t waiting() const;
+  bool is_waiting(RequestId id) const;
   // Whether this scheduler runs ahead (SchedulerOptions::run_ahead resolved).
   bool runs_ahead() const { return run_ahead_; }
   // Decode steps that were queued behind an unread one.

@@ -87,7 +87,7 @@ code=$?
 [ "$code" -eq 2 ] || fail "kiln (no command) 2>/dev/full: exit $code, expected 2"
 "$KILN" serve 2>/dev/full >/dev/null
 code=$?
-[ "$code" -eq 2 ] || fail "serve (not built) 2>/dev/full: exit $code, expected 2"
+[ "$code" -eq 2 ] || fail "serve (no model given) 2>/dev/full: exit $code, expected 2"
 
 # --- item 21: progress on a terminal, nothing on a pipe; -v reports generation steps ---
 expect_exit 0 "eval on a pipe" -- "$KILN" eval --plan "$TMP/t5.plan" --dataset "$FIXTURES/data/dev.jsonl"

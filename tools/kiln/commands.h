@@ -31,9 +31,7 @@ Runner add_inspect(CLI::App& app);
 Runner add_synth(CLI::App& app);
 Runner add_bench(CLI::App& app);
 Runner add_perf(CLI::App& app);
-// Subcommands of DESIGN.md that are not built yet: --help describes them, running exits 2.
-Runner add_planned(CLI::App& app, const std::string& name, const std::string& description,
-                   const std::string& usage);
+Runner add_serve(CLI::App& app);
 
 // --- options (common.cc) ---
 // An option that takes exactly one value per occurrence, kept as given: "[3, 1, 2]" or "a,b" is

@@ -137,8 +137,8 @@ int main(int argc, char** argv) {
   kiln::cli::ignore_write_signals();
   CLI::App app{
       "kiln compiles HuggingFace transformer checkpoints (T5/Flan-T5, BLOOM) into plans and runs\n"
-      "them: build a plan from a checkpoint, then run, evaluate, benchmark or inspect it.\n"
-      "(Serving a plan over HTTP/gRPC is designed but not built yet: see `kiln serve --help`.)\n"
+      "them: build a plan from a checkpoint, then run, evaluate, benchmark, inspect or serve it\n"
+      "(KServe v2 HTTP/gRPC as Triton speaks it, and the OpenAI API: `kiln serve --help`).\n"
       "Examples:\n"
       "  kiln build --model models/t5-tiny -o t5.plan\n"
       "  kiln run --plan t5.plan --prompt \"reverse: suvogi\"\n"
@@ -168,11 +168,7 @@ int main(int argc, char** argv) {
   runners["bench"] = kiln::cli::add_bench(app);
   runners["perf"] = kiln::cli::add_perf(app);
   runners["inspect"] = kiln::cli::add_inspect(app);
-  runners["serve"] = (kiln::cli::add_planned(
-      app, "serve",
-      "Serve a Triton-style model repository over KServe v2 HTTP/gRPC and OpenAI endpoints.",
-      "kiln serve --model-repository DIR [--http-port 8000] [--grpc-port 8001] "
-      "[--metrics-port 8002]"));
+  runners["serve"] = kiln::cli::add_serve(app);
   runners["tokenize"] = kiln::cli::add_tokenize(app);
   runners["synth"] = kiln::cli::add_synth(app);
   std::string help_topic;
@@ -218,9 +214,7 @@ int main(int argc, char** argv) {
     }
     const std::vector<CLI::App*> subs = app.get_subcommands();
     CLI::App* sub = subs.empty() ? nullptr : subs[0];
-    // Planned subcommands take any arguments; everything else reports what it did not take.
-    const bool planned = sub != nullptr && sub->get_name() == "serve";
-    if (!app.remaining(true).empty() && !planned)
+    if (!app.remaining(true).empty())
       return extras_error(app, sub, sub == nullptr ? "kiln" : "kiln " + sub->get_name());
     if (version) {
       print_version();

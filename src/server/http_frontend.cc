@@ -1,0 +1,211 @@
+// The HTTP server: binding, authentication, limits, error bodies, SSE streaming; the routes are
+// in kserve_http.cc, generate_http.cc and openai_http.cc.
+#include "server/http_frontend.h"
+
+#include "server/http_routes.h"
+
+namespace kiln::server {
+
+void reply_json(httplib::Response& res, const Json& body, int status) {
+  res.status = status;
+  res.set_content(body.dump(-1, ' ', false, Json::error_handler_t::replace), "application/json");
+}
+
+void reply_error(httplib::Response& res, const ServerError& e) {
+  reply_json(res, Json{{"error", e.what()}}, http_status(e.code()));
+}
+
+void reply_openai_error(httplib::Response& res, const ServerError& e) {
+  const char* type = "invalid_request_error";
+  const char* code = nullptr;
+  switch (e.code()) {
+    case Code::kNotFound:
+      code = "model_not_found";
+      break;
+    case Code::kUnauthorized:
+      type = "authentication_error";
+      code = "invalid_api_key";
+      break;
+    case Code::kQueueFull:
+    case Code::kUnavailable:
+      type = "server_error";
+      code = "overloaded";
+      break;
+    case Code::kTimeout:
+      type = "timeout";
+      break;
+    case Code::kInternal:
+      type = "server_error";
+      break;
+    default:
+      break;
+  }
+  Json err{{"message", e.what()}, {"type", type}, {"param", nullptr}, {"code", nullptr}};
+  if (code != nullptr) err["code"] = code;
+  reply_json(res, Json{{"error", err}}, http_status(e.code()));
+}
+
+Json parse_body(const std::string& body, const char* what) {
+  Json j = Json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) {
+    // Find where it fails, for the message.
+    try {
+      const Json again = Json::parse(body);
+      (void)again;
+    } catch (const Json::parse_error& e) {
+      KILN_SERVER_FAIL(Code::kBadRequest, "{} is not valid JSON (at byte {})", what, e.byte);
+    }
+    KILN_SERVER_FAIL(Code::kBadRequest, "{} is not valid JSON", what);
+  }
+  KILN_BAD_REQUEST(j.is_object(), "{} must be a JSON object", what);
+  return j;
+}
+
+void guarded(httplib::Response& res, const std::function<void()>& fn, bool openai) {
+  try {
+    fn();
+  } catch (const std::exception& e) {
+    const ServerError se = to_server_error(e);
+    if (openai)
+      reply_openai_error(res, se);
+    else
+      reply_error(res, se);
+  }
+}
+
+void check_not_draining(const HttpFrontend::Context& ctx) {
+  if (ctx.draining.load())
+    KILN_SERVER_FAIL(Code::kUnavailable, "the server is shutting down and takes no new requests");
+}
+
+void stream_events(httplib::Response& res, std::shared_ptr<Generation> g,
+                   std::function<std::string(const ResponseChunk&)> event,
+                   std::function<std::string(const ServerError&)> error_event,
+                   std::function<std::string()> end) {
+  res.set_header("Cache-Control", "no-cache");
+  res.set_header("X-Accel-Buffering", "no");
+  auto finished = std::make_shared<bool>(false);
+  res.set_chunked_content_provider(
+      "text/event-stream",
+      [g, finished, event = std::move(event), error_event = std::move(error_event),
+       end = std::move(end)](size_t, httplib::DataSink& sink) -> bool {
+        std::vector<ResponseChunk> chunks;
+        const bool more = g->next(chunks, Clock::now() + std::chrono::seconds(1));
+        std::string out;
+        bool last = !more;
+        for (const ResponseChunk& c : chunks) {
+          if (c.finished && c.cause != EndCause::kFinished) {
+            out += error_event(chunk_error(c));
+            last = true;
+            continue;
+          }
+          out += event(c);
+          if (c.finished) last = true;
+        }
+        if (last) out += end();
+        // Nothing new (still queued): a comment line, which finds out whether the client is
+        // still there.
+        if (out.empty()) out = ": waiting\n\n";
+        if (!sink.write(out.data(), out.size())) return false;  // gone: ~Generation cancels
+        if (last) {
+          *finished = true;
+          sink.done();
+        }
+        return true;
+      },
+      [g](bool) { g->cancel(); });
+}
+
+HttpFrontend::HttpFrontend(ModelManager& models, HttpOptions options, const Logger& log)
+    : options_(std::move(options)), log_(log) {
+  ctx_ = std::make_unique<Context>(Context{models, log, draining_});
+  server_ = std::make_unique<httplib::Server>();
+  httplib::Server& svr = *server_;
+  const int threads = options_.threads;
+  svr.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
+  svr.set_payload_max_length(options_.max_body_bytes);
+  svr.set_keep_alive_max_count(1000);
+  svr.set_read_timeout(30, 0);
+  svr.set_write_timeout(30, 0);
+  const std::string key = options_.api_key;
+  svr.set_pre_routing_handler([key](const httplib::Request& req, httplib::Response& res) {
+    // Health and metrics stay open, as load balancers probe them without credentials.
+    if (key.empty() || req.path == "/v2/health/live" || req.path == "/v2/health/ready")
+      return httplib::Server::HandlerResponse::Unhandled;
+    const std::string auth = req.get_header_value("Authorization");
+    if (auth == "Bearer " + key) return httplib::Server::HandlerResponse::Unhandled;
+    ServerError e(Code::kUnauthorized, auth.empty()
+                                           ? "missing Authorization header (Bearer <api key>)"
+                                           : "invalid API key");
+    if (req.path.rfind("/v1/", 0) == 0)
+      reply_openai_error(res, e);
+    else
+      reply_error(res, e);
+    return httplib::Server::HandlerResponse::Handled;
+  });
+  // Statuses httplib sets by itself (unknown route, body too large, malformed request) get a
+  // JSON body too.
+  const size_t limit = options_.max_body_bytes;
+  svr.set_error_handler(httplib::Server::HandlerWithResponse([limit](const httplib::Request& req,
+                                                                     httplib::Response& res) {
+    if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
+    std::string message;
+    Code code = Code::kBadRequest;
+    if (res.status == 404) {
+      code = Code::kNotFound;
+      message = fmt::format("no such endpoint: {} {}", req.method, req.path);
+    } else if (res.status == 413) {
+      code = Code::kTooLarge;
+      message =
+          fmt::format("the request body is over the limit of {} bytes (--max-body-bytes)", limit);
+    } else {
+      message = fmt::format("bad request (HTTP {})", res.status);
+    }
+    const int status = res.status;
+    if (req.path.rfind("/v1/", 0) == 0)
+      reply_openai_error(res, ServerError(code, message));
+    else
+      reply_error(res, ServerError(code, message));
+    res.status = status;
+    return httplib::Server::HandlerResponse::Handled;
+  }));
+  svr.set_exception_handler(
+      [](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+        try {
+          std::rethrow_exception(ep);
+        } catch (const std::exception& e) {
+          reply_error(res, to_server_error(e));
+        } catch (...) {
+          reply_error(res, ServerError(Code::kInternal, "internal error"));
+        }
+      });
+  add_kserve_routes(svr, *ctx_);
+  add_generate_routes(svr, *ctx_);
+  add_openai_routes(svr, *ctx_);
+}
+
+HttpFrontend::~HttpFrontend() { stop(); }
+
+void HttpFrontend::start() {
+  httplib::Server& svr = *server_;
+  if (options_.port == 0) {
+    port_ = svr.bind_to_any_port(options_.host);
+    if (port_ < 0) port_ = 0;
+  } else {
+    port_ = svr.bind_to_port(options_.host, options_.port) ? options_.port : 0;
+  }
+  if (port_ == 0)
+    KILN_SERVER_FAIL(Code::kInternal,
+                     "cannot listen for HTTP on {}:{} (in use? pick another with --http-port)",
+                     options_.host, options_.port);
+  thread_ = std::thread([this] { server_->listen_after_bind(); });
+  log_.info("HTTP (KServe v2, generate, OpenAI) on {}:{}", options_.host, port_);
+}
+
+void HttpFrontend::stop() {
+  if (!thread_.joinable()) return;
+  server_->stop();
+  thread_.join();
+}
+
+}  // namespace kiln::server

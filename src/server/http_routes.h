@@ -1,0 +1,53 @@
+// What the HTTP route files (kserve_http.cc, generate_http.cc, openai_http.cc) share: the
+// frontend's context, JSON replies in each protocol's error format, and Server-Sent Events
+// streaming of a Generation. Private to the HTTP frontend.
+#pragma once
+
+#include <httplib.h>
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "server/errors.h"
+#include "server/generation_service.h"
+#include "server/http_frontend.h"
+
+namespace kiln::server {
+
+struct HttpFrontend::Context {
+  ModelManager& models;
+  const Logger& log;
+  const std::atomic<bool>& draining;
+};
+
+using Json = nlohmann::json;
+
+// {"error": "..."} with the code's HTTP status (KServe / Triton).
+void reply_error(httplib::Response& res, const ServerError& e);
+void reply_json(httplib::Response& res, const Json& body, int status = 200);
+// The request body as a JSON object; throws kBadRequest naming the parse error's byte offset.
+Json parse_body(const std::string& body, const char* what = "request body");
+// Runs `fn`, turning any exception into reply_error (or OpenAI's error format).
+void guarded(httplib::Response& res, const std::function<void()>& fn, bool openai = false);
+// OpenAI's {"error": {"message", "type", "param", "code"}}.
+void reply_openai_error(httplib::Response& res, const ServerError& e);
+// Throws kUnavailable while the server drains (new inference requests are refused).
+void check_not_draining(const HttpFrontend::Context& ctx);
+
+// Streams a generation as Server-Sent Events: `event(chunk)` makes each `data:` payload (empty:
+// nothing sent for that chunk), `end()` the lines after the final chunk (e.g. "data: [DONE]").
+// A client that goes away cancels the generation (its KV blocks are freed before the next
+// step); while nothing is generated (queued), a comment line every second finds that out.
+void stream_events(httplib::Response& res, std::shared_ptr<Generation> g,
+                   std::function<std::string(const ResponseChunk&)> event,
+                   std::function<std::string(const ServerError&)> error_event,
+                   std::function<std::string()> end);
+
+void add_kserve_routes(httplib::Server& svr, HttpFrontend::Context& ctx);
+void add_generate_routes(httplib::Server& svr, HttpFrontend::Context& ctx);
+void add_openai_routes(httplib::Server& svr, HttpFrontend::Context& ctx);
+
+}  // namespace kiln::server
