@@ -31,8 +31,8 @@ expect_in "$TMP/err" "--output-len" "names --output-len"
 expect_exit 2 "--prompt-len 0" -- "${perf[@]}" --prompt-len 0
 expect_exit 2 "--protocol http" -- "${perf[@]}" --prompt-len 8 --protocol http
 expect_in "$TMP/err" "--protocol" "names --protocol"
-expect_exit 2 "--protocol grpc (not built yet)" -- "${perf[@]}" --prompt-len 8 --protocol grpc
-expect_in "$TMP/err" "not built yet" "says grpc is not built"
+expect_exit 2 "--protocol grpc with a path" -- "$KILN" perf --url "$DEAD/x" --model m --prompt-len 8 --protocol grpc
+expect_in "$TMP/err" "gRPC takes HOST:PORT" "says what gRPC takes"
 expect_exit 2 "--url ftp://" -- "$KILN" perf --url ftp://x:1 --model m --prompt-len 8
 expect_in "$TMP/err" "http:// or https://" "says which schemes"
 expect_exit 2 "--url with a bad port" -- "$KILN" perf --url http://localhost:http --model m --prompt-len 8
@@ -56,6 +56,9 @@ expect_exit 1 "unreachable server" -- "${perf[@]}" --prompt-len 8 --duration 60 
 expect_in "$TMP/err" "cannot reach $DEAD" "names the URL"
 [ $(( $(date +%s) - start )) -lt 10 ] || fail "unreachable server took $(( $(date +%s) - start )) s"
 [ ! -s "$TMP/out" ] || fail "printed results for an unreachable server: $(cat "$TMP/out")"
+expect_exit 1 "unreachable gRPC server" -- "$KILN" perf --url "${DEAD#http://}" --model m --prompt-len 8 --protocol grpc --stream
+expect_in "$TMP/err" "cannot reach" "gRPC: says so"
+expect_in "$TMP/err" "UNAVAILABLE" "gRPC: with gRPC's status"
 
 # --- against the stand-in server: 20 ms to the first token, then 5 ms a token ---
 python3 "$HERE/perf_fake_server.py" bloom --api-key sekrit > "$TMP/port" 2> "$TMP/server_err" &

@@ -148,16 +148,20 @@ Runner add_perf(CLI::App& app) {
       "stream_options.include_usage; KServe token_ids, asked for with return_token_ids), else\n"
       "stream events, else (unstreamed) --output-len; the output says when.\n"
       "Protocols: openai = POST /v1/completions; kserve = Triton's generate extension, POST\n"
-      "/v2/models/M/generate (or generate_stream with --stream); grpc is not built yet.\n"
+      "/v2/models/M/generate (or generate_stream with --stream); grpc = KServe v2 gRPC\n"
+      "(inference.GRPCInferenceService): ModelInfer, or ModelStreamInfer with --stream, a BYTES\n"
+      "text_input of shape [1], the text from text_output, tokens from a token_ids output\n"
+      "(--url HOST:PORT, e.g. localhost:8001; --timeout bounds the whole call).\n"
       "Requests are greedy (temperature 0) unless --temperature is given.\n"
       "The first request is sent alone before any level: if it fails (server unreachable, wrong\n"
       "model) kiln perf stops with exit 1 and its error.\n"
       // Not "Examples:": tests/cli/examples.sh runs those, and these need a server.
-      "Examples (with a server at localhost:8000):\n"
+      "Examples (with a server running: HTTP at localhost:8000, gRPC at localhost:8001):\n"
       "  kiln perf --url http://localhost:8000 --model bloom --prompt-len 128 --stream "
       "--concurrency 1,8,32\n"
       "  kiln perf --url http://localhost:8000 --model t5 --protocol kserve --prompts p.jsonl "
-      "--json");
+      "--json\n"
+      "  kiln perf --url localhost:8001 --model t5 --protocol grpc --prompt-len 64 --stream");
   cmd->add_option("--url", o->url, "the server: http://HOST:PORT (a path after it is a prefix)")
       ->required();
   cmd->add_option("--model", o->model, "the model name the server knows")->required();
@@ -204,22 +208,22 @@ Runner add_perf(CLI::App& app) {
       "--ignore-eos", o->ignore_eos,
       "ask the server to ignore EOS (\"ignore_eos\": true; vLLM and kiln take it) so that "
       "every request makes --output-len tokens");
-  cmd->add_option("--timeout", o->timeout, "seconds a request may wait for data before it fails")
+  cmd->add_option("--timeout", o->timeout,
+                  "seconds a request may wait for data before it fails (gRPC: the whole call)")
       ->check(number_check([](double v) { return v > 0 && v <= 86400; }, "in (0, 86400]"))
       ->capture_default_str();
 
   return [o, len_opt, file_opt](const GlobalOptions& g) {
     KILN_CHECK_USAGE(len_opt->count() + file_opt->count() == 1,
                      "give --prompt-len N (synthetic prompts) or --prompts FILE.jsonl");
-    KILN_CHECK_USAGE(o->protocol != "grpc",
-                     "--protocol grpc is not built yet in this version of kiln (use openai or "
-                     "kserve)");
     KILN_CHECK_USAGE(!o->model.empty(), "--model: the name is empty");
     const std::vector<int> levels = parse_concurrency(o->concurrency);
     perf::Target target;
     perf::parse_url(o->url, target);
     target.model = o->model;
-    target.protocol = o->protocol == "kserve" ? perf::Protocol::kKserve : perf::Protocol::kOpenAi;
+    target.protocol = o->protocol == "kserve" ? perf::Protocol::kKserve
+                      : o->protocol == "grpc" ? perf::Protocol::kGrpc
+                                              : perf::Protocol::kOpenAi;
     target.stream = o->stream;
     target.output_len = o->output_len;
     target.temperature = o->temperature;

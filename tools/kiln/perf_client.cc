@@ -101,8 +101,12 @@ void parse_url(const std::string& url, Target& target) {
   target.base_path = path;
 }
 
-Connection::Connection(const Target& target)
-    : client_(std::make_unique<httplib::Client>(target.scheme_host_port)) {
+Connection::Connection(const Target& target) {
+  if (target.protocol == Protocol::kGrpc) {
+    grpc_ = open_grpc(target);
+    return;
+  }
+  client_ = std::make_unique<httplib::Client>(target.scheme_host_port);
   KILN_CHECK_USAGE(client_->is_valid(), "--url {}: not a URL this client can use",
                    target.scheme_host_port);
   client_->set_keep_alive(true);
@@ -442,12 +446,9 @@ RequestResult run_request(Connection& c, const Target& t, const std::string& pro
     case Protocol::kKserve:
       return run_kserve(c, t, prompt, deadline);
     case Protocol::kGrpc:
-      break;
+      return run_grpc(c, t, prompt, deadline);
   }
-  RequestResult r;
-  r.sent = r.done = Clock::now();
-  r.error = "gRPC is not built yet";
-  return r;
+  KILN_FAIL("unknown protocol");
 }
 
 }  // namespace kiln::cli::perf

@@ -59,9 +59,17 @@ struct Target {
 // --url otherwise.
 void parse_url(const std::string& url, Target& target);
 
-// A connection to the server (httplib's client, kept out of this header so that only
-// perf_client.cc depends on how the library was configured), kept alive between the requests of
-// one client thread. Throws a usage error when the URL cannot be used.
+// gRPC's channel and stub (perf_grpc.cc), kept out of this header like httplib's client.
+struct GrpcChannel;
+struct GrpcChannelDeleter {
+  void operator()(GrpcChannel* c) const;
+};
+std::unique_ptr<GrpcChannel, GrpcChannelDeleter> open_grpc(const Target& target);
+
+// A connection to the server, kept alive between the requests of one client thread: httplib's
+// client, or for gRPC a channel (the libraries stay out of this header, so that only the files
+// that use them depend on how they were configured). Throws a usage error when the URL cannot be
+// used.
 class Connection {
  public:
   explicit Connection(const Target& target);
@@ -69,9 +77,11 @@ class Connection {
   Connection(const Connection&) = delete;
   Connection& operator=(const Connection&) = delete;
   httplib::Client& client() { return *client_; }
+  GrpcChannel& grpc() { return *grpc_; }
 
  private:
   std::unique_ptr<httplib::Client> client_;
+  std::unique_ptr<GrpcChannel, GrpcChannelDeleter> grpc_;
 };
 
 // One request of each protocol. A streamed request still running at `deadline` is abandoned (its
@@ -81,6 +91,12 @@ RequestResult run_openai(Connection& c, const Target& target, const std::string&
                          Clock::time_point deadline = Clock::time_point::max());
 RequestResult run_kserve(Connection& c, const Target& target, const std::string& prompt,
                          Clock::time_point deadline = Clock::time_point::max());
+// KServe v2 gRPC: a BYTES "text_input" of shape [1], parameters max_tokens, temperature,
+// return_token_ids (and ignore_eos); ModelInfer, or ModelStreamInfer when streamed. Text from the
+// "text_output" tensor, tokens from a "token_ids" tensor when the server sends one, else the
+// responses that carried output. --timeout bounds the whole call.
+RequestResult run_grpc(Connection& c, const Target& target, const std::string& prompt,
+                       Clock::time_point deadline = Clock::time_point::max());
 // The one of target.protocol.
 RequestResult run_request(Connection& c, const Target& target, const std::string& prompt,
                           Clock::time_point deadline = Clock::time_point::max());
