@@ -30,6 +30,7 @@ Runner add_eval(CLI::App& app);
 Runner add_inspect(CLI::App& app);
 Runner add_synth(CLI::App& app);
 Runner add_bench(CLI::App& app);
+Runner add_perf(CLI::App& app);
 Runner add_serve(CLI::App& app);
 
 // --- options (common.cc) ---

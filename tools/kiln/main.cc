@@ -166,6 +166,7 @@ int main(int argc, char** argv) {
   runners["run"] = kiln::cli::add_run(app);
   runners["eval"] = kiln::cli::add_eval(app);
   runners["bench"] = kiln::cli::add_bench(app);
+  runners["perf"] = kiln::cli::add_perf(app);
   runners["inspect"] = kiln::cli::add_inspect(app);
   runners["serve"] = kiln::cli::add_serve(app);
   runners["tokenize"] = kiln::cli::add_tokenize(app);
