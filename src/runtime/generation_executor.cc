@@ -106,6 +106,7 @@ struct GenerationExecutor::Live {
   Clock::time_point queued, first_token, last_token;
   Clock::time_point queue_deadline, deadline;
   bool waiting = true;  // not admitted yet (as of the last step)
+  std::string tag;
 };
 
 GenerationExecutor::GenerationExecutor(CompiledModel& model, ExecutorOptions options)
@@ -150,6 +151,7 @@ std::shared_ptr<ResponseStream> GenerationExecutor::enqueue(std::vector<int64_t>
   p.stop_strings.clear();  // applied here, on the text
   if (p.num_beams == 1) live->detok = std::make_unique<IncrementalDetokenizer>(model_.tokenizer());
   live->input_tokens = static_cast<int64_t>(prompt_ids.size());
+  live->tag = options.tag;
   live->queued = Clock::now();
   auto limit = [&](Clock::time_point given, std::chrono::microseconds dflt) {
     if (given != Clock::time_point::max() || dflt.count() <= 0) return given;
@@ -390,6 +392,7 @@ void GenerationExecutor::end(Live& live, ResponseChunk last, Clock::time_point n
   rec.finish_reason = last.finish_reason;
   rec.cause = last.cause;
   rec.error = last.error;
+  rec.tag = live.tag;
   switch (last.cause) {
     case EndCause::kFinished:
       ++counters_.success;

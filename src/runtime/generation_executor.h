@@ -73,6 +73,7 @@ struct RequestOptions {
   // default timeouts apply).
   Clock::time_point queue_deadline = Clock::time_point::max();
   Clock::time_point deadline = Clock::time_point::max();
+  std::string tag;  // copied to the RequestRecord (the server: the protocol)
 };
 
 enum class EndCause { kNone, kFinished, kCancelled, kQueueTimeout, kTimeout, kError };
@@ -99,6 +100,7 @@ struct RequestRecord {
   FinishReason finish_reason = FinishReason::kLength;
   EndCause cause = EndCause::kNone;
   std::string error;
+  std::string tag;  // RequestOptions::tag
 };
 
 // One request's responses, written by the engine thread and read by one other thread.

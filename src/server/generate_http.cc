@@ -53,6 +53,7 @@ GenerateRequest parse(const HttpFrontend::Context& ctx, const httplib::Request& 
     }
   }
   KILN_BAD_REQUEST(have_text, "\"{}\" (the prompt) is missing", input);
+  g.text.protocol = "generate";
   return g;
 }
 

@@ -209,6 +209,7 @@ Generation::Generation(std::shared_ptr<LoadedModel> model, const TextRequest& re
                    model_->prompt_template() == "{prompt}" ? "" : " with its template",
                    model_->name(), limit);
   RequestOptions o;
+  o.tag = request.protocol;
   if (request.params.timeout_us && *request.params.timeout_us > 0)
     o.deadline = Clock::now() + std::chrono::microseconds(*request.params.timeout_us);
   executor_ = &model_->pick();

@@ -49,6 +49,7 @@ struct TextRequest {
   bool apply_template = true;
   RequestParams params;
   uint64_t seed_index = 0;  // n > 1: completion i samples from derive_seed(seed, i)
+  std::string protocol;     // for the request log: kserve, generate, openai, grpc
 };
 
 // One request on one instance. Destroying it before the end cancels the generation (a client

@@ -149,7 +149,7 @@ bool stream_one(ModelManager& models, grpc::ServerContext* context,
                    "input '{}': ModelStreamInfer takes one prompt per request (shape [1] or "
                    "[1, 1]), this one has {}",
                    model->settings().input_name, plan.prompts.size());
-  Generation g(model, TextRequest{plan.prompts[0], true, plan.params, 0});
+  Generation g(model, TextRequest{plan.prompts[0], true, plan.params, 0, "grpc"});
 
   // Ids whose text is held back (a possible stop string) go out with the next text.
   std::vector<int64_t> pending_ids;
@@ -279,7 +279,7 @@ grpc::Status model_infer(ModelManager& models, grpc::ServerContext* context,
   std::vector<std::unique_ptr<Generation>> generations;
   for (size_t i = 0; i < plan.prompts.size(); ++i)
     generations.push_back(std::make_unique<Generation>(
-        model, TextRequest{plan.prompts[i], true, plan.params, static_cast<uint64_t>(i)}));
+        model, TextRequest{plan.prompts[i], true, plan.params, static_cast<uint64_t>(i), "grpc"}));
 
   std::vector<Generated> results(generations.size());
   for (size_t i = 0; i < generations.size(); ++i) {

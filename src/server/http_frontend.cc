@@ -124,6 +124,12 @@ HttpFrontend::HttpFrontend(ModelManager& models, HttpOptions options, const Logg
   const int threads = options_.threads;
   svr.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
   svr.set_payload_max_length(options_.max_body_bytes);
+  // httplib's default is SO_REUSEPORT, with which a second server binds the same port and the
+  // kernel splits the connections between them: a port in use must be an error.
+  svr.set_socket_options([](socket_t sock) {
+    int yes = 1;
+    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+  });
   svr.set_keep_alive_max_count(1000);
   svr.set_read_timeout(30, 0);
   svr.set_write_timeout(30, 0);

@@ -97,6 +97,7 @@ void infer(HttpFrontend::Context& ctx, const httplib::Request& req, httplib::Res
   std::vector<std::unique_ptr<Generation>> gens;
   for (const std::string& prompt : r.prompts) {
     TextRequest t;
+    t.protocol = "kserve";
     t.prompt = prompt;
     t.params = r.params;
     gens.push_back(std::make_unique<Generation>(model, t));

@@ -174,6 +174,7 @@ void respond(const HttpFrontend::Context&, const OpenAiRequest& r, bool chat,
                      "stream: true works with one prompt and n 1 (kiln does not interleave "
                      "several streamed choices yet)");
     TextRequest t;
+    t.protocol = "openai";
     t.prompt = r.prompts[0];
     t.params = r.params;
     auto g = std::make_shared<Generation>(r.model, t);
@@ -234,6 +235,8 @@ void respond(const HttpFrontend::Context&, const OpenAiRequest& r, bool chat,
   for (const std::string& prompt : r.prompts)
     for (int i = 0; i < r.n; ++i) {
       TextRequest t;
+      t.protocol = "openai";
+      t.protocol = "openai";
       t.prompt = prompt;
       t.params = r.params;
       t.seed_index = static_cast<uint64_t>(i);

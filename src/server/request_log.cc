@@ -56,7 +56,7 @@ nlohmann::ordered_json request_log_entry(const std::string& model, int64_t versi
   j["time"] = iso8601_utc_ms(finished_wall);
   j["model"] = model;
   j["version"] = version;
-  j["protocol"] = protocol;
+  if (!protocol.empty()) j["protocol"] = protocol;  // unknown where the executor records it
   j["input_tokens"] = r.input_tokens;
   j["output_tokens"] = r.output_tokens;
   j["queue_ms"] = ms(started - r.queued);

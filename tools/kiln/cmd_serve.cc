@@ -9,9 +9,12 @@
 #include "commands.h"
 #include "output.h"
 #include "server/errors.h"
+#include "server/grpc_frontend.h"
 #include "server/http_frontend.h"
+#include "server/metrics_http.h"
 #include "server/model_manager.h"
 #include "server/model_repository.h"
+#include "server/request_log.h"
 
 namespace kiln::cli {
 
@@ -135,6 +138,15 @@ Runner add_serve(CLI::App& app) {
     mo.threads = g.threads;
     mo.log_level = log.level();
     server::ModelManager models(mo, log);
+    std::unique_ptr<server::RequestLog> request_log;
+    if (!o->request_log.empty()) {
+      request_log = server::RequestLog::open(o->request_log, log);
+      models.set_request_observer([rl = request_log.get()](const std::string& model,
+                                                           int64_t version,
+                                                           const RequestRecord& r) {
+        rl->write(model, version, r, r.tag);
+      });
+    }
 
     server::HttpOptions ho;
     ho.host = o->host;
@@ -146,6 +158,22 @@ Runner add_serve(CLI::App& app) {
     // Listening before the models load: liveness answers at once, readiness once they are in.
     http.start();
     out("kiln serve: HTTP on http://{}:{}\n", o->host, http.port());
+    std::unique_ptr<server::GrpcFrontend> grpc;
+    if (o->grpc_port >= 0) {
+      server::GrpcOptions go;
+      go.host = o->host;
+      go.port = o->grpc_port;
+      go.api_key = api_key;
+      grpc = std::make_unique<server::GrpcFrontend>(models, go, log);
+      grpc->start();
+      out("kiln serve: gRPC on {}:{}\n", o->host, grpc->port());
+    }
+    std::unique_ptr<server::MetricsFrontend> metrics;
+    if (o->metrics_port >= 0) {
+      metrics = std::make_unique<server::MetricsFrontend>(models, o->host, o->metrics_port, log);
+      metrics->start();
+      out("kiln serve: metrics on http://{}:{}/metrics\n", o->host, metrics->port());
+    }
     std::fflush(stdout);
 
     if (!o->plan.empty()) {
@@ -192,7 +220,9 @@ Runner add_serve(CLI::App& app) {
     if (!all) log.warn("drain timeout: the requests still running were cancelled");
     // Give the streams a moment to write their last events before the sockets close.
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    if (grpc) grpc->shutdown(Clock::now() + std::chrono::seconds(2));
     http.stop();
+    if (metrics) metrics->stop();
     out("kiln serve: stopped\n");
     return 0;
   };
