@@ -59,7 +59,7 @@ Runner add_serve(CLI::App& app) {
            "/infer|/generate|/generate_stream], /v2/repository/..., /v1/models,\n"
            "/v1/completions, /v1/chat/completions; gRPC inference.GRPCInferenceService;\n"
            "GET /metrics on the metrics port. Ports 0: any free port (printed at start).\n"
-           "Examples:\n"
+           "Examples (each serves until Ctrl-C or SIGTERM):\n"
            "  kiln serve --model-repository repo\n"
            "  kiln serve --plan bloom.plan --name bloom --prompt-template \"{prompt} =\"\n"
            "  curl localhost:8000/v2/models/bloom/generate -d '{\"text_input\": \"add: 4 + 5\"}'\n"
