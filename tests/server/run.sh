@@ -3,14 +3,15 @@
 # `kiln serve` on free ports (the server picks them: --*-port 0, printed at start), runs the
 # suites against it with real clients (curl; the openai and @grpc/grpc-js npm packages), and
 # stops it with SIGTERM (which must drain and exit 0).
-#   tests/server/run.sh KILN FIXTURES TMP [SUITE...]   suites: curl openai grpc load (default: all)
+#   tests/server/run.sh KILN FIXTURES TMP [SUITE...]   suites: curl (default), grpc (the grpc-js
+#   suite runs in kiln_tests too: GrpcFrontendTest.NodeClients)
 set -uo pipefail
 KILN=$(realpath "$1")
 FIXTURES=$(realpath "$2")
 TMP="$3/server"
 shift 3
 SUITES=("$@")
-[ ${#SUITES[@]} -gt 0 ] || SUITES=(curl openai grpc load)
+[ ${#SUITES[@]} -gt 0 ] || SUITES=(curl)
 HERE=$(cd "$(dirname "$0")" && pwd)
 rm -rf "$TMP" && mkdir -p "$TMP"
 export KILN FIXTURES TMP HERE
