@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The server tests: builds plans of the fixture models into a Triton-layout repository, starts
 # `kiln serve` on free ports (the server picks them: --*-port 0, printed at start), runs the
-# suites against it with real clients (curl; the openai and @grpc/grpc-js npm packages), and
+# suites against it with real clients (curl, and the @grpc/grpc-js npm package), and
 # stops it with SIGTERM (which must drain and exit 0).
 #   tests/server/run.sh KILN FIXTURES TMP [SUITE...]   suites: curl (default), grpc (the grpc-js
 #   suite runs in kiln_tests too: GrpcFrontendTest.NodeClients)
@@ -83,12 +83,10 @@ for suite in "${SUITES[@]}"; do
   echo "=== $suite"
   case $suite in
     curl) bash "$HERE/curl.sh" || status=1 ;;
-    openai) need_npm && node --test "$HERE/openai.test.mjs" || status=1 ;;
     grpc)
       if [ -z "$GRPC_ADDR" ]; then echo "SKIP: gRPC off"; elif [ -f "$HERE/grpc.test.mjs" ]; then
         need_npm && KILN_GRPC_ADDR=$GRPC_ADDR KILN_HTTP_URL=$HTTP_URL node --test "$HERE/grpc.test.mjs" || status=1
       fi ;;
-    load) bash "$HERE/load.sh" || status=1 ;;
     *) echo "unknown suite $suite"; status=1 ;;
   esac
 done
