@@ -8,8 +8,6 @@ namespace kiln::server {
 
 namespace {
 
-constexpr const char* kModel = R"(/v2/models/([A-Za-z0-9_.\-]+)(?:/versions/([0-9]+))?)";
-
 struct GenerateRequest {
   std::shared_ptr<LoadedModel> model;
   TextRequest text;
@@ -66,8 +64,8 @@ Json head(const GenerateRequest& r) {
 }  // namespace
 
 void add_generate_routes(httplib::Server& svr, HttpFrontend::Context& ctx) {
-  svr.Post(std::string(kModel) + "/generate", [&ctx](const httplib::Request& req,
-                                                     httplib::Response& res) {
+  svr.Post(std::string(kModelRoute) + "/generate", [&ctx](const httplib::Request& req,
+                                                          httplib::Response& res) {
     guarded(res, [&] {
       GenerateRequest r = parse(ctx, req);
       Generation g(r.model, r.text);
@@ -80,8 +78,8 @@ void add_generate_routes(httplib::Server& svr, HttpFrontend::Context& ctx) {
       reply_json(res, j);
     });
   });
-  svr.Post(std::string(kModel) + "/generate_stream", [&ctx](const httplib::Request& req,
-                                                            httplib::Response& res) {
+  svr.Post(std::string(kModelRoute) + "/generate_stream", [&ctx](const httplib::Request& req,
+                                                                 httplib::Response& res) {
     guarded(res, [&] {
       GenerateRequest r = parse(ctx, req);
       auto g = std::make_shared<Generation>(r.model, r.text);

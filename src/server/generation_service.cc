@@ -156,41 +156,6 @@ GenerationParams resolve_params(const LoadedModel& model, const RequestParams& r
   return p;
 }
 
-bool valid_utf8(const std::string& s) {
-  const auto* b = reinterpret_cast<const unsigned char*>(s.data());
-  const size_t n = s.size();
-  for (size_t i = 0; i < n;) {
-    const unsigned char c = b[i];
-    if (c < 0x80) {
-      ++i;
-      continue;
-    }
-    size_t len;
-    uint32_t cp;
-    if ((c & 0xE0) == 0xC0) {
-      len = 2;
-      cp = c & 0x1F;
-    } else if ((c & 0xF0) == 0xE0) {
-      len = 3;
-      cp = c & 0x0F;
-    } else if ((c & 0xF8) == 0xF0) {
-      len = 4;
-      cp = c & 0x07;
-    } else {
-      return false;
-    }
-    if (i + len > n) return false;
-    for (size_t k = 1; k < len; ++k) {
-      if ((b[i + k] & 0xC0) != 0x80) return false;
-      cp = (cp << 6) | (b[i + k] & 0x3F);
-    }
-    static constexpr uint32_t kMin[5] = {0, 0, 0x80, 0x800, 0x10000};
-    if (cp < kMin[len] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return false;
-    i += len;
-  }
-  return true;
-}
-
 Generation::Generation(std::shared_ptr<LoadedModel> model, const TextRequest& request)
     : model_(std::move(model)) {
   KILN_BAD_REQUEST(valid_utf8(request.prompt), "the prompt is not valid UTF-8");

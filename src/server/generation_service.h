@@ -13,6 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "io/jsonl.h"
 #include "runtime/generation_executor.h"
 #include "server/errors.h"
 #include "server/model_manager.h"
@@ -93,7 +94,9 @@ Completion collect(Generation& g);
 // The ServerError a final chunk with an error stands for (timeouts: kTimeout).
 ServerError chunk_error(const ResponseChunk& last);
 
-// Strict UTF-8 (no overlongs, surrogates or code points past U+10FFFF).
-bool valid_utf8(const std::string& s);
+// Strict UTF-8 (io/jsonl.h's check: no overlongs, surrogates or code points past U+10FFFF).
+inline bool valid_utf8(const std::string& s) {
+  return invalid_utf8_offset(s) == std::string_view::npos;
+}
 
 }  // namespace kiln::server

@@ -25,6 +25,11 @@ struct HttpFrontend::Context {
 
 using Json = nlohmann::json;
 
+// /v2/models/{m}[/versions/{v}]: model names are [A-Za-z0-9_.-]+ (anything else matches no route:
+// 404), versions digits; matches[1] is the model, matches[2] the version ("" when absent).
+inline constexpr const char* kModelRoute =
+    R"(/v2/models/([A-Za-z0-9_.\-]+)(?:/versions/([0-9]+))?)";
+
 // {"error": "..."} with the code's HTTP status (KServe / Triton).
 void reply_error(httplib::Response& res, const ServerError& e);
 void reply_json(httplib::Response& res, const Json& body, int status = 200);

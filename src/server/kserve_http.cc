@@ -11,11 +11,7 @@ namespace kiln::server {
 
 namespace {
 
-// Path patterns: model names are [A-Za-z0-9_.-]+ (anything else is no route: 404), versions
-// digits.
-constexpr const char* kModel = R"(/v2/models/([A-Za-z0-9_.\-]+)(?:/versions/([0-9]+))?)";
-
-std::string pattern(const std::string& tail) { return std::string(kModel) + tail; }
+std::string pattern(const std::string& tail) { return std::string(kModelRoute) + tail; }
 
 std::string version_of(const httplib::Request& req) {
   return req.matches.size() > 2 ? req.matches[2].str() : "";
