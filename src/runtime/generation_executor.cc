@@ -235,7 +235,10 @@ void GenerationExecutor::loop() {
     {
       std::unique_lock<std::mutex> lock(mutex_);
       // Sleep while nothing is queued or running: an idle server uses no CPU.
-      wake_.wait(lock, [&] { return quit_ || submitted_ || !live_.empty() || !incoming_.empty(); });
+      // (cleanup_: a request this thread ended holds KV blocks until the scheduler's next step.)
+      wake_.wait(lock, [&] {
+        return quit_ || submitted_ || cleanup_ || !live_.empty() || !incoming_.empty();
+      });
       if (quit_) break;
       // Starting from idle: give the requests arriving together a moment to start together.
       if (live_.empty() && options_.batch_delay.count() > 0) {
@@ -246,6 +249,7 @@ void GenerationExecutor::loop() {
         if (quit_) break;
       }
       submitted_ = false;
+      cleanup_ = false;
     }
     const Clock::time_point start = Clock::now();
     std::vector<GenerationEvent> events;
@@ -269,6 +273,7 @@ void GenerationExecutor::loop() {
       for (auto& [id, live] : live_) ids.push_back(id);
       for (RequestId id : ids) {
         scheduler_.cancel(id);
+        cleanup_ = true;
         ResponseChunk last;
         last.cause = EndCause::kError;
         last.finish_reason = FinishReason::kCancelled;
@@ -345,9 +350,10 @@ void GenerationExecutor::deliver(GenerationEvent& e, Clock::time_point now) {
   chunk.token_ids = e.new_tokens;
   if (live.detok) {
     if (push_text(live, e.new_tokens, chunk)) {
-      // A stop string: the request ends here; the scheduler frees its blocks before the next
-      // step (its cancelled event finds no live request).
+      // A stop string: the request ends here; the scheduler frees its blocks at the next step
+      // (its cancelled event finds no live request).
       scheduler_.cancel(live.id);
+      cleanup_ = true;
       chunk.finish_reason = FinishReason::kStop;
       chunk.cause = EndCause::kFinished;
       end(live, std::move(chunk), now);
@@ -448,6 +454,7 @@ void GenerationExecutor::check_deadlines(Clock::time_point now) {
   for (auto [id, cause] : expired) {
     Live& live = *live_.at(id);
     scheduler_.cancel(id);
+    cleanup_ = true;
     ResponseChunk last;
     last.cause = cause;
     last.finish_reason = FinishReason::kCancelled;

@@ -203,6 +203,7 @@ class GenerationExecutor {
 
   std::atomic<int64_t> in_flight_{0};
   // Engine thread only.
+  bool cleanup_ = false;  // ended requests' cancellations wait for the scheduler's next step
   std::map<RequestId, std::unique_ptr<Live>> live_;
   ExecutorStats counters_;
   std::thread thread_;

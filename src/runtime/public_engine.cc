@@ -1,28 +1,99 @@
-// The public Engine (include/kiln/engine.h) over the runtime's CompiledModel and Scheduler.
+// The public Engine (include/kiln/engine.h) over the runtime's CompiledModel and one
+// GenerationExecutor: every generate() and submit() of every thread goes to the same engine
+// thread, which batches them (continuous batching).
 #include "kiln/engine.h"
 
 #include "runtime/compiled_model.h"
-#include "runtime/scheduler.h"
+#include "runtime/generation_executor.h"
 
 namespace kiln {
 
 struct Engine::Impl {
   std::unique_ptr<Context> ctx;
   std::unique_ptr<CompiledModel> model;
-  int max_batch = 8;
+  std::unique_ptr<GenerationExecutor> executor;  // destroyed first (it steps the model)
+
+  ~Impl() { executor.reset(); }
 };
+
+struct Request::Impl {
+  GenerationExecutor* executor = nullptr;
+  std::shared_ptr<ResponseStream> stream;
+  std::vector<int64_t> input_ids;
+  std::vector<ResponseChunk> pending;  // read from the stream, not returned yet
+  size_t next = 0;                     // the first of pending not returned
+  bool done = false;                   // the last chunk was returned
+
+  // The next chunk in order, waiting for it; throws for a request ended by an error or timeout.
+  ResponseChunk take() {
+    while (next == pending.size()) {
+      pending.clear();
+      next = 0;
+      stream->next(pending);
+    }
+    ResponseChunk c = std::move(pending[next++]);
+    if (c.finished) {
+      done = true;
+      if (c.cause == EndCause::kError || c.cause == EndCause::kTimeout ||
+          c.cause == EndCause::kQueueTimeout)
+        throw Error(ErrorKind::kRuntime, "request " + std::to_string(stream->id()) + ": " + c.error,
+                    __FILE__, __LINE__);
+    }
+    return c;
+  }
+};
+
+Request::Request(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+Request::~Request() {
+  if (!impl_->done && !impl_->stream->finished()) impl_->executor->cancel(impl_->stream->id());
+}
+
+bool Request::next(TextChunk& chunk) {
+  if (impl_->done) return false;
+  ResponseChunk c = impl_->take();
+  chunk.token_ids = std::move(c.token_ids);
+  chunk.text = std::move(c.text);
+  chunk.finished = c.finished;
+  chunk.finish_reason = c.finish_reason;
+  return true;
+}
+
+TextResult Request::wait() {
+  TextResult r;
+  r.input_ids = impl_->input_ids;
+  while (!impl_->done) {
+    ResponseChunk c = impl_->take();
+    r.generation.output_ids.insert(r.generation.output_ids.end(), c.token_ids.begin(),
+                                   c.token_ids.end());
+    r.text += c.text;
+    if (c.finished) {
+      r.generation.finish_reason = c.finish_reason;
+      r.generation.score = c.score;
+    }
+  }
+  return r;
+}
+
+void Request::cancel() { impl_->executor->cancel(impl_->stream->id()); }
 
 Engine::Engine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Engine::~Engine() = default;
 
 std::unique_ptr<Engine> Engine::load(const std::string& plan_path, const EngineOptions& options) {
+  KILN_CHECK_USAGE(options.max_batch >= 1, "EngineOptions::max_batch must be at least 1, got {}",
+                   options.max_batch);
   auto impl = std::make_unique<Impl>();
   ContextOptions o;
   o.threads = options.threads;
   o.log_level = options.verbose ? LogLevel::kInfo : LogLevel::kWarning;
   impl->ctx = std::make_unique<Context>(options_from_environment(o));
   impl->model = CompiledModel::load_plan(*impl->ctx, plan_path);
-  impl->max_batch = options.max_batch;
+  ExecutorOptions eo;
+  eo.scheduler.max_batch = options.max_batch;
+  eo.max_queue = options.max_queue;
+  eo.name = plan_path;
+  impl->executor = std::make_unique<GenerationExecutor>(*impl->model, eo);
   return std::unique_ptr<Engine>(new Engine(std::move(impl)));
 }
 
@@ -44,20 +115,24 @@ std::string Engine::apply_template(const std::string& prompt) const {
   return apply_prompt_template(impl_->model->model().prompt_template, prompt);
 }
 
+std::unique_ptr<Request> Engine::submit(const std::string& prompt, const GenerationParams& params) {
+  auto r = std::make_unique<Request::Impl>();
+  r->executor = impl_->executor.get();
+  r->input_ids = encode(apply_template(prompt));
+  r->stream = impl_->executor->enqueue(r->input_ids, params);
+  return std::unique_ptr<Request>(new Request(std::move(r)));
+}
+
 std::vector<TextResult> Engine::generate(const std::vector<std::string>& prompts,
                                          const GenerationParams& params) {
-  std::vector<TextResult> out(prompts.size());
-  std::vector<std::vector<int64_t>> ids(prompts.size());
-  for (size_t i = 0; i < prompts.size(); ++i)
-    out[i].input_ids = ids[i] = encode(apply_template(prompts[i]));
-  SchedulerOptions so;
-  so.max_batch = impl_->max_batch;
-  Scheduler scheduler(*impl_->model, so);
-  std::vector<GenerationResult> results = scheduler.generate(ids, params);
-  for (size_t i = 0; i < prompts.size(); ++i) {
-    out[i].generation = std::move(results[i]);
-    out[i].text = decode(out[i].generation.output_ids);
-  }
+  // All queued first, so that they run together; a refusal cancels those already queued (the
+  // Requests' destructors).
+  std::vector<std::unique_ptr<Request>> requests;
+  requests.reserve(prompts.size());
+  for (const std::string& p : prompts) requests.push_back(submit(p, params));
+  std::vector<TextResult> out;
+  out.reserve(prompts.size());
+  for (auto& r : requests) out.push_back(r->wait());
   return out;
 }
 

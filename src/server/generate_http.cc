@@ -14,12 +14,20 @@ struct GenerateRequest {
   std::string id;
 };
 
+void parse_fields(GenerateRequest& g, const std::string& body);
+
 GenerateRequest parse(const HttpFrontend::Context& ctx, const httplib::Request& req) {
   check_not_draining(ctx);
   GenerateRequest g;
   g.model =
       ctx.models.get(req.matches[1].str(), req.matches.size() > 2 ? req.matches[2].str() : "");
-  const Json j = parse_body(req.body);
+  counting_refusals(*g.model, [&] { parse_fields(g, req.body); });
+  return g;
+}
+
+// The body's fields into `g` (its model is set).
+void parse_fields(GenerateRequest& g, const std::string& body) {
+  const Json j = parse_body(body);
   const std::string& input = g.model->settings().input_name;
   bool have_text = false;
   for (const auto& [key, value] : j.items()) {
@@ -52,7 +60,6 @@ GenerateRequest parse(const HttpFrontend::Context& ctx, const httplib::Request& 
   }
   KILN_BAD_REQUEST(have_text, "\"{}\" (the prompt) is missing", input);
   g.text.protocol = "generate";
-  return g;
 }
 
 Json head(const GenerateRequest& r) {

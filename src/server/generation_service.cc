@@ -156,8 +156,8 @@ GenerationParams resolve_params(const LoadedModel& model, const RequestParams& r
   return p;
 }
 
-Generation::Generation(std::shared_ptr<LoadedModel> model, const TextRequest& request)
-    : model_(std::move(model)) {
+// The request's parameters and prompt, resolved and checked (usage errors: 400 naming the field).
+void Generation::check(const TextRequest& request) {
   KILN_BAD_REQUEST(valid_utf8(request.prompt), "the prompt is not valid UTF-8");
   KILN_BAD_REQUEST(!request.prompt.empty(), "the prompt is empty: nothing to generate from");
   params_ = resolve_params(*model_, request.params);
@@ -173,6 +173,11 @@ Generation::Generation(std::shared_ptr<LoadedModel> model, const TextRequest& re
                    "the prompt is {} tokens{}; model \"{}\" allows at most {}", input_ids_.size(),
                    model_->prompt_template() == "{prompt}" ? "" : " with its template",
                    model_->name(), limit);
+}
+
+Generation::Generation(std::shared_ptr<LoadedModel> model, const TextRequest& request)
+    : model_(std::move(model)) {
+  counting_refusals(*model_, [&] { check(request); });
   RequestOptions o;
   o.tag = request.protocol;
   if (request.params.timeout_us && *request.params.timeout_us > 0)
@@ -183,6 +188,8 @@ Generation::Generation(std::shared_ptr<LoadedModel> model, const TextRequest& re
   } catch (const QueueFullError& e) {
     throw ServerError(Code::kQueueFull, e.what());
   } catch (const Error& e) {
+    // A usage error (GenerationParams' own checks) never reached the queue: a refusal.
+    if (e.kind() == ErrorKind::kUsage) ++model_->refused;
     throw ServerError(e.kind() == ErrorKind::kUsage ? Code::kBadRequest : Code::kUnavailable,
                       e.what());
   }

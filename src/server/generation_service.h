@@ -53,6 +53,19 @@ struct TextRequest {
   std::string protocol;     // for the request log: kserve, generate, openai, grpc
 };
 
+// Runs the parsing and checks of a request already routed to `model`; a refusal they throw
+// counts in the model's `refused` (Triton's failure count: these never reach an executor) and
+// propagates.
+template <typename F>
+auto counting_refusals(LoadedModel& model, F&& parse) -> decltype(parse()) {
+  try {
+    return parse();
+  } catch (...) {
+    ++model.refused;
+    throw;
+  }
+}
+
 // One request on one instance. Destroying it before the end cancels the generation (a client
 // that went away): its KV blocks are freed before the next step.
 class Generation {
@@ -79,6 +92,8 @@ class Generation {
   GenerationParams params_;
   std::shared_ptr<ResponseStream> stream_;
   bool done_ = false;
+
+  void check(const TextRequest& request);
 };
 
 // Everything of a finished generation, collected (non-streaming responses).

@@ -110,10 +110,7 @@ void fill_statistics(const LoadedModel& model, ModelStatistics* out) {
   out->set_execution_count(static_cast<uint64_t>(s.steps));
   auto* infer = out->mutable_inference_stats();
   set_duration(infer->mutable_success(), s.success, s.request_us);
-  set_duration(
-      infer->mutable_fail(),
-      s.errors + s.timeouts + s.queue_timeouts + s.cancelled + s.rejected + model.refused.load(),
-      0);
+  set_duration(infer->mutable_fail(), model.failed(s), 0);
   set_duration(infer->mutable_queue(), s.success, s.queue_us);
   set_duration(infer->mutable_compute_infer(), s.success, s.compute_us);
   // Input and output preparation are part of the engine step in kiln; counted, not timed, so

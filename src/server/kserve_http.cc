@@ -33,10 +33,11 @@ Json model_metadata(const LoadedModel& m, const std::vector<std::string>& versio
 
 Json duration(int64_t count, int64_t us) { return {{"count", count}, {"ns", us * 1000}}; }
 
+// As the gRPC frontend's (fill_statistics): durations are totals over successful requests;
+// failures are counted without one.
 Json model_stats(const LoadedModel& m) {
   const ExecutorStats s = m.stats();
-  const int64_t failed = s.cancelled + s.queue_timeouts + s.timeouts + s.errors;
-  const int64_t done = s.success + failed;
+  const int64_t done = s.success;
   const int64_t last_ms = s.last_request == Clock::time_point{}
                               ? 0
                               : std::chrono::duration_cast<std::chrono::milliseconds>(
@@ -51,7 +52,7 @@ Json model_stats(const LoadedModel& m) {
           {"execution_count", s.steps},
           {"inference_stats",
            {{"success", duration(s.success, s.request_us)},
-            {"fail", duration(failed + s.rejected, 0)},
+            {"fail", duration(m.failed(s), 0)},
             {"queue", duration(done, s.queue_us)},
             {"compute_input", duration(done, 0)},
             {"compute_infer", duration(done, s.compute_us)},
@@ -88,7 +89,8 @@ void infer(HttpFrontend::Context& ctx, const httplib::Request& req, httplib::Res
     KILN_BAD_REQUEST(n >= 0, "Inference-Header-Content-Length \"{}\" is not a byte count", v);
     header_length = n;
   }
-  const InferRequest r = parse_infer_request(req.body, header_length, model->settings());
+  const InferRequest r = counting_refusals(
+      *model, [&] { return parse_infer_request(req.body, header_length, model->settings()); });
   // Every prompt is enqueued before any is read: they run in one batch.
   std::vector<std::unique_ptr<Generation>> gens;
   for (const std::string& prompt : r.prompts) {

@@ -52,6 +52,12 @@ class LoadedModel {
   // Triton's per-model counters that the executors do not keep: requests refused before they
   // reached an executor (bad parameters), by protocol code.
   std::atomic<int64_t> refused{0};
+  // Triton's failure count (both protocols' statistics): requests that ended in an error, a
+  // timeout or a cancellation, that a full queue refused, or that were refused before they
+  // reached an executor. `s` is stats().
+  int64_t failed(const ExecutorStats& s) const {
+    return s.errors + s.timeouts + s.queue_timeouts + s.cancelled + s.rejected + refused.load();
+  }
 
  private:
   std::string name_;

@@ -81,11 +81,8 @@ std::shared_ptr<LoadedModel> model_of(const HttpFrontend::Context& ctx, const Js
   return ctx.models.get(j["model"].get<std::string>());
 }
 
-OpenAiRequest parse_completion(const HttpFrontend::Context& ctx, const std::string& body) {
-  check_not_draining(ctx);
-  const Json j = parse_body(body);
-  OpenAiRequest r;
-  r.model = model_of(ctx, j);
+// The body's fields into `r` (its model is set).
+void parse_completion_fields(OpenAiRequest& r, const Json& j) {
   KILN_BAD_REQUEST(j.contains("prompt"), "\"prompt\" is required");
   const Json& p = j["prompt"];
   if (p.is_string()) {
@@ -99,16 +96,21 @@ OpenAiRequest parse_completion(const HttpFrontend::Context& ctx, const std::stri
     }
   }
   for (const auto& [key, value] : j.items()) common_field(r, key, value);
+}
+
+OpenAiRequest parse_completion(const HttpFrontend::Context& ctx, const std::string& body) {
+  check_not_draining(ctx);
+  const Json j = parse_body(body);
+  OpenAiRequest r;
+  r.model = model_of(ctx, j);
+  counting_refusals(*r.model, [&] { parse_completion_fields(r, j); });
   return r;
 }
 
 // Chat messages to one prompt: with a prompt template, every message's text (role-prefixed when
 // there are several) goes into it; without one, the last user message is the prompt.
-OpenAiRequest parse_chat(const HttpFrontend::Context& ctx, const std::string& body) {
-  check_not_draining(ctx);
-  const Json j = parse_body(body);
-  OpenAiRequest r;
-  r.model = model_of(ctx, j);
+// The body's fields into `r` (its model is set).
+void parse_chat_fields(OpenAiRequest& r, const Json& j) {
   KILN_BAD_REQUEST(j.contains("messages") && j["messages"].is_array() && !j["messages"].empty(),
                    "\"messages\" must be a non-empty list");
   std::vector<std::pair<std::string, std::string>> messages;
@@ -153,6 +155,14 @@ OpenAiRequest parse_chat(const HttpFrontend::Context& ctx, const std::string& bo
   }
   r.prompts.push_back(prompt);
   for (const auto& [key, value] : j.items()) common_field(r, key, value);
+}
+
+OpenAiRequest parse_chat(const HttpFrontend::Context& ctx, const std::string& body) {
+  check_not_draining(ctx);
+  const Json j = parse_body(body);
+  OpenAiRequest r;
+  r.model = model_of(ctx, j);
+  counting_refusals(*r.model, [&] { parse_chat_fields(r, j); });
   return r;
 }
 

@@ -174,6 +174,8 @@ for i in range(n):
 EOF
 
 # --- malformed requests: 4xx with a message, and the server stays healthy ---
+expect 200 "stats before the malformed requests" GET /v2/models/bloom/stats
+fail_before=$(json "d['model_stats'][0]['inference_stats']['fail']['count']")
 expect 400 "truncated JSON" POST /v2/models/bloom/generate -d '{"text_input": "add'
 body_has "not valid JSON" "truncated JSON"
 expect 400 "wrong type" POST /v2/models/bloom/generate -d '{"text_input": 5}'
@@ -192,6 +194,11 @@ expect 400 "non-UTF-8 prompt" POST /v2/models/bloom/generate --data-binary "@$T/
 python3 -c "print('{\"text_input\": \"' + 'word ' * 5000 + '\"}')" > "$T/long"
 expect 400 "prompt too long" POST /v2/models/bloom/generate -H "Content-Type: application/json" --data-binary "@$T/long"
 body_has "allows at most" "too long explains"
+# Refused requests count as Triton's failures (the 6 bloom requests above: truncated JSON, wrong
+# type, wrong parameter type, huge max_tokens, negative top_p, unknown field).
+expect 200 "stats after the malformed requests" GET /v2/models/bloom/stats
+fail_after=$(json "d['model_stats'][0]['inference_stats']['fail']['count']")
+[ $((fail_after - fail_before)) -ge 6 ] || fail "refused requests not counted as failures: $fail_before -> $fail_after"
 expect 404 "unknown model" POST /v2/models/nosuch/generate -d '{"text_input": "a"}'
 body_has '"error"' "unknown model error JSON"
 expect 404 "unknown version" POST /v2/models/bloom/versions/9/generate -d '{"text_input": "a"}'
