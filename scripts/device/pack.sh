@@ -38,4 +38,5 @@ mkdir -p "$DEST"
 tar -C "$STAGE" -cJf "$DEST/bundle.tar.xz" .
 cp "$ROOT/scripts/device/"*.sh "$DEST/"
 [ -d "$ROOT/bench/gpu" ] && cp "$ROOT/bench/gpu/"* "$DEST/" 2>/dev/null || true
+[ -d "$ROOT/bench/serve" ] && cp "$ROOT/bench/serve/"* "$DEST/" 2>/dev/null || true
 du -sh "$DEST"

@@ -47,18 +47,6 @@ std::string take_binary(const std::string& body, size_t& offset, const Json& siz
   return out;
 }
 
-bool is_parameter_name(const std::string& name) {
-  // The names RequestParams::set knows.
-  static const char* kNames[] = {
-      "max_tokens",     "min_tokens", "temperature",      "top_k",
-      "top_p",          "seed",       "beam_width",       "repetition_penalty",
-      "length_penalty", "ignore_eos", "return_token_ids", "stop",
-      "random_seed",    "stop_words", "num_beams"};
-  for (const char* n : kNames)
-    if (name == n) return true;
-  return false;
-}
-
 // A numeric/bool tensor element from binary data.
 Json binary_scalar(const std::string& raw, const std::string& datatype, const std::string& name) {
   auto need = [&](size_t n) {
@@ -220,7 +208,7 @@ InferRequest parse_infer_request(const std::string& body, std::optional<int64_t>
       for (const Json& d : in["shape"]) r.shape.push_back(d.get<int64_t>());
       continue;
     }
-    KILN_BAD_REQUEST(is_parameter_name(name),
+    KILN_BAD_REQUEST(is_request_parameter(name),
                      "unknown input \"{}\"; this model takes \"{}\" (BYTES) and optional "
                      "parameter inputs (max_tokens, temperature, top_k, top_p, seed, beam_width, "
                      "stop, return_token_ids, ...)",

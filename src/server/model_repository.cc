@@ -67,23 +67,22 @@ void check_text_tensor(const std::string& origin, const char* what, const std::s
 }
 
 // Inputs the infer endpoints accept beside the prompt: generation parameters as tensors.
-const std::set<std::string>& parameter_inputs() {
-  static const std::set<std::string> names{"max_tokens",
-                                           "min_tokens",
-                                           "temperature",
-                                           "top_k",
-                                           "top_p",
-                                           "seed",
-                                           "beam_width",
-                                           "stop",
-                                           "return_token_ids",
-                                           "ignore_eos",
-                                           "repetition_penalty",
-                                           "length_penalty"};
+
+}  // namespace
+
+const std::vector<std::string>& request_parameter_names() {
+  static const std::vector<std::string> names{
+      "max_tokens", "max_new_tokens", "min_tokens",         "min_new_tokens", "temperature",
+      "top_k",      "top_p",          "seed",               "random_seed",    "beam_width",
+      "num_beams",  "ignore_eos",     "repetition_penalty", "length_penalty", "return_token_ids",
+      "stop",       "stop_words",     "timeout"};
   return names;
 }
 
-}  // namespace
+bool is_request_parameter(const std::string& name) {
+  const auto& names = request_parameter_names();
+  return std::find(names.begin(), names.end(), name) != names.end();
+}
 
 bool valid_model_name(const std::string& name) {
   if (name.empty() || name.size() > 128 || name == "." || name == "..") return false;
@@ -152,7 +151,7 @@ ModelSettings parse_model_config(const std::string& text, const std::string& ori
   // Inputs: one text input (the prompt), optionally generation parameters as tensors.
   int text_inputs = 0;
   for (const inference::ModelInput& in : c.input()) {
-    if (parameter_inputs().count(in.name()) != 0) continue;
+    if (is_request_parameter(in.name())) continue;
     check_text_tensor(origin, "input", in.name(), in.data_type());
     s.input_name = in.name();
     ++text_inputs;
@@ -160,7 +159,7 @@ ModelSettings parse_model_config(const std::string& text, const std::string& ori
   KILN_CHECK_USAGE(text_inputs <= 1,
                    "{}: {} text inputs; kiln's models take one (the prompt), plus optional "
                    "parameter inputs ({})",
-                   origin, text_inputs, fmt::join(parameter_inputs(), ", "));
+                   origin, text_inputs, fmt::join(request_parameter_names(), ", "));
   KILN_CHECK_USAGE(c.output_size() <= 2, "{}: {} outputs; kiln gives text_output (and token_ids)",
                    origin, c.output_size());
   for (const inference::ModelOutput& out : c.output()) {

@@ -50,6 +50,12 @@ struct RepositoryModel {
 // "..", so that no name escapes the repository.
 bool valid_model_name(const std::string& name);
 
+// Every name RequestParams::set (generation_service.h) takes, aliases included: the request
+// parameters of every protocol, and the optional parameter inputs beside the prompt in
+// config.pbtxt and in infer requests (Triton's TensorRT-LLM models take them as tensors).
+const std::vector<std::string>& request_parameter_names();
+bool is_request_parameter(const std::string& name);
+
 // The model directories of the repository (names sorted). Throws when `repo` is not a
 // directory.
 std::vector<std::string> list_repository(const std::string& repo);

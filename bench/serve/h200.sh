@@ -1,0 +1,59 @@
+#!/bin/bash
+# kiln serve on the H200 against kiln bench on the same plan, in one device run: bloom-560m fp16
+# and flan-t5-large bf16 (kiln synth weights, the plans bench/gpu/run.sh builds), `kiln bench`
+# decode at batch 16 and 64, then `kiln serve --plan` (time to /v2/health/ready) driven by
+# `kiln perf` with 16 and 64 concurrent streaming clients (100 output tokens each, EOS ignored,
+# as the bench). Logs and JSON in $OUT; bench/serve/summarize.py makes the table.
+# Run from the folder scripts/device/pack.sh filled. Usage: h200.sh [DURATION_S]
+set -u
+HERE=$(cd "$(dirname "$0")" && pwd)
+OUT=${OUT:-/tmp/out}
+DUR=${1:-20}
+source "$HERE/bundle_env.sh"
+LOG="$OUT/serve.log"
+mkdir -p /tmp/synth /tmp/plans
+date -u | tee "$LOG"
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$LOG"
+nproc | sed 's/^/host cores: /' | tee -a "$LOG"
+
+serve_model() {  # preset synth-dtype precision
+  local preset=$1 sdtype=$2 prec=$3 dir=/tmp/synth/$1 plan=/tmp/plans/$1-$3.plan
+  [ -d "$dir" ] || "$KILN" synth --preset "$preset" --dtype "$sdtype" -o "$dir" >>"$LOG" 2>&1
+  "$KILN" build --model "$dir" --device cuda --precision "$prec" --max-input-tokens 128 \
+    --max-step-tokens 8192 -o "$plan" >>"$LOG" 2>&1 || { echo "build $preset failed" | tee -a "$LOG"; return; }
+  "$KILN" bench --plan "$plan" --input-len 78 --output-len 100 --runs 3 --sweep batch=16,64 \
+    --json >"$OUT/bench-$preset.jsonl" 2>>"$LOG" || echo "bench $preset failed" | tee -a "$LOG"
+  cat "$OUT/bench-$preset.jsonl" >>"$LOG"
+  # The server: from the exec to a 200 from /v2/health/ready.
+  local t0 t1 url=""
+  t0=$(date +%s%N)
+  "$KILN" serve --plan "$plan" --name m --http-port 0 --grpc-port -1 --metrics-port 0 \
+    --max-batch 64 --http-threads 256 >"$OUT/serve-$preset.out" 2>"$OUT/serve-$preset.err" &
+  local pid=$!
+  for _ in $(seq 1 2000); do
+    [ -z "$url" ] && url=$(sed -n 's|^kiln serve: HTTP on \(http://[^ ]*\).*|\1|p' "$OUT/serve-$preset.out")
+    [ -n "$url" ] && [ "$(curl -s -o /dev/null -w '%{http_code}' "$url/v2/health/ready")" = 200 ] && break
+    sleep 0.005
+  done
+  t1=$(date +%s%N)
+  echo "{\"preset\": \"$preset\", \"ready_ms\": $(((t1 - t0) / 1000000))}" | tee "$OUT/ready-$preset.json" | tee -a "$LOG"
+  "$KILN" perf --url "$url" --model m --prompt-len 78 --output-len 100 --ignore-eos --stream \
+    --concurrency 16,64 --duration "$DUR" --warmup 3 --json >"$OUT/perf-$preset.json" 2>>"$LOG" ||
+    echo "perf $preset failed" | tee -a "$LOG"
+  cat "$OUT/perf-$preset.json" >>"$LOG"
+  # The same load over KServe's generate_stream (Triton's clients) at 64.
+  "$KILN" perf --url "$url" --model m --protocol kserve --prompt-len 78 --output-len 100 \
+    --ignore-eos --stream --concurrency 64 --duration "$DUR" --warmup 3 --json \
+    >"$OUT/perf-kserve-$preset.json" 2>>"$LOG" || echo "perf kserve $preset failed" | tee -a "$LOG"
+  curl -s "${url%%/v2*}" >/dev/null
+  local metrics
+  metrics=$(sed -n 's|^kiln serve: metrics on \(http://[^ ]*\).*|\1|p' "$OUT/serve-$preset.out")
+  [ -n "$metrics" ] && curl -s "$metrics" >"$OUT/metrics-$preset.txt"
+  kill -TERM "$pid"
+  wait "$pid"
+  echo "serve $preset exit $?" | tee -a "$LOG"
+}
+
+serve_model bloom-560m fp16 fp16
+serve_model flan-t5-large fp32 bf16
+[ -x "$(command -v python3)" ] && python3 "$HERE/summarize_serve.py" "$OUT" | tee "$OUT/summary.md"
