@@ -1,17 +1,19 @@
 #!/usr/bin/env bash
 # The server tests: builds plans of the fixture models into a Triton-layout repository, starts
 # `kiln serve` on free ports (the server picks them: --*-port 0, printed at start), runs the
-# suites against it with real clients (curl, and the @grpc/grpc-js npm package), and
+# suites against it with real clients (curl, and the @grpc/grpc-js and openai npm packages), and
 # stops it with SIGTERM (which must drain and exit 0).
-#   tests/server/run.sh KILN FIXTURES TMP [SUITE...]   suites: curl (default), grpc (the grpc-js
-#   suite runs in kiln_tests too: GrpcFrontendTest.NodeClients)
+#   tests/server/run.sh KILN FIXTURES TMP [SUITE...]   suites: curl, openai (the openai npm
+#   package), load (kiln perf under load, client disconnects, SIGTERM with requests in flight);
+#   those three by default; grpc (the grpc-js suite runs in kiln_tests too:
+#   GrpcFrontendTest.NodeClients)
 set -uo pipefail
 KILN=$(realpath "$1")
 FIXTURES=$(realpath "$2")
 TMP="$3/server"
 shift 3
 SUITES=("$@")
-[ ${#SUITES[@]} -gt 0 ] || SUITES=(curl)
+[ ${#SUITES[@]} -gt 0 ] || SUITES=(curl openai load)
 HERE=$(cd "$(dirname "$0")" && pwd)
 rm -rf "$TMP" && mkdir -p "$TMP"
 export KILN FIXTURES TMP HERE
@@ -67,6 +69,7 @@ start_server() {
   printf -v "${name}_GRPC" '%s' "$grpc"
   printf -v "${name}_METRICS" '%s' "$metrics"
 }
+export -f start_server  # load.sh starts a server of its own
 
 status=0
 start_server main --model-repository "$REPO" --request-log "$TMP/requests.jsonl" || exit 1
@@ -81,14 +84,19 @@ need_npm() {
 
 for suite in "${SUITES[@]}"; do
   echo "=== $suite"
+  SECONDS=0
   case $suite in
     curl) bash "$HERE/curl.sh" || status=1 ;;
     grpc)
       if [ -z "$GRPC_ADDR" ]; then echo "SKIP: gRPC off"; elif [ -f "$HERE/grpc.test.mjs" ]; then
         need_npm && KILN_GRPC_ADDR=$GRPC_ADDR KILN_HTTP_URL=$HTTP_URL node --test "$HERE/grpc.test.mjs" || status=1
       fi ;;
+    openai)
+      need_npm && KILN_HTTP_URL=$HTTP_URL KILN_BIN=$KILN KILN_REPO=$REPO node --test "$HERE/openai.test.mjs" || status=1 ;;
+    load) bash "$HERE/load.sh" || status=1 ;;
     *) echo "unknown suite $suite"; status=1 ;;
   esac
+  echo "=== $suite: ${SECONDS} s"
 done
 
 # A second server in explicit control mode: the repository API loads and unloads.
