@@ -16,6 +16,9 @@ constexpr std::chrono::microseconds kSpin{1000};
 // True on a thread running a chunk of some pool's job (a nested parallel_for runs inline).
 thread_local bool tls_in_job = false;
 
+constexpr uint64_t kOpen = uint64_t{1} << 32;
+constexpr uint64_t kInside = kOpen - 1;  // the low 32 bits: workers inside the job
+
 void chunk_range(int64_t n, int chunks, int index, int64_t* begin, int64_t* end) {
   const int64_t base = n / chunks, extra = n % chunks;
   *begin = index * base + std::min<int64_t>(index, extra);
@@ -37,7 +40,7 @@ bool spin_until(Done&& done) {
 
 ThreadPool::ThreadPool(int threads) {
   if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  for (int i = 1; i < threads; ++i) workers_.emplace_back([this, i] { worker_loop(i); });
+  for (int i = 1; i < threads; ++i) workers_.emplace_back([this] { worker_loop(); });
 }
 
 ThreadPool::~ThreadPool() {
@@ -60,6 +63,11 @@ void ThreadPool::run_chunk(int index) {
   tls_in_job = false;
 }
 
+void ThreadPool::run_claimed_chunks() {
+  for (int c; (c = next_chunk_.fetch_add(1, std::memory_order_relaxed)) < job_chunks_;)
+    run_chunk(c);
+}
+
 void ThreadPool::parallel_for(int64_t n, int64_t grain,
                               const std::function<void(int64_t, int64_t)>& fn) {
   if (n <= 0) return;
@@ -74,16 +82,20 @@ void ThreadPool::parallel_for(int64_t n, int64_t grain,
   job_n_ = n;
   job_chunks_ = chunks;
   error_ = nullptr;
-  // Every worker acknowledges every job (those past `chunks` at once), so none can still be
-  // reading this job's fields when the next one is written.
-  pending_.store(size() - 1, std::memory_order_relaxed);
+  next_chunk_.store(0, std::memory_order_relaxed);
+  // release: a worker that enters the job (acquire) sees its fields.
+  state_.store((++job_id_ << 33) | kOpen, std::memory_order_release);
   // seq_cst: either a worker about to sleep sees the new generation, or we see it asleep.
   generation_.fetch_add(1);
   if (sleepers_.load() > 0) generation_.notify_all();
-  run_chunk(0);
-  if (!spin_until([this] { return pending_.load(std::memory_order_acquire) == 0; })) {
+  run_claimed_chunks();
+  // Every chunk is claimed: close the job, then wait for the workers still inside (running
+  // chunks they claimed). None enters a closed job, so none can read the next job's fields.
+  const auto inside = [this] { return (state_.load(std::memory_order_acquire) & kInside) == 0; };
+  state_.fetch_and(~kOpen);
+  if (!spin_until(inside)) {
     caller_asleep_.store(true);
-    for (int p; (p = pending_.load()) != 0;) pending_.wait(p);
+    for (uint64_t s; ((s = state_.load()) & kInside) != 0;) state_.wait(s);
     caller_asleep_.store(false);
   }
   job_ = nullptr;
@@ -92,8 +104,9 @@ void ThreadPool::parallel_for(int64_t n, int64_t grain,
   if (error) std::rethrow_exception(error);
 }
 
-void ThreadPool::worker_loop(int index) {
+void ThreadPool::worker_loop() {
   uint32_t seen = 0;
+  uint64_t entered = 0;  // the id of the last job this worker entered
   for (;;) {
     const auto fresh = [&] { return generation_.load(std::memory_order_acquire) != seen; };
     while (!spin_until(fresh)) {
@@ -103,8 +116,16 @@ void ThreadPool::worker_loop(int index) {
     }
     seen = generation_.load(std::memory_order_acquire);
     if (stop_.load()) return;
-    if (index < job_chunks_) run_chunk(index);
-    if (pending_.fetch_sub(1) == 1 && caller_asleep_.load()) pending_.notify_all();
+    // Enter the job if it is still open (the caller may have run every chunk already).
+    uint64_t s = state_.load(std::memory_order_acquire);
+    bool in = false;
+    while ((s & kOpen) != 0 && (s >> 33) != entered && !in)
+      in = state_.compare_exchange_weak(s, s + 1, std::memory_order_acquire);
+    if (!in) continue;
+    entered = s >> 33;
+    run_claimed_chunks();
+    const uint64_t before = state_.fetch_sub(1);
+    if ((before & kInside) == 1 && caller_asleep_.load()) state_.notify_all();
   }
 }
 

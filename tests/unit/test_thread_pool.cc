@@ -62,6 +62,8 @@ TEST(ThreadPool, WorkersWakeUpAfterSleeping) {
     std::set<std::thread::id> ids;
     std::mutex m;
     pool.parallel_for(3, 1, [&](int64_t, int64_t) {
+      // Longer than a wake-up: the caller cannot claim every chunk before the workers come.
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
       chunks.fetch_add(1);
       std::lock_guard<std::mutex> lock(m);
       ids.insert(std::this_thread::get_id());
