@@ -4,14 +4,18 @@
 # same server limited to one running request (--max-batch 1: one request at a time, the others
 # queued). Writes bench/serve/cpu-<preset>-<date>.json (both kiln perf runs) and prints a table.
 # Benchmarks are only meaningful on a quiet machine: nothing else should be running.
-# Usage: [PRECISION=fp32] [DUR=40] [N=32] bench/serve/cpu.sh [KILN] [WORKDIR] [PRESET]
+# The window must hold several rounds of requests (kiln perf counts those that end inside it):
+# 32 clients that start together stay in step, each round taking the prefill of 32 prompts
+# (about 500 prompt tokens/s on 2 cores) plus N decode steps.
+# Usage: [PRECISION=fp32] [DUR=90] [N=128] [PROMPT_LEN=32] bench/serve/cpu.sh [KILN] [WORKDIR] [PRESET]
 set -euo pipefail
 kiln=$(realpath "${1:-build/kiln}")
 work="${2:-/tmp/kiln-bench}"
 preset="${3:-bloom-560m}"
 prec="${PRECISION:-fp32}"
-dur="${DUR:-40}"
-n="${N:-32}"
+dur="${DUR:-90}"
+n="${N:-128}"
+plen="${PROMPT_LEN:-32}"
 here=$(cd "$(dirname "$0")" && pwd)
 mkdir -p "$work"
 [ -f "$work/$preset/model.safetensors" ] || "$kiln" -q synth --preset "$preset" -o "$work/$preset"
@@ -27,7 +31,7 @@ run() {  # max_batch -> kiln perf JSON on stdout
     [ -n "$url" ] && grep -q "ready" "$out" && break
     sleep 0.1
   done
-  "$kiln" perf --url "$url" --model m --prompt-len 78 --output-len "$n" --ignore-eos --stream \
+  "$kiln" perf --url "$url" --model m --prompt-len "$plen" --output-len "$n" --ignore-eos --stream \
     --concurrency 32 --duration "$dur" --warmup 5 --json
   kill -TERM "$pid"
   wait "$pid"
@@ -35,16 +39,16 @@ run() {  # max_batch -> kiln perf JSON on stdout
 batched=$(run 32)
 single=$(run 1)
 stamp=$(date -u +%Y-%m-%d)
-python3 - "$here/cpu-$preset-$prec-$stamp.json" "$preset" "$prec" "$n" "$batched" "$single" <<'PY'
+python3 - "$here/cpu-$preset-$prec-$stamp.json" "$preset" "$prec" "$n" "$batched" "$single" "$plen" <<'PY'
 import json, platform, sys
-path, preset, prec, n, batched, single = sys.argv[1:7]
+path, preset, prec, n, batched, single, plen = sys.argv[1:8]
 cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
-res = {"preset": preset, "precision": prec, "output_len": int(n), "cpu": cpu,
+res = {"preset": preset, "precision": prec, "prompt_words": int(plen), "output_len": int(n), "cpu": cpu,
        "continuous_batching": json.loads(batched), "max_batch_1": json.loads(single)}
 json.dump(res, open(path, "w"), indent=1)
 b = res["continuous_batching"]["results"][0]
 s = res["max_batch_1"]["results"][0]
-print(f"{preset} {prec} on {cpu}, 32 streaming clients, {n} output tokens each")
+print(f"{preset} {prec} on {cpu}, 32 streaming clients, prompts of {plen} words, {n} output tokens each")
 print("| server | output tok/s | requests/s | TTFT p50 / p99 ms | ITL p50 / p99 ms | errors |")
 print("|---|---|---|---|---|---|")
 for name, r in (("continuous batching (--max-batch 32)", b), ("one request at a time (--max-batch 1)", s)):

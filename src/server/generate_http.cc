@@ -76,7 +76,7 @@ void add_generate_routes(httplib::Server& svr, HttpFrontend::Context& ctx) {
     guarded(res, [&] {
       GenerateRequest r = parse(ctx, req);
       Generation g(r.model, r.text);
-      const Completion c = collect(g);
+      const Completion c = collect_for(req, g);
       Json j = head(r);
       j[r.model->settings().output_name] = c.text;
       j["finish_reason"] = finish_reason_name(c.finish_reason);

@@ -225,11 +225,21 @@ ServerError chunk_error(const ResponseChunk& last) {
   }
 }
 
-Completion collect(Generation& g) {
+Completion collect(Generation& g, const std::function<bool()>& client_gone) {
   Completion c;
   c.input_tokens = g.input_tokens();
   std::vector<ResponseChunk> chunks;
-  while (g.next(chunks)) {
+  bool cancelled = false;
+  constexpr auto kEvery = std::chrono::milliseconds(100);
+  Clock::time_point check = Clock::now() + kEvery;
+  while (g.next(chunks, client_gone ? check : Clock::time_point::max())) {
+    if (client_gone && !cancelled && Clock::now() >= check) {
+      check = Clock::now() + kEvery;
+      if (client_gone()) {
+        g.cancel();  // its final chunk (cancelled) follows
+        cancelled = true;
+      }
+    }
     for (ResponseChunk& ch : chunks) {
       if (!ch.token_ids.empty() && c.first_token == Clock::time_point{}) c.first_token = ch.time;
       c.text += ch.text;

@@ -105,7 +105,9 @@ struct Completion {
   Clock::time_point first_token{};
 };
 // Reads `g` to its end; throws ServerError for an error or timeout end (kTimeout, kInternal).
-Completion collect(Generation& g);
+// `client_gone`, when given, is asked every 100 ms while waiting: true (the client closed its
+// connection) cancels the generation, which then ends kUnavailable.
+Completion collect(Generation& g, const std::function<bool()>& client_gone = {});
 // The ServerError a final chunk with an error stands for (timeouts: kTimeout).
 ServerError chunk_error(const ResponseChunk& last);
 

@@ -4,6 +4,13 @@
 
 #include "server/http_routes.h"
 
+#include <arpa/inet.h>
+#include <sys/socket.h>
+
+#include <cerrno>
+#include <charconv>
+#include <filesystem>
+
 namespace kiln::server {
 
 void reply_json(httplib::Response& res, const Json& body, int status) {
@@ -76,6 +83,56 @@ void guarded(httplib::Response& res, const std::function<void()>& fn, bool opena
 void check_not_draining(const HttpFrontend::Context& ctx) {
   if (ctx.draining.load())
     KILN_SERVER_FAIL(Code::kUnavailable, "the server is shutting down and takes no new requests");
+}
+
+namespace {
+
+// The peer of socket `fd` as httplib writes Request::remote_addr/remote_port.
+bool peer_is(int fd, const std::string& addr, int port) {
+  sockaddr_storage ss{};
+  socklen_t len = sizeof(ss);
+  if (getpeername(fd, reinterpret_cast<sockaddr*>(&ss), &len) != 0) return false;
+  char host[INET6_ADDRSTRLEN] = {0};
+  int p = -1;
+  if (ss.ss_family == AF_INET) {
+    const auto* in = reinterpret_cast<const sockaddr_in*>(&ss);
+    inet_ntop(AF_INET, &in->sin_addr, host, sizeof(host));
+    p = ntohs(in->sin_port);
+  } else if (ss.ss_family == AF_INET6) {
+    const auto* in = reinterpret_cast<const sockaddr_in6*>(&ss);
+    inet_ntop(AF_INET6, &in->sin6_addr, host, sizeof(host));
+    p = ntohs(in->sin6_port);
+  } else {
+    return false;
+  }
+  return p == port && addr == host;
+}
+
+}  // namespace
+
+bool client_gone(const httplib::Request& req) {
+  // httplib (0.11) does not hand a handler its socket; the connection's thread finds it once
+  // among the process' descriptors by its peer (unique while the connection is open, and the
+  // descriptor stays open until the handler returns).
+  thread_local int cached = -1;
+  if (cached < 0 || !peer_is(cached, req.remote_addr, req.remote_port)) {
+    cached = -1;
+    std::error_code ec;
+    for (const auto& e : std::filesystem::directory_iterator("/proc/self/fd", ec)) {
+      int fd = -1;
+      const std::string name = e.path().filename().string();
+      if (std::from_chars(name.data(), name.data() + name.size(), fd).ec != std::errc()) continue;
+      if (peer_is(fd, req.remote_addr, req.remote_port)) {
+        cached = fd;
+        break;
+      }
+    }
+    if (cached < 0) return false;  // not found (not a TCP client): never cancel
+  }
+  char c;
+  const ssize_t n = recv(cached, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+  // 0: the peer closed its side; an error other than "no data yet": the connection is broken.
+  return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
 }
 
 void stream_events(httplib::Response& res, std::shared_ptr<Generation> g,

@@ -51,6 +51,14 @@ void stream_events(httplib::Response& res, std::shared_ptr<Generation> g,
                    std::function<std::string(const ServerError&)> error_event,
                    std::function<std::string()> end);
 
+// Whether the client of `req` has closed its connection (a non-streamed request's client that
+// timed out): its socket, found by the peer's address and port, reads end-of-file.
+bool client_gone(const httplib::Request& req);
+// collect(g) that cancels the generation when the client of `req` goes away.
+inline Completion collect_for(const httplib::Request& req, Generation& g) {
+  return collect(g, [&req] { return client_gone(req); });
+}
+
 void add_kserve_routes(httplib::Server& svr, HttpFrontend::Context& ctx);
 void add_generate_routes(httplib::Server& svr, HttpFrontend::Context& ctx);
 void add_openai_routes(httplib::Server& svr, HttpFrontend::Context& ctx);

@@ -101,7 +101,7 @@ void infer(HttpFrontend::Context& ctx, const httplib::Request& req, httplib::Res
     gens.push_back(std::make_unique<Generation>(model, t));
   }
   std::vector<Completion> results;
-  for (auto& g : gens) results.push_back(collect(*g));
+  for (auto& g : gens) results.push_back(collect_for(req, *g));
   InferResponseBody out =
       make_infer_response(r, model->name(), model->version(), model->settings(), results);
   if (out.header_length)

@@ -174,7 +174,7 @@ Json usage(int64_t prompt, int64_t completion) {
 
 const char* openai_finish(FinishReason r) { return r == FinishReason::kLength ? "length" : "stop"; }
 
-void respond(const HttpFrontend::Context&, const OpenAiRequest& r, bool chat,
+void respond(const httplib::Request& req, const OpenAiRequest& r, bool chat,
              httplib::Response& res) {
   const std::string id = make_id(chat ? "chatcmpl" : "cmpl");
   const int64_t created = static_cast<int64_t>(std::time(nullptr));
@@ -246,7 +246,6 @@ void respond(const HttpFrontend::Context&, const OpenAiRequest& r, bool chat,
     for (int i = 0; i < r.n; ++i) {
       TextRequest t;
       t.protocol = "openai";
-      t.protocol = "openai";
       t.prompt = prompt;
       t.params = r.params;
       t.seed_index = static_cast<uint64_t>(i);
@@ -255,7 +254,7 @@ void respond(const HttpFrontend::Context&, const OpenAiRequest& r, bool chat,
   Json choices = Json::array();
   int64_t prompt_tokens = 0, completion_tokens = 0;
   for (size_t i = 0; i < gens.size(); ++i) {
-    const Completion c = collect(*gens[i]);
+    const Completion c = collect_for(req, *gens[i]);
     if (i % static_cast<size_t>(r.n) == 0) prompt_tokens += c.input_tokens;
     completion_tokens += static_cast<int64_t>(c.token_ids.size());
     Json choice{
@@ -298,11 +297,11 @@ void add_openai_routes(httplib::Server& svr, HttpFrontend::Context& ctx) {
   });
   svr.Post("/v1/completions", [&ctx](const httplib::Request& req, httplib::Response& res) {
     guarded(
-        res, [&] { respond(ctx, parse_completion(ctx, req.body), false, res); }, true);
+        res, [&] { respond(req, parse_completion(ctx, req.body), false, res); }, true);
   });
   svr.Post("/v1/chat/completions", [&ctx](const httplib::Request& req, httplib::Response& res) {
     guarded(
-        res, [&] { respond(ctx, parse_chat(ctx, req.body), true, res); }, true);
+        res, [&] { respond(req, parse_chat(ctx, req.body), true, res); }, true);
   });
 }
 

@@ -121,7 +121,8 @@ got=$(curl -s "$HTTP_URL/v2/models/bloom/generate" -d '{"text_input": "add: 456 
   python3 -c "import json,sys; print(json.load(sys.stdin).get('text_output'), end='')")
 [ "$got" = "$want" ] || fail "generate after the load: '$got', kiln run: '$want'"
 
-# --- 2. a client that hangs up mid-stream: its KV blocks freed, counted as cancelled ---
+# --- 2. a client that hangs up mid-stream (or, unstreamed, while it waits for the answer): its
+# KV blocks freed, counted as cancelled ---
 python3 - "$T" "$HTTP_URL" "$METRICS_URL" "$TMP/requests.jsonl" <<'EOF' || fail "client disconnect"
 import json, socket, sys, time, urllib.parse
 sys.path.insert(0, sys.argv[1])
@@ -131,8 +132,14 @@ url, murl, log = urllib.parse.urlparse(sys.argv[2]), sys.argv[3], sys.argv[4]
 cases = [("/v1/completions", {"model": "bloom", "prompt": "add: 456 + 95", "max_tokens": 8000,
                               "min_tokens": 8000, "stream": True}, "openai"),
          ("/v2/models/bloom/generate_stream", {"text_input": "add: 12 + 30", "max_tokens": 8000,
-                                               "min_tokens": 8000}, "generate")]
+                                               "min_tokens": 8000}, "generate"),
+         # Unstreamed: nothing is written until the end, so the server watches the socket.
+         ("/v1/completions", {"model": "bloom", "prompt": "add: 456 + 95", "max_tokens": 8000,
+                              "min_tokens": 8000}, "openai"),
+         ("/v2/models/bloom/generate", {"text_input": "add: 12 + 30", "max_tokens": 8000,
+                                        "min_tokens": 8000}, "generate")]
 for path, body, protocol in cases:
+    streamed = body.get("stream", False) or path.endswith("_stream")
     took, base = wait_idle(murl, 5)
     assert took is not None, "not idle before the disconnect test"
     logged = sum(1 for _ in open(log))
@@ -142,16 +149,20 @@ for path, body, protocol in cases:
               f"Content-Length: {len(data)}\r\n\r\n".encode() + data)
     got = b""
     deadline = time.time() + 10
-    while got.count(b"\ndata: ") < 2 and time.time() < deadline:  # two events with text
-        chunk = s.recv(65536)
-        assert chunk, f"{path}: the server closed the stream: {got[:300]!r}"
-        got += chunk
-    assert got.startswith(b"HTTP/1.1 200"), got[:300]
-    assert got.count(b"\ndata: ") >= 2, f"{path}: no events in 10 s: {got[:300]!r}"
+    if streamed:
+        while got.count(b"\ndata: ") < 2 and time.time() < deadline:  # two events with text
+            chunk = s.recv(65536)
+            assert chunk, f"{path}: the server closed the stream: {got[:300]!r}"
+            got += chunk
+        assert got.startswith(b"HTTP/1.1 200"), got[:300]
+        assert got.count(b"\ndata: ") >= 2, f"{path}: no events in 10 s: {got[:300]!r}"
+    else:
+        while scrape(murl)["kiln_kv_blocks_used{bloom}"] < 2 and time.time() < deadline:
+            time.sleep(0.05)
     page = scrape(murl)
     assert page["kiln_kv_blocks_used{bloom}"] > 0 and page["kiln_running_sequences{bloom}"] == 1, \
         f"{path}: the request holds no KV blocks while it streams"
-    s.close()  # unread data: the kernel sends RST
+    s.close()  # streamed: unread data, the kernel sends RST; unstreamed: FIN
     hung_up = time.time()
     took, page = wait_idle(murl, 3)
     cancelled = page["nv_inference_request_failure{bloom,CANCELED}"] - base["nv_inference_request_failure{bloom,CANCELED}"]
