@@ -44,8 +44,8 @@ class ThreadPool {
   const std::function<void(int64_t, int64_t)>* job_ = nullptr;
   int64_t job_n_ = 0;
   int job_chunks_ = 0;
-  uint64_t job_id_ = 0;                // the caller's count of jobs
-  std::atomic<int> next_chunk_{0};     // the next chunk to claim
+  uint64_t job_id_ = 0;             // the caller's count of jobs
+  std::atomic<int> next_chunk_{0};  // the next chunk to claim
   // The current job: its id << 33 | open << 32 | workers inside it. Workers enter only while it
   // is open; the caller closes it when every chunk is claimed and waits for those inside.
   std::atomic<uint64_t> state_{0};

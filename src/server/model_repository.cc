@@ -71,11 +71,24 @@ void check_text_tensor(const std::string& origin, const char* what, const std::s
 }  // namespace
 
 const std::vector<std::string>& request_parameter_names() {
-  static const std::vector<std::string> names{
-      "max_tokens", "max_new_tokens", "min_tokens",         "min_new_tokens", "temperature",
-      "top_k",      "top_p",          "seed",               "random_seed",    "beam_width",
-      "num_beams",  "ignore_eos",     "repetition_penalty", "length_penalty", "return_token_ids",
-      "stop",       "stop_words",     "timeout"};
+  static const std::vector<std::string> names{"max_tokens",
+                                              "max_new_tokens",
+                                              "min_tokens",
+                                              "min_new_tokens",
+                                              "temperature",
+                                              "top_k",
+                                              "top_p",
+                                              "seed",
+                                              "random_seed",
+                                              "beam_width",
+                                              "num_beams",
+                                              "ignore_eos",
+                                              "repetition_penalty",
+                                              "length_penalty",
+                                              "return_token_ids",
+                                              "stop",
+                                              "stop_words",
+                                              "timeout"};
   return names;
 }
 

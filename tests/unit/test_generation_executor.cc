@@ -12,8 +12,8 @@
 
 #include "../models/parity_util.h"
 #include "builder/builder.h"
-#include "plan/plan.h"
 #include "kiln/engine.h"
+#include "plan/plan.h"
 #include "runtime/generation_executor.h"
 
 namespace kiln::test {
@@ -40,9 +40,9 @@ class GenerationExecutorTest : public testing::TestWithParam<std::string> {
   }
   std::vector<std::vector<int64_t>> prompts() {
     std::vector<std::vector<int64_t>> out;
-    for (const char* t : {"reverse: suvogi", "add: 456 + 95", "copy: vica vica vica vica",
-                          "sort: f r t d e", "upper: lubu", "count: fo va wa", "add: 12 + 30",
-                          "reverse: abcdef"})
+    for (const char* t :
+         {"reverse: suvogi", "add: 456 + 95", "copy: vica vica vica vica", "sort: f r t d e",
+          "upper: lubu", "count: fo va wa", "add: 12 + 30", "reverse: abcdef"})
       out.push_back(prompt(t));
     return out;
   }
@@ -73,7 +73,8 @@ class GenerationExecutorTest : public testing::TestWithParam<std::string> {
   }
   static std::vector<int64_t> ids_of(const std::vector<ResponseChunk>& chunks) {
     std::vector<int64_t> out;
-    for (const ResponseChunk& c : chunks) out.insert(out.end(), c.token_ids.begin(), c.token_ids.end());
+    for (const ResponseChunk& c : chunks)
+      out.insert(out.end(), c.token_ids.begin(), c.token_ids.end());
     return out;
   }
   static std::string text_of(const std::vector<ResponseChunk>& chunks) {
@@ -280,7 +281,8 @@ TEST_P(GenerationExecutorTest, AnIdleExecutorUsesNoCpu) {
 
 INSTANTIATE_TEST_SUITE_P(Models, GenerationExecutorTest, testing::Values("t5-tiny", "bloom-tiny"),
                          [](const auto& info) {
-                           return info.param == "t5-tiny" ? std::string("T5") : std::string("Bloom");
+                           return info.param == "t5-tiny" ? std::string("T5")
+                                                          : std::string("Bloom");
                          });
 
 // --- the public Engine ------------------------------------------------------------------------
@@ -301,8 +303,8 @@ class PublicEngineTest : public testing::Test {
   }
   static std::string plan() { return *dir_ + "/t5.plan"; }
   static std::vector<std::string> prompts() {
-    return {"reverse: suvogi", "add: 456 + 95", "copy: vica vica", "sort: f r t d e",
-            "upper: lubu", "count: fo va wa"};
+    return {"reverse: suvogi", "add: 456 + 95", "copy: vica vica",
+            "sort: f r t d e", "upper: lubu",   "count: fo va wa"};
   }
   // The Scheduler's results on the same plan: the expected output.
   static std::vector<GenerationResult> reference(const std::vector<std::string>& ps,

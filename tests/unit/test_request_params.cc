@@ -31,10 +31,16 @@ TEST(RequestParams, EveryListedNameIsTakenAndNoOther) {
 }
 
 TEST(RequestParams, BadInputValuesAreRefusedNamingTheParameter) {
-  const std::pair<const char*, nlohmann::json> bad[] = {
-      {"max_tokens", 0},         {"max_tokens", "8"}, {"temperature", -1}, {"top_p", 0},
-      {"beam_width", 99},        {"stop", 5},         {"stop", nlohmann::json::array({""})},
-      {"ignore_eos", "yes"},     {"timeout", -5},     {"repetition_penalty", 0}};
+  const std::pair<const char*, nlohmann::json> bad[] = {{"max_tokens", 0},
+                                                        {"max_tokens", "8"},
+                                                        {"temperature", -1},
+                                                        {"top_p", 0},
+                                                        {"beam_width", 99},
+                                                        {"stop", 5},
+                                                        {"stop", nlohmann::json::array({""})},
+                                                        {"ignore_eos", "yes"},
+                                                        {"timeout", -5},
+                                                        {"repetition_penalty", 0}};
   for (const auto& [name, value] : bad) {
     RequestParams p;
     try {
