@@ -98,18 +98,9 @@ void parse_completion_fields(OpenAiRequest& r, const Json& j) {
   for (const auto& [key, value] : j.items()) common_field(r, key, value);
 }
 
-OpenAiRequest parse_completion(const HttpFrontend::Context& ctx, const std::string& body) {
-  check_not_draining(ctx);
-  const Json j = parse_body(body);
-  OpenAiRequest r;
-  r.model = model_of(ctx, j);
-  counting_refusals(*r.model, [&] { parse_completion_fields(r, j); });
-  return r;
-}
-
-// Chat messages to one prompt: with a prompt template, every message's text (role-prefixed when
-// there are several) goes into it; without one, the last user message is the prompt.
-// The body's fields into `r` (its model is set).
+// The body's fields into `r` (its model is set). Chat messages make one prompt: with a prompt
+// template, every message's text (role-prefixed when there are several) goes into it; without
+// one, the last user message is the prompt.
 void parse_chat_fields(OpenAiRequest& r, const Json& j) {
   KILN_BAD_REQUEST(j.contains("messages") && j["messages"].is_array() && !j["messages"].empty(),
                    "\"messages\" must be a non-empty list");
@@ -157,12 +148,15 @@ void parse_chat_fields(OpenAiRequest& r, const Json& j) {
   for (const auto& [key, value] : j.items()) common_field(r, key, value);
 }
 
-OpenAiRequest parse_chat(const HttpFrontend::Context& ctx, const std::string& body) {
+// A completion or chat request: the model routed first, then the fields (`fields`), whose
+// refusals count against that model.
+OpenAiRequest parse_request(const HttpFrontend::Context& ctx, const std::string& body,
+                            void (*fields)(OpenAiRequest&, const Json&)) {
   check_not_draining(ctx);
   const Json j = parse_body(body);
   OpenAiRequest r;
   r.model = model_of(ctx, j);
-  counting_refusals(*r.model, [&] { parse_chat_fields(r, j); });
+  counting_refusals(*r.model, [&] { fields(r, j); });
   return r;
 }
 
@@ -297,11 +291,14 @@ void add_openai_routes(httplib::Server& svr, HttpFrontend::Context& ctx) {
   });
   svr.Post("/v1/completions", [&ctx](const httplib::Request& req, httplib::Response& res) {
     guarded(
-        res, [&] { respond(req, parse_completion(ctx, req.body), false, res); }, true);
+        res,
+        [&] { respond(req, parse_request(ctx, req.body, parse_completion_fields), false, res); },
+        true);
   });
   svr.Post("/v1/chat/completions", [&ctx](const httplib::Request& req, httplib::Response& res) {
     guarded(
-        res, [&] { respond(req, parse_chat(ctx, req.body), true, res); }, true);
+        res, [&] { respond(req, parse_request(ctx, req.body, parse_chat_fields), true, res); },
+        true);
   });
 }
 
