@@ -7,8 +7,10 @@
 # Run from the folder scripts/device/pack.sh filled. Usage: h200.sh [DURATION_S]
 set -u
 HERE=$(cd "$(dirname "$0")" && pwd)
-OUT=${OUT:-/tmp/out}
+FINAL=${OUT:-/tmp/out}
 DUR=${1:-20}
+# The device tool brings back at most 8 files: the raw logs and JSON go into one archive.
+OUT=$(mktemp -d)
 source "$HERE/bundle_env.sh"
 LOG="$OUT/serve.log"
 mkdir -p /tmp/synth /tmp/plans
@@ -52,8 +54,12 @@ serve_model() {  # preset synth-dtype precision
   kill -TERM "$pid"
   wait "$pid"
   echo "serve $preset exit $?" | tee -a "$LOG"
+  tail -5 "$OUT/serve-$preset.err" | tee -a "$LOG"
 }
 
 serve_model bloom-560m fp16 fp16
 serve_model flan-t5-large fp32 bf16
 [ -x "$(command -v python3)" ] && python3 "$HERE/summarize_serve.py" "$OUT" | tee "$OUT/summary.md"
+mkdir -p "$FINAL"
+cp "$OUT/summary.md" "$FINAL/" 2>/dev/null
+tar -C "$OUT" -czf "$FINAL/serve-raw.tar.gz" .

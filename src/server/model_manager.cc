@@ -344,6 +344,7 @@ std::vector<IndexEntry> ModelManager::index(bool ready_only) const {
 }
 
 bool ModelManager::all_ready() const {
+  if (!started_) return false;
   std::lock_guard<std::mutex> lock(mutex_);
   if (options_.explicit_control) return true;
   for (const auto& [name, e] : models_)

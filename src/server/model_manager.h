@@ -104,8 +104,11 @@ class ModelManager {
   std::shared_ptr<LoadedModel> get(const std::string& name, const std::string& version = "") const;
   std::vector<std::shared_ptr<LoadedModel>> ready_models() const;
   std::vector<IndexEntry> index(bool ready_only = false) const;
-  // Whether every model that should be loaded is (Triton's server readiness).
+  // Whether every model that should be loaded is (Triton's server readiness): false until
+  // startup_done() (the HTTP port listens while the first models load).
   bool all_ready() const;
+  // The models given at start (repository, --load-model, --plan) have been loaded or failed.
+  void startup_done() { started_ = true; }
   bool explicit_control() const { return options_.explicit_control; }
   // Drains every model (SIGTERM): returns whether all in-flight requests finished in time.
   bool drain(Clock::time_point until);
@@ -122,6 +125,7 @@ class ModelManager {
   ManagerOptions options_;
   const Logger& log_;
   RequestObserver observer_;
+  std::atomic<bool> started_{false};
   mutable std::mutex mutex_;
   struct Entry {
     std::map<int64_t, std::shared_ptr<LoadedModel>> versions;  // loaded

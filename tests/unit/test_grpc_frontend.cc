@@ -46,6 +46,7 @@ class GrpcFrontendTest : public ::testing::Test {
     options.log_level = LogLevel::kError;
     manager_ = new ModelManager(options, log_);
     manager_->load(kModel);
+    manager_->startup_done();
   }
   static void TearDownTestSuite() {
     delete manager_;
@@ -122,6 +123,28 @@ TEST_F(GrpcFrontendTest, ApiKeyIsNeededExceptForHealth) {
   ServerMetadataResponse meta;
   ASSERT_TRUE(client->ServerMetadata(&ctx, {}, &meta).ok());
   EXPECT_EQ(meta.name(), "kiln");
+}
+
+// The ports listen while the models given at start load: the server is live at once and ready
+// only once those loads are over (kiln serve calls startup_done after them).
+TEST_F(GrpcFrontendTest, ReadyOnlyAfterTheStartupLoads) {
+  ModelManager loading(ManagerOptions{}, log_);
+  GrpcFrontend f(loading, GrpcOptions{"127.0.0.1", 0, "", 1 << 20}, log_);
+  f.start();
+  auto client = stub(f);
+  auto ready = [&] {
+    grpc::ClientContext ctx;
+    ServerReadyResponse r;
+    EXPECT_TRUE(client->ServerReady(&ctx, {}, &r).ok());
+    return r.ready();
+  };
+  grpc::ClientContext ctx;
+  ServerLiveResponse live;
+  ASSERT_TRUE(client->ServerLive(&ctx, {}, &live).ok());
+  EXPECT_TRUE(live.live());
+  EXPECT_FALSE(ready());
+  loading.startup_done();
+  EXPECT_TRUE(ready());
 }
 
 // Triton's rule: raw_input_contents in, raw_output_contents out; contents in, contents out. The

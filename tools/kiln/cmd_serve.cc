@@ -1,6 +1,11 @@
 // kiln serve: a Triton-compatible server (model repository, KServe v2 HTTP and gRPC, OpenAI API,
 // Prometheus metrics) around the runtime's executors.
+#include <fcntl.h>
 #include <signal.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 
 #include <filesystem>
 #include <fstream>
@@ -33,6 +38,35 @@ struct ServeOptions {
   int max_batch = 0, instances = 1;
   int64_t max_queue = -1, kv_budget_blocks = 0, default_max_tokens = 0;
 };
+
+int g_stop_pipe[2] = {-1, -1};
+
+extern "C" void on_stop_signal(int sig) {
+  const unsigned char b = static_cast<unsigned char>(sig);
+  [[maybe_unused]] ssize_t n = write(g_stop_pipe[1], &b, 1);  // async-signal-safe
+}
+
+void install_stop_handler() {
+  KILN_CHECK(pipe2(g_stop_pipe, O_CLOEXEC | O_NONBLOCK) == 0, "cannot create a pipe: {}",
+             std::strerror(errno));
+  fcntl(g_stop_pipe[0], F_SETFL, fcntl(g_stop_pipe[0], F_GETFL) & ~O_NONBLOCK);
+  struct sigaction sa {};
+  sa.sa_handler = on_stop_signal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART;
+  sigaction(SIGTERM, &sa, nullptr);
+  sigaction(SIGINT, &sa, nullptr);
+  signal(SIGPIPE, SIG_IGN);  // a client gone mid-write is an error return, not a signal
+}
+
+// Blocks until SIGTERM or SIGINT; returns which.
+int wait_for_stop_signal() {
+  unsigned char b = 0;
+  while (read(g_stop_pipe[0], &b, 1) != 1) {
+    if (errno != EINTR) return SIGTERM;
+  }
+  return b;
+}
 
 std::string read_api_key(const std::string& path) {
   std::ifstream in(path);
@@ -121,16 +155,13 @@ Runner add_serve(CLI::App& app) {
     if (!o->plan.empty()) check_plan_file(o->plan, "--plan");
     if (!o->prompt_template.empty()) check_prompt_template(o->prompt_template);
     const std::string api_key = o->api_key_file.empty() ? "" : read_api_key(o->api_key_file);
+    // SIGTERM/SIGINT go through a handler into a pipe that this thread reads below: a handler,
+    // not a blocked mask and sigwait, because threads that a library starts with its own mask
+    // (the CUDA driver's) would otherwise take the signal's default action and kill the server
+    // mid-load without draining.
+    install_stop_handler();
     auto ctx = make_context(g);
     const Logger& log = ctx->log();
-    // Signals are taken by this thread alone (sigwait below): every thread started from here on
-    // inherits the mask.
-    sigset_t signals;
-    sigemptyset(&signals);
-    sigaddset(&signals, SIGINT);
-    sigaddset(&signals, SIGTERM);
-    pthread_sigmask(SIG_BLOCK, &signals, nullptr);
-    signal(SIGPIPE, SIG_IGN);  // a client gone mid-write is an error return, not a signal
 
     server::ManagerOptions mo;
     mo.repository = o->repository;
@@ -200,13 +231,13 @@ Runner add_serve(CLI::App& app) {
     } else {
       models.load_all();
     }
+    models.startup_done();
     size_t ready = models.ready_models().size();
     out("kiln serve: {} model version(s) ready{}\n", ready,
         models.all_ready() ? "" : " (some failed: see the log and /v2/repository/index)");
     std::fflush(stdout);
 
-    int sig = 0;
-    sigwait(&signals, &sig);
+    const int sig = wait_for_stop_signal();
     log.warn("{}: draining (up to {:.0f} s for {} requests in flight), then exiting",
              sig == SIGTERM ? "SIGTERM" : "SIGINT", o->drain_timeout, [&] {
                int64_t n = 0;
