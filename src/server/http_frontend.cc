@@ -135,42 +135,78 @@ bool client_gone(const httplib::Request& req) {
   return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
 }
 
-void stream_events(httplib::Response& res, std::shared_ptr<Generation> g,
-                   std::function<std::string(const ResponseChunk&)> event,
+void stream_events(httplib::Response& res, std::vector<std::shared_ptr<Generation>> gens,
+                   std::function<std::string(size_t, const ResponseChunk&)> event,
                    std::function<std::string(const ServerError&)> error_event,
                    std::function<std::string()> end) {
   res.set_header("Cache-Control", "no-cache");
   res.set_header("X-Accel-Buffering", "no");
-  auto finished = std::make_shared<bool>(false);
+  struct State {
+    std::vector<std::shared_ptr<Generation>> gens;
+    std::vector<bool> done;
+    size_t open = 0;
+    void cancel_all() {
+      for (auto& g : gens) g->cancel();
+    }
+  };
+  auto st = std::make_shared<State>();
+  st->gens = std::move(gens);
+  st->done.assign(st->gens.size(), false);
+  st->open = st->gens.size();
   res.set_chunked_content_provider(
       "text/event-stream",
-      [g, finished, event = std::move(event), error_event = std::move(error_event),
-       end = std::move(end)](size_t, httplib::DataSink& sink) -> bool {
-        std::vector<ResponseChunk> chunks;
-        const bool more = g->next(chunks, Clock::now() + std::chrono::seconds(1));
+      [st, event = std::move(event), error_event = std::move(error_event), end = std::move(end)](
+          size_t, httplib::DataSink& sink) -> bool {
         std::string out;
-        bool last = !more;
-        for (const ResponseChunk& c : chunks) {
-          if (c.finished && c.cause != EndCause::kFinished) {
-            out += error_event(chunk_error(c));
-            last = true;
-            continue;
+        bool failed = false;
+        // Several choices step in one batch, so their tokens come together: wait for the
+        // first open one (a second at most when it is alone, so that a comment line finds out
+        // whether the client is still there), then take what the others have without waiting.
+        bool waited = false;
+        for (size_t i = 0; i < st->gens.size() && !failed; ++i) {
+          if (st->done[i]) continue;
+          const auto wait =
+              st->open == 1 ? std::chrono::milliseconds(1000) : std::chrono::milliseconds(20);
+          const Clock::time_point until = waited ? Clock::now() : Clock::now() + wait;
+          waited = true;
+          std::vector<ResponseChunk> chunks;
+          const bool more = st->gens[i]->next(chunks, until);
+          bool finished = !more;
+          for (const ResponseChunk& c : chunks) {
+            if (c.finished && c.cause != EndCause::kFinished) {
+              out += error_event(chunk_error(c));
+              failed = true;
+              break;
+            }
+            out += event(i, c);
+            if (c.finished) finished = true;
           }
-          out += event(c);
-          if (c.finished) last = true;
+          if (finished && !st->done[i]) {
+            st->done[i] = true;
+            --st->open;
+          }
         }
+        const bool last = failed || st->open == 0;
+        if (failed) st->cancel_all();
         if (last) out += end();
         // Nothing new (still queued): a comment line, which finds out whether the client is
         // still there.
         if (out.empty()) out = ": waiting\n\n";
         if (!sink.write(out.data(), out.size())) return false;  // gone: ~Generation cancels
-        if (last) {
-          *finished = true;
-          sink.done();
-        }
+        if (last) sink.done();
         return true;
       },
-      [g](bool) { g->cancel(); });
+      [st](bool) { st->cancel_all(); });
+}
+
+void stream_events(httplib::Response& res, std::shared_ptr<Generation> g,
+                   std::function<std::string(const ResponseChunk&)> event,
+                   std::function<std::string(const ServerError&)> error_event,
+                   std::function<std::string()> end) {
+  stream_events(
+      res, std::vector<std::shared_ptr<Generation>>{std::move(g)},
+      [event = std::move(event)](size_t, const ResponseChunk& c) { return event(c); },
+      std::move(error_event), std::move(end));
 }
 
 HttpFrontend::HttpFrontend(ModelManager& models, HttpOptions options, const Logger& log)

@@ -10,6 +10,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "server/errors.h"
 #include "server/generation_service.h"
@@ -48,6 +49,13 @@ void check_not_draining(const HttpFrontend::Context& ctx);
 // step); while nothing is generated (queued), a comment line every second finds that out.
 void stream_events(httplib::Response& res, std::shared_ptr<Generation> g,
                    std::function<std::string(const ResponseChunk&)> event,
+                   std::function<std::string(const ServerError&)> error_event,
+                   std::function<std::string()> end);
+// Several generations on one stream (OpenAI's n and prompt lists): `event(i, chunk)` for
+// generation i, in the order the chunks come; `end()` once all have finished. An error end of
+// any of them sends `error_event`, cancels the others and ends the stream.
+void stream_events(httplib::Response& res, std::vector<std::shared_ptr<Generation>> gens,
+                   std::function<std::string(size_t, const ResponseChunk&)> event,
                    std::function<std::string(const ServerError&)> error_event,
                    std::function<std::string()> end);
 

@@ -173,69 +173,10 @@ void respond(const httplib::Request& req, const OpenAiRequest& r, bool chat,
   const std::string id = make_id(chat ? "chatcmpl" : "cmpl");
   const int64_t created = static_cast<int64_t>(std::time(nullptr));
   const std::string model = r.model->name();
-  if (r.stream) {
-    KILN_BAD_REQUEST(r.n == 1 && r.prompts.size() == 1,
-                     "stream: true works with one prompt and n 1 (kiln does not interleave "
-                     "several streamed choices yet)");
-    TextRequest t;
-    t.protocol = "openai";
-    t.prompt = r.prompts[0];
-    t.params = r.params;
-    auto g = std::make_shared<Generation>(r.model, t);
-    const char* object = chat ? "chat.completion.chunk" : "text_completion";
-    auto first = std::make_shared<bool>(true);
-    auto produced = std::make_shared<int64_t>(0);
-    const int64_t prompt_tokens = g->input_tokens();
-    const bool include_usage = r.include_usage;
-    auto chunk_json = [=](const std::string& text, const char* finish) {
-      Json choice{{"index", 0}, {"logprobs", nullptr}, {"finish_reason", nullptr}};
-      if (finish != nullptr) choice["finish_reason"] = finish;
-      if (chat) {
-        Json delta = Json::object();
-        if (*first) delta["role"] = "assistant";
-        if (!text.empty() || finish == nullptr) delta["content"] = text;
-        choice["delta"] = delta;
-      } else {
-        choice["text"] = text;
-      }
-      *first = false;
-      Json j{{"id", id},
-             {"object", object},
-             {"created", created},
-             {"model", model},
-             {"choices", Json::array({choice})}};
-      return "data: " + j.dump(-1, ' ', false, Json::error_handler_t::replace) + "\n\n";
-    };
-    stream_events(
-        res, g,
-        [=](const ResponseChunk& c) -> std::string {
-          *produced += static_cast<int64_t>(c.token_ids.size());
-          std::string out;
-          if (!c.text.empty() || (chat && *first && !c.finished))
-            out += chunk_json(c.text, nullptr);
-          if (c.finished) {
-            out += chunk_json("", openai_finish(c.finish_reason));
-            if (include_usage) {
-              Json u{{"id", id},
-                     {"object", object},
-                     {"created", created},
-                     {"model", model},
-                     {"choices", Json::array()},
-                     {"usage", usage(prompt_tokens, *produced)}};
-              out += "data: " + u.dump() + "\n\n";
-            }
-          }
-          return out;
-        },
-        [](const ServerError& e) {
-          Json err{{"error", {{"message", e.what()}, {"type", "server_error"}, {"code", nullptr}}}};
-          return "data: " + err.dump() + "\n\n";
-        },
-        [] { return std::string("data: [DONE]\n\n"); });
-    return;
-  }
-  // Every choice is enqueued before any is read, so they run in one batch.
-  std::vector<std::unique_ptr<Generation>> gens;
+  // Every choice is enqueued before any is read, so they run in one batch: choice
+  // p * n + i is prompt p's i-th sample.
+  std::vector<std::shared_ptr<Generation>> gens;
+  int64_t prompt_tokens = 0;
   for (const std::string& prompt : r.prompts)
     for (int i = 0; i < r.n; ++i) {
       TextRequest t;
@@ -243,13 +184,69 @@ void respond(const httplib::Request& req, const OpenAiRequest& r, bool chat,
       t.prompt = prompt;
       t.params = r.params;
       t.seed_index = static_cast<uint64_t>(i);
-      gens.push_back(std::make_unique<Generation>(r.model, t));
+      gens.push_back(std::make_shared<Generation>(r.model, t));
+      if (i == 0) prompt_tokens += gens.back()->input_tokens();
     }
+  if (r.stream) {
+    const char* object = chat ? "chat.completion.chunk" : "text_completion";
+    // Per choice: whether its first chunk (chat: the one with the role) is still to come.
+    auto first = std::make_shared<std::vector<bool>>(gens.size(), true);
+    auto produced = std::make_shared<int64_t>(0);
+    const bool include_usage = r.include_usage;
+    auto chunk_json = [=](size_t index, const std::string& text, const char* finish) {
+      Json choice{{"index", index}, {"logprobs", nullptr}, {"finish_reason", nullptr}};
+      if (finish != nullptr) choice["finish_reason"] = finish;
+      if (chat) {
+        Json delta = Json::object();
+        if ((*first)[index]) delta["role"] = "assistant";
+        if (!text.empty() || finish == nullptr) delta["content"] = text;
+        choice["delta"] = delta;
+      } else {
+        choice["text"] = text;
+      }
+      (*first)[index] = false;
+      Json j{{"id", id},
+             {"object", object},
+             {"created", created},
+             {"model", model},
+             {"choices", Json::array({choice})}};
+      return "data: " + j.dump(-1, ' ', false, Json::error_handler_t::replace) + "\n\n";
+    };
+    auto failed = std::make_shared<bool>(false);
+    stream_events(
+        res, std::move(gens),
+        [=](size_t i, const ResponseChunk& c) -> std::string {
+          *produced += static_cast<int64_t>(c.token_ids.size());
+          std::string out;
+          if (!c.text.empty() || (chat && (*first)[i] && !c.finished))
+            out += chunk_json(i, c.text, nullptr);
+          if (c.finished) out += chunk_json(i, "", openai_finish(c.finish_reason));
+          return out;
+        },
+        [failed](const ServerError& e) {
+          *failed = true;
+          Json err{{"error", {{"message", e.what()}, {"type", "server_error"}, {"code", nullptr}}}};
+          return "data: " + err.dump() + "\n\n";
+        },
+        [=] {
+          std::string out;
+          if (include_usage && !*failed) {
+            Json u{{"id", id},
+                   {"object", object},
+                   {"created", created},
+                   {"model", model},
+                   {"choices", Json::array()},
+                   {"usage", usage(prompt_tokens, *produced)}};
+            out += "data: " + u.dump() + "\n\n";
+          }
+          return out + "data: [DONE]\n\n";
+        });
+    return;
+  }
   Json choices = Json::array();
-  int64_t prompt_tokens = 0, completion_tokens = 0;
+  int64_t completion_tokens = 0;
   for (size_t i = 0; i < gens.size(); ++i) {
     const Completion c = collect_for(req, *gens[i]);
-    if (i % static_cast<size_t>(r.n) == 0) prompt_tokens += c.input_tokens;
     completion_tokens += static_cast<int64_t>(c.token_ids.size());
     Json choice{
         {"index", i}, {"logprobs", nullptr}, {"finish_reason", openai_finish(c.finish_reason)}};

@@ -289,6 +289,49 @@ test('streamed chat: the first delta has the role, the deltas concatenate to the
   assert.equal(finish, finishOf(want, 12));
 });
 
+// Streamed chunks of several choices, joined per choice index: {index: {text, finish, roles}}.
+async function joinChoices(stream, chat) {
+  const by = new Map();
+  let usage = null;
+  for await (const chunk of stream) {
+    if (chunk.usage) usage = chunk.usage;
+    for (const c of chunk.choices) {
+      const e = by.get(c.index) ?? { text: '', finish: null, roles: [] };
+      e.text += chat ? (c.delta.content ?? '') : c.text;
+      if (chat && c.delta.role) e.roles.push(c.delta.role);
+      if (c.finish_reason) e.finish = c.finish_reason;
+      by.set(c.index, e);
+    }
+  }
+  return { by, usage };
+}
+
+test('streamed n and prompt lists: each choice\'s chunks make the unstreamed choice', { skip }, async () => {
+  // Sampled, with a seed: choice i of a prompt samples from its own seed, streamed or not.
+  const request = { model: MODEL, prompt: [ADD, 'add: 12 + 30'], n: 2, max_tokens: 10, temperature: 0.9, seed: 7 };
+  const whole = await client.completions.create(request);
+  assert.equal(whole.choices.length, 4);
+  const { by, usage } = await joinChoices(
+    await client.completions.create({ ...request, stream: true, stream_options: { include_usage: true } }),
+    false,
+  );
+  assert.deepEqual([...by.keys()].sort(), [0, 1, 2, 3]);
+  for (const c of whole.choices) {
+    assert.equal(by.get(c.index).text, c.text, `choice ${c.index}`);
+    assert.equal(by.get(c.index).finish, c.finish_reason, `choice ${c.index}`);
+  }
+  assert.deepEqual(usage, whole.usage);
+  const chat = { model: PLAIN_MODEL, messages: [{ role: 'user', content: REVERSE }], n: 3, max_tokens: 8, temperature: 0 };
+  const wholeChat = await client.chat.completions.create(chat);
+  const streamed = await joinChoices(await client.chat.completions.create({ ...chat, stream: true }), true);
+  assert.equal(streamed.by.size, 3);
+  for (const c of wholeChat.choices) {
+    const e = streamed.by.get(c.index);
+    assert.equal(e.text, c.message.content, `chat choice ${c.index}`);
+    assert.deepEqual(e.roles, ['assistant'], 'one role delta per choice');
+  }
+});
+
 test('errors: APIError with OpenAI\'s status and message', { skip }, async () => {
   const unknown = client.completions.create({ model: 'no-such-model', prompt: 'a', max_tokens: 4 });
   await assert.rejects(unknown, (err) => {
@@ -313,7 +356,7 @@ test('errors: APIError with OpenAI\'s status and message', { skip }, async () =>
   await rejectsWith(client.completions.create({ model: MODEL, prompt: ADD, max_tokens: 0, stream: true }), 400, 'max_tokens');
   await rejectsWith(client.completions.create({ model: MODEL, prompt: ADD, temperature: -1 }), 400, 'temperature');
   await rejectsWith(client.completions.create({ model: MODEL, prompt: ADD, logprobs: 2 }), 400, 'logprobs');
-  await rejectsWith(client.completions.create({ model: MODEL, prompt: ADD, n: 2, stream: true }), 400, 'stream');
+  await rejectsWith(client.completions.create({ model: MODEL, prompt: ADD, n: 17, stream: true }), 400, 'n must be');
   await rejectsWith(client.completions.create({ model: MODEL, prompt: '' }), 400, 'empty');
   await rejectsWith(client.chat.completions.create({ model: MODEL, messages: [] }), 400, 'messages');
   await rejectsWith(
