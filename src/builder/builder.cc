@@ -1,7 +1,10 @@
 #include "builder/builder.h"
 
+#include <optional>
+
 #include "backend/backend.h"
 #include "frontend/hf/frontend.h"
+#include "io/weight_spill.h"
 #include "passes/pass.h"
 
 namespace kiln {
@@ -20,6 +23,8 @@ ModelIR build_model(const std::string& hf_dir, const BuildOptions& options, cons
       "--tf32 is for --device cuda --precision fp32 (TF32 tensor cores run fp32 "
       "GEMMs with 10-bit mantissas); got --device {} --precision {}",
       device_name(options.device), precision_name(options.precision));
+  std::optional<WeightSpill::Scope> spill;
+  if (!options.spill_dir.empty()) spill.emplace(WeightSpill::create(options.spill_dir));
   ModelIR model = import_hf_model(hf_dir, log);
   model.device = options.device;
   if (model.device == Device::kCuda) {

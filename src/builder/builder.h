@@ -33,6 +33,10 @@ struct BuildOptions {
   // runs (the AVX-512 kernels pack them when the plan is loaded). `kiln build` passes the
   // building machine's family.
   std::optional<CpuIsa> pack_for_cpu;
+  // A folder for the weights the passes make (io/weight_spill.h): they are kept in a temporary
+  // file there instead of memory, so that the build's resident memory stays near its largest
+  // tensor's (`kiln build` uses the plan's folder). Empty: in memory.
+  std::string spill_dir;
 };
 
 // Imports an HF checkpoint directory and runs the pass pipeline (what `kiln build` does before

@@ -1,5 +1,8 @@
 #include "core/tensor.h"
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
@@ -51,6 +54,23 @@ Tensor Tensor::empty(DType dtype, Shape shape) {
   t.storage_->keep_alive = std::shared_ptr<void>(p, [](void* q) { std::free(q); });
   t.owns_ = true;
   return t;
+}
+
+void release_file_pages(const void* data, size_t bytes) {
+  static const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  const auto begin = (reinterpret_cast<uintptr_t>(data) + page - 1) / page * page;
+  const auto end = (reinterpret_cast<uintptr_t>(data) + bytes) / page * page;
+  if (end > begin) madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
+}
+
+Tensor Tensor::mapped(DType dtype, Shape shape, const void* data, std::shared_ptr<void> owner) {
+  Tensor t = view(dtype, std::move(shape), data, std::move(owner));
+  t.storage_->file_backed = true;
+  return t;
+}
+
+void Tensor::release_pages() const {
+  if (file_backed() && storage_->device == Device::kCpu) release_file_pages(raw(), nbytes());
 }
 
 Tensor Tensor::view(DType dtype, Shape shape, const void* data, std::shared_ptr<void> owner,

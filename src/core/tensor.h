@@ -25,7 +25,16 @@ struct Storage {
   size_t bytes = 0;
   Device device = Device::kCpu;
   std::shared_ptr<void> keep_alive;
+  // The bytes are a read-only mapping of a file (a checkpoint, a build's spilled weights): their
+  // pages can be dropped from this process's resident memory and come back from the page cache
+  // when read again (release_pages).
+  bool file_backed = false;
 };
+
+// Drops the whole pages inside [data, data + bytes) of a read-only file mapping from resident
+// memory (madvise MADV_DONTNEED); they are read again from the file when touched. Only for
+// mappings that were never written: anonymous memory would lose its contents.
+void release_file_pages(const void* data, size_t bytes);
 
 class Tensor {
  public:
@@ -36,6 +45,8 @@ class Tensor {
   // A view over `data` (in `device` memory), kept alive by `owner`; no copy.
   static Tensor view(DType dtype, Shape shape, const void* data, std::shared_ptr<void> owner,
                      Device device = Device::kCpu);
+  // A view over a read-only file mapping (see Storage::file_backed).
+  static Tensor mapped(DType dtype, Shape shape, const void* data, std::shared_ptr<void> owner);
   template <typename T>
   static Tensor from_vector(const std::vector<T>& values, Shape shape) {
     Tensor t = empty(dtype_of<T>(), std::move(shape));
@@ -57,6 +68,11 @@ class Tensor {
   bool is_contiguous() const;
   // True when the bytes belong to this tensor's storage (false for views of a mapping).
   bool owns_memory() const { return owns_; }
+  // Whether the bytes are a read-only file mapping (Storage::file_backed).
+  bool file_backed() const { return storage_ && storage_->file_backed; }
+  // A file-backed tensor's pages leave resident memory (no-op otherwise): a build that has read
+  // a weight releases it, so that its resident memory stays that of the tensors it works on.
+  void release_pages() const;
 
   void* raw() { return static_cast<char*>(storage_->data) + offset_; }
   const void* raw() const { return static_cast<const char*>(storage_->data) + offset_; }

@@ -2,6 +2,8 @@
 
 #include <sstream>
 
+#include "io/weight_spill.h"
+
 namespace kiln {
 
 std::string sym_shape_str(const SymShape& shape) {
@@ -34,9 +36,17 @@ int Graph::add_weight(std::string value_name, Tensor data) {
   v.dtype = data.dtype();
   for (int64_t d : data.shape()) v.shape.push_back(Dim::of(d));
   v.kind = ValueKind::kWeight;
-  v.data = std::move(data);
+  WeightSpill* spill = WeightSpill::active();
+  v.data = spill != nullptr ? spill->put(std::move(data)) : std::move(data);
   values.push_back(std::move(v));
   return static_cast<int>(values.size()) - 1;
+}
+
+void Graph::set_weight_data(int id, Tensor data) {
+  Value& v = values.at(static_cast<size_t>(id));
+  v.data.release_pages();
+  WeightSpill* spill = WeightSpill::active();
+  v.data = spill != nullptr ? spill->put(std::move(data)) : std::move(data);
 }
 
 int Graph::find_value(std::string_view value_name) const {

@@ -141,6 +141,15 @@ struct Graph {
     return false;
   }
 
+  // Appends a constant weight value holding `data` (dtype and shape from the tensor); returns
+  // its id. Used by the builder and by passes that make new weights. During a build (a
+  // WeightSpill::Scope), large weights go to the spill file and the value holds a read-only
+  // mapping of them.
+  int add_weight(std::string value_name, Tensor data);
+  // Replaces weight `id`'s bytes (a pass converting, packing or quantizing it): the old bytes'
+  // file pages are released and the new ones spilled as add_weight's. The dtype and layout
+  // fields are the caller's to set.
+  void set_weight_data(int id, Tensor data);
   int find_value(std::string_view value_name) const;  // -1 when absent
   int output(std::string_view value_name) const;      // value id; throws when absent
   // Position in `inputs` / `outputs` of the named graph input / output; throws when absent. The
@@ -148,9 +157,6 @@ struct Graph {
   int input_index(std::string_view value_name) const;
   int output_index(std::string_view value_name) const;
   int64_t weight_bytes() const;
-  // Appends a constant weight value holding `data` (dtype and shape from the tensor); returns
-  // its id. Used by the builder and by passes that make new weights.
-  int add_weight(std::string value_name, Tensor data);
 };
 
 std::string_view op_name(OpKind op);

@@ -156,8 +156,8 @@ int assign_precision(Graph& graph, Precision precision, std::vector<PrecisionNot
       quantize_rows(graph.values[id].data, &q, &scales);
       bytes_after += static_cast<int64_t>(scales.nbytes());
       const int scales_id = graph.add_weight(graph.values[id].name + ".scales", std::move(scales));
+      graph.set_weight_data(static_cast<int>(id), std::move(q));
       Value& v = graph.values[id];
-      v.data = std::move(q);
       v.dtype = DType::kI8;
       for (const Use& u : uses[id]) {
         Node& n = graph.nodes[u.node];
@@ -166,8 +166,8 @@ int assign_precision(Graph& graph, Precision precision, std::vector<PrecisionNot
         n.inputs[scale_slot] = scales_id;
       }
     } else {
+      graph.set_weight_data(static_cast<int>(id), graph.values[id].data.to(to));
       Value& v = graph.values[id];
-      v.data = v.data.to(to);
       v.dtype = to;
       // An Embedding of a narrow table gathers narrow rows; widen them for the f32 graph.
       for (const Use& u : uses[id]) {

@@ -64,7 +64,9 @@ int fold_constants(Graph& graph, const Logger& log) {
         Value& out = graph.values[n.outputs[0]];
         out.kind = ValueKind::kWeight;
         out.producer = -1;
-        out.data = std::move(result);
+        graph.set_weight_data(n.outputs[0], std::move(result));
+        for (int in : n.inputs)
+          if (in >= 0) graph.values[in].data.release_pages();
         bytes += static_cast<int64_t>(out.data.nbytes());
         ++folded;
         log.debug("fold_constants: {} '{}' → constant {}", op_name(n.op), n.name, out.name);

@@ -78,7 +78,10 @@ Folded fold(const Graph& g, const Node& lin, const std::vector<float>& gamma,
       for (int64_t i = 0; i < in; ++i) sf[o * in + i] = wf[o * in + i] * gamma[i];
     f.weight = scaled.to(wv.dtype);
   }
-  if (!layer) return f;
+  if (!layer) {
+    wv.data.release_pages();
+    return f;
+  }
   // The row sums of the weight the kernel multiplies by: the stored folded weight, or w * gamma.
   const Tensor back = shared ? Tensor() : f.weight.to_f32();
   std::vector<float> sums(static_cast<size_t>(out)), bias(static_cast<size_t>(out), 0.0f);
@@ -98,6 +101,7 @@ Folded fold(const Graph& g, const Node& lin, const std::vector<float>& gamma,
   }
   f.bias = Tensor::from_vector(bias, {out}).to(has_bias ? g.values[lin.inputs[2]].dtype : wv.dtype);
   f.row_sums = Tensor::from_vector(sums, {out});
+  wv.data.release_pages();
   return f;
 }
 

@@ -133,7 +133,7 @@ int narrow_graph(Graph& graph, Precision precision, const Logger& log) {
                    "graph '{}': weight '{}' is packed ({}); assign precision "
                    "before packing",
                    graph.name, v.name, v.layout.packing);
-        v.data = v.data.to(DType::kF32);
+        graph.set_weight_data(static_cast<int>(id), v.data.to(DType::kF32));
       }
       v.dtype = DType::kF32;
       continue;
@@ -145,7 +145,7 @@ int narrow_graph(Graph& graph, Precision precision, const Logger& log) {
                    "graph '{}': weight '{}' is packed ({}); assign precision "
                    "before packing",
                    graph.name, v.name, v.layout.packing);
-        v.data = v.data.to(narrow);
+        graph.set_weight_data(static_cast<int>(id), v.data.to(narrow));
         v.dtype = narrow;
         ++weights;
         break;

@@ -43,7 +43,7 @@ int pack_weights(ModelIR& model, const Logger& log) {
       Tensor out = Tensor::empty(plain.dtype(), plain.shape());
       pack_panel16(plain.raw(), out.raw(), plain.dim(0), plain.dim(1),
                    dtype_bytes(plain.dtype(), 1));
-      v.data = std::move(out);
+      g.set_weight_data(static_cast<int>(&v - g.values.data()), std::move(out));
       v.layout = panel16_layout();
       ++packed;
       bytes += static_cast<int64_t>(v.data.nbytes());

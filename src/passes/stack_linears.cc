@@ -75,6 +75,7 @@ void stack_into_first(Graph& g, std::span<const int> lin, std::span<const int> w
   for (int64_t j = 0; j < k; ++j) {
     const Tensor& wj = g.values[w[j]].data;
     std::memcpy(dst + j * wj.nbytes(), wj.raw(), wj.nbytes());
+    wj.release_pages();
   }
   const int weight_id = g.add_weight(name + ".weight", std::move(stacked));
   Node& first = g.nodes[lin[0]];

@@ -47,13 +47,19 @@ void write_plan(const std::string& path, const ModelIR& model, const PlanBuildIn
     const Tensor& t = v.data;
     KILN_CHECK(t.is_contiguous() && t.device() == Device::kCpu,
                "plan writer: weight '{}' is not a contiguous host tensor", v.name);
-    const uint64_t h = hash64(t.raw(), t.nbytes());
+    // A build's weights are file mappings (the checkpoint, the spill file): their pages are
+    // released once read, so that writing the plan does not make the model resident.
+    const uint64_t h =
+        t.file_backed() ? hash64_releasing(t.raw(), t.nbytes()) : hash64(t.raw(), t.nbytes());
     auto [lo, hi] = by_hash.equal_range(h);
     for (auto it = lo; it != hi; ++it) {
       const Value& other = *blobs[it->second].value;
-      if (other.data.dtype() == t.dtype() && other.data.shape() == t.shape() &&
-          other.layout == v.layout && std::memcmp(other.data.raw(), t.raw(), t.nbytes()) == 0)
-        return it->second;
+      const bool same = other.data.dtype() == t.dtype() && other.data.shape() == t.shape() &&
+                        other.layout == v.layout &&
+                        std::memcmp(other.data.raw(), t.raw(), t.nbytes()) == 0;
+      other.data.release_pages();
+      t.release_pages();
+      if (same) return it->second;
     }
     const int id = static_cast<int>(blobs.size());
     blobs.push_back({&v, cursor, h});
@@ -74,8 +80,9 @@ void write_plan(const std::string& path, const ModelIR& model, const PlanBuildIn
   json sources = json::array();
   for (const std::string& f : info.source_files) {
     auto m = MappedFile::open(f);
-    sources.push_back(
-        {{"file", f}, {"bytes", m->size()}, {"hash64", hash_hex(hash64(m->data(), m->size()))}});
+    sources.push_back({{"file", f},
+                       {"bytes", m->size()},
+                       {"hash64", hash_hex(hash64_releasing(m->data(), m->size()))}});
   }
   json notes = json::array();
   for (const PrecisionNote& n : model.precision_notes)
@@ -122,6 +129,7 @@ void write_plan(const std::string& path, const ModelIR& model, const PlanBuildIn
   for (const Blob& b : blobs) {
     out.pad_to(data_start + b.offset);
     out.write(b.value->data.raw(), b.value->data.nbytes());
+    b.value->data.release_pages();
   }
   out.commit();
   log.info("wrote plan {}: {} graphs, {} weight blobs, {:.1f} MiB", path, model.graphs.size(),

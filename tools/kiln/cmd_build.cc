@@ -1,3 +1,4 @@
+#include <sys/resource.h>
 #include <sys/stat.h>
 
 #include <chrono>
@@ -185,6 +186,9 @@ Runner add_build(CLI::App& app) {
     // Weights packed for this machine's kernels (KILN_CPU_ISA=avx2 builds a plain plan that
     // runs on any x86-64-v3 CPU).
     bo.pack_for_cpu = ctx->cpu_isa();
+    // The weights the passes make wait in a temporary file beside the plan (it needs that room
+    // anyway), not in memory.
+    bo.spill_dir = std::filesystem::absolute(o->output).parent_path().string();
     ModelIR model;
     {
       Activity activity(ctx->log(), "building " + o->model);
@@ -210,7 +214,10 @@ Runner add_build(CLI::App& app) {
     }
     const double secs =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    ctx->log().info("build finished in {:.2f} s", secs);
+    rusage usage{};
+    getrusage(RUSAGE_SELF, &usage);
+    ctx->log().info("build finished in {:.2f} s, peak resident memory {:.2f} GiB", secs,
+                    static_cast<double>(usage.ru_maxrss) / (1 << 20));
     return 0;
   };
 }

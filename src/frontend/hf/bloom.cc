@@ -25,6 +25,7 @@ Tensor regroup_qkv(const Tensor& t, int64_t heads, int64_t head_dim) {
         std::memcpy(static_cast<char*>(out.raw()) + dst * row_bytes,
                     static_cast<const char*>(t.raw()) + src * row_bytes, row_bytes);
       }
+  t.release_pages();
   return out;
 }
 
