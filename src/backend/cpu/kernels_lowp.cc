@@ -104,16 +104,23 @@ void dot4_avx2(const float* x, const typename W::T* const w[4], int64_t k, float
 
 // T input rows × the four weight rows widened once (f32 scratch): the same lane chains, lane
 // sums and tail as dot4_avx2, so each output is bitwise what dot4_avx2 gives for its row alone.
+//
+// `prefetch` (the first row tile of a group): the next four narrow rows, which follow these in
+// memory, are fetched while this tile runs, so that widening them does not wait on memory.
 template <class W, int T>
 void tile_wide(const float* const* x, const float* const w[4], const typename W::T* const narrow[4],
-               int64_t k, float* y, int64_t ldy) {
+               int64_t k, bool prefetch, float* y, int64_t ldy) {
   __m256 acc[T][4];
+#pragma GCC unroll 4
   for (int t = 0; t < T; ++t)
+#pragma GCC unroll 4
     for (int r = 0; r < 4; ++r) acc[t][r] = _mm256_setzero_ps();
   int64_t i = 0;
   for (; i + 8 <= k; i += 8) {
+    if (prefetch) prefetch_next_group<W>(narrow, k, i);
     const __m256 w0 = _mm256_loadu_ps(w[0] + i), w1 = _mm256_loadu_ps(w[1] + i),
                  w2 = _mm256_loadu_ps(w[2] + i), w3 = _mm256_loadu_ps(w[3] + i);
+#pragma GCC unroll 4
     for (int t = 0; t < T; ++t) {
       const __m256 xv = _mm256_loadu_ps(x[t] + i);
       acc[t][0] = _mm256_fmadd_ps(xv, w0, acc[t][0]);
@@ -122,8 +129,10 @@ void tile_wide(const float* const* x, const float* const w[4], const typename W:
       acc[t][3] = _mm256_fmadd_ps(xv, w3, acc[t][3]);
     }
   }
+#pragma GCC unroll 4
   for (int t = 0; t < T; ++t) {
     float s[4];
+#pragma GCC unroll 4
     for (int r = 0; r < 4; ++r) s[r] = hsum8(acc[t][r]);
     finish4<W>(x[t], narrow, i, k, s);
     for (int r = 0; r < 4; ++r) y[t * ldy + r] = s[r];
@@ -235,9 +244,9 @@ void linear_narrow(const Node& node, std::span<const Tensor> in, std::span<Tenso
           if (widen_once) {
             const float* xs[2] = {xp + t * k, xp + (t + tn - 1) * k};
             if (tn == 2)
-              tile_wide<W, 2>(xs, wide, rows, k, s[0], 4);
+              tile_wide<W, 2>(xs, wide, rows, k, t == 0, s[0], 4);
             else
-              tile_wide<W, 1>(xs, wide, rows, k, s[0], 4);
+              tile_wide<W, 1>(xs, wide, rows, k, t == 0, s[0], 4);
           } else {
             dot4_avx2<W>(xp + t * k, rows, k, s[0]);
           }

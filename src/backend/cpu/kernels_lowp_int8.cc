@@ -94,8 +94,9 @@ inline int64_t hsum_epi32(__m256i v) {
 }
 
 // T rows of quantized activations q[t] (padded to a multiple of 16) × four weight rows w[f] of
-// k int8 -> exact totals[t][f]. At one row (decode, weights streaming from memory) the next four
-// rows, which follow these in memory, are prefetched as far ahead as this group has progressed.
+// k int8 -> exact totals[t][f]. `prefetch` (the first row tile of a group, whose weights stream
+// from memory): the next four rows, which follow these in memory, are prefetched as far ahead as
+// this group has progressed.
 template <int T>
 void tile_i8(const int16_t* const* q, const int8_t* const w[4], int64_t k, bool prefetch,
              int64_t totals[][4]) {
@@ -105,20 +106,27 @@ void tile_i8(const int16_t* const* q, const int8_t* const w[4], int64_t k, bool 
   while (i + 16 <= k) {
     const int64_t end = std::min(k & ~int64_t{15}, i + kFlushElements);
     __m256i acc[T][4];
+#pragma GCC unroll 4
     for (int t = 0; t < T; ++t)
+#pragma GCC unroll 4
       for (int f = 0; f < 4; ++f) acc[t][f] = _mm256_setzero_si256();
     for (; i < end; i += 16) {
       if (prefetch) _mm_prefetch(reinterpret_cast<const char*>(w[0] + 4 * k + 4 * i), _MM_HINT_T0);
       __m256i wv[4];
+#pragma GCC unroll 4
       for (int f = 0; f < 4; ++f)
         wv[f] = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w[f] + i)));
+#pragma GCC unroll 4
       for (int t = 0; t < T; ++t) {
         const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q[t] + i));
+#pragma GCC unroll 4
         for (int f = 0; f < 4; ++f)
           acc[t][f] = _mm256_add_epi32(acc[t][f], _mm256_madd_epi16(xv, wv[f]));
       }
     }
+#pragma GCC unroll 4
     for (int t = 0; t < T; ++t)
+#pragma GCC unroll 4
       for (int f = 0; f < 4; ++f) totals[t][f] += hsum_epi32(acc[t][f]);
   }
   for (; i < k; ++i)
@@ -165,9 +173,9 @@ void linear_i8_dot_avx2(const Node& node, std::span<const Tensor> in, std::span<
           const int tn = t + 1 < n ? 2 : 1;
           const int16_t* qs[2] = {q.data() + t * kp, q.data() + (t + tn - 1) * kp};
           if (tn == 2)
-            tile_i8<2>(qs, rows, k, false, totals);
+            tile_i8<2>(qs, rows, k, t == 0, totals);
           else
-            tile_i8<1>(qs, rows, k, n == 1, totals);
+            tile_i8<1>(qs, rows, k, t == 0, totals);
           for (int j = 0; j < tn; ++j) {
             float* yr = yp + (t + j) * m;
             for (int64_t f = 0; f < live; ++f) {
