@@ -5,7 +5,8 @@
 // switch strategy with the batch size), and malformed quantized nodes are refused. The AVX512-BF16
 // family rounds activations to bf16 for bf16 weights, and is checked on rounded activations; the
 // AVX512-VNNI family quantizes activations to int8 (per row, in groups of 128) for i8 weights, and
-// is checked on activations quantized the same way.
+// is checked on activations quantized the same way; the AVX2 family quantizes them to int16 (one
+// scale a row) for i8 weights below 64 rows, and is checked on rows quantized that way.
 #include <gtest/gtest.h>
 
 #include <algorithm>

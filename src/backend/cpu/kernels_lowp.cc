@@ -1,12 +1,17 @@
 // Linear and Embedding for weights stored narrower than the f32 activations: bf16, f16 and int8
-// with per-output-channel f32 scales (the plans `--precision bf16|fp16|int8-weight` build).
-// Weights are widened to f32 in registers and every product is accumulated in f32; int8 rows
-// are scaled once, after their dot product.
+// with per-output-channel f32 scales (the plans `--precision bf16|fp16|int8-weight` build), in the
+// AVX2 family (the AVX-512 Linear is kernels_packed.cc).
 //
-// Batch invariance: an output is always the same fused-multiply-add chain over its row, in index
-// order, whatever the number of input rows. Small batches (decode) widen the weights in
-// registers as they stream them; larger ones widen four weight rows once into a scratch buffer
-// and run the very same chain over it (widening is exact), so both paths give the same bits.
+// Below kGemmRows rows, bf16 and f16 weights are widened to f32 and every product is accumulated
+// in f32 (AVX2 has no bf16 or f16 products); i8 weights take integer dot products there
+// (kernels_lowp_int8.cc). From kGemmRows rows (prefill) every narrow dtype is widened and
+// multiplied by oneDNN's f32 sgemm (see kGemmRows).
+//
+// Batch invariance below kGemmRows: an output is always the same fused-multiply-add chain over
+// its row, in index order, whatever the number of input rows. Small batches (decode) widen the
+// weights in registers as they stream them; larger ones widen four weight rows once into a
+// scratch buffer and run the very same chains over it in 2-row tiles (widening is exact), so
+// both paths give the same bits.
 #include <immintrin.h>
 #include <omp.h>
 #include <oneapi/dnnl/dnnl.h>
@@ -164,7 +169,7 @@ constexpr int64_t kBlock = 16;
 // one fails with "unimplemented"), and widening costs one pass over a slice of the weights
 // against the prompt's rows of FMAs over it. kiln's own tiles at these sizes were 1.5-2.3×
 // slower than the fp32 sgemm (bloom-560m prompt of 78 tokens: bf16 569 ms, fp16 844 ms, fp32
-// 365 ms; 2026-12-05, forced AVX2 on the Zen 5 VM).
+// 365 ms; 2026-12-05, forced AVX2 on the Zen 5 VM; bf16 312-318 ms after).
 constexpr int64_t kGemmRows = 64;
 constexpr int64_t kGemmSlice = 64;
 
