@@ -12,6 +12,7 @@
 
 #include <cstdlib>
 #include <random>
+#include <string>
 
 #include "backend/cpu/kernels.h"
 #include "backend/cpu/onednn_reference.h"
@@ -88,7 +89,9 @@ void BM_kiln(benchmark::State& state) {
                                                                 : DType::kBF16;
   Problem p(n, k, m, wt);
   const Node& node = p.graph.nodes[0];
-  const bool avx512 = detect_cpu_features().avx512f;
+  // KILN_CPU_ISA=avx2 times the AVX2 family's kernels on an AVX-512 machine too.
+  const char* isa = std::getenv("KILN_CPU_ISA");
+  const bool avx512 = detect_cpu_features().avx512f && !(isa && std::string(isa) == "avx2");
   const bool dot = state.range(3) == 3, int8_dot = state.range(3) == 4;
   if (dot && !detect_cpu_features().avx512_bf16) {
     state.SkipWithError("no AVX512-BF16 here");
@@ -110,6 +113,10 @@ void BM_kiln(benchmark::State& state) {
   for (auto _ : state) {
     if (kernel)
       kernel->run(KernelArgs{inputs, out, nullptr, nullptr, &pool()});
+    else if (wt == DType::kI8)
+      cpu::linear_i8_avx2(node, inputs, out, env);
+    else if (wt == DType::kBF16)
+      cpu::linear_bf16_avx2(node, inputs, out, env);
     else
       cpu::linear_avx2(node, inputs, out, env);
     benchmark::ClobberMemory();

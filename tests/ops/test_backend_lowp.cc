@@ -5,7 +5,8 @@
 // switch strategy with the batch size), and malformed quantized nodes are refused. The AVX512-BF16
 // family rounds activations to bf16 for bf16 weights, and is checked on rounded activations; the
 // AVX512-VNNI family quantizes activations to int8 (per row, in groups of 128) for i8 weights, and
-// is checked on activations quantized the same way.
+// is checked on activations quantized the same way; the AVX2 family quantizes them to int16 (one
+// scale a row) for i8 weights below 64 rows, and is checked on rows quantized that way.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -52,6 +53,22 @@ Tensor quantize_rows_to_int8(const Tensor& x) {
         group[i] = q * scale;
       }
     }
+  return r;
+}
+
+// Each row of x [n, k] as the AVX2 int8-weight Linear sees it below its prefill's row count
+// (kernels_lowp_int8.cc): one scale a row, q = x · (32767 / max|row|) rounded to the nearest
+// integer (ties to even), times max|row| / 32767.
+Tensor quantize_rows_to_int16(const Tensor& x) {
+  Tensor r = x.clone();
+  const int64_t k = x.dim(x.rank() - 1), n = x.numel() / k;
+  for (int64_t t = 0; t < n; ++t) {
+    float* row = r.data<float>() + t * k;
+    float amax = 0.f;
+    for (int64_t i = 0; i < k; ++i) amax = std::max(amax, std::fabs(row[i]));
+    const float inv = amax > 0.f ? 32767.f / amax : 0.f, scale = amax / 32767.f;
+    for (int64_t i = 0; i < k; ++i) row[i] = std::nearbyint(row[i] * inv) * scale;
+  }
   return r;
 }
 
@@ -135,10 +152,15 @@ std::vector<LowpCase> lowp_cases() {
   // n = 1 and 3 widen the weights in registers, n >= 4 widens them once per row group; `out`
   // is neither a multiple of the 16-row blocks nor of the 4-row groups, `in` not of 8 or 16.
   const LinearShape shapes[] = {
-      {1, 64, 16, true, std::nullopt},        {3, 19, 37, false, std::nullopt},
-      {7, 19, 37, true, std::nullopt},        {7, 19, 37, false, Activation::kGeluTanh},
-      {33, 200, 70, true, Activation::kRelu}, {1, 1030, 5, false, std::nullopt},
+      {1, 64, 16, true, std::nullopt},
+      {3, 19, 37, false, std::nullopt},
+      {7, 19, 37, true, std::nullopt},
+      {7, 19, 37, false, Activation::kGeluTanh},
+      {33, 200, 70, true, Activation::kRelu},
+      {1, 1030, 5, false, std::nullopt},
       {5, 7, 3, true, std::nullopt},
+      // AVX2's prefill path (64 rows and more: weights widened for oneDNN's sgemm).
+      {70, 37, 70, true, Activation::kGeluTanh},
   };
   for (WeightKind kind : kAllWeightKinds)
     for (const LinearShape& s : shapes)
@@ -194,6 +216,12 @@ TEST_P(LowPrecisionOps, EveryCpuFamilyMatchesReference) {
   for (auto& [name, t] : quantized.steps[0].feed)
     if (name == "x") t = quantize_rows_to_int8(t);
   const ScenarioOutputs quantized_ref = run_scenario(*reference, quantized);
+  // AVX2's integer dot products (below 64 rows) quantize each row to int16.
+  const int64_t rows = scenario.steps[0].feed.begin()->second.dim(0);
+  Scenario quantized16 = scenario;
+  for (auto& [name, t] : quantized16.steps[0].feed)
+    if (name == "x") t = quantize_rows_to_int16(t);
+  const ScenarioOutputs quantized16_ref = run_scenario(*reference, quantized16);
   std::vector<NamedBackend> backends = available_backends();
   ASSERT_FALSE(backends.empty());
   for (NamedBackend& b : backends) {
@@ -209,6 +237,11 @@ TEST_P(LowPrecisionOps, EveryCpuFamilyMatchesReference) {
     const bool one_row = scenario.steps[0].feed.begin()->second.dim(0) == 1;
     if (i8_linear && b.name == kInt8DotBackend && !one_row) {
       expect_matches(run_scenario(*b.backend, scenario)[0][0], quantized_ref[0][0], check, b.name);
+      continue;
+    }
+    if (i8_linear && b.name == "cpu-avx2" && rows < 64) {
+      expect_matches(run_scenario(*b.backend, scenario)[0][0], quantized16_ref[0][0], check,
+                     b.name);
       continue;
     }
     const ScenarioOutputs got = run_scenario(*b.backend, scenario);
@@ -305,6 +338,97 @@ TEST(LowPrecisionOps, Int8DotProductsQuantizeEachActivationRow) {
     }
   }
   EXPECT_GT(checked, 50);
+}
+
+// The AVX2 int8-weight Linear below its prefill's row count (kernels_lowp_int8.cc) quantizes
+// each activation row to int16 with one scale and sums the products exactly in integers: on f32
+// activations it gives what the reference gives on the quantized rows, and each row is bitwise
+// the same alone as in any batch up to 63 rows. `in` a multiple of 16 and not, below 16, and past
+// 2048 (the int32 lanes go into 64-bit totals); a row of zeros, a row with one outlier, and a row
+// holding a NaN or an infinity (NaN outputs, its neighbours untouched).
+TEST(LowPrecisionOps, Avx2Int8DotProductsQuantizeEachRowToInt16) {
+  std::vector<NamedBackend> backends = available_backends();
+  const auto avx2 = std::find_if(backends.begin(), backends.end(),
+                                 [](const NamedBackend& b) { return b.name == "cpu-avx2"; });
+  ASSERT_NE(avx2, backends.end());
+  const std::unique_ptr<Backend> reference = reference_backend();
+  for (const LinearShape& s :
+       {LinearShape{63, 1031, 45, true, std::nullopt},
+        LinearShape{17, 4100, 21, false, Activation::kGeluTanh},
+        LinearShape{9, 32, 16, true, std::nullopt}, LinearShape{5, 3, 7, true, std::nullopt}}) {
+    Gen g(DType::kF32, DType::kF32, kSeed);
+    const Graph graph = linear_graph(g, WeightKind::kI8, s);
+    std::vector<float> x = g.floats(s.n * s.in, -2.0f, 2.0f);
+    std::fill(x.begin() + s.in, x.begin() + 2 * s.in, 0.f);  // row 1: zeros
+    for (int64_t i = 0; i < s.in; ++i) x[2 * s.in + i] *= 1e-3f;
+    x[2 * s.in + s.in / 2] = 40.f;                      // row 2: one outlier
+    x[3 * s.in + s.in - 1] = s.n > 9 ? INFINITY : NAN;  // row 3: not finite
+    auto run = [&](Backend& b, int64_t first, int64_t n, bool quantize) {
+      Tensor xt = Tensor::from_vector(
+          std::vector<float>(x.begin() + first * s.in, x.begin() + (first + n) * s.in), {n, s.in});
+      if (quantize) xt = quantize_rows_to_int16(xt);
+      return run_scenario(b, one_step(graph, {{"x", xt}}))[0][0];
+    };
+    const Tensor all = run(*avx2->backend, 0, s.n, false);
+    for (int64_t o = 0; o < s.out; ++o)
+      ASSERT_TRUE(std::isnan(all.data<float>()[3 * s.out + o])) << "in=" << s.in << " o=" << o;
+    // Rows 0-2 and 4.. against the reference on the quantized rows, within f32 summation.
+    for (int64_t first : {int64_t{0}, int64_t{4}}) {
+      const int64_t n = first == 0 ? 3 : s.n - 4;
+      const Tensor want = run(*reference, first, n, true);
+      const Tensor got =
+          Tensor::from_vector(std::vector<float>(all.data<float>() + first * s.out,
+                                                 all.data<float>() + (first + n) * s.out),
+                              {n, s.out});
+      expect_matches(got, want, Check{CheckKind::kMaxRelative, 1e-5},
+                     fmt::format("in={} rows {}..{}", s.in, first, first + n));
+    }
+    // Each row alone, and in every batch that starts with it, gives the bits of the full batch.
+    for (int64_t r = 0; r < s.n; ++r)
+      for (int64_t n : {int64_t{1}, int64_t{2}, s.n - r}) {
+        if (r + n > s.n) continue;
+        const Tensor part = run(*avx2->backend, r, n, false);
+        EXPECT_EQ(
+            std::memcmp(part.data<float>(), all.data<float>() + r * s.out, s.out * sizeof(float)),
+            0)
+            << "in=" << s.in << " row " << r << " in a call of " << n;
+      }
+  }
+}
+
+// Full-scale sums: every weight ±127 and every activation the row's maximum (q = ±32767), so
+// each output is exactly ±in · 127 · scale; at in = 4100 the sum (1.7e10) is far past int32.
+TEST(LowPrecisionOps, Avx2Int8DotProductsSumFullScaleRowsExactly) {
+  std::vector<NamedBackend> backends = available_backends();
+  const auto avx2 = std::find_if(backends.begin(), backends.end(),
+                                 [](const NamedBackend& b) { return b.name == "cpu-avx2"; });
+  ASSERT_NE(avx2, backends.end());
+  const int64_t in = 4100, out = 6;
+  std::vector<int8_t> q(static_cast<size_t>(in * out));
+  for (int64_t o = 0; o < out; ++o)
+    std::fill(q.begin() + o * in, q.begin() + (o + 1) * in,
+              static_cast<int8_t>(o % 2 ? -127 : 127));
+  const std::vector<float> scales = {0.5f, 0.25f, 1.f, 2.f, 0.125f, 1.f};
+  GraphBuilder b("full_scale");
+  const int x = b.input("x", DType::kF32, {kTokens, Dim::of(in)});
+  const int w = b.weight("w", Tensor::from_vector(q, {out, in}));
+  b.output(b.linear_quantized(x, w, -1, b.weight("s", Tensor::from_vector(scales, {out})), "fc"),
+           "y");
+  const Graph graph = b.finish();
+  for (float v : {3.f, -1.5f}) {
+    const Tensor xt = Tensor::from_vector(std::vector<float>(2 * in, v), {2, in});
+    const Tensor y = run_scenario(*avx2->backend, one_step(graph, {{"x", xt}}))[0][0];
+    for (int64_t t = 0; t < 2; ++t)
+      for (int64_t o = 0; o < out; ++o) {
+        // f32(in · 127 · 32767) · (|v| / 32767) · scale, each step rounded as the kernel does.
+        const float total = static_cast<float>(int64_t{in} * 127 * 32767) * (o % 2 ? -1.f : 1.f) *
+                            (v < 0 ? -1.f : 1.f);
+        const float want = total * (std::fabs(v) / 32767.f) * scales[o];
+        EXPECT_EQ(y.data<float>()[t * out + o], want) << "v=" << v << " row " << t << " o=" << o;
+        EXPECT_NEAR(y.data<float>()[t * out + o], in * 127.0 * v * scales[o] * (o % 2 ? -1 : 1),
+                    1e-5 * in * 127.0 * std::fabs(v) * scales[o]);
+      }
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(BackendOps, LowPrecisionOps, testing::ValuesIn(lowp_cases()),

@@ -34,6 +34,9 @@ void linear_avx2(const Node&, std::span<const Tensor>, std::span<Tensor>, const 
 void linear_bf16_avx2(const Node&, std::span<const Tensor>, std::span<Tensor>, const KernelEnv&);
 void linear_f16_avx2(const Node&, std::span<const Tensor>, std::span<Tensor>, const KernelEnv&);
 void linear_i8_avx2(const Node&, std::span<const Tensor>, std::span<Tensor>, const KernelEnv&);
+// The same for i8 weights below the prefill's row count, in AVX2 integer dot products
+// (kernels_lowp_int8.cc): each activation row quantized to int16 once, exact integer sums.
+void linear_i8_dot_avx2(const Node&, std::span<const Tensor>, std::span<Tensor>, const KernelEnv&);
 void embedding_narrow(const Node&, std::span<const Tensor>, std::span<Tensor>, const KernelEnv&);
 void gather_rows(const Node&, std::span<const Tensor>, std::span<Tensor>, const KernelEnv&);
 void add(const Node&, std::span<const Tensor>, std::span<Tensor>, const KernelEnv&);

@@ -1,13 +1,20 @@
 // Linear and Embedding for weights stored narrower than the f32 activations: bf16, f16 and int8
-// with per-output-channel f32 scales (the plans `--precision bf16|fp16|int8-weight` build).
-// Weights are widened to f32 in registers and every product is accumulated in f32; int8 rows
-// are scaled once, after their dot product.
+// with per-output-channel f32 scales (the plans `--precision bf16|fp16|int8-weight` build), in the
+// AVX2 family (the AVX-512 Linear is kernels_packed.cc).
 //
-// Batch invariance: an output is always the same fused-multiply-add chain over its row, in index
-// order, whatever the number of input rows. Small batches (decode) widen the weights in
-// registers as they stream them; larger ones widen four weight rows once into a scratch buffer
-// and run the very same chain over it (widening is exact), so both paths give the same bits.
+// Below kGemmRows rows, bf16 and f16 weights are widened to f32 and every product is accumulated
+// in f32 (AVX2 has no bf16 or f16 products); i8 weights take integer dot products there
+// (kernels_lowp_int8.cc). From kGemmRows rows (prefill) every narrow dtype is widened and
+// multiplied by oneDNN's f32 sgemm (see kGemmRows).
+//
+// Batch invariance below kGemmRows: an output is always the same fused-multiply-add chain over
+// its row, in index order, whatever the number of input rows. Small batches (decode) widen the
+// weights in registers as they stream them; larger ones widen four weight rows once into a
+// scratch buffer and run the very same chains over it in 2-row tiles (widening is exact), so
+// both paths give the same bits.
 #include <immintrin.h>
+#include <omp.h>
+#include <oneapi/dnnl/dnnl.h>
 
 #include <algorithm>
 #include <cmath>
@@ -17,7 +24,6 @@
 #include <vector>
 
 #include "backend/cpu/kernels.h"
-#include "backend/cpu/onednn_bf16.h"
 #include "backend/cpu/vector_math.h"
 #include "core/half.h"
 #include "graph/packing.h"
@@ -101,48 +107,106 @@ void dot4_avx2(const float* x, const typename W::T* const w[4], int64_t k, float
   finish4<W>(x, w, i, k, out);
 }
 
+// T input rows × the four weight rows widened once (f32 scratch): the same lane chains, lane
+// sums and tail as dot4_avx2, so each output is bitwise what dot4_avx2 gives for its row alone.
+//
+// `prefetch` (the first row tile of a group): the next four narrow rows, which follow these in
+// memory, are fetched while this tile runs, so that widening them does not wait on memory.
+template <class W, int T>
+void tile_wide(const float* const* x, const float* const w[4], const typename W::T* const narrow[4],
+               int64_t k, bool prefetch, float* y, int64_t ldy) {
+  __m256 acc[T][4];
+#pragma GCC unroll 4
+  for (int t = 0; t < T; ++t)
+#pragma GCC unroll 4
+    for (int r = 0; r < 4; ++r) acc[t][r] = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 8 <= k; i += 8) {
+    if (prefetch) prefetch_next_group<W>(narrow, k, i);
+    const __m256 w0 = _mm256_loadu_ps(w[0] + i), w1 = _mm256_loadu_ps(w[1] + i),
+                 w2 = _mm256_loadu_ps(w[2] + i), w3 = _mm256_loadu_ps(w[3] + i);
+#pragma GCC unroll 4
+    for (int t = 0; t < T; ++t) {
+      const __m256 xv = _mm256_loadu_ps(x[t] + i);
+      acc[t][0] = _mm256_fmadd_ps(xv, w0, acc[t][0]);
+      acc[t][1] = _mm256_fmadd_ps(xv, w1, acc[t][1]);
+      acc[t][2] = _mm256_fmadd_ps(xv, w2, acc[t][2]);
+      acc[t][3] = _mm256_fmadd_ps(xv, w3, acc[t][3]);
+    }
+  }
+#pragma GCC unroll 4
+  for (int t = 0; t < T; ++t) {
+    float s[4];
+#pragma GCC unroll 4
+    for (int r = 0; r < 4; ++r) s[r] = hsum8(acc[t][r]);
+    finish4<W>(x[t], narrow, i, k, s);
+    for (int r = 0; r < 4; ++r) y[t * ldy + r] = s[r];
+  }
+}
+
+// rows [4][k] of W widened to f32 into dst [4][k] (exact).
+template <class W>
+void widen4(const typename W::T* const rows[4], int64_t k, float* dst) {
+  for (int r = 0; r < 4; ++r) {
+    float* d = dst + r * k;
+    int64_t i = 0;
+    for (; i + 8 <= k; i += 8) _mm256_storeu_ps(d + i, W::load8(rows[r] + i));
+    for (; i < k; ++i) d[i] = W::one(rows[r][i]);
+  }
+}
+
 // From this many input rows on, four weight rows are widened once into scratch and reused by
-// every row (the products are the same; only the widening work is shared).
+// every row (the products are the same; only the widening work is shared), two rows a tile.
 constexpr int64_t kWidenOnceRows = 4;
 // Output features per parallel work item.
 constexpr int64_t kBlock = 16;
 
-// From this many input rows (prefill), bf16 plans multiply through oneDNN's bf16 matmul: the
-// activations are rounded to bf16 (as bf16 inference does; accumulation stays f32), and a row's
-// result may then differ in the last bits with the rows around it, as in the fp32 sgemm path.
-constexpr int64_t kBf16GemmRows = 64;
+// From this many input rows (prefill) narrow weights are widened to f32, 64 output features at a
+// time, and multiplied by oneDNN's f32 sgemm, as the fp32 Linear does from the same row count
+// (kernels_dense.cc): a row's result may then differ in the last bits with the rows around it.
+// This is the one prefill path of the AVX2 family for every narrow dtype, chosen deliberately:
+// AVX2 has no bf16 or f16 products, oneDNN (2.x) has no bf16 matmul without AVX-512 (creating
+// one fails with "unimplemented"), and widening costs one pass over a slice of the weights
+// against the prompt's rows of FMAs over it. kiln's own tiles at these sizes were 1.5-2.3×
+// slower than the fp32 sgemm (bloom-560m prompt of 78 tokens: bf16 569 ms, fp16 844 ms, fp32
+// 365 ms; 2026-12-05, forced AVX2 on the Zen 5 VM; bf16 312-318 ms after).
+constexpr int64_t kGemmRows = 64;
+constexpr int64_t kGemmSlice = 64;
 
-// x [n, k] f32, w [m, k] bf16 -> y [n, m]: x rounded to bf16 once, then one single-threaded
-// oneDNN matmul per pool thread on its slice of the output features, then bias and activation.
-void linear_bf16_gemm(const float* xp, int64_t n, int64_t k, const uint16_t* wp, int64_t m,
-                      const float* bias, std::optional<Activation> act, float* yp,
-                      const KernelEnv& env) {
-  std::vector<uint16_t> xb(static_cast<size_t>(n * k));
-  env.pool.parallel_for(n, 8, [&](int64_t r0, int64_t r1) {
-    for (int64_t i = r0 * k; i < r1 * k; ++i) xb[i] = float_to_bf16(xp[i]);
-  });
-  constexpr int64_t kAlign = 64;
-  env.pool.parallel_for((m + kAlign - 1) / kAlign, 1, [&](int64_t c0, int64_t c1) {
-    const int64_t o0 = c0 * kAlign, o1 = std::min(m, c1 * kAlign);
-    onednn_matmul_bf16(xb.data(), n, k, wp + o0 * k, o1 - o0, yp + o0, m);
-    for (int64_t t = 0; t < n; ++t) {
-      float* yr = yp + t * m;
-      if (bias)
-        for (int64_t o = o0; o < o1; ++o) yr[o] += bias[o];
-      if (act) apply_activation(*act, yr + o0, yr + o0, o1 - o0);
+// x [n, k] f32, w [m, k] of W -> y [n, m] (× scales, + bias, activation).
+template <class W>
+void linear_widened_gemm(const float* xp, int64_t n, int64_t k, const typename W::T* wp, int64_t m,
+                         const float* scales, const float* bias, std::optional<Activation> act,
+                         float* yp, const KernelEnv& env, const Node& node) {
+  env.pool.parallel_for((m + kGemmSlice - 1) / kGemmSlice, 1, [&](int64_t c0, int64_t c1) {
+    std::vector<float> wide(static_cast<size_t>(std::min(m, kGemmSlice) * k));
+    omp_set_num_threads(1);
+    for (int64_t c = c0; c < c1; ++c) {
+      const int64_t o0 = c * kGemmSlice, o1 = std::min(m, o0 + kGemmSlice);
+      const typename W::T* src = wp + o0 * k;
+      const int64_t count = (o1 - o0) * k;
+      int64_t i = 0;
+      for (; i + 8 <= count; i += 8) _mm256_storeu_ps(wide.data() + i, W::load8(src + i));
+      for (; i < count; ++i) wide[i] = W::one(src[i]);
+      const dnnl_status_t st =
+          dnnl_sgemm('N', 'T', n, o1 - o0, k, 1.f, xp, k, wide.data(), k, 0.f, yp + o0, m);
+      KILN_CHECK(st == dnnl_success, "node '{}': oneDNN sgemm failed (status {})", node.name,
+                 static_cast<int>(st));
+      for (int64_t t = 0; t < n; ++t) {
+        float* yr = yp + t * m;
+        if (scales)
+          for (int64_t o = o0; o < o1; ++o) yr[o] *= scales[o];
+        if (bias)
+          for (int64_t o = o0; o < o1; ++o) yr[o] += bias[o];
+        if (act) apply_activation(*act, yr + o0, yr + o0, o1 - o0);
+      }
     }
   });
 }
 
-template <class W>
-struct Dot4 {
-  void (*narrow)(const float*, const typename W::T* const*, int64_t, float*);
-  void (*wide)(const float*, const float* const*, int64_t, float*);
-};
-
 // x [n, k], w [m, k] of W, bias [m] (optional), scales [m] (i8) -> [n, m] (+ fused activation)
 template <class W>
-void linear_narrow(Dot4<W> dot, const Node& node, std::span<const Tensor> in, std::span<Tensor> out,
+void linear_narrow(const Node& node, std::span<const Tensor> in, std::span<Tensor> out,
                    const KernelEnv& env) {
   using T = typename W::T;
   const Tensor& x = in[0];
@@ -159,11 +223,9 @@ void linear_narrow(Dot4<W> dot, const Node& node, std::span<const Tensor> in, st
   const T* wp = static_cast<const T*>(w.raw());
   float* yp = out[0].data<float>();
   const std::optional<Activation> act = node.attr<LinearAttrs>().activation;
-  if constexpr (std::is_same_v<W, Bf16Weights>) {
-    if (n >= kBf16GemmRows && !onednn_bf16_matmul_impl().empty()) {
-      linear_bf16_gemm(xp, n, k, wp, m, bias, act, yp, env);
-      return;
-    }
+  if (n >= kGemmRows) {
+    linear_widened_gemm<W>(xp, n, k, wp, m, scales, bias, act, yp, env, node);
+    return;
   }
   const bool widen_once = n >= kWidenOnceRows;
   const int64_t blocks = (m + kBlock - 1) / kBlock;
@@ -176,27 +238,33 @@ void linear_narrow(Dot4<W> dot, const Node& node, std::span<const Tensor> in, st
         const T* rows[4];
         for (int r = 0; r < 4; ++r) rows[r] = wp + std::min(o + r, o1 - 1) * k;
         const int64_t live = std::min<int64_t>(4, o1 - o);
-        const float* wide[4];
+        const float* wide[4] = {};
         if (widen_once) {
-          for (int r = 0; r < 4; ++r) {
-            float* dst = scratch.data() + r * k;
-            for (int64_t i = 0; i < k; ++i) dst[i] = W::one(rows[r][i]);
-            wide[r] = dst;
-          }
+          widen4<W>(rows, k, scratch.data());
+          for (int r = 0; r < 4; ++r) wide[r] = scratch.data() + r * k;
         }
-        for (int64_t t = 0; t < n; ++t) {
-          float s[4];
-          if (widen_once)
-            dot.wide(xp + t * k, wide, k, s);
-          else
-            dot.narrow(xp + t * k, rows, k, s);
-          float* yr = yp + t * m;
-          for (int64_t r = 0; r < live; ++r) {
-            float v = s[r];
-            if (scales) v *= scales[o + r];
-            if (bias) v += bias[o + r];
-            yr[o + r] = v;
+        float s[2][4];
+        for (int64_t t = 0; t < n;) {
+          const int tn = widen_once && t + 1 < n ? 2 : 1;
+          if (widen_once) {
+            const float* xs[2] = {xp + t * k, xp + (t + tn - 1) * k};
+            if (tn == 2)
+              tile_wide<W, 2>(xs, wide, rows, k, t == 0, s[0], 4);
+            else
+              tile_wide<W, 1>(xs, wide, rows, k, t == 0, s[0], 4);
+          } else {
+            dot4_avx2<W>(xp + t * k, rows, k, s[0]);
           }
+          for (int j = 0; j < tn; ++j) {
+            float* yr = yp + (t + j) * m;
+            for (int64_t r = 0; r < live; ++r) {
+              float v = s[j][r];
+              if (scales) v *= scales[o + r];
+              if (bias) v += bias[o + r];
+              yr[o + r] = v;
+            }
+          }
+          t += tn;
         }
       }
       if (act)
@@ -204,11 +272,6 @@ void linear_narrow(Dot4<W> dot, const Node& node, std::span<const Tensor> in, st
           apply_activation(*act, yp + t * m + o0, yp + t * m + o0, o1 - o0);
     }
   });
-}
-
-template <class W>
-constexpr Dot4<W> avx2_dots() {
-  return {dot4_avx2<W>, dot4_avx2<F32Weights>};
 }
 
 // y[i] = x[i * stride], i < n: a row of a panel-packed table, element by element as words (a
@@ -221,15 +284,21 @@ void copy_strided(const uint16_t* x, int64_t stride, uint16_t* y, int64_t n) {
 
 void linear_bf16_avx2(const Node& node, std::span<const Tensor> in, std::span<Tensor> out,
                       const KernelEnv& env) {
-  linear_narrow<Bf16Weights>(avx2_dots<Bf16Weights>(), node, in, out, env);
+  linear_narrow<Bf16Weights>(node, in, out, env);
 }
 void linear_f16_avx2(const Node& node, std::span<const Tensor> in, std::span<Tensor> out,
                      const KernelEnv& env) {
-  linear_narrow<F16Weights>(avx2_dots<F16Weights>(), node, in, out, env);
+  linear_narrow<F16Weights>(node, in, out, env);
 }
 void linear_i8_avx2(const Node& node, std::span<const Tensor> in, std::span<Tensor> out,
                     const KernelEnv& env) {
-  linear_narrow<I8Weights>(avx2_dots<I8Weights>(), node, in, out, env);
+  // Below the prefill's row count: integer dot products (kernels_lowp_int8.cc).
+  const int64_t k = in[1].dim(1);
+  if (in[0].numel() / k < kGemmRows) {
+    linear_i8_dot_avx2(node, in, out, env);
+    return;
+  }
+  linear_narrow<I8Weights>(node, in, out, env);
 }
 
 // table [vocab, d] of bf16 / f16, ids [n] -> [n, d] of the table's dtype (rows copied; the
