@@ -23,6 +23,7 @@ const std::vector<SynthPreset>& synth_presets() {
       {"bloom-560m", "bloom", 1024, 4096, 0, 16, 24, 0, 250880, false, true},
       {"bloom-1b1", "bloom", 1536, 6144, 0, 16, 24, 0, 250880, false, true},
       {"bloom-3b", "bloom", 2560, 10240, 0, 32, 30, 0, 250880, false, true},
+      {"bloom-7b1", "bloom", 4096, 16384, 0, 32, 30, 0, 250880, false, true},
   };
   return presets;
 }
