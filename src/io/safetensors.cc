@@ -155,7 +155,7 @@ Tensor parse_entry(const std::string& path, const std::string& name, const json&
     if (expected_bytes > 0) std::memcpy(copy.raw(), ptr, expected_bytes);
     return copy;
   }
-  return Tensor::view(dtype, std::move(shape), ptr, owner);
+  return Tensor::mapped(dtype, std::move(shape), ptr, owner);
 }
 
 void check_no_overlap(const std::string& path, std::vector<ByteRange> ranges) {
