@@ -50,7 +50,7 @@ def mask(line):
     # Values that differ from build to build.
     line = re.sub(r'("created_unix": )\d+', r"\1N", line)
     line = re.sub(r'("git_revision": )"[^"]*"', r"\1R", line)
-    return re.sub(r"finished in [\d.]+ s", "finished in T s", line)
+    return re.sub(r"memory [\d.]+ GiB", "memory M GiB", re.sub(r"finished in [\d.]+ s", "finished in T s", line))
 
 
 def log_message(line):
