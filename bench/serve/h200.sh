@@ -21,7 +21,7 @@ nproc | sed 's/^/host cores: /' | tee -a "$LOG"
 serve_model() {  # preset synth-dtype precision
   local preset=$1 sdtype=$2 prec=$3 dir=/tmp/synth/$1 plan=/tmp/plans/$1-$3.plan
   [ -d "$dir" ] || "$KILN" synth --preset "$preset" --dtype "$sdtype" -o "$dir" >>"$LOG" 2>&1
-  "$KILN" build --model "$dir" --device cuda --precision "$prec" --max-input-tokens 128 \
+  "$KILN" build --model "$dir" --device cuda --precision "$prec" --max-input-tokens 512 \
     --max-step-tokens 8192 -o "$plan" >>"$LOG" 2>&1 || { echo "build $preset failed" | tee -a "$LOG"; return; }
   "$KILN" bench --plan "$plan" --input-len 78 --output-len 100 --runs 3 --sweep batch=16,64 \
     --json >"$OUT/bench-$preset.jsonl" 2>>"$LOG" || echo "bench $preset failed" | tee -a "$LOG"
@@ -39,12 +39,12 @@ serve_model() {  # preset synth-dtype precision
   done
   t1=$(date +%s%N)
   echo "{\"preset\": \"$preset\", \"ready_ms\": $(((t1 - t0) / 1000000))}" | tee "$OUT/ready-$preset.json" | tee -a "$LOG"
-  "$KILN" perf --url "$url" --model m --prompt-len 78 --output-len 100 --ignore-eos --stream \
+  "$KILN" perf --url "$url" --model m --prompt-len 28 --output-len 100 --ignore-eos --stream \
     --concurrency 16,64 --duration "$DUR" --warmup 3 --json >"$OUT/perf-$preset.json" 2>>"$LOG" ||
     echo "perf $preset failed" | tee -a "$LOG"
   cat "$OUT/perf-$preset.json" >>"$LOG"
   # The same load over KServe's generate_stream (Triton's clients) at 64.
-  "$KILN" perf --url "$url" --model m --protocol kserve --prompt-len 78 --output-len 100 \
+  "$KILN" perf --url "$url" --model m --protocol kserve --prompt-len 28 --output-len 100 \
     --ignore-eos --stream --concurrency 64 --duration "$DUR" --warmup 3 --json \
     >"$OUT/perf-kserve-$preset.json" 2>>"$LOG" || echo "perf kserve $preset failed" | tee -a "$LOG"
   curl -s "${url%%/v2*}" >/dev/null
