@@ -5,6 +5,15 @@
 #include "io/weight_spill.h"
 
 namespace kiln {
+namespace {
+
+// A weight's bytes as a build keeps them: spilled when a WeightSpill is active.
+Tensor spill_if_building(Tensor data) {
+  WeightSpill* spill = WeightSpill::active();
+  return spill != nullptr ? spill->put(std::move(data)) : data;
+}
+
+}  // namespace
 
 std::string sym_shape_str(const SymShape& shape) {
   std::string s = "[";
@@ -36,8 +45,7 @@ int Graph::add_weight(std::string value_name, Tensor data) {
   v.dtype = data.dtype();
   for (int64_t d : data.shape()) v.shape.push_back(Dim::of(d));
   v.kind = ValueKind::kWeight;
-  WeightSpill* spill = WeightSpill::active();
-  v.data = spill != nullptr ? spill->put(std::move(data)) : std::move(data);
+  v.data = spill_if_building(std::move(data));
   values.push_back(std::move(v));
   return static_cast<int>(values.size()) - 1;
 }
@@ -45,8 +53,7 @@ int Graph::add_weight(std::string value_name, Tensor data) {
 void Graph::set_weight_data(int id, Tensor data) {
   Value& v = values.at(static_cast<size_t>(id));
   v.data.release_pages();
-  WeightSpill* spill = WeightSpill::active();
-  v.data = spill != nullptr ? spill->put(std::move(data)) : std::move(data);
+  v.data = spill_if_building(std::move(data));
 }
 
 int Graph::find_value(std::string_view value_name) const {

@@ -33,8 +33,9 @@ std::shared_ptr<WeightSpill> WeightSpill::create(const std::string& dir, size_t 
     if (s->fd_ >= 0) ::unlink(path.c_str());
   }
   KILN_CHECK(s->fd_ >= 0,
-             "cannot create the build's weight file in {}: {} (set TMPDIR to a folder with room "
-             "for the model's weights)",
+             "cannot create the build's weight file in {}: {} (the build keeps the weights it "
+             "makes in a temporary file in the plan's folder: write the plan where files can be "
+             "created)",
              dir, std::strerror(errno));
   return s;
 }
@@ -54,8 +55,8 @@ Tensor WeightSpill::put(Tensor t) {
     const ssize_t n = ::pwrite(fd_, src + done, bytes - done, static_cast<off_t>(offset + done));
     if (n < 0 && errno == EINTR) continue;
     KILN_CHECK(n > 0,
-               "writing the build's weights to a temporary file in {}: {} (set TMPDIR to a "
-               "folder with room for the model's weights)",
+               "writing the build's weights to a temporary file in {}: {} (the plan's folder "
+               "needs room for about the plan twice while it is built)",
                dir_, n < 0 ? std::strerror(errno) : "no space left");
     done += static_cast<size_t>(n);
   }

@@ -32,7 +32,6 @@ class WeightSpill : public std::enable_shared_from_this<WeightSpill> {
   Tensor put(Tensor t);
 
   int64_t bytes_written() const { return written_; }
-  const std::string& dir() const { return dir_; }
 
   // Makes `spill` the one Graph's weight setters use on this thread until the scope ends.
   class Scope {

@@ -60,6 +60,23 @@ void attention_avx512(const Node&, std::span<const Tensor>, std::span<Tensor>, c
 void argmax_rows(const Tensor& logits, std::span<int64_t> out, std::span<const int64_t> banned,
                  std::span<const uint8_t> banned_rows, ThreadPool& pool);
 
+// The store of an AVX2 Linear tile (kernels_lowp.cc, kernels_lowp_int8.cc): rows t .. t+tn-1
+// and outputs o .. o+live-1 of y [n, m] get value(j, f) × scales[o + f] (when given) + bias[o + f]
+// (when given), in that order.
+template <typename Value>
+inline void store_linear_tile(float* y, int64_t m, int64_t t, int tn, int64_t o, int64_t live,
+                              const float* scales, const float* bias, Value value) {
+  for (int j = 0; j < tn; ++j) {
+    float* yr = y + (t + j) * m;
+    for (int64_t f = 0; f < live; ++f) {
+      float v = value(j, f);
+      if (scales) v *= scales[o + f];
+      if (bias) v += bias[o + f];
+      yr[o + f] = v;
+    }
+  }
+}
+
 // Registers every CPU kernel (the single dispatch point of the CPU backend).
 void register_kernels(KernelRegistry& registry);
 

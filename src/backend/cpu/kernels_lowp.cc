@@ -255,15 +255,8 @@ void linear_narrow(const Node& node, std::span<const Tensor> in, std::span<Tenso
           } else {
             dot4_avx2<W>(xp + t * k, rows, k, s[0]);
           }
-          for (int j = 0; j < tn; ++j) {
-            float* yr = yp + (t + j) * m;
-            for (int64_t r = 0; r < live; ++r) {
-              float v = s[j][r];
-              if (scales) v *= scales[o + r];
-              if (bias) v += bias[o + r];
-              yr[o + r] = v;
-            }
-          }
+          store_linear_tile(yp, m, t, tn, o, live, scales, bias,
+                            [&](int j, int64_t r) { return s[j][r]; });
           t += tn;
         }
       }

@@ -176,15 +176,9 @@ void linear_i8_dot_avx2(const Node& node, std::span<const Tensor> in, std::span<
             tile_i8<2>(qs, rows, k, t == 0, totals);
           else
             tile_i8<1>(qs, rows, k, t == 0, totals);
-          for (int j = 0; j < tn; ++j) {
-            float* yr = yp + (t + j) * m;
-            for (int64_t f = 0; f < live; ++f) {
-              float v = static_cast<float>(totals[j][f]) * row_scale[t + j];
-              v *= scales[o + f];
-              if (bias) v += bias[o + f];
-              yr[o + f] = v;
-            }
-          }
+          store_linear_tile(yp, m, t, tn, o, live, scales, bias, [&](int j, int64_t f) {
+            return static_cast<float>(totals[j][f]) * row_scale[t + j];
+          });
           t += tn;
         }
       }
