@@ -3,13 +3,17 @@
 # Idempotent; the only network it uses is apt's.
 set -euo pipefail
 packages=(build-essential cmake pkg-config git clang-format libgtest-dev libbenchmark-dev
-          libsentencepiece-dev nlohmann-json3-dev libfmt-dev libcli11-dev libdnnl-dev)
+          libsentencepiece-dev nlohmann-json3-dev libfmt-dev libcli11-dev libdnnl-dev
+          libprotobuf-dev protobuf-compiler libgrpc++-dev protobuf-compiler-grpc
+          libcpp-httplib-dev curl)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
 # The CLI tests check JSON output with Python's standard library; any python3 on PATH will do.
 command -v python3 >/dev/null || missing+=(python3)
+# The server tests' clients are npm packages (tests/server/package-lock.json), run by Node.js.
+command -v npm >/dev/null || missing+=(nodejs npm)
 if [ ${#missing[@]} -eq 0 ]; then
   exit 0
 fi
