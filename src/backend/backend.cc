@@ -23,6 +23,24 @@ void Backend::finish_argmax_rows(std::span<int64_t> out) {
   std::copy(started_ids_.begin(), started_ids_.end(), out.begin());
 }
 
+Tensor Backend::gather_ids(const Tensor& ids, std::span<const int64_t> keep,
+                           std::span<const int64_t> tail) {
+  KILN_CHECK(ids.device() == Device::kCpu && ids.dtype() == DType::kI64 && ids.rank() == 1,
+             "gather_ids: {} {} ids {} (the {} backend gathers host ids)",
+             device_name(ids.device()), dtype_name(ids.dtype()), shape_str(ids.shape()),
+             device_name(device()));
+  const auto* src = static_cast<const int64_t*>(ids.raw());
+  std::vector<int64_t> out;
+  out.reserve(keep.size() + tail.size());
+  for (int64_t row : keep) {
+    KILN_CHECK(row >= 0 && row < ids.dim(0), "gather_ids: row {} of {} ids", row, ids.dim(0));
+    out.push_back(src[row]);
+  }
+  out.insert(out.end(), tail.begin(), tail.end());
+  const int64_t n = static_cast<int64_t>(out.size());
+  return Tensor::from_vector(std::move(out), {n});
+}
+
 void check_row_edits(const Tensor& logits, std::span<const RowEdit> edits) {
   KILN_CHECK(logits.rank() == 2 && logits.dtype() == DType::kF32,
              "edit_logits_rows: logits must be [rows, vocab] f32");

@@ -142,6 +142,9 @@ class Backend {
   bool supports_op(const Graph& graph, const Node& node) const {
     return unsupported_reason(graph, node).empty();
   }
+  // Moves the graphs' weights to the device's memory ahead of compile, all at once, and says what
+  // it did for the log (empty: nothing to do, e.g. the CPU runs the mmapped weights in place).
+  virtual std::string load_weights(std::span<const Graph* const> graphs) { return {}; }
   // Throws naming the first unsupported node. The graph must outlive the executable.
   virtual std::unique_ptr<Executable> compile(const Graph& graph, const ShapeProfile& profile) = 0;
   // Build-time tactic selection: times kernel variants at the profile's shapes on this device
@@ -175,6 +178,12 @@ class Backend {
   // True when execute() of a decode step returns before the step has run (CUDA): a caller that
   // queues the next step before reading this one's tokens keeps the device busy meanwhile.
   virtual bool runs_ahead() const { return false; }
+  // The token ids of a step queued behind an unread one (the scheduler's run-ahead): rows `keep`
+  // of that step's ids (start_argmax_rows' tensor, where it lives) and then `tail` (host ids:
+  // prompts joining the batch), as one [keep + tail] i64 tensor for the next execute(), made in
+  // the device's order without waiting for it. Default: on the host (ids in host memory).
+  virtual Tensor gather_ids(const Tensor& ids, std::span<const int64_t> keep,
+                            std::span<const int64_t> tail);
   // Waits for every queued step and makes the checks still pending (a step read on the device,
   // StepContext::read_on_device); throws the error one reported, naming its node.
   virtual void wait() {}

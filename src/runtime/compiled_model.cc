@@ -1,8 +1,19 @@
 #include "runtime/compiled_model.h"
 
+#include <chrono>
+
 #include "plan/plan.h"
 
 namespace kiln {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double ms_since(Clock::time_point t) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
+}
+
+}  // namespace
 
 std::unique_ptr<Tokenizer> make_model_tokenizer(const ModelIR& model, const std::string& source) {
   TokenizerKind kind;
@@ -18,8 +29,9 @@ CompiledModel::CompiledModel(Context& ctx, ModelIR model)
 CompiledModel::CompiledModel(Context& ctx, ModelIR model, std::unique_ptr<Backend> backend)
     : ctx_(ctx), model_(std::move(model)), backend_(std::move(backend)) {
   check_model_contract(model_, "model");
-  tokenizer_ = make_model_tokenizer(model_, "model tokenizer");
+  auto t = Clock::now();
   if (!backend_) backend_ = make_backend(ctx_, model_.device);
+  load_times_.context_ms = ms_since(t);
   KILN_CHECK(backend_->device() == model_.device, "a {} backend for a {} model",
              device_name(backend_->device()), device_name(model_.device));
   KILN_CHECK_USAGE(backend_->supports_precision(model_.precision),
@@ -32,20 +44,36 @@ CompiledModel::CompiledModel(Context& ctx, ModelIR model, std::unique_ptr<Backen
                    backend_->target().empty() ? "another target" : backend_->target(),
                    device_name(model_.device));
   const Graph& dec = model_.graph(kDecoderGraph);
+  const Graph* enc = model_.desc.encoder_decoder ? &model_.graph(kEncoderGraph) : nullptr;
+  t = Clock::now();
+  std::vector<const Graph*> graphs = {&dec};
+  if (enc != nullptr) graphs.push_back(enc);
+  const std::string uploaded = backend_->load_weights(graphs);
+  load_times_.weights_ms = ms_since(t);
+  t = Clock::now();
+  tokenizer_ = make_model_tokenizer(model_, "model tokenizer");
   decoder_ = backend_->compile(dec, model_.profile);
   decoder_io_.input_ids = dec.input_index("input_ids");
   decoder_io_.logit_rows = dec.input_index("logit_rows");
   decoder_io_.logits = dec.output_index("logits");
-  if (model_.desc.encoder_decoder) {
-    const Graph& enc = model_.graph(kEncoderGraph);
-    encoder_ = backend_->compile(enc, model_.profile);
-    encoder_io_ = EncoderIo::of(enc, model_.desc.cache_layers);
+  if (enc != nullptr) {
+    encoder_ = backend_->compile(*enc, model_.profile);
+    encoder_io_ = EncoderIo::of(*enc, model_.desc.cache_layers);
   }
-  ctx_.log().info("engine ready on {}", backend_->describe());
+  load_times_.compile_ms = ms_since(t);
+  if (!uploaded.empty()) ctx_.log().info("{}", uploaded);
+  ctx_.log().info("engine ready on {} (context {:.0f} ms, weights {:.0f} ms, compile {:.0f} ms)",
+                  backend_->describe(), load_times_.context_ms, load_times_.weights_ms,
+                  load_times_.compile_ms);
 }
 
 std::unique_ptr<CompiledModel> CompiledModel::load_plan(Context& ctx, const std::string& path) {
-  return std::make_unique<CompiledModel>(ctx, read_plan(path, ctx.log()));
+  const auto t = Clock::now();
+  ModelIR model = read_plan(path, ctx.log());
+  const double read_ms = ms_since(t);
+  auto compiled = std::make_unique<CompiledModel>(ctx, std::move(model));
+  compiled->load_times_.read_ms = read_ms;
+  return compiled;
 }
 
 Executable& CompiledModel::encoder() {

@@ -38,6 +38,19 @@ class CompiledModel {
     return (encoder_ != nullptr ? encoder_->workspace_bytes() : 0) + decoder_->workspace_bytes();
   }
 
+  // Where the load's time went, in ms. context: making the backend (on CUDA, the CUDA context,
+  // cuBLASLt and their workspaces: paid once per process and device, not per plan); read: the
+  // plan file (load_plan only); weights: moving them to the device (Backend::load_weights);
+  // compile: the tokenizer and the graphs' executables.
+  struct LoadTimes {
+    double context_ms = 0;
+    double read_ms = 0;
+    double weights_ms = 0;
+    double compile_ms = 0;
+    double plan_ms() const { return read_ms + weights_ms + compile_ms; }
+  };
+  const LoadTimes& load_times() const { return load_times_; }
+
   // Positions of the contract's inputs and outputs (graph/model_ir.h), resolved once.
   struct DecoderIo {
     int input_ids = -1;
@@ -56,6 +69,7 @@ class CompiledModel {
   std::unique_ptr<Executable> decoder_;
   EncoderIo encoder_io_;
   DecoderIo decoder_io_;
+  LoadTimes load_times_;
 };
 
 // The tokenizer a model carries (its stored format and bytes).

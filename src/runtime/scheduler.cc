@@ -611,7 +611,7 @@ std::vector<GenerationEvent> Scheduler::step() {
   // Behind an unchecked encoder the step is read at once (its read makes the encoder's check).
   const bool behind_encoder = !unchecked_cross_.empty();
   try {
-    run_decoder(batch, true, !behind_encoder && can_run_ahead(batch), behind_encoder);
+    run_decoder(batch, true, !behind_encoder && can_leave_unread(batch), behind_encoder);
     unchecked_cross_.clear();
     for (Request* r : batch)
       for (Beam& b : r->beams) b.kv.commit(b.scheduled);

@@ -37,12 +37,15 @@ namespace kiln {
 
 using RequestId = int64_t;
 
-// Run-ahead: when every running request decodes greedily one token a step and nothing waits to
-// join, a decode step is queued before the tokens of the step before it are read; those tokens
-// feed it where the argmax left them (Backend::start_argmax_rows). On a backend whose execute()
+// Run-ahead: while every running request decodes greedily with one beam, a decode step is
+// queued before the tokens of the step before it are read; those tokens feed it where the argmax
+// left them (Backend::start_argmax_rows, Backend::gather_ids). On a backend whose execute()
 // returns before the step has run (CUDA), the device then has the next step queued while the
-// host reads tokens, emits events and plans: no gap between steps. A request that stops (EOS)
-// while the next step is queued wastes that step's row. kAuto: on where the backend
+// host reads tokens, emits events and plans: no gap between steps. The batch changes without a
+// gap: requests that ended leave (their rows are dropped), greedy prompts that fit join with
+// their whole prompt (decoder-only models; an encoder-decoder request joins in a step planned
+// after a read). A request that stops (EOS) while the next step is queued wastes that step's
+// row. kAuto: on where the backend
 // runs_ahead(), unless the environment sets KILN_RUN_AHEAD=0 (A/B runs); kOn: on any backend
 // (tests of the schedule on the CPU, where it changes the order of the work, not its amount).
 // While a step is unread its tokens live in the backend's argmax buffer and its results in the
@@ -148,10 +151,22 @@ class Scheduler {
   bool eos_banned_plainly(const Request& r, const Beam& b) const;
   // The last decoder step's token choices to the host (argmax, top-k, logits rows).
   void read_decoder(const std::vector<Request*>& batch);
-  // Run-ahead (scheduler_run_ahead.cc).
-  bool can_run_ahead(const std::vector<Request*>& batch) const;
+  // Run-ahead (scheduler_run_ahead.cc). The step queued behind the unread one: the unread step's
+  // requests that go on, each with its row in the unread step's ids, and waiting requests that
+  // join with their whole prompt.
+  struct AheadPlan {
+    std::vector<std::pair<Request*, int64_t>> carry;
+    std::vector<Request*> joins;
+    bool holds_back = false;  // a waiting request that needs a planned step waits one more
+  };
+  // Queued steps in a row that a request needing a planned step (an encoder-decoder prompt,
+  // sampling, a chunked prompt) may wait: the arrivals of those steps then join together.
+  static constexpr int kMaxHoldBack = 4;
+  int held_back_ = 0;
+  bool can_leave_unread(const std::vector<Request*>& batch) const;
+  std::optional<AheadPlan> plan_ahead(const std::vector<Request*>& batch) const;
   bool step_unread(std::vector<GenerationEvent>& events);
-  void launch_ahead(const std::vector<Request*>& batch, const Tensor& tokens);
+  void launch_ahead(const AheadPlan& plan, const Tensor& tokens);
   void advance(Request& r, std::vector<GenerationEvent>& events);
   void advance_beams(Request& r, std::vector<GenerationEvent>& events);
   void continue_beams(Request& r, const std::vector<BeamContinuation>& next,

@@ -139,6 +139,10 @@ std::string render_model_metrics(const std::vector<ModelMetrics>& models) {
   per_model(out, models, "kiln_preemptions_total", MetricType::kCounter,
             "Requests preempted (KV blocks given back, recomputed later) to make room",
             [](M m) { return m.stats.preemptions; });
+  per_model(out, models, "kiln_steps_run_ahead_total", MetricType::kCounter,
+            "Decoder steps queued before the tokens of the step before them were read (no host "
+            "gap between the two; of nv_inference_exec_count)",
+            [](M m) { return m.stats.steps_ahead; });
   per_model(out, models, "kiln_input_tokens_total", MetricType::kCounter,
             "Prompt tokens of finished requests", [](M m) { return m.stats.input_tokens; });
   per_model(out, models, "kiln_output_tokens_total", MetricType::kCounter,

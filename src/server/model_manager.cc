@@ -73,6 +73,7 @@ ExecutorStats LoadedModel::stats() const {
     total.kv_bytes_allocated += s.kv_bytes_allocated;
     total.steps += s.steps;
     total.preemptions += s.preemptions;
+    total.steps_ahead += s.steps_ahead;
     total.last_batch += s.last_batch;
     total.success += s.success;
     total.cancelled += s.cancelled;

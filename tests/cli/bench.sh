@@ -21,6 +21,12 @@ for r in rows:
     # bytes per step: at least every decoder weight once (about 18 MiB of f32 for bloom-tiny)
     assert r["bytes_per_step"] > 18e6, r["bytes_per_step"]
 assert rows[1]["bytes_per_step"] > rows[0]["bytes_per_step"], "more sequences read more KV"
+# The load's parts: the plan's own load is read + weights + compile; the backend apart.
+for r in rows:
+    parts = r["load_parts_ms"]
+    assert set(parts) == {"read", "weights", "compile"}, parts
+    assert all(v >= 0 for v in parts.values()) and r["context_ms"] >= 0, r
+    assert abs(sum(parts.values()) - r["load_ms"]) < 1e-6 * r["load_ms"] + 1e-9, r
 # The prompt step against oneDNN's GEMMs on its Linear shapes (CPU plans): bloom-tiny's prompt of
 # 12 tokens runs 2 * 12 * (its layer Linears' weights) plus the lm_head's one row a sequence.
 for r in rows:

@@ -16,6 +16,7 @@
 
 #include "backend/cuda/cuda_kernels.h"
 #include "backend/cuda/kernels.cuh"
+#include "backend/cuda/weight_upload.h"
 #endif
 
 namespace kiln {
@@ -212,6 +213,84 @@ TEST(Cuda, UploadsKernelCopiesHostAndDeviceParts) {
   cudaStreamDestroy(stream);
   cudaFree(dev);
   cudaFreeHost(host);
+}
+#endif
+
+#if KILN_HAVE_CUDA
+// The bulk weight upload's layout: tensors of one buffer within the gap share a range (views of
+// one another included, the gap copied with them), a far one starts another; each tensor's
+// device offset keeps its host address's remainder modulo 256 and its place in its range.
+TEST(Cuda, UploadLayoutMergesNearTensorsAndKeepsAlignment) {
+  Tensor buffer = Tensor::zeros(DType::kI8, {1 << 20});
+  Tensor far = Tensor::zeros(DType::kI8, {3000});
+  auto part = [&](int64_t begin, int64_t end) { return buffer.slice_rows(begin, end); };
+  const std::vector<Tensor> hosts = {part(70000, 71000), far, part(256, 1256), part(600, 700),
+                                     part(5000, 5003)};
+  const cuda::UploadLayout l = cuda::plan_upload(hosts, /*max_gap=*/65536);
+  const char* base = static_cast<const char*>(buffer.raw());
+  auto range_of = [&](size_t i) -> const cuda::UploadLayout::Range& {
+    const char* p = static_cast<const char*>(hosts[i].raw());
+    for (const auto& r : l.ranges)
+      if (p >= r.host && p + hosts[i].nbytes() <= r.host + r.bytes) return r;
+    ADD_FAILURE() << "tensor " << i << " is in no range";
+    return l.ranges.front();
+  };
+  ASSERT_EQ(l.ranges.size(), 2u);  // [256, 71000) of the buffer, and `far`
+  EXPECT_EQ(range_of(0).host, base + 256);
+  EXPECT_EQ(range_of(0).bytes, 71000u - 256u);
+  EXPECT_EQ(range_of(1).host, static_cast<const char*>(far.raw()));
+  EXPECT_EQ(range_of(1).bytes, 3000u);
+  size_t tensor_bytes = 0;
+  for (size_t i = 0; i < hosts.size(); ++i) {
+    const auto& r = range_of(i);
+    const char* p = static_cast<const char*>(hosts[i].raw());
+    EXPECT_EQ(l.device_offset[i], r.device_offset + static_cast<size_t>(p - r.host)) << i;
+    EXPECT_EQ(l.device_offset[i] % 256, reinterpret_cast<uintptr_t>(p) % 256) << i;
+    EXPECT_LE(l.device_offset[i] + hosts[i].nbytes(), l.device_bytes) << i;
+    tensor_bytes += hosts[i].nbytes();
+  }
+  EXPECT_EQ(l.tensor_bytes, tensor_bytes);
+  // The ranges do not overlap on the device.
+  const auto& a = l.ranges[0];
+  const auto& b = l.ranges[1];
+  EXPECT_TRUE(a.device_offset + a.bytes <= b.device_offset ||
+              b.device_offset + b.bytes <= a.device_offset);
+  EXPECT_THROW(cuda::plan_upload(std::vector<Tensor>{Tensor()}), Error);
+}
+
+// The bulk upload copies every byte of every range, with chunks smaller than a range (a range's
+// tail shorter than a chunk), more workers than chunks and one worker.
+TEST(Cuda, BulkUploadCopiesEveryRange) {
+  const CudaInfo info = query_cuda();
+  if (info.device_count == 0)
+    GTEST_SKIP() << "no GPU visible: " << (info.compiled ? info.error : "built without CUDA");
+  Tensor buffer = Tensor::zeros(DType::kI8, {3 << 20});
+  unsigned char* b = static_cast<unsigned char*>(buffer.raw());
+  for (size_t i = 0; i < (3u << 20); ++i)
+    b[i] = static_cast<unsigned char>((i * 2654435761u) >> 13);
+  const std::vector<Tensor> hosts = {buffer.slice_rows(17, 1000017),
+                                     buffer.slice_rows(2 << 20, (2 << 20) + 777777)};
+  const cuda::UploadLayout l = cuda::plan_upload(hosts, /*max_gap=*/4096);
+  ASSERT_EQ(l.ranges.size(), 2u);
+  for (const auto& [threads, chunk] :
+       std::vector<std::pair<int, size_t>>{{1, 65536}, {3, 300000}, {64, 1 << 20}}) {
+    void* dev = nullptr;
+    ASSERT_EQ(cudaMalloc(&dev, l.device_bytes), cudaSuccess);
+    ASSERT_EQ(cudaMemset(dev, 0, l.device_bytes), cudaSuccess);
+    const cuda::UploadStats s = cuda::run_upload(l, dev, threads, chunk);
+    EXPECT_EQ(s.copied_bytes, l.ranges[0].bytes + l.ranges[1].bytes);
+    EXPECT_GE(s.threads, 1);
+    EXPECT_LE(s.threads, threads);
+    for (size_t i = 0; i < hosts.size(); ++i) {
+      std::vector<unsigned char> got(hosts[i].nbytes());
+      ASSERT_EQ(cudaMemcpy(got.data(), static_cast<char*>(dev) + l.device_offset[i], got.size(),
+                           cudaMemcpyDeviceToHost),
+                cudaSuccess);
+      EXPECT_EQ(0, std::memcmp(got.data(), hosts[i].raw(), got.size()))
+          << "tensor " << i << ", " << threads << " threads, chunks of " << chunk;
+    }
+    cudaFree(dev);
+  }
 }
 #endif
 

@@ -71,7 +71,7 @@ class RunAhead : public testing::TestWithParam<Case> {
   }
   // Runs the jobs; every event is checked (one finished event per request, no errors).
   std::vector<Outcome> drive(SchedulerOptions o, const std::vector<Job>& jobs,
-                             int64_t* steps_ahead = nullptr) {
+                             int64_t* steps_ahead = nullptr, int64_t* steps = nullptr) {
     Scheduler s(*model_, o);
     std::map<RequestId, size_t> index;
     std::vector<Outcome> out(jobs.size());
@@ -101,6 +101,7 @@ class RunAhead : public testing::TestWithParam<Case> {
     }
     EXPECT_EQ(s.kv_blocks_in_use(), 0);
     if (steps_ahead != nullptr) *steps_ahead = s.steps_ahead();
+    if (steps != nullptr) *steps = s.steps();
     return out;
   }
   void expect_same(const std::vector<Outcome>& got, const std::vector<Outcome>& want) {
@@ -220,6 +221,31 @@ TEST_P(RunAhead, PreemptionUnderAKvBudget) {
                         "sort: f r t d e", "upper: lubu", "count: fo va wa"})
     jobs.push_back({t, greedy(24)});
   expect_same(drive(o, jobs), drive(plain, jobs));
+}
+
+// Serving traffic: greedy requests arrive one a step while others end at their length limits
+// and at EOS. A decoder-only model's batch changes without a planned step: every step after the
+// first is queued behind an unread one (the ended requests' rows dropped, the new prompts
+// joined); an encoder-decoder model's arrivals each need a planned step (the encoder first).
+// The tokens are those of reading every step.
+TEST_P(RunAhead, RequestsJoinAndLeaveWithoutAPlannedStep) {
+  const char* texts[] = {"reverse: suvogi", "add: 456 + 95", "copy: vica vica vica vica",
+                         "sort: f r t d e", "upper: lubu",   "count: fo va wa"};
+  std::vector<Job> jobs;
+  for (int i = 0; i < 12; ++i) {
+    GenerationParams p = greedy(2 + (i * 5) % 11);
+    p.ignore_eos = i % 3 != 0;  // every third may stop at EOS
+    jobs.push_back({texts[i % 6], p, i});
+  }
+  int64_t ahead = 0, steps = 0;
+  const auto want = drive(options(false), jobs);
+  const auto got = drive(options(true), jobs, &ahead, &steps);
+  expect_same(got, want);
+  if (t5()) {
+    EXPECT_GT(ahead, 0);
+  } else {
+    EXPECT_EQ(ahead, steps - 1) << "every step after the first is queued behind an unread one";
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, RunAhead,

@@ -37,6 +37,16 @@ class CudaBackend final : public Backend {
     if (registry_.find(key) != nullptr) return {};
     return fmt::format("no cuda kernel for {}", describe_key(key));
   }
+  std::string load_weights(std::span<const Graph* const> graphs) override {
+    std::vector<Tensor> weights;
+    for (const Graph* g : graphs)
+      for (const Value& v : g->values)
+        if (v.kind == ValueKind::kWeight) weights.push_back(v.data);
+    const UploadStats s = cuda_->upload_weights(weights);
+    if (s.copied_bytes == 0) return {};
+    return fmt::format("{:.2f} GB of weights uploaded in {:.0f} ms ({} threads, {:.1f} GB/s)",
+                       s.copied_bytes / 1e9, s.ms, s.threads, s.copied_bytes / 1e6 / s.ms);
+  }
   std::unique_ptr<Executable> compile(const Graph& graph, const ShapeProfile& profile) override {
     std::vector<std::unique_ptr<Kernel>> kernels;
     std::vector<std::string> names;
@@ -81,6 +91,11 @@ class CudaBackend final : public Backend {
     cuda_->edit_logits_rows(logits, edits);
   }
   bool runs_ahead() const override { return true; }
+  Tensor gather_ids(const Tensor& ids, std::span<const int64_t> keep,
+                    std::span<const int64_t> tail) override {
+    if (ids.device() != Device::kCuda) return Backend::gather_ids(ids, keep, tail);
+    return cuda_->gather_ids(ids, keep, tail);
+  }
   void wait() override { cuda_->synchronize(); }
 
   int max_top_k() const override { return CudaContext::kMaxTopK; }

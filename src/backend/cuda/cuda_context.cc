@@ -7,7 +7,9 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <set>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 #include "backend/cuda/cublaslt_loader.h"
@@ -383,6 +385,10 @@ CudaContext::CudaContext(Context& host) : host_(host) {
     attention_warps_ = std::atoi(v);
   }
   defer_checks_ = !off("KILN_CUDA_DEFER_CHECK");
+  upload_threads_ = std::clamp(static_cast<int>(std::thread::hardware_concurrency()) / 2, 1, 8);
+  number("KILN_CUDA_UPLOAD_THREADS", 0, 32,
+         "the threads that upload a plan's weights (0: each weight alone, when first used)",
+         &upload_threads_);
   if (const char* v = std::getenv("KILN_CUDA_TACTICS_INEXACT")) {
     KILN_CHECK_USAGE(std::string_view(v) == "0" || std::string_view(v) == "1",
                      "KILN_CUDA_TACTICS_INEXACT={}: give 1 or 0", v);
@@ -407,6 +413,8 @@ CudaContext::CudaContext(Context& host) : host_(host) {
   for (cudaEvent_t& e : step_copied_)
     KILN_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
   KILN_CUDA_CHECK(cudaEventCreateWithFlags(&argmax_copied_, cudaEventDisableTiming));
+  for (cudaEvent_t& e : gather_copied_)
+    KILN_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
   allocator_.set_after_read([this] { synchronize(); });
   split_scratch_ =
       allocator_.allocate(static_cast<size_t>(kSplitBlocks) * (kMaxHeadDim + 2) * sizeof(float));
@@ -424,6 +432,9 @@ CudaContext::~CudaContext() {
   cudaFree(status_);
   cudaFreeHost(status_host_);
   cudaFreeHost(argmax_host_);
+  cudaFreeHost(gather_host_);
+  for (cudaEvent_t e : gather_copied_)
+    if (e != nullptr) cudaEventDestroy(e);
   for (PendingCheck& c : checks_)
     if (c.copied != nullptr) cudaEventDestroy(c.copied);
   for (cudaEvent_t e : step_copied_)
@@ -622,6 +633,29 @@ Tensor CudaContext::device_weight(const Tensor& host) {
   Tensor device = allocator_.upload(host);
   weights_[host.raw()] = {host, device};
   return device;
+}
+
+UploadStats CudaContext::upload_weights(std::span<const Tensor> hosts) {
+  std::vector<Tensor> todo;
+  std::set<const void*> seen;
+  for (const Tensor& h : hosts) {
+    if (!h.defined() || h.device() == Device::kCuda || h.nbytes() == 0 || !h.is_contiguous())
+      continue;
+    if (weights_.count(h.raw()) > 0 || !seen.insert(h.raw()).second) continue;
+    todo.push_back(h);
+  }
+  if (todo.empty() || upload_threads_ == 0) return {};
+  const UploadLayout layout = plan_upload(todo);
+  std::shared_ptr<void> memory = allocator_.allocate_raw(layout.device_bytes);
+  // Cached memory may still be read by work queued on this context's stream.
+  KILN_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  const UploadStats stats = run_upload(layout, memory.get(), upload_threads_, kUploadChunkBytes);
+  char* base = static_cast<char*>(memory.get());
+  for (size_t i = 0; i < todo.size(); ++i)
+    weights_[todo[i].raw()] = {
+        todo[i], Tensor::view(todo[i].dtype(), todo[i].shape(), base + layout.device_offset[i],
+                              memory, Device::kCuda)};
+  return stats;
 }
 
 Tensor CudaContext::filled_vector(DType dtype, int64_t n, float value) {

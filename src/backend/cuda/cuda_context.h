@@ -14,6 +14,7 @@
 
 #include "backend/backend.h"
 #include "backend/cuda/kernels.cuh"
+#include "backend/cuda/weight_upload.h"
 
 namespace kiln::cuda {
 
@@ -61,6 +62,8 @@ class CudaAllocator final : public Allocator {
                                                    std::span<const int64_t> row_bounds) override;
   // Bytes held in the cache, free for reuse.
   size_t cached_bytes() const;
+  // Uninitialized device memory of at least `bytes`, from the cache or cudaMalloc.
+  std::shared_ptr<void> allocate_raw(size_t bytes);
   // Called after each copy to the host has been waited for (CudaContext: a pending step check).
   void set_after_read(std::function<void()> after_read) { after_read_ = std::move(after_read); }
 
@@ -69,8 +72,6 @@ class CudaAllocator final : public Allocator {
 
  private:
   struct Cache;
-  // Uninitialized device memory of at least `bytes`.
-  std::shared_ptr<void> allocate_raw(size_t bytes);
   // One launch of copy_parts for `parts` (device sources and destinations), in stream order.
   void copy_parts(std::span<const CopyPart> parts);
   cudaStream_t stream_;
@@ -250,6 +251,11 @@ class CudaContext {
                   std::span<const int64_t> banned, std::span<const uint8_t> banned_rows,
                   TopKRows* out);
 
+  // Backend::gather_ids on the device: one uploads kernel (or a few) copies runs of kept rows
+  // and the tail (staged in pinned memory, two halves used in turn) into a new buffer.
+  Tensor gather_ids(const Tensor& ids, std::span<const int64_t> keep,
+                    std::span<const int64_t> tail);
+
   // Backend::edit_logits_rows on the device (logit_edits.cu): one upload of the edits, one
   // kernel, queued before what reads the logits.
   void edit_logits_rows(Tensor& logits, std::span<const RowEdit> edits);
@@ -257,12 +263,18 @@ class CudaContext {
   // The device copy of a weight, uploaded once per backend (graphs that share a weight share
   // the copy).
   Tensor device_weight(const Tensor& host);
+  // Uploads the host weights that have no device copy yet in one bulk copy (weight_upload.h:
+  // one allocation, parallel staged chunks, no per-tensor wait); device_weight finds them.
+  // KILN_CUDA_UPLOAD_THREADS=N sets the workers (0: none, each weight is uploaded alone when
+  // first used, the way before the bulk copy).
+  UploadStats upload_weights(std::span<const Tensor> hosts);
   // A device vector of n copies of `value` in `dtype`, made once per (dtype, n, value) and
   // shared (the norm kernel's unit weight and zero bias for folded norms).
   Tensor filled_vector(DType dtype, int64_t n, float value);
 
  private:
   static constexpr size_t kBlasWorkspaceBytes = 32u << 20;
+  static constexpr size_t kUploadChunkBytes = 4u << 20;
   // Warps per SM of a GEMV (gemv_split). One row: 16 measured 4.6 % faster than 32 on
   // flan-t5-large's batch-1 decode step on the H200 (its gate/up GEMV takes 2 warps a feature
   // group instead of 4; bloom-560m's splits are the same at both), and the same as 8 and 12
@@ -297,6 +309,7 @@ class CudaContext {
   int skinny_rows_ = kSkinnyDefaultRows;
   int attention_warps_ = 0;
   bool inexact_tactics_ = false;
+  int upload_threads_ = 1;  // KILN_CUDA_UPLOAD_THREADS, else half the cores (1 to 8)
   std::string device_name_;
   cudaStream_t stream_ = nullptr;
   cublasLtHandle_t blas_ = nullptr;
@@ -343,7 +356,11 @@ class CudaContext {
   // ids, then a flag byte per row, then the rows' counters of finished blocks (zero between
   // launches), then scratch (the chunks' keys)
   std::shared_ptr<void> argmax_device_;
-  unsigned char* argmax_host_ = nullptr;  // pinned: the ids and flags
+  unsigned char* argmax_host_ = nullptr;               // pinned: the ids and flags
+  long long* gather_host_ = nullptr;                   // pinned: gather_ids' tails, two halves
+  size_t gather_half_ids_ = 0;                         // ids a half holds
+  int gather_half_ = 0;                                // the half the next tail goes to
+  cudaEvent_t gather_copied_[2] = {nullptr, nullptr};  // a half's upload has run
   size_t argmax_capacity_ = 0;
   size_t argmax_scratch_capacity_ = 0;  // bytes of the chunks' keys
   // Where the counters and the keys begin in argmax_device_, each 256-byte aligned.

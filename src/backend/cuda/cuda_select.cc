@@ -204,4 +204,53 @@ void CudaContext::edit_logits_rows(Tensor& logits, std::span<const RowEdit> edit
   KILN_CUDA_CHECK(cudaGetLastError());
 }
 
+Tensor CudaContext::gather_ids(const Tensor& ids, std::span<const int64_t> keep,
+                               std::span<const int64_t> tail) {
+  KILN_CHECK(ids.device() == Device::kCuda && ids.dtype() == DType::kI64 && ids.rank() == 1,
+             "gather_ids: {} {} ids {}", kiln::device_name(ids.device()), dtype_name(ids.dtype()),
+             shape_str(ids.shape()));
+  const int64_t n = static_cast<int64_t>(keep.size() + tail.size());
+  std::shared_ptr<void> out =
+      allocator_.allocate_raw(static_cast<size_t>(std::max<int64_t>(n, 1)) * sizeof(long long));
+  auto* dst = static_cast<long long*>(out.get());
+  const auto* src = static_cast<const long long*>(ids.raw());
+  UploadList list;
+  auto add = [&](const void* from, void* to, int64_t count, bool host) {
+    if (list.count == UploadList::kMax) launch_uploads(list);
+    list.part[list.count++] = {from, to, count * static_cast<long long>(sizeof(long long)), host};
+  };
+  // Runs of consecutive kept rows, one part each.
+  for (size_t i = 0; i < keep.size();) {
+    size_t j = i + 1;
+    while (j < keep.size() && keep[j] == keep[j - 1] + 1) ++j;
+    KILN_CHECK(keep[i] >= 0 && keep[j - 1] < ids.dim(0), "gather_ids: rows {}..{} of {} ids",
+               keep[i], keep[j - 1], ids.dim(0));
+    add(src + keep[i], dst + i, static_cast<int64_t>(j - i), false);
+    i = j;
+  }
+  int half = -1;
+  if (!tail.empty()) {
+    half = gather_half_;
+    gather_half_ ^= 1;
+    if (tail.size() > gather_half_ids_) {
+      // Both halves' uploads may still be queued.
+      KILN_CUDA_CHECK(cudaStreamSynchronize(stream_));
+      cudaFreeHost(gather_host_);
+      gather_host_ = nullptr;
+      gather_half_ids_ = std::max<size_t>(2 * tail.size(), 4096);
+      void* host = nullptr;
+      KILN_CUDA_CHECK(cudaMallocHost(&host, 2 * gather_half_ids_ * sizeof(long long)));
+      gather_host_ = static_cast<long long*>(host);
+    } else {
+      KILN_CUDA_CHECK(cudaEventSynchronize(gather_copied_[half]));
+    }
+    long long* staged = gather_host_ + static_cast<size_t>(half) * gather_half_ids_;
+    for (size_t i = 0; i < tail.size(); ++i) staged[i] = tail[i];
+    add(staged, dst + keep.size(), static_cast<int64_t>(tail.size()), true);
+  }
+  launch_uploads(list);
+  if (half >= 0) KILN_CUDA_CHECK(cudaEventRecord(gather_copied_[half], stream_));
+  return Tensor::view(DType::kI64, {n}, dst, out, Device::kCuda);
+}
+
 }  // namespace kiln::cuda

@@ -1,0 +1,47 @@
+// A plan's weights to the GPU in one go: the host tensors (views of the mmapped plan, in file
+// order) are merged into a few contiguous ranges, given one device allocation laid out like the
+// file, and copied by several threads, each reading a chunk of the file into a pinned staging
+// buffer while its previous chunk's copy runs on its own stream. No per-tensor synchronization:
+// the call returns once every chunk is on the device.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace kiln::cuda {
+
+// Where each host tensor lands in one device buffer, and the host ranges to copy there.
+struct UploadLayout {
+  struct Range {
+    const char* host = nullptr;  // start of the host bytes
+    size_t device_offset = 0;    // where they go in the device buffer
+    size_t bytes = 0;
+  };
+  std::vector<Range> ranges;          // disjoint, in host address order
+  std::vector<size_t> device_offset;  // per input tensor: its bytes' offset in the buffer
+  size_t device_bytes = 0;            // the buffer's size
+  size_t tensor_bytes = 0;            // the tensors' own bytes (ranges may add small gaps)
+};
+
+// Host tensors within `max_gap` bytes of each other (in address order) share a range, the gap
+// copied with them; a range starts at a device offset with the same remainder modulo 256 as its
+// host address, so a tensor keeps its host alignment up to 256 bytes (a plan's are 256-aligned).
+// Tensors must be defined, contiguous, on the CPU and non-empty; views of one another are fine.
+UploadLayout plan_upload(std::span<const Tensor> hosts, size_t max_gap = 1u << 20);
+
+struct UploadStats {
+  int threads = 0;
+  size_t chunk_bytes = 0;
+  size_t copied_bytes = 0;
+  double ms = 0;
+};
+
+// Copies the layout's ranges into `device` (device_bytes long) with `threads` workers and
+// staging chunks of `chunk_bytes`, on the current device. Throws on a CUDA error.
+UploadStats run_upload(const UploadLayout& layout, void* device, int threads, size_t chunk_bytes);
+
+}  // namespace kiln::cuda
