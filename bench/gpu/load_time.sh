@@ -23,11 +23,15 @@ for preset in "${PRESETS[@]}"; do
   [ -f "$plan" ] || "$KILN" build --model "$dir" --device cuda --precision fp16 -o "$plan" \
     >>"$LOG" 2>&1 || { echo "build $preset failed" | tee -a "$LOG"; continue; }
   ls -l "$plan" | tee -a "$LOG"
-  for threads in 0 1 2 4 8 "" ; do
+  # threads:chunk MiB ("-": the default)
+  for setting in 0:- 1:- 2:- 4:- 8:- -:1 -:16 -:- ; do
+    threads=${setting%%:*} chunk=${setting##*:}
     for run in 1 2 3; do
-      KILN_CUDA_UPLOAD_THREADS=$threads "$KILN" bench --plan "$plan" --input-len 8 --output-len 2 \
-        --runs 1 --warmup 0 --json 2>>"$LOG" |
-        python3 -c "import json,sys; r=json.loads(sys.stdin.readline()); print(json.dumps({'preset': '$preset', 'threads': '${threads:-default}', 'run': $run, 'load_ms': r['load_ms'], 'context_ms': r['context_ms'], **r['load_parts_ms']}))" |
+      env $([ "$threads" != - ] && echo KILN_CUDA_UPLOAD_THREADS=$threads) \
+        $([ "$chunk" != - ] && echo KILN_CUDA_UPLOAD_CHUNK_MB=$chunk) \
+        "$KILN" bench --plan "$plan" --input-len 8 --output-len 2 --runs 1 --warmup 0 --json \
+        2>>"$LOG" |
+        python3 -c "import json,sys; r=json.loads(sys.stdin.readline()); print(json.dumps({'preset': '$preset', 'threads': '$threads', 'chunk_mb': '$chunk', 'run': $run, 'load_ms': round(r['load_ms'], 1), 'context_ms': round(r['context_ms'], 1), **{k: round(v, 1) for k, v in r['load_parts_ms'].items()}}))" |
         tee -a "$JSON"
     done
   done

@@ -97,6 +97,14 @@ Scheduler::Scheduler(CompiledModel& model, SchedulerOptions options)
   eos_ids_ = model_.desc().eos_token_ids;
   if (model_.desc().encoder_decoder && model_.backend().allocator().device() == Device::kCpu)
     cross_pool_ = std::make_unique<PoolAllocator>(model_.backend().allocator());
+  if (const char* hold = std::getenv("KILN_JOIN_HOLD_STEPS")) {
+    const std::string_view s(hold);
+    KILN_CHECK_USAGE(
+        !s.empty() && s.size() <= 3 &&
+            std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; }),
+        "KILN_JOIN_HOLD_STEPS={}: give a number of steps, 0 to 999", hold);
+    options_.join_hold_steps = std::atoi(hold);
+  }
   const char* env = std::getenv("KILN_RUN_AHEAD");
   run_ahead_ = options_.run_ahead == RunAhead::kOn ||
                (options_.run_ahead == RunAhead::kAuto && model_.backend().runs_ahead() &&

@@ -59,7 +59,16 @@ struct SchedulerOptions {
   int64_t kv_budget_blocks = 0;  // 0: no limit
   int kv_block_size = 16;        // positions per KV block
   RunAhead run_ahead = RunAhead::kAuto;
+  // Run-ahead: queued steps in a row that a waiting request may be held back, so that the
+  // arrivals of those steps join one step together: a request that needs a planned step (an
+  // encoder-decoder prompt, sampling, a prompt over the step's budget), and prompts that would
+  // make a queued step longer than a decode step (over kDecodeStepTokens tokens: on CUDA such a
+  // step is launched kernel by kernel, not replayed from a graph, and takes ~1.6x as long).
+  // KILN_JOIN_HOLD_STEPS=N sets it (A/B runs); 0: every arrival joins the next step.
+  int join_hold_steps = 4;
 };
+// The most tokens of a step that CUDA replays from a graph (CudaExecutor::kMaxGraphTokens).
+inline constexpr int64_t kDecodeStepTokens = 64;
 
 struct GenerationEvent {
   RequestId id = 0;
@@ -159,10 +168,7 @@ class Scheduler {
     std::vector<Request*> joins;
     bool holds_back = false;  // a waiting request that needs a planned step waits one more
   };
-  // Queued steps in a row that a request needing a planned step (an encoder-decoder prompt,
-  // sampling, a chunked prompt) may wait: the arrivals of those steps then join together.
-  static constexpr int kMaxHoldBack = 4;
-  int held_back_ = 0;
+  int held_back_ = 0;  // queued steps in a row that held a waiting request back
   bool can_leave_unread(const std::vector<Request*>& batch) const;
   std::optional<AheadPlan> plan_ahead(const std::vector<Request*>& batch) const;
   bool step_unread(std::vector<GenerationEvent>& events);

@@ -42,8 +42,10 @@ bool Scheduler::can_leave_unread(const std::vector<Request*>& batch) const {
 // - waiting requests join in order while they are plain greedy, their prompt fits the step's
 //   token budget and the batch and the KV cache have room; one that needs a planned step (not
 //   plain greedy, over the budget, or encoder-decoder: its encoder runs first), with room in
-//   the batch, stops the run-ahead after kMaxHoldBack queued steps (arrivals of those steps
-//   join the same planned step; it admits them, or refuses one with the reason);
+//   the batch, stops the run-ahead after SchedulerOptions::join_hold_steps queued steps (the
+//   arrivals of those steps join the same planned step; it admits them, or refuses one with
+//   the reason); prompts that would make the step longer than a decode step are held back as
+//   long, then join together;
 // - the KV cache has a block for every new position.
 std::optional<Scheduler::AheadPlan> Scheduler::plan_ahead(
     const std::vector<Request*>& batch) const {
@@ -75,7 +77,12 @@ std::optional<Scheduler::AheadPlan> Scheduler::plan_ahead(
         (blocks_.budget() > 0 && need > blocks_.budget())) {
       // It needs a planned step: a few steps more gather the requests that arrive meanwhile
       // into it (one gap for several arrivals), then it comes.
-      if (held_back_ >= kMaxHoldBack) return std::nullopt;
+      if (held_back_ >= options_.join_hold_steps) return std::nullopt;
+      plan.holds_back = true;
+      break;
+    }
+    // A prompt that makes the step longer than a decode step waits for others to join with it.
+    if (tokens + b.pending() > kDecodeStepTokens && held_back_ < options_.join_hold_steps) {
       plan.holds_back = true;
       break;
     }

@@ -44,8 +44,11 @@ class CudaBackend final : public Backend {
         if (v.kind == ValueKind::kWeight) weights.push_back(v.data);
     const UploadStats s = cuda_->upload_weights(weights);
     if (s.copied_bytes == 0) return {};
-    return fmt::format("{:.2f} GB of weights uploaded in {:.0f} ms ({} threads, {:.1f} GB/s)",
-                       s.copied_bytes / 1e9, s.ms, s.threads, s.copied_bytes / 1e6 / s.ms);
+    return fmt::format(
+        "{:.2f} GB of weights uploaded in {:.0f} ms ({:.0f} ms of it setting up; {} threads, "
+        "chunks of {} MiB, {:.1f} GB/s)",
+        s.copied_bytes / 1e9, s.ms, s.setup_ms, s.threads, s.chunk_bytes >> 20,
+        s.copied_bytes / 1e6 / s.ms);
   }
   std::unique_ptr<Executable> compile(const Graph& graph, const ShapeProfile& profile) override {
     std::vector<std::unique_ptr<Kernel>> kernels;

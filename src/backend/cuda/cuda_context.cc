@@ -389,6 +389,8 @@ CudaContext::CudaContext(Context& host) : host_(host) {
   number("KILN_CUDA_UPLOAD_THREADS", 0, 32,
          "the threads that upload a plan's weights (0: each weight alone, when first used)",
          &upload_threads_);
+  number("KILN_CUDA_UPLOAD_CHUNK_MB", 1, 64, "the MiB a weight upload thread stages at a time",
+         &upload_chunk_mib_);
   if (const char* v = std::getenv("KILN_CUDA_TACTICS_INEXACT")) {
     KILN_CHECK_USAGE(std::string_view(v) == "0" || std::string_view(v) == "1",
                      "KILN_CUDA_TACTICS_INEXACT={}: give 1 or 0", v);
@@ -649,7 +651,8 @@ UploadStats CudaContext::upload_weights(std::span<const Tensor> hosts) {
   std::shared_ptr<void> memory = allocator_.allocate_raw(layout.device_bytes);
   // Cached memory may still be read by work queued on this context's stream.
   KILN_CUDA_CHECK(cudaStreamSynchronize(stream_));
-  const UploadStats stats = run_upload(layout, memory.get(), upload_threads_, kUploadChunkBytes);
+  const UploadStats stats = run_upload(layout, memory.get(), upload_threads_,
+                                       static_cast<size_t>(upload_chunk_mib_) << 20);
   char* base = static_cast<char*>(memory.get());
   for (size_t i = 0; i < todo.size(); ++i)
     weights_[todo[i].raw()] = {

@@ -266,7 +266,7 @@ class CudaContext {
   // Uploads the host weights that have no device copy yet in one bulk copy (weight_upload.h:
   // one allocation, parallel staged chunks, no per-tensor wait); device_weight finds them.
   // KILN_CUDA_UPLOAD_THREADS=N sets the workers (0: none, each weight is uploaded alone when
-  // first used, the way before the bulk copy).
+  // first used, the way before the bulk copy), KILN_CUDA_UPLOAD_CHUNK_MB=N their chunks.
   UploadStats upload_weights(std::span<const Tensor> hosts);
   // A device vector of n copies of `value` in `dtype`, made once per (dtype, n, value) and
   // shared (the norm kernel's unit weight and zero bias for folded norms).
@@ -274,7 +274,6 @@ class CudaContext {
 
  private:
   static constexpr size_t kBlasWorkspaceBytes = 32u << 20;
-  static constexpr size_t kUploadChunkBytes = 4u << 20;
   // Warps per SM of a GEMV (gemv_split). One row: 16 measured 4.6 % faster than 32 on
   // flan-t5-large's batch-1 decode step on the H200 (its gate/up GEMV takes 2 warps a feature
   // group instead of 4; bloom-560m's splits are the same at both), and the same as 8 and 12
@@ -309,7 +308,8 @@ class CudaContext {
   int skinny_rows_ = kSkinnyDefaultRows;
   int attention_warps_ = 0;
   bool inexact_tactics_ = false;
-  int upload_threads_ = 1;  // KILN_CUDA_UPLOAD_THREADS, else half the cores (1 to 8)
+  int upload_threads_ = 1;    // KILN_CUDA_UPLOAD_THREADS, else half the cores (1 to 8)
+  int upload_chunk_mib_ = 4;  // KILN_CUDA_UPLOAD_CHUNK_MB
   std::string device_name_;
   cudaStream_t stream_ = nullptr;
   cublasLtHandle_t blas_ = nullptr;

@@ -134,6 +134,8 @@ UploadStats run_upload(const UploadLayout& layout, void* device, int threads, si
   } catch (...) {
     error = std::current_exception();
   }
+  stats.setup_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   if (!error) {
     std::vector<std::thread> pool;
     for (int w = 1; w < stats.threads; ++w) pool.emplace_back(work, w);

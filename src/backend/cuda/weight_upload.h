@@ -28,16 +28,20 @@ struct UploadLayout {
 };
 
 // Host tensors within `max_gap` bytes of each other (in address order) share a range, the gap
-// copied with them; a range starts at a device offset with the same remainder modulo 256 as its
+// copied with them. The default, under a page, is safe for tensors of different allocations:
+// the gap's bytes lie in the pages of the two tensors' ends, which are mapped (a wider gap may
+// hold unmapped memory); a plan's blobs sit 256-aligned in one mapping, so they make one range.
+// A range starts at a device offset with the same remainder modulo 256 as its
 // host address, so a tensor keeps its host alignment up to 256 bytes (a plan's are 256-aligned).
 // Tensors must be defined, contiguous, on the CPU and non-empty; views of one another are fine.
-UploadLayout plan_upload(std::span<const Tensor> hosts, size_t max_gap = 1u << 20);
+UploadLayout plan_upload(std::span<const Tensor> hosts, size_t max_gap = 4095);
 
 struct UploadStats {
   int threads = 0;
   size_t chunk_bytes = 0;
   size_t copied_bytes = 0;
-  double ms = 0;
+  double ms = 0;        // the whole call
+  double setup_ms = 0;  // of it: the pinned staging, streams and events
 };
 
 // Copies the layout's ranges into `device` (device_bytes long) with `threads` workers and
