@@ -95,6 +95,12 @@ std::unique_ptr<Backend> reference_backend() {
   return make_reference_backend(ctx);
 }
 
+std::vector<NamedBackend> every_backend() {
+  std::vector<NamedBackend> all = available_backends();
+  all.push_back({"reference", nullptr, reference_backend()});
+  return all;
+}
+
 float round_value(DType dtype, float f) {
   switch (dtype) {
     case DType::kF32:
