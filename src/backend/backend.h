@@ -5,6 +5,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -12,6 +13,7 @@
 #include "backend/cuda_info.h"
 #include "backend/kernel.h"
 #include "backend/kv_storage.h"
+#include "backend/library_gemm.h"
 #include "backend/step.h"
 #include "core/context.h"
 #include "core/target.h"
@@ -150,6 +152,15 @@ class Backend {
   // Build-time tactic selection: times kernel variants at the profile's shapes on this device
   // and records the choices in the graph's nodes (stored in the plan). Default: none.
   virtual void select_tactics(Graph& graph, const ShapeProfile& profile) {}
+  // `kiln bench`'s yardstick for a plan's prompt step: y [rows, out] (f32) = x [rows, in] ·
+  // w [out, in]ᵀ with operands of `type`, in this device's vendor library on this backend's
+  // threads, `runs` timed runs (the weights in the library's layout, prepared outside the
+  // timing). Nothing when the library has no such GEMM here (a fact of the machine, not an
+  // error) or this backend has no library to compare with (the default).
+  virtual std::optional<LibraryGemmTiming> time_library_gemm(int64_t rows, int64_t in, int64_t out,
+                                                             LibraryGemmType type, int runs) {
+    return std::nullopt;
+  }
   virtual Allocator& allocator() = 0;
   virtual std::unique_ptr<KvStorage> create_kv_storage(const KvGeometry& geometry) = 0;
   // The type the KV cache stores for a plan of `precision` whose attention computes in

@@ -1,10 +1,10 @@
 #include "core/dtype.h"
 
-#include <algorithm>
 #include <array>
-#include <cmath>
 #include <cstring>
+#include <string>
 
+#include "core/fp8.h"
 #include "core/half.h"
 #include "core/status.h"
 
@@ -40,36 +40,21 @@ void bf16_from_float_n(const float* src, void* dst, size_t n) {
   for (size_t i = 0; i < n; ++i) d[i] = float_to_bf16(src[i]);
 }
 
-struct Q8Block {
-  uint16_t scale;  // fp16
-  int8_t q[32];
-};
-static_assert(sizeof(Q8Block) == 34, "q8_b32 blocks are 34 bytes");
-
-void q8_to_float(const void* src, float* dst, size_t n) {
-  const auto* blocks = static_cast<const unsigned char*>(src);
-  for (size_t b = 0; b < n / 32; ++b) {
-    Q8Block blk;
-    std::memcpy(&blk, blocks + b * 34, 34);  // blocks are not 2-byte aligned in an array
-    const float scale = fp16_to_float(blk.scale);
-    for (int i = 0; i < 32; ++i) dst[b * 32 + i] = static_cast<float>(blk.q[i]) * scale;
-  }
+void f8_e4m3_to_float(const void* src, float* dst, size_t n) {
+  const auto* s = static_cast<const uint8_t*>(src);
+  for (size_t i = 0; i < n; ++i) dst[i] = fp8_e4m3_to_float(s[i]);
 }
-void q8_from_float(const float* src, void* dst, size_t n) {
-  auto* blocks = static_cast<unsigned char*>(dst);
-  for (size_t b = 0; b < n / 32; ++b) {
-    const float* x = src + b * 32;
-    float amax = 0.0f;
-    for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(x[i]));
-    Q8Block blk;
-    blk.scale = float_to_fp16(amax / 127.0f);
-    // Quantize with the scale as stored (rounded to fp16), so dequantizing reproduces it.
-    const float scale = fp16_to_float(blk.scale);
-    const float inv = scale > 0.0f ? 1.0f / scale : 0.0f;
-    for (int i = 0; i < 32; ++i)
-      blk.q[i] = static_cast<int8_t>(std::clamp(std::nearbyint(x[i] * inv), -127.0f, 127.0f));
-    std::memcpy(blocks + b * 34, &blk, 34);
-  }
+void f8_e4m3_from_float(const float* src, void* dst, size_t n) {
+  auto* d = static_cast<uint8_t*>(dst);
+  for (size_t i = 0; i < n; ++i) d[i] = float_to_fp8_e4m3(src[i]);
+}
+void f8_e5m2_to_float(const void* src, float* dst, size_t n) {
+  const auto* s = static_cast<const uint8_t*>(src);
+  for (size_t i = 0; i < n; ++i) dst[i] = fp8_e5m2_to_float(s[i]);
+}
+void f8_e5m2_from_float(const float* src, void* dst, size_t n) {
+  auto* d = static_cast<uint8_t*>(dst);
+  for (size_t i = 0; i < n; ++i) d[i] = float_to_fp8_e5m2(src[i]);
 }
 
 // Indexed by DType; the static_asserts below keep the order honest.
@@ -80,7 +65,11 @@ constexpr std::array<DTypeTraits, kNumDTypes> kTraits = {{
     {DType::kI8, "i8", "I8", 1, 1, false, int_to_float<int8_t>, int_from_float<int8_t>},
     {DType::kI32, "i32", "I32", 1, 4, false, int_to_float<int32_t>, int_from_float<int32_t>},
     {DType::kI64, "i64", "I64", 1, 8, false, int_to_float<int64_t>, int_from_float<int64_t>},
-    {DType::kQ8B32, "q8_b32", "", 32, 34, true, q8_to_float, q8_from_float},
+    // No safetensors names ("F8_E4M3", "F8_E5M2") yet: checkpoints store fp8 weights with scale
+    // tensors beside them ("weight_scale"), which the frontends do not apply; reading the weights
+    // alone would load a wrong model without a word, so such checkpoints stay refused.
+    {DType::kF8E4M3, "f8_e4m3", "", 1, 1, true, f8_e4m3_to_float, f8_e4m3_from_float},
+    {DType::kF8E5M2, "f8_e5m2", "", 1, 1, true, f8_e5m2_to_float, f8_e5m2_from_float},
 }};
 
 constexpr bool traits_in_order() {
@@ -122,7 +111,9 @@ DType parse_dtype(std::string_view name) {
   for (const DTypeTraits& t : kTraits) {
     if (t.name == name || (!t.safetensors.empty() && t.safetensors == name)) return t.dtype;
   }
-  KILN_FAIL("unknown dtype '{}' (expected one of f32, f16, bf16, i8, i32, i64, q8_b32)", name);
+  std::string names;
+  for (const DTypeTraits& t : kTraits) names += (names.empty() ? "" : ", ") + std::string(t.name);
+  KILN_FAIL("unknown dtype '{}' (expected one of {})", name, names);
 }
 
 }  // namespace kiln

@@ -1,6 +1,7 @@
 // Element types and their traits table. Quantized block formats are added as new rows: a dtype
 // has a block size (elements per block) and bytes per block, so sizes are computed the same way
-// for plain and blocked types.
+// for plain and blocked types. The values are not stored anywhere (plans and graphs name dtypes
+// by their names), so rows may be added or removed.
 #pragma once
 
 #include <cstddef>
@@ -9,10 +10,10 @@
 
 namespace kiln {
 
-// kQ8B32: blocks of 32 int8 values sharing one fp16 scale (34 bytes per block), symmetric:
-// value = q * scale with scale = max|x| / 127 over the block (ggml's q8_0 layout).
-enum class DType : uint8_t { kF32, kF16, kBF16, kI8, kI32, kI64, kQ8B32 };
-inline constexpr int kNumDTypes = 7;
+// kF8E4M3, kF8E5M2: OCP's 8-bit floats (core/fp8.h: their encodings, and how conversions from
+// float saturate: E4M3 to ±448, E5M2 not, to ±inf).
+enum class DType : uint8_t { kF32, kF16, kBF16, kI8, kI32, kI64, kF8E4M3, kF8E5M2 };
+inline constexpr int kNumDTypes = 8;
 
 struct DTypeTraits {
   DType dtype;

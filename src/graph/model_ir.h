@@ -61,6 +61,11 @@ struct ModelIR {
   std::string source_config_json;
   std::string tokenizer_format;  // "sentencepiece" or "byte_level_bpe" (Tokenizer::format())
   std::string tokenizer_bytes;
+  // The ids the tokenizer made from tokenizer_bytes knows (Tokenizer::vocab_size(): SentencePiece's
+  // pieces and T5's 100 sentinels, or BPE's vocabulary): recorded at import, checked whenever the
+  // tokenizer is made again, so that bytes cut or swapped behind the checksum cannot load a smaller
+  // tokenizer without a word.
+  int64_t tokenizer_pieces = 0;
   std::string prompt_template = "{prompt}";
   ShapeProfile profile;
   Device device = Device::kCpu;

@@ -86,7 +86,7 @@ std::vector<ValueType> infer_linear(const Graph& g, const Node& n) {
     expect_dim(n, b, 0, w.shape[0]);
   }
   // Quantized weights carry their scales: an i8 weight has one f32 scale per output channel as
-  // input 3; block-quantized weights hold theirs inside the blocks; float weights have none.
+  // input 3; float weights have none.
   const bool per_channel = w.dtype == DType::kI8;
   KILN_CHECK(per_channel == has_in(n, 3), "node '{}' (Linear): weight '{}' is {}: {}", n.name,
              w.name, dtype_name(w.dtype),

@@ -46,7 +46,8 @@ std::string packed_layout_problem(const WeightLayout& layout, DType dtype, const
       break;
     case DType::kI32:
     case DType::kI64:
-    case DType::kQ8B32:
+    case DType::kF8E4M3:
+    case DType::kF8E5M2:
       return fmt::format("a {} tensor cannot be packed as '{}' (f32, f16, bf16 or i8 only)",
                          dtype_name(dtype), layout.packing);
   }

@@ -105,7 +105,8 @@ void write_plan(const std::string& path, const ModelIR& model, const PlanBuildIn
       {"tokenizer",
        {{"format", model.tokenizer_format},
         {"offset", 0},
-        {"bytes", model.tokenizer_bytes.size()}}},
+        {"bytes", model.tokenizer_bytes.size()},
+        {"pieces", model.tokenizer_pieces}}},
       {"graphs", graphs},
       {"blobs", blob_table},
   };
@@ -226,6 +227,9 @@ ModelIR read_plan(const std::string& path, const Logger& log) {
     model.tokenizer_format = tok.at("format").get<std::string>();
     model.tokenizer_bytes.assign(data + tok.at("offset").get<size_t>(),
                                  tok.at("bytes").get<size_t>());
+    model.tokenizer_pieces = tok.at("pieces").get<int64_t>();
+    KILN_CHECK(model.tokenizer_pieces > 0, "{}: the plan's tokenizer records {} pieces", path,
+               model.tokenizer_pieces);
 
     struct Blob {
       Tensor tensor;

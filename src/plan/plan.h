@@ -1,4 +1,4 @@
-// Plan files: one versioned, mmap-able file per compiled model (format version 2).
+// Plan files: one versioned, mmap-able file per compiled model (format version 3).
 //
 //   [0, 8)    magic "KILNPLAN"
 //   [8, 12)   format version (u32 little endian)
@@ -7,7 +7,8 @@
 //   [24, 32)  checksum (u64): hash64 of the header JSON followed by the tokenizer bytes
 //   [32, 32+H) header JSON: build metadata (kiln version, git revision, device, precision,
 //             shape profile, source file hashes), the model description, the source config,
-//             prompt template, tokenizer location, graphs (after passes) and the blob table
+//             prompt template, tokenizer (format, location, piece count), graphs (after passes)
+//             and the blob table
 //   data section, starting at the next multiple of 64: the tokenizer bytes and every weight
 //             blob (plain or packed, each with its layout and content hash), each at a
 //             64-byte-aligned offset
@@ -28,7 +29,9 @@
 
 namespace kiln {
 
-inline constexpr uint32_t kPlanFormatVersion = 2;
+// 3: the tokenizer's piece count in the header (a tokenizer whose bytes were cut behind the
+// checksum is refused instead of running with fewer pieces).
+inline constexpr uint32_t kPlanFormatVersion = 3;
 inline constexpr char kPlanMagic[8] = {'K', 'I', 'L', 'N', 'P', 'L', 'A', 'N'};
 inline constexpr size_t kPlanFixedHeader = 32;
 

@@ -20,7 +20,13 @@ std::unique_ptr<Tokenizer> make_model_tokenizer(const ModelIR& model, const std:
   KILN_CHECK(parse_tokenizer_kind(model.tokenizer_format, &kind),
              "{}: unknown tokenizer format '{}' (expected sentencepiece or byte_level_bpe)", source,
              model.tokenizer_format);
-  return make_tokenizer(kind, model.tokenizer_bytes, source);
+  std::unique_ptr<Tokenizer> tokenizer = make_tokenizer(kind, model.tokenizer_bytes, source);
+  KILN_CHECK(tokenizer->vocab_size() == model.tokenizer_pieces,
+             "{}: the {} tokenizer made from the plan's bytes has {} pieces, but the plan recorded "
+             "{} at build time (its tokenizer bytes were cut or replaced after `kiln build`); "
+             "rebuild the plan",
+             source, model.tokenizer_format, tokenizer->vocab_size(), model.tokenizer_pieces);
+  return tokenizer;
 }
 
 CompiledModel::CompiledModel(Context& ctx, ModelIR model)

@@ -95,6 +95,12 @@ std::unique_ptr<Backend> reference_backend() {
   return make_reference_backend(ctx);
 }
 
+std::vector<NamedBackend> every_backend() {
+  std::vector<NamedBackend> all = available_backends();
+  all.push_back({"reference", nullptr, reference_backend()});
+  return all;
+}
+
 float round_value(DType dtype, float f) {
   switch (dtype) {
     case DType::kF32:
@@ -106,10 +112,11 @@ float round_value(DType dtype, float f) {
     case DType::kI8:
     case DType::kI32:
     case DType::kI64:
-    case DType::kQ8B32:  // block-quantized: no per-value rounding
+    case DType::kF8E4M3:  // no op case runs in fp8 yet
+    case DType::kF8E5M2:
       break;
   }
-  KILN_FAIL("round_value: {} is not a float type", dtype_name(dtype));
+  KILN_FAIL("round_value: the op cases run in f32, f16 or bf16, not {}", dtype_name(dtype));
 }
 
 Tensor make_tensor(DType dtype, const std::vector<float>& v, const Shape& shape) {
@@ -130,7 +137,8 @@ Tensor make_tensor(DType dtype, const std::vector<float>& v, const Shape& shape)
       case DType::kI8:
       case DType::kI32:
       case DType::kI64:
-      case DType::kQ8B32:
+      case DType::kF8E4M3:
+      case DType::kF8E5M2:
         KILN_FAIL("make_tensor: {} is not a narrow float type", dtype_name(dtype));
     }
   }
@@ -151,8 +159,12 @@ double value_at(const Tensor& t, int64_t i) {
       return t.data<int32_t>()[i];
     case DType::kI64:
       return static_cast<double>(t.data<int64_t>()[i]);
-    case DType::kQ8B32:
-      break;  // read through Tensor::to_f32() instead
+    case DType::kF8E4M3:
+    case DType::kF8E5M2: {
+      float f;  // core/fp8.h's decoding, tested against OCP's definitions in test_dtype.cc
+      dtype_traits(t.dtype()).to_float(static_cast<const uint8_t*>(t.raw()) + i, &f, 1);
+      return f;
+    }
   }
   return NAN;
 }
@@ -241,7 +253,8 @@ double dtype_tolerance(DType dtype) {
     case DType::kI8:
     case DType::kI32:
     case DType::kI64:
-    case DType::kQ8B32:
+    case DType::kF8E4M3:
+    case DType::kF8E5M2:
       break;
   }
   return 0.0;

@@ -42,6 +42,8 @@ inline constexpr const char* kInt8DotBackend = "cpu-avx512-vnni";
 // machine supports (CUDA adds one line here once it has a backend).
 std::vector<NamedBackend> available_backends();
 std::unique_ptr<Backend> reference_backend();
+// available_backends() and the reference (named "reference", no context of its own).
+std::vector<NamedBackend> every_backend();
 
 // Fixed-seed data in the dtype a case runs in. `values` may be narrower than `dtype`: a case
 // built with (f32, f16) holds exactly the numbers its (f16, f16) twin holds, which is how the

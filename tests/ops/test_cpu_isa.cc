@@ -12,6 +12,7 @@
 #include "../models/model_runner.h"
 #include "../models/parity_util.h"
 #include "backend/cpu/vector_math.h"
+#include "backend/reference/reference_backend.h"
 #include "builder/builder.h"
 
 namespace kiln::test {
@@ -114,6 +115,28 @@ TEST(CpuIsa, BadInputUnknownFamilyInEnvironment) {
 // The AVX-512 family's activations (sixteen lanes: the Linear epilogues over packed weights, and
 // the gated activation node) are bit for bit the baseline's eight-lane ones, over the ranges where
 // exp saturates, the special values, and rows whose tails are shorter than a vector.
+// `kiln bench`'s yardstick comes from the backend: the CPU backend times oneDNN's f32 matmul (an
+// implementation every x86-64 oneDNN has), a backend with no library answers nothing, and a bad
+// shape is an error naming it.
+TEST(CpuIsa, TheCpuBackendTimesOnednnGemms) {
+  Context ctx(ContextOptions{LogLevel::kError, 2});
+  auto cpu = make_cpu_backend(ctx);
+  const std::optional<LibraryGemmTiming> t =
+      cpu->time_library_gemm(8, 64, 32, LibraryGemmType::kF32, 2);
+  ASSERT_TRUE(t.has_value()) << "oneDNN has an f32 matmul on any x86-64 CPU";
+  EXPECT_GT(t->ms, 0.0);
+  EXPECT_FALSE(t->impl.empty());
+  EXPECT_STREQ(library_gemm_type_name(LibraryGemmType::kInt8), "u8s8");
+  try {
+    cpu->time_library_gemm(0, 64, 32, LibraryGemmType::kF32, 2);
+    ADD_FAILURE() << "a GEMM of 0 rows was timed";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("rows 0"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(make_reference_backend(ctx)->time_library_gemm(8, 64, 32, LibraryGemmType::kF32, 2))
+      << "the reference backend has no library to compare with";
+}
+
 TEST(CpuIsa, SixteenLaneActivationsEqualEightLaneBitForBit) {
   if (best_cpu_isa(detect_cpu_features()) != CpuIsa::kAvx512)
     GTEST_SKIP() << "this CPU has no AVX-512: only the eight-lane activations run";

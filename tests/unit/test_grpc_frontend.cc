@@ -26,7 +26,7 @@ using namespace inference;
 constexpr const char* kModel = "micro";
 
 std::string plan_path() {
-  return std::string(KILN_SOURCE_DIR) + "/tests/data/plans/v2/micro-bloom.plan";
+  return std::string(KILN_SOURCE_DIR) + "/tests/data/plans/v3/micro-bloom.plan";
 }
 
 // One model repository and manager for the suite (loading is the slow part).

@@ -543,7 +543,7 @@ TEST(MetricsFrontend, ARealModelsRequestShowsOnThePage) {
   ModelManager models(ManagerOptions{}, log);
   ModelSettings settings;
   settings.name = "micro-bloom";
-  models.add_plan(std::string(KILN_SOURCE_DIR) + "/tests/data/plans/v2/micro-bloom.plan", settings);
+  models.add_plan(std::string(KILN_SOURCE_DIR) + "/tests/data/plans/v3/micro-bloom.plan", settings);
   const std::string log_path = temp_path("e2e.jsonl");
   auto request_log = RequestLog::open(log_path, log);
   auto model = models.get("micro-bloom");

@@ -20,6 +20,7 @@
 #include "io/hash.h"
 #include "plan/plan.h"
 #include "runtime/scheduler.h"
+#include "tokenizer/tokenizer.h"
 
 namespace kiln::test {
 namespace {
@@ -417,6 +418,44 @@ TEST_F(PlanTest, BadInputEditedHeaderOrTokenizerFailsTheChecksum) {
           << "byte " << pos << ": " << msg;
     }
   }
+}
+
+// A plan whose tokenizer extent was cut to 100 bytes, the checksum recomputed as the reader
+// computes it (so the checksum passes): the first pieces of the SentencePiece model still parse
+// as a small model, which used to load and run without a word. The header's piece count refuses
+// it when the tokenizer is made, on load and in `kiln tokenize --plan`'s path alike.
+TEST_F(PlanTest, BadInputTokenizerCutBehindTheChecksumIsRefused) {
+  PlanParts p = split_plan(slurp(tmp("t5-tiny.plan")));
+  ASSERT_EQ(p.header["tokenizer"]["format"], "sentencepiece");
+  const int64_t pieces = p.header["tokenizer"]["pieces"].get<int64_t>();
+  EXPECT_EQ(pieces, load_tokenizer_dir(fixture("t5-tiny"))->vocab_size());
+  p.header["tokenizer"]["bytes"] = 100;
+  spit(tmp("cut-tokenizer.plan"), join_plan(p));
+  // The plan itself reads (the checksum is right), with the cut bytes and the recorded count.
+  const ModelIR model = read_plan(tmp("cut-tokenizer.plan"), Logger(LogLevel::kSilent));
+  ASSERT_EQ(model.tokenizer_bytes.size(), 100u);
+  EXPECT_EQ(model.tokenizer_pieces, pieces);
+  // Made from those 100 bytes, the tokenizer is a smaller one: the check, not the parser, refuses.
+  const int64_t cut =
+      make_tokenizer(TokenizerKind::kSentencePiece, model.tokenizer_bytes, "cut")->vocab_size();
+  EXPECT_LT(cut, pieces);
+  const std::string want = fmt::format(
+      "the sentencepiece tokenizer made from the plan's bytes has {} pieces, but the plan recorded "
+      "{} at build time",
+      cut, pieces);
+  try {
+    CompiledModel::load_plan(ctx_, tmp("cut-tokenizer.plan"));
+    ADD_FAILURE() << "a plan with a cut tokenizer was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("rebuild the plan"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(make_model_tokenizer(model, tmp("cut-tokenizer.plan")), Error);
+  // A count that is missing is a corrupt header, not a plan to guess about.
+  p = split_plan(slurp(tmp("t5-tiny.plan")));
+  p.header["tokenizer"].erase("pieces");
+  spit(tmp("no-pieces.plan"), join_plan(p));
+  expect_plan_error(tmp("no-pieces.plan"), "corrupt plan header");
 }
 
 // Random single-byte corruptions of the header of a re-signed plan (a crafted file, or a writer

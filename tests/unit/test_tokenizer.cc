@@ -6,6 +6,7 @@
 #include "../models/parity_util.h"
 
 #include <algorithm>
+#include <cctype>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -421,31 +422,69 @@ TEST(BadInputTokenizer, WrongFieldValues) {
   expect_bpe_error(bloom_json_with([](Json& j) { j["added_tokens"] = 5; }), "added_tokens");
 }
 
-// Random byte edits must give either a working tokenizer or a kiln::Error, never a crash.
+// Random byte edits must give either a working tokenizer or a kiln::Error, never a crash or a
+// raw library exception. A working one encodes to ids inside its vocabulary. Both outcomes must
+// occur for both formats: edits that every check refuses, or that none notices, would exercise
+// only half of what this test is for (seed-fixed, so the counts are the same on every run).
 TEST(BadInputTokenizer, MutatedFilesNeverCrash) {
   std::mt19937 rng(99);
   const std::string& json = bloom_json_text();
   const std::string spiece = read_file(fixture_path("t5-tiny/spiece.model"));
-  size_t rejected = 0;
-  for (int i = 0; i < 300; ++i) {
-    const bool use_json = i % 2 == 0;
-    std::string bytes = use_json ? json : spiece;
+  constexpr int kTrials = 300;
+  int rejected[2] = {0, 0}, working[2] = {0, 0};  // [0]: tokenizer.json, [1]: spiece.model
+  for (int i = 0; i < kTrials; ++i) {
+    const int kind = i % 2;
+    std::string bytes = kind == 0 ? json : spiece;
     const int edits = std::uniform_int_distribution<int>(1, 8)(rng);
+    // spiece.model gets any byte. tokenizer.json mostly gets letters and digits for letters and
+    // digits (ids, merges, vocabulary and key names change, the JSON stays JSON: the tokenizer's
+    // own checks meet them); every fourth trial JSON's punctuation anywhere (the parser's). Random
+    // bytes would almost always break the JSON itself and test only the parser.
+    constexpr std::string_view kAlnum = "abcdefghijklmnopqrstuvwxyz0123456789";
+    constexpr std::string_view kJsonBytes = "0123456789:,\"{}[]ax- ";
+    const bool structural = kind == 0 && i % 8 == 0;
+    auto pick = [&](std::string_view from) {
+      return from[std::uniform_int_distribution<size_t>(0, from.size() - 1)(rng)];
+    };
     for (int e = 0; e < edits; ++e) {
-      const size_t at = std::uniform_int_distribution<size_t>(0, bytes.size() - 1)(rng);
-      bytes[at] = static_cast<char>(std::uniform_int_distribution<int>(0, 255)(rng));
+      size_t at = std::uniform_int_distribution<size_t>(0, bytes.size() - 1)(rng);
+      if (kind == 1) {
+        bytes[at] = static_cast<char>(std::uniform_int_distribution<int>(0, 255)(rng));
+      } else if (structural) {
+        bytes[at] = pick(kJsonBytes);
+      } else {
+        while (!std::isalnum(static_cast<unsigned char>(bytes[at]))) at = (at + 1) % bytes.size();
+        bytes[at] = pick(kAlnum);
+      }
     }
     try {
-      const auto tokenizer = use_json ? make_bpe_tokenizer(bytes, "mutated.json")
-                                      : make_sentencepiece_tokenizer(bytes, "mutated.model");
+      const auto tokenizer = kind == 0 ? make_bpe_tokenizer(bytes, "mutated.json")
+                                       : make_sentencepiece_tokenizer(bytes, "mutated.model");
       const std::vector<int64_t> ids = tokenizer->encode("reverse: suvogi = igovus <s> \xFF");
+      for (int64_t id : ids)
+        EXPECT_TRUE(id >= 0 && id < tokenizer->vocab_size())
+            << "trial " << i << ": id " << id << " outside a vocabulary of "
+            << tokenizer->vocab_size();
       tokenizer->decode(ids, false);
       tokenizer->decode(ids, true);
+      ++working[kind];
     } catch (const Error&) {
-      ++rejected;
+      ++rejected[kind];
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << "trial " << i << ": " << (kind == 0 ? "tokenizer.json" : "spiece.model")
+                    << " mutation escaped as a raw exception: " << e.what();
     }
   }
-  std::cout << "[ mutated ] " << rejected << "/300 rejected with kiln::Error\n";
+  std::cout << "[ mutated ] tokenizer.json: " << rejected[0] << " rejected, " << working[0]
+            << " working; spiece.model: " << rejected[1] << " rejected, " << working[1]
+            << " working\n";
+  EXPECT_EQ(rejected[0] + working[0] + rejected[1] + working[1], kTrials)
+      << "every trial ends in one of the two outcomes";
+  for (int kind : {0, 1}) {
+    const char* name = kind == 0 ? "tokenizer.json" : "spiece.model";
+    EXPECT_GT(rejected[kind], 0) << name << ": no mutation reached a kiln::Error";
+    EXPECT_GT(working[kind], 0) << name << ": no mutation left a working tokenizer";
+  }
 }
 
 TEST(BadInputTokenizer, CorruptSpieceModel) {

@@ -13,7 +13,6 @@
 #include <set>
 #include <string>
 
-#include "backend/cpu/onednn_reference.h"
 #include "backend/cuda_info.h"
 #include "commands.h"
 #include "core/bandwidth.h"
@@ -362,10 +361,9 @@ Runner add_bench(CLI::App& app) {
       // oneDNN has no implementation of on this CPU (bf16 without AVX-512), or only its reference
       // code, is replaced by f32, and the output says so; should f32 be missing too, the column
       // is n/a. The measured results are printed either way.
-      const int threads = static_cast<int>(ctx->pool().size());
       // Empty when every shape was timed in `type`; else why it was not.
-      auto reference = [&](cpu::OnednnType type) -> std::string {
-        const char* name = cpu::onednn_type_name(type);
+      auto reference = [&](LibraryGemmType type) -> std::string {
+        const char* name = library_gemm_type_name(type);
         std::map<LinearShape, double> ms_of;
         std::vector<std::array<double, 2>> per_row;  // gflop, oneDNN ms
         for (const auto& j : rows) {
@@ -374,10 +372,10 @@ Runner add_bench(CLI::App& app) {
                prompt_linears(ir, j["batch"].get<int>(), o->input_len)) {
             auto it = ms_of.find(shape);
             if (it == ms_of.end()) {
-              const std::optional<cpu::OnednnTiming> t =
-                  cpu::time_onednn_matmul(shape[0], shape[1], shape[2], type, threads, 3);
+              const std::optional<LibraryGemmTiming> t =
+                  model->backend().time_library_gemm(shape[0], shape[1], shape[2], type, 3);
               if (!t) return fmt::format("oneDNN has no {} GEMM for this CPU", name);
-              if (type != cpu::OnednnType::kF32 && t->impl.find("ref") != std::string::npos)
+              if (type != LibraryGemmType::kF32 && t->impl.find("ref") != std::string::npos)
                 return fmt::format("oneDNN has only reference code for {} GEMMs on this CPU", name);
               ctx->log().debug("oneDNN {} x {} -> {} ({}): {:.3f} ms", shape[0], shape[1], shape[2],
                                t->impl, t->ms);
@@ -397,12 +395,12 @@ Runner add_bench(CLI::App& app) {
         }
         return {};
       };
-      const cpu::OnednnType type = ir.precision == Precision::kBf16         ? cpu::OnednnType::kBf16
-                                   : ir.precision == Precision::kInt8Weight ? cpu::OnednnType::kInt8
-                                                                            : cpu::OnednnType::kF32;
+      const LibraryGemmType type = ir.precision == Precision::kBf16         ? LibraryGemmType::kBf16
+                                   : ir.precision == Precision::kInt8Weight ? LibraryGemmType::kInt8
+                                                                            : LibraryGemmType::kF32;
       std::string why = reference(type);
-      if (!why.empty() && type != cpu::OnednnType::kF32) {
-        const std::string why_f32 = reference(cpu::OnednnType::kF32);
+      if (!why.empty() && type != LibraryGemmType::kF32) {
+        const std::string why_f32 = reference(LibraryGemmType::kF32);
         onednn_why = why_f32.empty() ? why : fmt::format("{}; {}", why, why_f32);
         onednn_note = why_f32.empty() ? fmt::format("{}: set against its f32 GEMMs instead", why)
                                       : fmt::format("{}: no comparison", onednn_why);

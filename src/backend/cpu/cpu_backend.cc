@@ -8,6 +8,7 @@
 
 #include "backend/backend.h"
 #include "backend/cpu/kernels.h"
+#include "backend/cpu/onednn_reference.h"
 #include "backend/executor.h"
 
 namespace kiln {
@@ -193,6 +194,11 @@ class CpuBackend final : public Backend {
     return std::make_unique<GraphExecutor>(
         graph, profile, host_allocator(), &ctx_.pool(), std::move(kernels), std::move(names),
         ctx_.options().cpu_profile.value_or(false) ? &ctx_.log() : nullptr);
+  }
+  // oneDNN's matmul on as many threads as kiln's pool has.
+  std::optional<LibraryGemmTiming> time_library_gemm(int64_t rows, int64_t in, int64_t out,
+                                                     LibraryGemmType type, int runs) override {
+    return cpu::time_onednn_matmul(rows, in, out, type, static_cast<int>(ctx_.pool().size()), runs);
   }
   Allocator& allocator() override { return host_allocator(); }
   std::unique_ptr<KvStorage> create_kv_storage(const KvGeometry& geometry) override {

@@ -405,7 +405,8 @@ KernelFactory packed_linear_factory(DType weight) {
       return [](const Node& n) { return std::make_unique<PackedLinear<I8W>>(n); };
     case DType::kI32:
     case DType::kI64:
-    case DType::kQ8B32:
+    case DType::kF8E4M3:
+    case DType::kF8E5M2:
       break;
   }
   KILN_FAIL("no packed avx512 Linear for {} weights", dtype_name(weight));

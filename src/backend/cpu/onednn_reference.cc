@@ -14,12 +14,12 @@ namespace kiln::cpu {
 namespace {
 
 // Every element of `m` set to a small non-zero value (0.01 in f32 or bf16, 3 in 8-bit types).
-void fill(const dnnl::memory& m, OnednnType type) {
+void fill(const dnnl::memory& m, LibraryGemmType type) {
   const size_t bytes = m.get_desc().get_size();
-  if (type == OnednnType::kBf16) {
+  if (type == LibraryGemmType::kBf16) {
     auto* p = static_cast<uint16_t*>(m.get_data_handle());
     std::fill(p, p + bytes / 2, uint16_t{0x3C24});
-  } else if (type == OnednnType::kInt8) {
+  } else if (type == LibraryGemmType::kInt8) {
     std::memset(m.get_data_handle(), 3, bytes);
   } else {
     auto* p = static_cast<float*>(m.get_data_handle());
@@ -29,20 +29,8 @@ void fill(const dnnl::memory& m, OnednnType type) {
 
 }  // namespace
 
-const char* onednn_type_name(OnednnType t) {
-  switch (t) {
-    case OnednnType::kF32:
-      return "f32";
-    case OnednnType::kBf16:
-      return "bf16";
-    case OnednnType::kInt8:
-      return "u8s8";
-  }
-  return "?";
-}
-
-std::optional<OnednnTiming> time_onednn_matmul(int64_t rows, int64_t in, int64_t out,
-                                               OnednnType type, int threads, int runs) {
+std::optional<LibraryGemmTiming> time_onednn_matmul(int64_t rows, int64_t in, int64_t out,
+                                                    LibraryGemmType type, int threads, int runs) {
   KILN_CHECK(rows > 0 && in > 0 && out > 0 && threads > 0 && runs > 0,
              "oneDNN reference GEMM: rows {}, in {}, out {}, {} threads, {} runs", rows, in, out,
              threads, runs);
@@ -52,10 +40,10 @@ std::optional<OnednnTiming> time_onednn_matmul(int64_t rows, int64_t in, int64_t
   try {
     const dnnl::engine engine(dnnl::engine::kind::cpu, 0);
     dnnl::stream stream(engine);
-    const dt x_type = type == OnednnType::kBf16   ? dt::bf16
-                      : type == OnednnType::kInt8 ? dt::u8
-                                                  : dt::f32;
-    const dt w_type = type == OnednnType::kInt8 ? dt::s8 : x_type;
+    const dt x_type = type == LibraryGemmType::kBf16   ? dt::bf16
+                      : type == LibraryGemmType::kInt8 ? dt::u8
+                                                       : dt::f32;
+    const dt w_type = type == LibraryGemmType::kInt8 ? dt::s8 : x_type;
     const dnnl::memory::desc x_desc({rows, in}, x_type, tag::ab);
     const dnnl::memory::desc y_desc({rows, out}, dt::f32, tag::ab);
     const dnnl::matmul::primitive_desc pd(
@@ -85,12 +73,13 @@ std::optional<OnednnTiming> time_onednn_matmul(int64_t rows, int64_t in, int64_t
     }
     omp_set_num_threads(saved_threads);
     std::sort(ms.begin(), ms.end());
-    return OnednnTiming{ms[ms.size() / 2], pd.impl_info_str()};
+    return LibraryGemmTiming{ms[ms.size() / 2], pd.impl_info_str()};
   } catch (const dnnl::error& e) {
     omp_set_num_threads(saved_threads);
     if (e.status == dnnl_unimplemented) return std::nullopt;
     KILN_CHECK(false, "oneDNN reference GEMM [{} x {}] · [{} x {}]ᵀ ({}) failed: {} (status {})",
-               rows, in, out, in, onednn_type_name(type), e.what(), static_cast<int>(e.status));
+               rows, in, out, in, library_gemm_type_name(type), e.what(),
+               static_cast<int>(e.status));
   }
   return {};
 }

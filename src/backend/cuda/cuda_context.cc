@@ -66,7 +66,8 @@ FloatType float_type(DType dtype) {
     case DType::kI8:
     case DType::kI32:
     case DType::kI64:
-    case DType::kQ8B32:
+    case DType::kF8E4M3:
+    case DType::kF8E5M2:
       break;
   }
   KILN_FAIL("the cuda kernels take f32, f16 or bf16 tensors, not {}", dtype_name(dtype));
@@ -96,7 +97,8 @@ IndexType index_type(DType dtype) {
     case DType::kF16:
     case DType::kBF16:
     case DType::kI8:
-    case DType::kQ8B32:
+    case DType::kF8E4M3:
+    case DType::kF8E5M2:
       break;
   }
   KILN_FAIL("the cuda kernels take i32 or i64 indices, not {}", dtype_name(dtype));

@@ -65,7 +65,7 @@ void embedding(const Node& node, const KernelArgs& args) {
 }
 
 // x [n, in], w [out, in], bias [out] (optional), scales [out] (i8 weights) ->
-// act(x (w * scales)^T + bias) [n, out]. Block-quantized weights decode with their own scales.
+// act(x (w * scales)^T + bias) [n, out].
 // A folded input norm (LinearAttrs::norm) scales each row's products by the row's 1 / std (or
 // 1 / rms) after subtracting its mean times the weight's row sums (LayerNorm), with x times the
 // norm's scale where the Linear has one (kLinearNormScale).

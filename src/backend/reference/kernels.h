@@ -12,12 +12,17 @@
 namespace kiln::reference {
 
 // The narrow float formats from their definitions (IEEE binary16; bfloat16 = the upper half of
-// binary32), not through core/half.h. Encoding rounds to nearest, ties to even; values beyond the
-// largest finite number round to infinity; NaN stays NaN.
+// binary32; OCP's E4M3 and E5M2), not through core/half.h or core/fp8.h. Encoding rounds to
+// nearest, ties to even; values beyond the largest finite number round to infinity, except in
+// E4M3, which has none and saturates at ±448; NaN stays NaN.
 double f16_to_double(uint16_t bits);
 uint16_t f16_from_double(double x);
 double bf16_to_double(uint16_t bits);
 uint16_t bf16_from_double(double x);
+double f8_e4m3_to_double(uint8_t bits);
+uint8_t f8_e4m3_from_double(double x);
+double f8_e5m2_to_double(uint8_t bits);
+uint8_t f8_e5m2_from_double(double x);
 
 // Element i of a float tensor (f32, f16 or bf16), or of an index tensor (i32, i64).
 double element(const void* data, DType dtype, int64_t i);

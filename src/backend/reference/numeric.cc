@@ -4,7 +4,6 @@
 #include <bit>
 #include <cmath>
 #include <cstdlib>
-#include <cstring>
 #include <limits>
 #include <numbers>
 
@@ -65,6 +64,55 @@ uint16_t bf16_from_double(double x) {
 
 namespace {
 
+// The code of r (finite, >= 0, already rounded to the format) in an 8-bit float of
+// `mantissa_bits` mantissa bits and exponent bias `bias`, without its sign.
+uint8_t f8_magnitude_bits(double r, int mantissa_bits, int bias) {
+  const int min_exp = 1 - bias;
+  if (r < std::ldexp(1.0, min_exp))  // subnormal: a multiple of 2^(min_exp - mantissa_bits)
+    return static_cast<uint8_t>(std::ldexp(r, mantissa_bits - min_exp));
+  int e = 0;
+  std::frexp(r, &e);
+  const int exp = e - 1;
+  const int mant = static_cast<int>(std::ldexp(r, mantissa_bits - exp)) - (1 << mantissa_bits);
+  return static_cast<uint8_t>(((exp + bias) << mantissa_bits) | mant);
+}
+
+}  // namespace
+
+// OCP's E4M3 (no infinities, NaN S.1111.111, bias 7) and E5M2 (IEEE like, bias 15); rounding
+// from double saturates E4M3 at ±448 and takes E5M2 past ±57344 to ±inf (core/fp8.h).
+double f8_e4m3_to_double(uint8_t bits) {
+  const double sign = (bits & 0x80) ? -1.0 : 1.0;
+  const int exp = (bits >> 3) & 0xf, mant = bits & 0x7;
+  if (exp == 0xf && mant == 0x7) return std::numeric_limits<double>::quiet_NaN();
+  if (exp == 0) return sign * std::ldexp(mant, -9);  // subnormal: mant * 2^-9
+  return sign * std::ldexp(8 + mant, exp - 10);      // (1 + mant / 8) * 2^(exp - 7)
+}
+
+uint8_t f8_e4m3_from_double(double x) {
+  const uint8_t sign = std::signbit(x) ? 0x80 : 0;
+  if (std::isnan(x)) return sign | 0x7f;
+  return sign | f8_magnitude_bits(std::min(round_magnitude(std::fabs(x), 3, -6), 448.0), 3, 7);
+}
+
+double f8_e5m2_to_double(uint8_t bits) {
+  const double sign = (bits & 0x80) ? -1.0 : 1.0;
+  const int exp = (bits >> 2) & 0x1f, mant = bits & 0x3;
+  if (exp == 0x1f) return mant ? std::numeric_limits<double>::quiet_NaN() : sign * kInf;
+  if (exp == 0) return sign * std::ldexp(mant, -16);  // subnormal: mant * 2^-16
+  return sign * std::ldexp(4 + mant, exp - 17);       // (1 + mant / 4) * 2^(exp - 15)
+}
+
+uint8_t f8_e5m2_from_double(double x) {
+  const uint8_t sign = std::signbit(x) ? 0x80 : 0;
+  if (std::isnan(x)) return sign | 0x7e;
+  const double r = round_magnitude(std::fabs(x), 2, -14);
+  if (r >= 65536.0) return sign | 0x7c;  // past 57344 (ties included) and infinity
+  return sign | f8_magnitude_bits(r, 2, 15);
+}
+
+namespace {
+
 float f32_from_double(double x) {
   // The tie between FLT_MAX and 2^128 rounds to infinity; converting a double beyond the float
   // range is not defined by C++, so the overflow is spelled out.
@@ -89,13 +137,10 @@ double element(const void* data, DType dtype, int64_t i) {
       return static_cast<const int32_t*>(data)[i];
     case DType::kI64:
       return static_cast<double>(static_cast<const int64_t*>(data)[i]);
-    case DType::kQ8B32: {
-      // Block of 32: an fp16 scale, then 32 int8 values (value = q * scale).
-      const auto* block = static_cast<const unsigned char*>(data) + (i / 32) * 34;
-      uint16_t scale;
-      std::memcpy(&scale, block, 2);
-      return f16_to_double(scale) * static_cast<int8_t>(block[2 + i % 32]);
-    }
+    case DType::kF8E4M3:
+      return f8_e4m3_to_double(static_cast<const uint8_t*>(data)[i]);
+    case DType::kF8E5M2:
+      return f8_e5m2_to_double(static_cast<const uint8_t*>(data)[i]);
   }
   KILN_FAIL("reference: unknown dtype {}", static_cast<int>(dtype));
 }
@@ -110,7 +155,8 @@ int64_t index_element(const Tensor& t, int64_t i) {
     case DType::kF16:
     case DType::kBF16:
     case DType::kI8:
-    case DType::kQ8B32:
+    case DType::kF8E4M3:
+    case DType::kF8E5M2:
       break;
   }
   KILN_FAIL("reference: indices must be i32 or i64, not {}", dtype_name(t.dtype()));
@@ -127,10 +173,15 @@ void set_element(void* data, DType dtype, int64_t i, double x) {
     case DType::kBF16:
       static_cast<uint16_t*>(data)[i] = bf16_from_double(x);
       return;
+    case DType::kF8E4M3:
+      static_cast<uint8_t*>(data)[i] = f8_e4m3_from_double(x);
+      return;
+    case DType::kF8E5M2:
+      static_cast<uint8_t*>(data)[i] = f8_e5m2_from_double(x);
+      return;
     case DType::kI8:
     case DType::kI32:
     case DType::kI64:
-    case DType::kQ8B32:
       break;
   }
   KILN_FAIL("reference kernels write float outputs, not {}", dtype_name(dtype));
@@ -144,10 +195,13 @@ double round_to(DType dtype, double x) {
       return f16_to_double(f16_from_double(x));
     case DType::kBF16:
       return bf16_to_double(bf16_from_double(x));
+    case DType::kF8E4M3:
+      return f8_e4m3_to_double(f8_e4m3_from_double(x));
+    case DType::kF8E5M2:
+      return f8_e5m2_to_double(f8_e5m2_from_double(x));
     case DType::kI8:
     case DType::kI32:
     case DType::kI64:
-    case DType::kQ8B32:
       break;
   }
   KILN_FAIL("reference: cannot round to {}", dtype_name(dtype));

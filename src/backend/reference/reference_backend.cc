@@ -163,11 +163,10 @@ void register_kernels(KernelRegistry& r) {
       for (DType weight : kFloatTypes)
         r.add(KernelKey{op.op, act, weight, Device::kCpu, Isa::kReference}, op.name,
               function_kernel(op.fn));
-  // Quantized Linear weights: i8 with per-channel scales, and q8_b32 blocks.
+  // Quantized Linear weights: i8 with per-channel scales.
   for (DType act : kFloatTypes)
-    for (DType weight : {DType::kI8, DType::kQ8B32})
-      r.add(KernelKey{OpKind::kLinear, act, weight, Device::kCpu, Isa::kReference},
-            "reference quantized linear", function_kernel(linear));
+    r.add(KernelKey{OpKind::kLinear, act, DType::kI8, Device::kCpu, Isa::kReference},
+          "reference quantized linear", function_kernel(linear));
   // i8 embedding tables with per-row scales, gathered as f32 rows.
   r.add(KernelKey{OpKind::kEmbedding, DType::kF32, DType::kI8, Device::kCpu, Isa::kReference},
         "reference quantized embedding", function_kernel(embedding));

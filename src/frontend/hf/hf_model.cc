@@ -26,6 +26,7 @@ ModelIR import_hf_model(const std::string& dir, const Logger& log) {
   const std::unique_ptr<Tokenizer> tok = load_tokenizer_dir(dir);
   model.tokenizer_format = std::string(tokenizer_kind_name(tok->kind()));
   model.tokenizer_bytes = tok->source_bytes();
+  model.tokenizer_pieces = tok->vocab_size();
   const Checkpoint ckpt = Checkpoint::open_dir(dir);
   log.info("checkpoint: {} tensors in {} file(s)", ckpt.tensors().size(), ckpt.files().size());
   switch (config.arch) {
