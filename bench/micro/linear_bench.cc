@@ -186,11 +186,11 @@ void BM_kiln_int8_cold(benchmark::State& state) {
 // range(3) 0 f32, 1 bf16, 2 u8 x s8.
 void BM_onednn_matmul(benchmark::State& state) {
   const int64_t n = state.range(0), k = state.range(1), m = state.range(2);
-  const cpu::OnednnType type = state.range(3) == 0   ? cpu::OnednnType::kF32
-                               : state.range(3) == 1 ? cpu::OnednnType::kBf16
-                                                     : cpu::OnednnType::kInt8;
+  const LibraryGemmType type = state.range(3) == 0   ? LibraryGemmType::kF32
+                               : state.range(3) == 1 ? LibraryGemmType::kBf16
+                                                     : LibraryGemmType::kInt8;
   for (auto _ : state) {
-    const std::optional<cpu::OnednnTiming> t =
+    const std::optional<LibraryGemmTiming> t =
         cpu::time_onednn_matmul(n, k, m, type, static_cast<int>(pool().size()), 5);
     if (!t) {
       state.SkipWithError("oneDNN has no implementation of this GEMM on this CPU");

@@ -189,6 +189,9 @@ class Backend {
   // True when execute() of a decode step returns before the step has run (CUDA): a caller that
   // queues the next step before reading this one's tokens keeps the device busy meanwhile.
   virtual bool runs_ahead() const { return false; }
+  // The most tokens of a step that the backend replays from a recorded launch sequence (a CUDA
+  // graph); a longer one pays each kernel's launch on the host. 0: none are replayed.
+  virtual int64_t replayed_step_tokens() const { return 0; }
   // The token ids of a step queued behind an unread one (the scheduler's run-ahead): rows `keep`
   // of that step's ids (start_argmax_rows' tensor, where it lives) and then `tail` (host ids:
   // prompts joining the batch), as one [keep + tail] i64 tensor for the next execute(), made in

@@ -62,13 +62,12 @@ struct SchedulerOptions {
   // Run-ahead: queued steps in a row that a waiting request may be held back, so that the
   // arrivals of those steps join one step together: a request that needs a planned step (an
   // encoder-decoder prompt, sampling, a prompt over the step's budget), and prompts that would
-  // make a queued step longer than a decode step (over kDecodeStepTokens tokens: on CUDA such a
-  // step is launched kernel by kernel, not replayed from a graph, and takes ~1.6x as long).
+  // make a queued step longer than the backend replays (Backend::replayed_step_tokens: on CUDA
+  // a longer step is launched kernel by kernel, not replayed from a graph, and takes ~1.6x as
+  // long).
   // KILN_JOIN_HOLD_STEPS=N sets it (A/B runs); 0: every arrival joins the next step.
   int join_hold_steps = 4;
 };
-// The most tokens of a step that CUDA replays from a graph (CudaExecutor::kMaxGraphTokens).
-inline constexpr int64_t kDecodeStepTokens = 64;
 
 struct GenerationEvent {
   RequestId id = 0;

@@ -6,7 +6,6 @@
 // while the device runs.
 #include <algorithm>
 #include <mutex>
-#include <unordered_set>
 
 #include "runtime/scheduler.h"
 #include "runtime/scheduler_request.h"
@@ -51,20 +50,22 @@ std::optional<Scheduler::AheadPlan> Scheduler::plan_ahead(
     const std::vector<Request*>& batch) const {
   if (!run_ahead_ || batch.empty()) return std::nullopt;
   AheadPlan plan;
-  std::unordered_set<const Request*> stepped;
+  int64_t stepped = 0;  // live requests of the unread step (each one of running_)
   int64_t blocks = 0;
   for (Request* r : batch) {
     if (r == nullptr || r->done) continue;
     if (r->preempted || !plain_greedy(r->params, r->beams.size())) return std::nullopt;
     const Beam& b = r->beams.front();
     if (b.row < 0 || b.pending() > 0) return std::nullopt;
-    stepped.insert(r);
+    ++stepped;
     if (b.generated + 1 >= r->max_new) continue;
     plan.carry.emplace_back(r, b.row);
     blocks += b.kv.blocks_needed(blocks_, 1);
   }
-  for (const auto& r : running_)
-    if (!r->done && stepped.count(r.get()) == 0) return std::nullopt;
+  if (std::count_if(running_.begin(), running_.end(),
+                    [](const std::unique_ptr<Request>& r) { return !r->done; }) != stepped)
+    return std::nullopt;
+  const int64_t replayed = model_.backend().replayed_step_tokens();
   int64_t seqs = static_cast<int64_t>(plan.carry.size());
   int64_t tokens = seqs;
   for (const auto& w : waiting_) {
@@ -81,8 +82,9 @@ std::optional<Scheduler::AheadPlan> Scheduler::plan_ahead(
       plan.holds_back = true;
       break;
     }
-    // A prompt that makes the step longer than a decode step waits for others to join with it.
-    if (tokens + b.pending() > kDecodeStepTokens && held_back_ < options_.join_hold_steps) {
+    // A prompt that makes the step too long for the backend's replayed steps waits for others
+    // to join with it.
+    if (replayed > 0 && tokens + b.pending() > replayed && held_back_ < options_.join_hold_steps) {
       plan.holds_back = true;
       break;
     }
@@ -171,10 +173,6 @@ bool Scheduler::step_unread(std::vector<GenerationEvent>& events) {
                            [id](const std::unique_ptr<Request>& r) { return r->id == id; });
     batch.push_back(it != running_.end() ? it->get() : nullptr);
   }
-  // The unread step's rows, before the queued step gives its carried requests new ones.
-  std::vector<int64_t> unread_rows(batch.size(), -1);
-  for (size_t i = 0; i < batch.size(); ++i)
-    if (batch[i] != nullptr) unread_rows[i] = batch[i]->beams.front().row;
   std::optional<AheadPlan> plan = plan_ahead(batch);
   if (plan) {
     try {
@@ -186,9 +184,6 @@ bool Scheduler::step_unread(std::vector<GenerationEvent>& events) {
       plan.reset();
     }
   }
-  // The read uses the unread step's rows; the queued step's are set after it.
-  for (size_t i = 0; i < batch.size(); ++i)
-    if (batch[i] != nullptr) batch[i]->beams.front().row = unread_rows[i];
   Backend& backend = model_.backend();
   row_argmax_.assign(unread.requests.size(), -1);  // one row a request (plain greedy)
   row_topk_.assign(unread.requests.size(), 0);
@@ -207,13 +202,13 @@ bool Scheduler::step_unread(std::vector<GenerationEvent>& events) {
   }
   for (Request* r : batch)
     if (r != nullptr && !r->done) advance(*r, events);
-  if (plan)
+  if (plan) {
+    // The carried requests take their rows in the queued step now that the read is done.
     for (size_t k = 0; k < plan->carry.size(); ++k) {
       Beam& b = plan->carry[k].first->beams.front();
       b.row = static_cast<int64_t>(k);  // launch_ahead's rows: the carried first, in order
       b.scheduled = 1;
     }
-  if (plan) {
     // The queued step's argmax, after this step's tokens were counted (min_new_tokens bans; a
     // request that stopped here keeps a row whose token nobody reads).
     std::vector<Request*> queued;

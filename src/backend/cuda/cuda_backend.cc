@@ -94,6 +94,9 @@ class CudaBackend final : public Backend {
     cuda_->edit_logits_rows(logits, edits);
   }
   bool runs_ahead() const override { return true; }
+  int64_t replayed_step_tokens() const override {
+    return cuda_->use_graphs() ? CudaExecutor::kMaxGraphTokens : 0;
+  }
   Tensor gather_ids(const Tensor& ids, std::span<const int64_t> keep,
                     std::span<const int64_t> tail) override {
     if (ids.device() != Device::kCuda) return Backend::gather_ids(ids, keep, tail);
