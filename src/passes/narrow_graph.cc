@@ -24,10 +24,14 @@ bool is_float(DType d) { return d == DType::kF32 || d == DType::kF16 || d == DTy
 
 bool is_wo(const Graph& g, const Node& n) {
   if (n.op != OpKind::kLinear || n.inputs.size() < 2 || n.inputs[1] < 0) return false;
+  // A weight the frontend widened (a checkpoint of another narrow type) is named after its
+  // folded Cast: "<name>.f32".
   const std::string& w = g.values[n.inputs[1]].name;
-  const std::string suffix = ".wo.weight";
-  return w.size() >= suffix.size() &&
-         w.compare(w.size() - suffix.size(), suffix.size(), suffix) == 0;
+  auto ends_with = [&](std::string_view suffix) {
+    return w.size() >= suffix.size() &&
+           w.compare(w.size() - suffix.size(), suffix.size(), suffix.data(), suffix.size()) == 0;
+  };
+  return ends_with(".wo.weight") || ends_with(".wo.weight.f32");
 }
 
 // The nodes of the f32 residual stream: norms, `wo` Linears, and the adds and row gathers that
@@ -86,6 +90,32 @@ int insert_casts(Graph& g, const std::vector<bool>& wide, DType narrow) {
   return casts;
 }
 
+// Casts whose input already has their type (an Embedding's widening Cast from
+// keep_narrow_weights, once both sides are narrow): their readers read the input. A Cast that
+// makes a graph output stays (the output keeps its name). `wide` follows the removal.
+void remove_identity_casts(Graph& g, std::vector<bool>* wide) {
+  std::vector<bool> erase(g.nodes.size(), false);
+  std::vector<int> same(g.values.size(), -1);
+  bool any = false;
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    Node& n = g.nodes[i];
+    for (int& in : n.inputs)
+      if (in >= 0 && same[in] >= 0) in = same[in];
+    if (n.op != OpKind::kCast || g.values[n.inputs[0]].dtype != g.values[n.outputs[0]].dtype)
+      continue;
+    const int out = n.outputs[0];
+    if (std::find(g.outputs.begin(), g.outputs.end(), out) != g.outputs.end()) continue;
+    same[out] = n.inputs[0];
+    erase[i] = any = true;
+  }
+  if (!any) return;
+  std::vector<bool> kept;
+  for (size_t i = 0; i < erase.size(); ++i)
+    if (!erase[i]) kept.push_back((*wide)[i]);
+  remove_nodes(g, erase);
+  *wide = std::move(kept);
+}
+
 }  // namespace
 
 int narrow_graph(Graph& graph, Precision precision, const Logger& log) {
@@ -138,7 +168,11 @@ int narrow_graph(Graph& graph, Precision precision, const Logger& log) {
       v.dtype = DType::kF32;
       continue;
     }
-    if (v.dtype == narrow) continue;
+    if (v.dtype == narrow) {
+      weights += v.kind == ValueKind::kWeight;  // kept in the checkpoint's type
+      activations += v.kind == ValueKind::kActivation;
+      continue;
+    }
     switch (v.kind) {
       case ValueKind::kWeight:
         KILN_CHECK(v.layout.plain(),
@@ -159,6 +193,7 @@ int narrow_graph(Graph& graph, Precision precision, const Logger& log) {
   }
   for (Node& n : graph.nodes)
     if (n.op == OpKind::kCast) n.attr<CastAttrs>().to = graph.values[n.outputs[0]].dtype;
+  remove_identity_casts(graph, &wide);
   const int stream_nodes = static_cast<int>(std::count(wide.begin(), wide.end(), true));
   if (stream_nodes > 0) {
     const int casts = insert_casts(graph, wide, narrow);

@@ -69,6 +69,12 @@ int fuse_gather_linear(Graph& graph, const Logger& log);
 // embedding's only reader. Returns the embeddings fused.
 int fuse_embedding_norm(Graph& graph, const Logger& log);
 
+// CUDA fp16 / bf16 plans from a checkpoint in the plan's type (`narrow`): Linears and
+// Embeddings read the checkpoint's weights as they are, without the frontend's widening Cast
+// (which constant folding would make an f32 copy of, for narrow_graph to round back). Before
+// fold_constants. Returns the readers rewired.
+int keep_narrow_weights(Graph& graph, DType narrow, const Logger& log);
+
 // CUDA fp16 / bf16 plans: float weights and activations in that type, logits widened to f32 by
 // a Cast (the CPU keeps f32 activations and narrows only weight storage: assign_precision).
 int narrow_graph(Graph& graph, Precision precision, const Logger& log);

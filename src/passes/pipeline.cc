@@ -2,9 +2,19 @@
 #include "passes/pass.h"
 
 namespace kiln {
+namespace {
+
+// The type narrow_graph gives a CUDA plan's weights and activations (f32 for the others).
+DType narrow_dtype(Precision p) {
+  return p == Precision::kFp16 ? DType::kF16 : p == Precision::kBf16 ? DType::kBF16 : DType::kF32;
+}
+
+}  // namespace
 
 void optimize_model(ModelIR& model, const PassOptions& options, const Logger& log) {
   for (Graph& g : model.graphs) {
+    if (model.device == Device::kCuda && options.fold_constants)
+      keep_narrow_weights(g, narrow_dtype(model.precision), log);
     if (options.fold_constants) fold_constants(g, log);
     eliminate_dead(g, log);
     if (options.fuse) {

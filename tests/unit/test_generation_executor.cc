@@ -6,6 +6,7 @@
 // no CPU. Expected outputs are computed by the Scheduler or the tokenizer, never written here.
 #include <gtest/gtest.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <thread>
@@ -290,7 +291,10 @@ INSTANTIATE_TEST_SUITE_P(Models, GenerationExecutorTest, testing::Values("t5-tin
 class PublicEngineTest : public testing::Test {
  protected:
   static void SetUpTestSuite() {
-    dir_ = new std::string(testing::TempDir() + "/kiln_public_engine");
+    // One folder per process: ctest runs this suite's tests as concurrent processes, and each
+    // one's TearDownTestSuite removes its folder.
+    dir_ =
+        new std::string(std::string(KILN_TEST_TMP) + "/public_engine_" + std::to_string(getpid()));
     std::filesystem::create_directories(*dir_);
     Logger quiet(LogLevel::kError);
     BuildOptions o;
