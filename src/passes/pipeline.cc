@@ -12,22 +12,21 @@ void optimize_model(ModelIR& model, const PassOptions& options, const Logger& lo
       fuse_add_rms_norm(g, log);
     }
     if (options.fuse && model.device == Device::kCuda) fuse_linear_residual(g, log);
-    // Before narrow_graph and assign_precision: the stacked weight is narrowed or quantized as
+    // Before assign_precision: the stacked weight is narrowed or quantized as
     // one (per-row scales are the rows' own).
     if (options.fuse) {
       fuse_qkv(g, log);
       fuse_gate_up(g, log);
     }
+    assign_precision(g, precision_support(model.device, model.precision), options.precision,
+                     &model.precision_notes, log);
     if (model.device == Device::kCuda) {
-      narrow_graph(g, model.precision, log);
       if (options.fuse) {
         fuse_norm_linear(g, log);
         fuse_embedding_norm(g, log);
         fuse_linear_cast(g, log);
         fuse_gather_linear(g, log);
       }
-    } else {
-      assign_precision(g, model.precision, &model.precision_notes, log);
     }
     verify_graph(g);
     // Report the workspace of the largest bucket (what a full step needs), with the bindings
