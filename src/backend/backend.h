@@ -136,7 +136,6 @@ class Backend {
   virtual ~Backend() = default;
   virtual Device device() const = 0;
   virtual std::string describe() const = 0;
-  virtual bool supports_precision(Precision precision) const = 0;
   // What ModelIR::target names this backend's hardware ("sm_90"); empty when it runs any plan.
   virtual std::string target() const { return {}; }
   // Empty when a kernel exists for the node; otherwise why not.

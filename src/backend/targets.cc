@@ -1,40 +1,18 @@
-// Which devices and precisions this build runs, and the backend for a device: the one place
-// the builder, the plan loader and the CLI ask.
+// Which devices this build runs (a CUDA build, a GPU), with core/target.h's table of which
+// precisions each runs, and the backend for a device: the one place the builder, the plan loader
+// and the CLI ask.
 #include "backend/backend.h"
 
 namespace kiln {
 
 std::string target_unsupported_reason(Device device, Precision precision) {
-  switch (device) {
-    case Device::kCpu:
-      switch (precision) {
-        case Precision::kFp32:
-        case Precision::kFp16:
-        case Precision::kBf16:
-        case Precision::kInt8Weight:
-          return {};
-        case Precision::kInt8:
-          return "int8 activations (calibrated with --calib) are not implemented on the cpu; "
-                 "--precision int8-weight stores int8 weights and keeps fp32 activations";
-      }
-      return "unknown precision";
-    case Device::kCuda: {
-      const CudaInfo cuda = query_cuda();
-      if (!cuda.compiled) return cuda.error;
-      switch (precision) {
-        case Precision::kFp32:
-        case Precision::kFp16:
-        case Precision::kBf16:
-          return {};
-        case Precision::kInt8:
-        case Precision::kInt8Weight:
-          break;
-      }
-      return fmt::format("the cuda backend runs fp32, fp16 and bf16 plans (not {})",
-                         precision_name(precision));
-    }
+  if (device == Device::kCuda) {
+    const CudaInfo cuda = query_cuda();
+    if (!cuda.compiled) return cuda.error;
   }
-  return "unknown device";
+  const PrecisionSupport& s = precision_support(device, precision);
+  if (s.supported) return {};
+  return fmt::format("{} (not {})", s.unsupported, precision_name(precision));
 }
 
 std::unique_ptr<Backend> make_backend(Context& ctx, Device device) {

@@ -68,7 +68,7 @@ ModelIR build_model(const std::string& hf_dir, const BuildOptions& options, cons
   p.token_buckets = ShapeProfile::default_buckets(p.max_step_tokens);
   if (options.optimize) {
     PassOptions passes;
-    passes.precision = options.precision;
+    passes.precision = options.precision_options;
     optimize_model(model, passes, log);
   } else {
     // Without the pipeline the Cast nodes of fp16 checkpoints still need resolving, and the
@@ -76,10 +76,8 @@ ModelIR build_model(const std::string& hf_dir, const BuildOptions& options, cons
     for (Graph& g : model.graphs) {
       fold_constants(g, log);
       eliminate_dead(g, log);
-      if (model.device == Device::kCuda)
-        narrow_graph(g, model.precision, log);
-      else
-        assign_precision(g, model.precision, &model.precision_notes, log);
+      assign_precision(g, precision_support(model.device, model.precision),
+                       options.precision_options, &model.precision_notes, log);
     }
   }
   if (options.tf32) {

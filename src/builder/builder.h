@@ -9,6 +9,7 @@
 
 #include "core/context.h"
 #include "graph/model_ir.h"
+#include "passes/pass.h"
 #include "runtime/compiled_model.h"
 
 namespace kiln {
@@ -19,6 +20,9 @@ inline constexpr int64_t kCudaStepTokens = 4096;
 struct BuildOptions {
   Device device = Device::kCpu;
   Precision precision = Precision::kFp32;
+  // Layers kept in f32 whatever the precision, and later a calibration's result (the precision
+  // pass: passes/pass.h).
+  PrecisionOptions precision_options;
   std::string prompt_template = "{prompt}";
   int64_t max_input_tokens = 0;  // 0: the model's positions (T5 512, BLOOM 2048)
   int64_t max_batch = 256;       // most sequences (logits rows) per step the plan is sized for

@@ -1,5 +1,7 @@
 #include "core/target.h"
 
+#include <string>
+
 namespace kiln {
 
 std::string_view device_name(Device device) {
@@ -48,5 +50,42 @@ bool parse_precision(std::string_view name, Precision* out) {
 
 std::string_view device_names() { return "cpu, cuda"; }
 std::string_view precision_names() { return "fp32, fp16, bf16, int8, int8-weight"; }
+
+namespace {
+
+constexpr std::string_view kNoInt8Cpu =
+    "int8 activations (calibrated with --calib) are not implemented on the cpu; --precision "
+    "int8-weight stores int8 weights and keeps fp32 activations";
+constexpr std::string_view kCudaFloatOnly = "the cuda backend runs fp32, fp16 and bf16 plans";
+
+// Rows in kAllDevices × kAllPrecisions order.
+constexpr PrecisionSupport kSupport[] = {
+    {Device::kCpu, Precision::kFp32, true, DType::kF32, DType::kF32, false, {}},
+    {Device::kCpu, Precision::kFp16, true, DType::kF16, DType::kF32, false, {}},
+    {Device::kCpu, Precision::kBf16, true, DType::kBF16, DType::kF32, false, {}},
+    {Device::kCpu, Precision::kInt8, false, DType::kI8, DType::kF32, true, kNoInt8Cpu},
+    {Device::kCpu, Precision::kInt8Weight, true, DType::kI8, DType::kF32, true, {}},
+    {Device::kCuda, Precision::kFp32, true, DType::kF32, DType::kF32, false, {}},
+    {Device::kCuda, Precision::kFp16, true, DType::kF16, DType::kF16, false, {}},
+    {Device::kCuda, Precision::kBf16, true, DType::kBF16, DType::kBF16, false, {}},
+    {Device::kCuda, Precision::kInt8, false, DType::kI8, DType::kF16, true, kCudaFloatOnly},
+    {Device::kCuda, Precision::kInt8Weight, false, DType::kI8, DType::kF16, true, kCudaFloatOnly},
+};
+
+}  // namespace
+
+const PrecisionSupport& precision_support(Device device, Precision precision) {
+  for (const PrecisionSupport& s : kSupport)
+    if (s.device == device && s.precision == precision) return s;
+  return kSupport[0];  // unreachable: the table covers every pair (tested)
+}
+
+std::string supported_precision_names(Device device) {
+  std::string names;
+  for (Precision p : kAllPrecisions)
+    if (precision_support(device, p).supported)
+      names += (names.empty() ? "" : ", ") + std::string(precision_name(p));
+  return names;
+}
 
 }  // namespace kiln

@@ -1,12 +1,14 @@
 // What a plan targets: the device it runs on and the precision its weights are computed in.
-// This is the one place that names them; backends say which of them they support
-// (Backend::supports_precision), and the CLI, plans and the builder all parse and print through
-// these functions.
+// This is the one place that names them and says which device runs which precision how
+// (precision_support): the CLI's refusals, the builder, the precision pass, the plan loader and
+// the tests all ask it.
 #pragma once
 
 #include <cstdint>
 #include <span>
 #include <string_view>
+
+#include "core/dtype.h"
 
 namespace kiln {
 
@@ -31,5 +33,24 @@ bool parse_precision(std::string_view name, Precision* out);
 // "cpu, cuda" / "fp32, fp16, ..." for error messages and --help.
 std::string_view device_names();
 std::string_view precision_names();
+
+// How a device runs a precision: the type its weight matrices (Linear weights, Embedding tables)
+// are stored in, the type activations flow in between nodes (the CPU keeps f32 activations and
+// narrows only weight storage; CUDA computes fp16/bf16 plans in that type), whether matrices carry
+// per-output-channel f32 scales, and why not when the device does not run it. Whether a device
+// is present (a CUDA build, a GPU) is the backend's to say (backend/backend.h).
+struct PrecisionSupport {
+  Device device;
+  Precision precision;
+  bool supported;
+  DType matrix;      // Linear weights and Embedding tables
+  DType activation;  // values between nodes
+  bool channel_scales;
+  std::string_view unsupported;  // why not (when !supported)
+};
+// The one table of (device, precision) → PrecisionSupport.
+const PrecisionSupport& precision_support(Device device, Precision precision);
+// The precisions `device` runs, for --help and error messages ("fp32, fp16, bf16").
+std::string supported_precision_names(Device device);
 
 }  // namespace kiln

@@ -46,12 +46,15 @@ struct ShapeProfile {
 // Positive limits, ascending buckets ending at max_step_tokens; throws naming `source`.
 void check_shape_profile(const ShapeProfile& profile, const std::string& source);
 
-// Why a weight is stored wider than the plan's precision (built by the precision pass, kept in
-// the plan, shown by `kiln inspect`).
+// Why a node computes, or a weight is stored, wider than the plan's precision (built by the
+// precision pass, kept in the plan, shown by `kiln inspect`): `node` names a node kept wide (its
+// activations, and its weights on devices that compute in the plan's type), `weight` a weight
+// stored wider on devices that narrow only weight storage; one of them is empty.
 struct PrecisionNote {
   std::string graph;
   std::string weight;
   std::string reason;
+  std::string node;
   bool operator==(const PrecisionNote&) const = default;
 };
 

@@ -1,13 +1,16 @@
-// The precision pass: stores the weight matrices of Linear and Embedding nodes in the plan's
-// precision (bf16, f16, or int8 with per-output-channel f32 scales) and keeps every other weight
-// in f32, recording why for `kiln inspect`. Activations, norms, softmax, accumulation and the KV
-// cache stay f32: only weight storage (the bytes a decode step streams) gets narrower.
+// The precision pass: one entry point for every device (pass.h: assign_precision). The decisions
+// come from precision_plan.cc; this file carries them out on f32-activation devices (the CPU):
+// weight matrices stored in the plan's type (bf16, f16, or int8 with per-output-channel f32
+// scales), every other weight f32 with the reason recorded for `kiln inspect`. Activations,
+// norms, softmax, accumulation and the KV cache stay f32: only weight storage (the bytes a decode
+// step streams) gets narrower. Narrow-activation devices (CUDA) go to narrow_graph.cc.
 #include <algorithm>
 #include <cmath>
 #include <limits>
 
 #include "core/half.h"
 #include "passes/pass.h"
+#include "passes/precision_plan.h"
 
 namespace kiln {
 namespace {
@@ -17,57 +20,6 @@ struct Use {
   int node;
   size_t slot;
 };
-
-// The dtype matrices are stored in for a precision; f32 for fp32 (nothing to do).
-DType matrix_dtype(Precision precision) {
-  switch (precision) {
-    case Precision::kFp32:
-      return DType::kF32;
-    case Precision::kFp16:
-      return DType::kF16;
-    case Precision::kBf16:
-      return DType::kBF16;
-    case Precision::kInt8:
-    case Precision::kInt8Weight:
-      return DType::kI8;
-  }
-  return DType::kF32;
-}
-
-// True for the inputs that hold a weight matrix the precision applies to: a Linear's weight
-// [out, in] and an Embedding's table [vocab, d].
-bool is_matrix_slot(const Node& n, size_t slot) {
-  return (n.op == OpKind::kLinear && slot == 1) || (n.op == OpKind::kEmbedding && slot == 0);
-}
-
-// Why a weight that is not a matrix stays f32, by the first node reading it.
-std::string small_weight_reason(const Node& n, size_t slot) {
-  switch (n.op) {
-    case OpKind::kRmsNorm:
-    case OpKind::kLayerNorm:
-    case OpKind::kAddRmsNorm:
-      return "norm parameters: normalization is computed in fp32 and these are one vector per "
-             "norm (negligible bytes)";
-    case OpKind::kLinear:
-      return slot == 2 ? "Linear bias: added to the fp32 accumulator, one value per output "
-                         "(negligible bytes)"
-                       : "per-channel scales of an int8 weight are fp32 by definition";
-    case OpKind::kAttention:
-      return "position-bias table: added to fp32 attention scores (negligible bytes)";
-    case OpKind::kEmbedding:
-      return "per-row scales of an int8 table are fp32 by definition";
-    case OpKind::kAdd:
-    case OpKind::kMul:
-    case OpKind::kScale:
-    case OpKind::kActivation:
-    case OpKind::kGatedActivation:
-    case OpKind::kSoftmax:
-    case OpKind::kCast:
-    case OpKind::kGatherRows:
-      break;
-  }
-  return fmt::format("read by {} '{}', which computes in fp32", op_name(n.op), n.name);
-}
 
 // Symmetric int8 per row: scale = max|row| / 127, q = round(w / scale) in [-127, 127]. An
 // all-zero row gets scale 0 (its outputs are exactly 0, as they were).
@@ -91,65 +43,23 @@ void quantize_rows(const Tensor& w, Tensor* q, Tensor* scales) {
   }
 }
 
-// Why a matrix cannot be stored as `to`; empty when it can.
-std::string narrowing_refused(const Tensor& w, DType to) {
-  const float* p = w.data<float>();
-  float amax = 0.0f;
-  for (int64_t i = 0; i < w.numel(); ++i) {
-    if (!std::isfinite(p[i])) return "holds a non-finite value";
-    amax = std::max(amax, std::fabs(p[i]));
-  }
-  if (to == DType::kF16 && amax > 65504.0f)
-    return fmt::format("max |w| = {:g} exceeds fp16's largest finite value 65504", amax);
-  return {};
-}
-
-}  // namespace
-
-int assign_precision(Graph& graph, Precision precision, std::vector<PrecisionNote>* notes,
-                     const Logger& log) {
-  const DType to = matrix_dtype(precision);
-  if (to == DType::kF32) return 0;
-  KILN_CHECK(precision != Precision::kInt8,
-             "assign_precision: int8 activations need calibration, which kiln does not do yet; "
-             "int8-weight quantizes the weights only");
+// Stores each weight as the plan says: f32 weights become the plan's matrix type (int8 with
+// scales, or narrow with a Cast after each Embedding of a narrow table). Returns the matrices
+// converted.
+int store_weights(Graph& graph, const PrecisionPlan& plan, const Logger& log) {
+  const DType to = plan.support->matrix;
   std::vector<std::vector<Use>> uses(graph.values.size());
   for (size_t i = 0; i < graph.nodes.size(); ++i)
     for (size_t s = 0; s < graph.nodes[i].inputs.size(); ++s)
       if (graph.nodes[i].inputs[s] >= 0)
         uses[graph.nodes[i].inputs[s]].push_back({static_cast<int>(i), s});
-
-  auto note = [&](const Value& v, std::string reason) {
-    log.debug("assign_precision[{}]: {} stays {}: {}", graph.name, v.name, dtype_name(v.dtype),
-              reason);
-    if (notes) notes->push_back({graph.name, v.name, std::move(reason)});
-  };
   int converted = 0;
   int64_t bytes_before = 0, bytes_after = 0;
   const size_t num_values = graph.values.size();  // scales are appended below
   for (size_t id = 0; id < num_values; ++id) {
-    if (graph.values[id].kind != ValueKind::kWeight || uses[id].empty()) continue;
-    if (graph.values[id].dtype != DType::kF32) {
-      note(graph.values[id], fmt::format("already {} in the graph (not an f32 weight)",
-                                         dtype_name(graph.values[id].dtype)));
+    if (graph.values[id].kind != ValueKind::kWeight || uses[id].empty() ||
+        graph.values[id].dtype != DType::kF32 || plan.weight[id] == DType::kF32)
       continue;
-    }
-    const bool all_matrix = std::all_of(uses[id].begin(), uses[id].end(), [&](const Use& u) {
-      return is_matrix_slot(graph.nodes[u.node], u.slot);
-    });
-    if (!all_matrix) {
-      // A matrix also read as something else (never in the HF graphs) stays f32 for that reader.
-      const auto other = std::find_if(uses[id].begin(), uses[id].end(), [&](const Use& u) {
-        return !is_matrix_slot(graph.nodes[u.node], u.slot);
-      });
-      note(graph.values[id], small_weight_reason(graph.nodes[other->node], other->slot));
-      continue;
-    }
-    if (const std::string why = narrowing_refused(graph.values[id].data, to); !why.empty()) {
-      note(graph.values[id], why);
-      log.warn("assign_precision[{}]: {} stays f32: {}", graph.name, graph.values[id].name, why);
-      continue;
-    }
     bytes_before += static_cast<int64_t>(graph.values[id].data.nbytes());
     if (to == DType::kI8) {
       Tensor q, scales;
@@ -209,6 +119,37 @@ int assign_precision(Graph& graph, Precision precision, std::vector<PrecisionNot
         static_cast<double>(bytes_before) / (1 << 20),
         static_cast<double>(bytes_after) / (1 << 20));
   return converted;
+}
+
+}  // namespace
+
+int assign_precision(Graph& graph, const PrecisionSupport& support, const PrecisionOptions& options,
+                     std::vector<PrecisionNote>* notes, const Logger& log) {
+  KILN_CHECK_USAGE(support.supported, "graph '{}': {} plans on the {}: {}", graph.name,
+                   precision_name(support.precision), device_name(support.device),
+                   support.unsupported);
+  if (support.matrix == DType::kF32 && support.activation == DType::kF32) return 0;
+  const PrecisionPlan plan = plan_precision(graph, support, options);
+  for (const std::string& w : plan.warnings) log.warn("assign_precision[{}]: {}", graph.name, w);
+  // The notes, in the graph's names as the plan has them before anything is renamed.
+  auto note = [&](std::string node, std::string weight, const std::string& reason) {
+    log.debug("assign_precision[{}]: {}{} stays wider: {}", graph.name, node, weight, reason);
+    if (notes) notes->push_back({graph.name, std::move(weight), reason, std::move(node)});
+  };
+  int wide = 0;
+  for (size_t i = 0; i < graph.nodes.size(); ++i)
+    if (!plan.node_why[i].empty()) {
+      note(graph.nodes[i].name, {}, plan.node_why[i]);
+      ++wide;
+    }
+  const bool narrow_activations = support.activation != DType::kF32;
+  if (!narrow_activations)
+    for (size_t id = 0; id < graph.values.size(); ++id)
+      if (!plan.weight_why[id].empty()) note({}, graph.values[id].name, plan.weight_why[id]);
+  if (wide > 0)
+    log.info("assign_precision[{}]: {} nodes compute in f32 (kiln inspect --layers says why)",
+             graph.name, wide);
+  return narrow_activations ? narrow_graph(graph, plan, log) : store_weights(graph, plan, log);
 }
 
 }  // namespace kiln

@@ -4,6 +4,7 @@
 
 #include <map>
 #include <string>
+#include <vector>
 
 #include "core/logging.h"
 #include "graph/model_ir.h"
@@ -18,11 +19,25 @@ int eliminate_dead(Graph& graph, const Logger& log);
 int fuse_linear_activation(Graph& graph, const Logger& log);
 // Residual Add followed by RMSNorm of the sum → one AddRMSNorm producing both.
 int fuse_add_rms_norm(Graph& graph, const Logger& log);
-// Stores Linear weights and Embedding tables in the precision's dtype (bf16, f16, or i8 with
-// per-output-channel f32 scales); every other weight stays f32 and gets a note saying why.
-// Returns the number of matrices converted (0 for fp32).
-int assign_precision(Graph& graph, Precision precision, std::vector<PrecisionNote>* notes,
-                     const Logger& log);
+// What a build asks of the precision pass beyond the precision itself.
+struct PrecisionOptions {
+  // Linear and Embedding nodes (by name, as `kiln inspect --layers` lists them) that compute
+  // and store their weights in f32 whatever the precision.
+  std::vector<std::string> keep_float;
+};
+
+// The precision pass, for every device: gives each node its weight and activation types from
+// `support` (core/target.h's row for the plan's device and precision), the graph's structure and
+// `options`, records in `notes` why each node or weight is kept wider than the precision, and
+// carries it out. On f32-activation devices (CPU) Linear weights and Embedding tables take the
+// precision's type (bf16, f16, or i8 with per-output-channel f32 scales) and everything else
+// stays f32; on narrow-activation devices (CUDA fp16/bf16) every float value takes it except
+// the nodes kept wide (fp16 T5's residual stream and FFN output projections), with Casts
+// between and the logits widened to f32. Throws a usage error for an unsupported precision.
+// Returns the matrices converted (CPU) or the weights and activations narrowed (CUDA); 0 for
+// fp32.
+int assign_precision(Graph& graph, const PrecisionSupport& support, const PrecisionOptions& options,
+                     std::vector<PrecisionNote>* notes, const Logger& log);
 // Assigns activation buffer slots by lifetime: of two assignments (slots in node order, and
 // largest values first), the one with the smaller workspace at `report_bindings`, which must
 // bind every symbol; logs that workspace.
@@ -71,13 +86,9 @@ int fuse_embedding_norm(Graph& graph, const Logger& log);
 
 // CUDA fp16 / bf16 plans from a checkpoint in the plan's type (`narrow`): Linears and
 // Embeddings read the checkpoint's weights as they are, without the frontend's widening Cast
-// (which constant folding would make an f32 copy of, for narrow_graph to round back). Before
-// fold_constants. Returns the readers rewired.
+// (which constant folding would make an f32 copy of, for the precision pass to round back).
+// Before fold_constants. Returns the readers rewired.
 int keep_narrow_weights(Graph& graph, DType narrow, const Logger& log);
-
-// CUDA fp16 / bf16 plans: float weights and activations in that type, logits widened to f32 by
-// a Cast (the CPU keeps f32 activations and narrows only weight storage: assign_precision).
-int narrow_graph(Graph& graph, Precision precision, const Logger& log);
 
 // CPU plans for AVX-512: every Linear weight (and a table an Embedding shares with one) in the
 // panel16 layout of graph/packing.h; sets model.target to the ISA. Returns the weights packed.
@@ -86,7 +97,7 @@ int pack_weights(ModelIR& model, const Logger& log);
 struct PassOptions {
   bool fold_constants = true;
   bool fuse = true;
-  Precision precision = Precision::kFp32;
+  PrecisionOptions precision;
 };
 
 // The standard pipeline over every graph of a model, then verification.

@@ -2,19 +2,11 @@
 #include "passes/pass.h"
 
 namespace kiln {
-namespace {
-
-// The type narrow_graph gives a CUDA plan's weights and activations (f32 for the others).
-DType narrow_dtype(Precision p) {
-  return p == Precision::kFp16 ? DType::kF16 : p == Precision::kBf16 ? DType::kBF16 : DType::kF32;
-}
-
-}  // namespace
 
 void optimize_model(ModelIR& model, const PassOptions& options, const Logger& log) {
   for (Graph& g : model.graphs) {
     if (model.device == Device::kCuda && options.fold_constants)
-      keep_narrow_weights(g, narrow_dtype(model.precision), log);
+      keep_narrow_weights(g, precision_support(model.device, model.precision).activation, log);
     if (options.fold_constants) fold_constants(g, log);
     eliminate_dead(g, log);
     if (options.fuse) {
@@ -22,22 +14,21 @@ void optimize_model(ModelIR& model, const PassOptions& options, const Logger& lo
       fuse_add_rms_norm(g, log);
     }
     if (options.fuse && model.device == Device::kCuda) fuse_linear_residual(g, log);
-    // Before narrow_graph and assign_precision: the stacked weight is narrowed or quantized as
+    // Before assign_precision: the stacked weight is narrowed or quantized as
     // one (per-row scales are the rows' own).
     if (options.fuse) {
       fuse_qkv(g, log);
       fuse_gate_up(g, log);
     }
+    assign_precision(g, precision_support(model.device, model.precision), options.precision,
+                     &model.precision_notes, log);
     if (model.device == Device::kCuda) {
-      narrow_graph(g, model.precision, log);
       if (options.fuse) {
         fuse_norm_linear(g, log);
         fuse_embedding_norm(g, log);
         fuse_linear_cast(g, log);
         fuse_gather_linear(g, log);
       }
-    } else {
-      assign_precision(g, model.precision, &model.precision_notes, log);
     }
     verify_graph(g);
     // Report the workspace of the largest bucket (what a full step needs), with the bindings

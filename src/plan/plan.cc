@@ -85,8 +85,10 @@ void write_plan(const std::string& path, const ModelIR& model, const PlanBuildIn
                        {"hash64", hash_hex(hash64_releasing(m->data(), m->size()))}});
   }
   json notes = json::array();
-  for (const PrecisionNote& n : model.precision_notes)
+  for (const PrecisionNote& n : model.precision_notes) {
     notes.push_back({{"graph", n.graph}, {"weight", n.weight}, {"reason", n.reason}});
+    if (!n.node.empty()) notes.back()["node"] = n.node;
+  }
   const auto now = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
   json header{
       {"kiln_version", version_string()},
@@ -214,9 +216,9 @@ ModelIR read_plan(const std::string& path, const Logger& log) {
     // Plans written before the precision pass existed have no notes (they are fp32).
     if (h.contains("precision_notes"))
       for (const json& n : h.at("precision_notes"))
-        model.precision_notes.push_back({n.at("graph").get<std::string>(),
-                                         n.at("weight").get<std::string>(),
-                                         n.at("reason").get<std::string>()});
+        model.precision_notes.push_back(
+            {n.at("graph").get<std::string>(), n.at("weight").get<std::string>(),
+             n.at("reason").get<std::string>(), n.value("node", std::string())});
     // Plans written before targets were recorded run anywhere their device does.
     if (h.contains("target")) model.target = h.at("target").get<std::string>();
     model.desc = desc_from_json(h.at("model"), path + " (model)");

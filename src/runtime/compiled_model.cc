@@ -40,9 +40,10 @@ CompiledModel::CompiledModel(Context& ctx, ModelIR model, std::unique_ptr<Backen
   load_times_.context_ms = ms_since(t);
   KILN_CHECK(backend_->device() == model_.device, "a {} backend for a {} model",
              device_name(backend_->device()), device_name(model_.device));
-  KILN_CHECK_USAGE(backend_->supports_precision(model_.precision),
-                   "the {} backend does not run {} models", device_name(model_.device),
-                   precision_name(model_.precision));
+  const PrecisionSupport& support = precision_support(model_.device, model_.precision);
+  KILN_CHECK_USAGE(support.supported, "the {} backend does not run {} models: {}",
+                   device_name(model_.device), precision_name(model_.precision),
+                   support.unsupported);
   KILN_CHECK_USAGE(model_.target.empty() || model_.target == backend_->target(),
                    "the plan was built for {}, but this {} is {}: rebuild it on this machine "
                    "(kiln build --device {})",

@@ -53,6 +53,28 @@ kept = {k["reason"]: k["count"] for k in p["kept_wider"]}
 assert sum(kept.values()) > 0 and any("norm" in k for k in kept), kept
 PY
 
+# A CUDA fp16 plan of T5 (built without a GPU where CUDA is compiled in): --layers shows the
+# precision plan per layer, with the FFN output projections computing in f32 and why.
+if "$KILN" --version | grep -q "cuda: compiled in"; then
+  expect_exit 0 "build t5 cuda fp16" -- "$KILN" build --model "$FIXTURES/t5-tiny" --device cuda \
+    --precision fp16 -o "$TMP/t5-cuda-fp16.plan"
+  expect_exit 0 "inspect cuda fp16 --layers" -- "$KILN" inspect "$TMP/t5-cuda-fp16.plan" --layers
+  expect_in "$TMP/out" "FFN output projection" "--layers says why a layer computes in f32"
+  expect_in "$TMP/out" "kept f32 (" "inspect groups the nodes kept wide"
+  expect_exit 0 "inspect cuda fp16 --json" -- "$KILN" inspect "$TMP/t5-cuda-fp16.plan" --json
+  python3 - "$TMP/out" <<'PY' || fail "inspect --json of a cuda fp16 T5 plan"
+import json, sys
+r = json.load(open(sys.argv[1]))
+for g in r["graphs"]:
+    layers = g["precision"]["layers"]
+    wide = [l for l in layers if l["compute"] == "f32"]
+    narrow = [l for l in layers if l["compute"] == "f16"]
+    assert wide and narrow, (g["name"], layers)
+    assert all("FFN output projection" in l["why"] and l["dtype"] == "f32" for l in wide), wide
+    assert all(l["why"] == "" for l in narrow), narrow
+PY
+fi
+
 # Bench counts the bytes a decode step reads at the stored precision: int8 < bf16 < fp32.
 for p in fp32 bf16 int8-weight; do
   expect_exit 0 "bench bloom $p" -- "$KILN" bench --plan "$TMP/bloom-$p.plan" --input-len 8 \

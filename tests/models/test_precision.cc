@@ -46,21 +46,8 @@ std::string case_name(const testing::TestParamInfo<PrecisionCase>& info) {
   return (info.param.t5 ? "t5_" : "bloom_") + p + family;
 }
 
-// The dtype a precision stores Linear weights and Embedding tables in.
-DType matrix_dtype(Precision p) {
-  switch (p) {
-    case Precision::kFp16:
-      return DType::kF16;
-    case Precision::kBf16:
-      return DType::kBF16;
-    case Precision::kInt8Weight:
-      return DType::kI8;
-    case Precision::kFp32:
-    case Precision::kInt8:
-      break;
-  }
-  return DType::kF32;
-}
+// The dtype a precision stores Linear weights and Embedding tables in on the CPU (the table).
+DType matrix_dtype(Precision p) { return precision_support(Device::kCpu, p).matrix; }
 
 class Precisions : public testing::TestWithParam<PrecisionCase> {
  protected:
@@ -321,7 +308,9 @@ TEST(PrecisionPass, QuantizesRowsSymmetricallyWithTheirOwnScales) {
   b.output(b.linear(norm, table, -1, "lm_head"), "logits");
   Graph g = b.finish();
   std::vector<PrecisionNote> notes;
-  EXPECT_EQ(assign_precision(g, Precision::kInt8Weight, &notes, Logger(LogLevel::kError)), 1);
+  EXPECT_EQ(assign_precision(g, precision_support(Device::kCpu, Precision::kInt8Weight), {}, &notes,
+                             Logger(LogLevel::kError)),
+            1);
   verify_graph(g);
   const Value& q = g.values[g.nodes[0].inputs[0]];
   ASSERT_EQ(q.dtype, DType::kI8);
@@ -347,7 +336,9 @@ TEST(PrecisionPass, NarrowTablesAreWidenedAfterTheGather) {
   const int table = b.weight("table", Tensor::from_vector<float>({1, 2, 3, 4, 5, 6}, {3, 2}));
   b.output(b.linear(b.embedding(table, ids, "embed"), table, -1, "lm_head"), "logits");
   Graph g = b.finish();
-  EXPECT_EQ(assign_precision(g, Precision::kBf16, nullptr, Logger(LogLevel::kError)), 1);
+  EXPECT_EQ(assign_precision(g, precision_support(Device::kCpu, Precision::kBf16), {}, nullptr,
+                             Logger(LogLevel::kError)),
+            1);
   verify_graph(g);
   ASSERT_EQ(g.nodes.size(), 3u);
   EXPECT_EQ(g.nodes[0].op, OpKind::kEmbedding);
@@ -371,7 +362,9 @@ TEST(PrecisionPass, KeepsF32WhatFp16CannotHold) {
   };
   Graph g = make();
   std::vector<PrecisionNote> notes;
-  EXPECT_EQ(assign_precision(g, Precision::kFp16, &notes, Logger(LogLevel::kError)), 1);
+  EXPECT_EQ(assign_precision(g, precision_support(Device::kCpu, Precision::kFp16), {}, &notes,
+                             Logger(LogLevel::kError)),
+            1);
   EXPECT_EQ(g.values[big].dtype, DType::kF32);
   EXPECT_EQ(g.values[small].dtype, DType::kF16);
   ASSERT_EQ(notes.size(), 1u);
@@ -379,7 +372,9 @@ TEST(PrecisionPass, KeepsF32WhatFp16CannotHold) {
   EXPECT_NE(notes[0].reason.find("65504"), std::string::npos) << notes[0].reason;
   // bf16 has f32's range: the same graph narrows both.
   Graph again = make();
-  EXPECT_EQ(assign_precision(again, Precision::kBf16, nullptr, Logger(LogLevel::kError)), 2);
+  EXPECT_EQ(assign_precision(again, precision_support(Device::kCpu, Precision::kBf16), {}, nullptr,
+                             Logger(LogLevel::kError)),
+            2);
 }
 
 // int8 activations need calibration, which is not built: refused before any work, naming the

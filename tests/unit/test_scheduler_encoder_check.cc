@@ -39,7 +39,6 @@ class DeferringBackend final : public Backend {
 
   Device device() const override { return inner_->device(); }
   std::string describe() const override { return "deferring " + inner_->describe(); }
-  bool supports_precision(Precision p) const override { return inner_->supports_precision(p); }
   std::string target() const override { return inner_->target(); }
   std::string unsupported_reason(const Graph& graph, const Node& node) const override {
     return inner_->unsupported_reason(graph, node);

@@ -16,13 +16,24 @@ std::string bindings_str(const std::map<std::string, int64_t>& bindings) {
   return s;
 }
 
-// The precision of every layer that has a weight matrix (Linear, Embedding), and the weights
-// kept wider than the plan's precision grouped by why (the precision pass's notes).
+// The precision plan of every layer that has a weight matrix (Linear, Embedding): the type its
+// weight is stored in, the type it computes in and, when wider than the plan's precision, why;
+// and the nodes and weights kept wider grouped by why (the precision pass's notes).
 nlohmann::json precision_summary(const Graph& gr, const std::vector<PrecisionNote>& notes) {
+  std::map<std::string, std::string> why_node, why_weight;
+  for (const PrecisionNote& note : notes)
+    if (note.graph == gr.name)
+      (note.node.empty() ? why_weight[note.weight] : why_node[note.node]) = note.reason;
   nlohmann::json layers = nlohmann::json::array();
   for (const Node& n : gr.nodes) {
     if (n.op != OpKind::kLinear && n.op != OpKind::kEmbedding) continue;
     const Value& w = gr.values[n.inputs[n.op == OpKind::kLinear ? 1 : 0]];
+    // A Linear computes in its input's type (a widened output is rounded there first); an
+    // Embedding gathers rows of its table's.
+    const DType compute =
+        n.op == OpKind::kLinear ? gr.values[n.inputs[0]].dtype : gr.values[n.outputs[0]].dtype;
+    std::string why = why_node.count(n.name) ? why_node[n.name] : "";
+    if (why.empty() && why_weight.count(w.name)) why = why_weight[w.name];
     std::string dtype(dtype_name(w.dtype));
     if (w.dtype == DType::kI8)
       dtype += n.op == OpKind::kLinear ? " (per-channel f32 scales)" : " (per-row f32 scales)";
@@ -32,14 +43,21 @@ nlohmann::json precision_summary(const Graph& gr, const std::vector<PrecisionNot
                       {"op", op_name(n.op)},
                       {"weight", w.name},
                       {"dtype", dtype},
-                      {"layout", layout}});
+                      {"compute", dtype_name(compute)},
+                      {"layout", layout},
+                      {"why", why}});
   }
-  std::map<std::string, std::vector<std::string>> by_reason;
+  // (reason, "weights" | "nodes") -> names
+  std::map<std::pair<std::string, std::string>, std::vector<std::string>> by_reason;
   for (const PrecisionNote& note : notes)
-    if (note.graph == gr.name) by_reason[note.reason].push_back(note.weight);
+    if (note.graph == gr.name) {
+      const bool node = !note.node.empty();
+      by_reason[{note.reason, node ? "nodes" : "weights"}].push_back(node ? note.node
+                                                                          : note.weight);
+    }
   nlohmann::json kept = nlohmann::json::array();
-  for (const auto& [reason, weights] : by_reason)
-    kept.push_back({{"reason", reason}, {"count", weights.size()}, {"weights", weights}});
+  for (const auto& [key, names] : by_reason)
+    kept.push_back({{"reason", key.first}, {"count", names.size()}, {key.second, names}});
   return {{"layers", layers}, {"kept_wider", kept}};
 }
 
@@ -91,14 +109,19 @@ void print_precision(const nlohmann::json& p, bool every_layer) {
   for (const auto& [what, count] : layouts)
     line += fmt::format("{}{}×{}", line.empty() ? "" : ", ", what, count);
   if (!line.empty()) out("  weight layout: {}\n", line);
-  if (every_layer)
+  if (every_layer) {
+    out("    {:<48} {:<9} {:<27} {:<7} {:<24} {}\n", "layer", "op", "weight", "compute", "layout",
+        "why wider");
     for (const auto& l : p["layers"])
-      out("    {:<48} {:<9} {:<36} {}\n", l["layer"].get<std::string>(), l["op"].get<std::string>(),
-          l["dtype"].get<std::string>(), l["layout"].get<std::string>());
+      out("    {:<48} {:<9} {:<27} {:<7} {:<24} {}\n", l["layer"].get<std::string>(),
+          l["op"].get<std::string>(), l["dtype"].get<std::string>(),
+          l["compute"].get<std::string>(), l["layout"].get<std::string>(),
+          l["why"].get<std::string>());
+  }
   for (const auto& k : p["kept_wider"]) {
-    const auto& weights = k["weights"];
-    out("  kept f32 ({} weight{}, e.g. {}): {}\n", k["count"].get<int>(),
-        k["count"].get<int>() == 1 ? "" : "s", weights[0].get<std::string>(),
+    const char* kind = k.contains("nodes") ? "node" : "weight";
+    out("  kept f32 ({} {}{}, e.g. {}): {}\n", k["count"].get<int>(), kind,
+        k["count"].get<int>() == 1 ? "" : "s", k[std::string(kind) + "s"][0].get<std::string>(),
         k["reason"].get<std::string>());
   }
 }

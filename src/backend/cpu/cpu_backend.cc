@@ -139,18 +139,6 @@ class CpuBackend final : public Backend {
   // Plans with weights packed for a kernel family name it ("avx512"); plain plans name none
   // and run on any CPU.
   std::string target() const override { return std::string(isa_name(isa_)); }
-  bool supports_precision(Precision precision) const override {
-    switch (precision) {
-      case Precision::kFp32:
-      case Precision::kFp16:
-      case Precision::kBf16:
-      case Precision::kInt8Weight:
-        return true;
-      case Precision::kInt8:
-        return false;
-    }
-    return false;
-  }
   std::string unsupported_reason(const Graph& graph, const Node& node) const override {
     if (node.op == OpKind::kLinear && node.inputs.size() > kLinearResidual &&
         node.inputs[kLinearResidual] >= 0)

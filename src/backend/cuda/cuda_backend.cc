@@ -20,18 +20,6 @@ class CudaBackend final : public Backend {
                        cuda_->sm());
   }
   std::string target() const override { return "sm_" + std::to_string(cuda_->sm()); }
-  bool supports_precision(Precision precision) const override {
-    switch (precision) {
-      case Precision::kFp32:
-      case Precision::kFp16:
-      case Precision::kBf16:
-        return true;
-      case Precision::kInt8:
-      case Precision::kInt8Weight:
-        return false;
-    }
-    return false;
-  }
   std::string unsupported_reason(const Graph& graph, const Node& node) const override {
     const KernelKey key = kernel_key(graph, node, Device::kCuda, Isa::kSm90);
     if (registry_.find(key) != nullptr) return {};

@@ -77,18 +77,6 @@ class ReferenceBackend final : public Backend {
   std::string describe() const override {
     return "reference (plain loops in double precision, one thread)";
   }
-  bool supports_precision(Precision precision) const override {
-    switch (precision) {
-      case Precision::kFp32:
-      case Precision::kFp16:
-      case Precision::kBf16:
-        return true;
-      case Precision::kInt8:
-      case Precision::kInt8Weight:
-        return false;
-    }
-    return false;
-  }
   std::string unsupported_reason(const Graph& graph, const Node& node) const override {
     for (int id : node.inputs)
       if (id >= 0 && !graph.values[id].layout.plain())

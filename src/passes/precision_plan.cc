@@ -1,0 +1,211 @@
+// The precision pass's decisions (precision_plan.h). Two kinds of device, as core/target.h's
+// table says:
+// - f32 activations (the CPU): weight matrices are stored in the precision's type and read by
+//   kernels that widen them; every other weight stays f32, with the reason.
+// - narrow activations (CUDA fp16/bf16): every float value takes the plan's type except the nodes
+//   kept wide. fp16 overflows T5's residual stream on real Flan-T5 checkpoints, so in an fp16
+//   graph with RMSNorm (the T5 family) the stream stays f32 as HuggingFace keeps it: the norms,
+//   the residual adds and row gathers that read the stream, and the FFN output projections
+//   (HF's _keep_in_fp32_modules = ["wo"]), found by where they sit: the Linear that reads an
+//   activation function's output.
+// On both, a Linear the caller asks to keep in float (PrecisionOptions::keep_float), or whose
+// matrix the type cannot hold, stays f32.
+#include "passes/precision_plan.h"
+
+#include <algorithm>
+#include <cmath>
+#include <set>
+
+namespace kiln {
+namespace {
+
+struct Use {
+  int node;
+  size_t slot;
+};
+
+// The inputs that hold a weight matrix the precision applies to: a Linear's weight [out, in]
+// and an Embedding's table [vocab, d].
+bool is_matrix_slot(const Node& n, size_t slot) {
+  return (n.op == OpKind::kLinear && slot == 1) || (n.op == OpKind::kEmbedding && slot == 0);
+}
+
+// Why a weight that is not a matrix stays f32 (f32-activation devices), by a node reading it.
+std::string small_weight_reason(const Node& n, size_t slot) {
+  switch (n.op) {
+    case OpKind::kRmsNorm:
+    case OpKind::kLayerNorm:
+    case OpKind::kAddRmsNorm:
+      return "norm parameters: normalization is computed in fp32 and these are one vector per "
+             "norm (negligible bytes)";
+    case OpKind::kLinear:
+      return slot == 2 ? "Linear bias: added to the fp32 accumulator, one value per output "
+                         "(negligible bytes)"
+                       : "per-channel scales of an int8 weight are fp32 by definition";
+    case OpKind::kAttention:
+      return "position-bias table: added to fp32 attention scores (negligible bytes)";
+    case OpKind::kEmbedding:
+      return "per-row scales of an int8 table are fp32 by definition";
+    case OpKind::kAdd:
+    case OpKind::kMul:
+    case OpKind::kScale:
+    case OpKind::kActivation:
+    case OpKind::kGatedActivation:
+    case OpKind::kSoftmax:
+    case OpKind::kCast:
+    case OpKind::kGatherRows:
+      break;
+  }
+  return fmt::format("read by {} '{}', which computes in fp32", op_name(n.op), n.name);
+}
+
+// A Linear reading an activation function's output: the FFN's output projection (T5's `wo`),
+// whether the activation is a node of its own, gated, or fused into the Linear before it.
+bool is_ffn_output(const Graph& g, const Node& n) {
+  if (n.op != OpKind::kLinear || !n.has_input(0)) return false;
+  const int producer = g.values[n.inputs[0]].producer;
+  if (producer < 0) return false;
+  const Node& p = g.nodes[producer];
+  return p.op == OpKind::kActivation || p.op == OpKind::kGatedActivation ||
+         (p.op == OpKind::kLinear && p.attr<LinearAttrs>().activation.has_value());
+}
+
+constexpr std::string_view kStreamWhy =
+    "T5's residual stream: fp16 overflows it on real checkpoints, so it stays f32 as HuggingFace "
+    "keeps it";
+constexpr std::string_view kFfnOutputWhy =
+    "T5's FFN output projection (it reads the activation and writes the f32 residual stream): "
+    "f32 as HuggingFace's _keep_in_fp32_modules keeps it";
+constexpr std::string_view kRequestedWhy = "kept in float as the build asked";
+
+// fp16 T5: the nodes of the f32 residual stream, with why.
+void mark_residual_stream(const Graph& g, PrecisionPlan* plan) {
+  std::vector<bool> wide_value(g.values.size(), false);
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    const Node& n = g.nodes[i];
+    std::string_view why;
+    if (n.op == OpKind::kRmsNorm || n.op == OpKind::kAddRmsNorm) why = kStreamWhy;
+    if (is_ffn_output(g, n)) why = kFfnOutputWhy;
+    // Adds and row gathers of the stream stay in it (a gather of the last rows before the
+    // final norm must not round the stream to fp16).
+    if (n.op == OpKind::kAdd || n.op == OpKind::kGatherRows)
+      for (int in : n.inputs)
+        if (in >= 0 && wide_value[in]) why = kStreamWhy;
+    if (why.empty()) continue;
+    plan->wide[i] = true;
+    plan->node_why[i] = std::string(why);
+    for (int out : n.outputs) wide_value[out] = true;
+  }
+}
+
+}  // namespace
+
+std::string narrowing_refused(const Tensor& w, DType to) {
+  if (w.dtype() == to) return {};
+  const Tensor f = w.dtype() == DType::kF32 ? w : w.to_f32();
+  const float* p = f.data<float>();
+  float amax = 0.0f;
+  for (int64_t i = 0; i < f.numel(); ++i) {
+    if (!std::isfinite(p[i])) return "holds a non-finite value";
+    amax = std::max(amax, std::fabs(p[i]));
+  }
+  if (to == DType::kF16 && amax > 65504.0f)
+    return fmt::format("max |w| = {:g} exceeds fp16's largest finite value 65504", amax);
+  return {};
+}
+
+PrecisionPlan plan_precision(const Graph& g, const PrecisionSupport& support,
+                             const PrecisionOptions& options) {
+  PrecisionPlan plan;
+  plan.support = &support;
+  plan.wide.assign(g.nodes.size(), false);
+  plan.node_why.assign(g.nodes.size(), {});
+  plan.weight.resize(g.values.size());
+  plan.weight_why.assign(g.values.size(), {});
+  for (size_t id = 0; id < g.values.size(); ++id) plan.weight[id] = g.values[id].dtype;
+  const bool narrow_activations = support.activation != DType::kF32;
+  std::vector<std::vector<Use>> uses(g.values.size());
+  for (size_t i = 0; i < g.nodes.size(); ++i)
+    for (size_t s = 0; s < g.nodes[i].inputs.size(); ++s)
+      if (g.nodes[i].inputs[s] >= 0) uses[g.nodes[i].inputs[s]].push_back({static_cast<int>(i), s});
+
+  // Nodes computing in f32: the fp16 T5 residual stream, the Linears asked for, and (on
+  // narrow-activation devices, where the weight's type is the node's) matrices the type cannot
+  // hold.
+  if (narrow_activations) {
+    const bool has_rms = std::any_of(g.nodes.begin(), g.nodes.end(), [](const Node& n) {
+      return n.op == OpKind::kRmsNorm || n.op == OpKind::kAddRmsNorm;
+    });
+    if (support.activation == DType::kF16 && has_rms) mark_residual_stream(g, &plan);
+  }
+  const std::set<std::string> keep(options.keep_float.begin(), options.keep_float.end());
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    const Node& n = g.nodes[i];
+    if (n.op != OpKind::kLinear && n.op != OpKind::kEmbedding) continue;
+    if (keep.count(n.name) != 0) {
+      plan.wide[i] = true;
+      plan.node_why[i] = std::string(kRequestedWhy);
+    } else if (narrow_activations && !plan.wide[i]) {
+      const int w = n.inputs[n.op == OpKind::kLinear ? 1 : 0];
+      if (g.values[w].kind == ValueKind::kWeight)
+        if (std::string why = narrowing_refused(g.values[w].data, support.activation);
+            !why.empty()) {
+          plan.warnings.push_back(
+              fmt::format("{} '{}' computes in f32: its weight {}", op_name(n.op), n.name, why));
+          plan.wide[i] = true;
+          plan.node_why[i] = "its weight " + why;
+        }
+    }
+  }
+
+  // Weights.
+  for (size_t id = 0; id < g.values.size(); ++id) {
+    const Value& v = g.values[id];
+    if (v.kind != ValueKind::kWeight || uses[id].empty() || !dtype_traits(v.dtype).is_float)
+      continue;
+    if (narrow_activations) {
+      // A wide Linear reads its weights (and bias) in f32, a wide Embedding its table; every
+      // other float weight, norm parameters included, takes the plan's type.
+      const auto wide_reader = std::find_if(uses[id].begin(), uses[id].end(), [&](const Use& u) {
+        const Node& n = g.nodes[u.node];
+        return plan.wide[u.node] && ((n.op == OpKind::kLinear && u.slot >= 1) ||
+                                     (n.op == OpKind::kEmbedding && u.slot == 0));
+      });
+      if (wide_reader != uses[id].end()) {
+        plan.weight[id] = DType::kF32;
+        plan.weight_why[id] = plan.node_why[wide_reader->node];
+      } else {
+        plan.weight[id] = support.activation;
+      }
+      continue;
+    }
+    if (v.dtype != DType::kF32) {
+      plan.weight_why[id] =
+          fmt::format("already {} in the graph (not an f32 weight)", dtype_name(v.dtype));
+      continue;
+    }
+    const auto other = std::find_if(uses[id].begin(), uses[id].end(), [&](const Use& u) {
+      return !is_matrix_slot(g.nodes[u.node], u.slot);
+    });
+    if (other != uses[id].end()) {
+      // A matrix also read as something else (never in the HF graphs) stays f32 for that reader.
+      plan.weight_why[id] = small_weight_reason(g.nodes[other->node], other->slot);
+      continue;
+    }
+    const auto kept = std::find_if(uses[id].begin(), uses[id].end(),
+                                   [&](const Use& u) { return plan.wide[u.node]; });
+    if (kept != uses[id].end()) {
+      plan.weight_why[id] = plan.node_why[kept->node];
+      continue;
+    }
+    if (std::string why = narrowing_refused(v.data, support.matrix); !why.empty()) {
+      plan.warnings.push_back(fmt::format("{} stays f32: {}", v.name, why));
+      plan.weight_why[id] = std::move(why);
+      continue;
+    }
+    plan.weight[id] = support.matrix;
+  }
+  return plan;
+}
+
+}  // namespace kiln

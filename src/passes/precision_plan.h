@@ -1,0 +1,42 @@
+// The precision pass's decisions for one graph (passes/pass.h: assign_precision), made before
+// anything is converted: which nodes compute wider than the plan's activation type, which
+// weights are stored wider than their readers' type, and why, from the device's row of
+// core/target.h's table, the graph's structure and the caller's requests (PrecisionOptions).
+// Nothing here reads a weight's name.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "core/target.h"
+#include "graph/model_ir.h"
+#include "passes/pass.h"
+
+namespace kiln {
+
+struct PrecisionPlan {
+  const PrecisionSupport* support = nullptr;
+  // Per node: computes in f32 (its activations, and on a narrow-activation device the weights of
+  // a wide Linear) and why; empty reasons for nodes in the plan's type.
+  std::vector<bool> wide;
+  std::vector<std::string> node_why;
+  // Per value: the type a weight is stored in, and why when wider than the plan says for its
+  // readers (activations: unused).
+  std::vector<DType> weight;
+  std::vector<std::string> weight_why;
+  // Matrices kept wider because the type cannot hold them (the build log warns).
+  std::vector<std::string> warnings;
+};
+
+PrecisionPlan plan_precision(const Graph& graph, const PrecisionSupport& support,
+                             const PrecisionOptions& options);
+
+// Carries out a plan on a narrow-activation device (CUDA fp16/bf16): every float weight and
+// activation in the plan's type except the wide nodes' (with Casts between), logits widened to
+// f32 by a Cast. Returns the weights and activations narrowed. (narrow_graph.cc)
+int narrow_graph(Graph& graph, const PrecisionPlan& plan, const Logger& log);
+
+// Why `w` cannot be stored as `to` (a non-finite value; fp16's range); empty when it can.
+std::string narrowing_refused(const Tensor& w, DType to);
+
+}  // namespace kiln
