@@ -38,23 +38,79 @@ std::string describe_key(const KernelKey& k) {
                      dtype_name(k.weight), device_name(k.device), isa_name(k.isa));
 }
 
-void KernelRegistry::add(const KernelKey& key, std::string name, KernelFactory factory) {
-  const bool fresh = entries_.emplace(key, Entry{std::move(name), std::move(factory)}).second;
-  KILN_CHECK(fresh, "kernel registered twice: {}", describe_key(key));
+void KernelRegistry::add(const KernelKey& key, std::string name, KernelFactory factory,
+                         ExtraSet extras) {
+  std::vector<Entry>& entries = entries_[key];
+  for (const Entry& e : entries)
+    KILN_CHECK(e.extras != extras, "kernel registered twice: {} with {}", describe_key(key),
+               describe_extras(extras));
+  entries.push_back(Entry{std::move(name), std::move(factory), extras});
 }
 
-const KernelRegistry::Entry* KernelRegistry::find(const KernelKey& key) const {
-  KernelKey k = key;
-  for (;;) {
-    if (auto it = entries_.find(k); it != entries_.end()) return &it->second;
-    // Each CPU family falls back to the one below it.
-    if (k.isa == Isa::kAvx512Bf16 || k.isa == Isa::kAvx512Vnni)
-      k.isa = Isa::kAvx512;
-    else if (k.isa == Isa::kAvx512)
-      k.isa = Isa::kAvx2;
-    else
-      return nullptr;
+namespace {
+
+// The next narrower CPU family a key falls back to; false when there is none.
+bool narrower(KernelKey* k) {
+  switch (k->isa) {
+    case Isa::kAvx512Bf16:
+    case Isa::kAvx512Vnni:
+      k->isa = Isa::kAvx512;
+      return true;
+    case Isa::kAvx512:
+      k->isa = Isa::kAvx2;
+      return true;
+    case Isa::kReference:
+    case Isa::kAvx2:
+    case Isa::kSm90:
+      return false;
   }
+  return false;
+}
+
+}  // namespace
+
+const KernelRegistry::Entry* KernelRegistry::find(const KernelKey& key, ExtraSet needed) const {
+  KernelKey k = key;
+  do {
+    if (auto it = entries_.find(k); it != entries_.end())
+      for (const Entry& e : it->second)
+        if (needed.missing_from(e.extras).empty()) return &e;
+  } while (narrower(&k));
+  return nullptr;
+}
+
+std::string KernelRegistry::unsupported_reason(const KernelKey& key, ExtraSet needed,
+                                               std::string_view backend) const {
+  if (find(key, needed) != nullptr) return {};
+  // What the key's kernels implement, over every family it falls back to.
+  ExtraSet offered;
+  bool any = false;
+  KernelKey k = key;
+  do {
+    if (auto it = entries_.find(k); it != entries_.end())
+      for (const Entry& e : it->second) {
+        any = true;
+        offered = offered.with(e.extras);
+      }
+  } while (narrower(&k));
+  if (!any) {
+    // Nothing for these dtypes: say so, and name the extras no kernel of the op takes at all.
+    ExtraSet of_op;
+    for (const auto& [k2, entries] : entries_)
+      if (k2.op == key.op)
+        for (const Entry& e : entries) of_op = of_op.with(e.extras);
+    const ExtraSet never = needed.missing_from(of_op);
+    if (never.empty()) return fmt::format("no {} kernel for {}", backend, describe_key(key));
+    return fmt::format("no {} kernel for {}, and no {} {} kernel takes {}", backend,
+                       describe_key(key), backend, op_name(key.op), describe_extras(never));
+  }
+  const ExtraSet lacking = needed.missing_from(offered);
+  if (!lacking.empty())
+    return fmt::format("the {} kernels for {} take no {} (they implement: {})", backend,
+                       describe_key(key), describe_extras(lacking), describe_extras(offered));
+  // Each extra has a kernel, but none has them all.
+  return fmt::format("no {} kernel for {} implements {} together (each implements part of it)",
+                     backend, describe_key(key), describe_extras(needed));
 }
 
 std::vector<KernelKey> KernelRegistry::keys() const {

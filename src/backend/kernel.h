@@ -17,6 +17,7 @@
 #include "core/target.h"
 #include "core/thread_pool.h"
 #include "graph/ir.h"
+#include "graph/linear.h"
 
 namespace kiln {
 
@@ -61,23 +62,33 @@ class Kernel {
 
 using KernelFactory = std::function<std::unique_ptr<Kernel>(const Node& node)>;
 
+// Kernels by key, each entry stating the fused extras (graph/linear.h) it implements: a node is
+// run by the first entry of its key (registration order, then the ISA fallback) that implements
+// every extra the node has, and a backend's refusal is derived from the same match.
 class KernelRegistry {
  public:
-  // `name` says what the kernel is in logs and `kiln inspect` ("avx512 dot4 linear").
-  void add(const KernelKey& key, std::string name, KernelFactory factory);
+  // `name` says what the kernel is in logs and `kiln inspect` ("avx512 dot4 linear"); `extras`
+  // what it implements beyond the plain op (a node with any other extra is not given to it).
+  void add(const KernelKey& key, std::string name, KernelFactory factory, ExtraSet extras = {});
 
   struct Entry {
     std::string name;
     KernelFactory factory;
+    ExtraSet extras;
   };
-  // Exact key, or for a CPU ISA the next narrower family that has the op (AVX512-BF16 →
-  // AVX-512 → AVX2).
-  // Null when nothing fits.
-  const Entry* find(const KernelKey& key) const;
+  // The first entry of the key that implements `needed`, or for a CPU ISA of the next narrower
+  // family that has one (AVX512-BF16 / VNNI → AVX-512 → AVX2). Null when nothing fits.
+  const Entry* find(const KernelKey& key, ExtraSet needed) const;
+  // Empty when find(key, needed) has an entry; otherwise why not, from the entries themselves:
+  // "no <backend> kernel for <key>", or the extras of `needed` that the key's kernels lack,
+  // named, with what they do implement.
+  std::string unsupported_reason(const KernelKey& key, ExtraSet needed,
+                                 std::string_view backend) const;
   std::vector<KernelKey> keys() const;
 
  private:
-  std::map<KernelKey, Entry> entries_;
+  // Each key's entries in registration order.
+  std::map<KernelKey, std::vector<Entry>> entries_;
 };
 
 // Adapts a plain function to a stateless kernel.

@@ -85,11 +85,13 @@ namespace {
 struct Summary {
   std::string operator()(const NoAttrs&) const { return {}; }
   std::string operator()(const LinearAttrs& a) const {
-    std::string s =
-        a.activation ? fmt::format(" act={}", activation_name(*a.activation)) : std::string();
+    std::string s = a.epilogue.activation
+                        ? fmt::format(" act={}", activation_name(*a.epilogue.activation))
+                        : std::string();
     if (a.tf32) s += " tf32";
-    if (a.norm) s += fmt::format(" norm={} eps={}", input_norm_name(*a.norm), a.norm_eps);
-    if (a.widen) s += " widen=f32";
+    if (a.epilogue.norm)
+      s += fmt::format(" norm={} eps={}", input_norm_name(*a.epilogue.norm), a.epilogue.norm_eps);
+    if (a.epilogue.widen) s += " widen=f32";
     if (!a.tactics.empty()) {
       s += " tactics=";
       for (const LinearTactic& t : a.tactics)
@@ -116,13 +118,13 @@ struct ToJson {
   json operator()(const NoAttrs&) const { return json::object(); }
   json operator()(const LinearAttrs& a) const {
     json j = json::object();
-    if (a.activation) j["activation"] = activation_name(*a.activation);
+    if (a.epilogue.activation) j["activation"] = activation_name(*a.epilogue.activation);
     if (a.tf32) j["tf32"] = true;
-    if (a.norm) {
-      j["norm"] = input_norm_name(*a.norm);
-      j["norm_eps"] = a.norm_eps;
+    if (a.epilogue.norm) {
+      j["norm"] = input_norm_name(*a.epilogue.norm);
+      j["norm_eps"] = a.epilogue.norm_eps;
     }
-    if (a.widen) j["widen"] = true;
+    if (a.epilogue.widen) j["widen"] = true;
     for (const LinearTactic& t : a.tactics)
       j["tactics"].push_back(
           {{"rows", t.rows}, {"kernel", t.kernel}, {"algo", t.algo}, {"us", t.us}});
@@ -180,17 +182,19 @@ OpAttrs attrs_from_json(const json& j, AttrKind kind, const std::string& source)
       return NoAttrs{};
     case AttrKind::kLinear: {
       LinearAttrs a;
-      if (j.contains("activation")) a.activation = activation_from(j.at("activation"), source);
+      if (j.contains("activation"))
+        a.epilogue.activation = activation_from(j.at("activation"), source);
       if (j.contains("tf32")) a.tf32 = j.at("tf32").get<bool>();
       KILN_CHECK(j.contains("norm") || !j.contains("norm_eps"),
                  "{}: a linear's norm_eps without its norm", source);
       if (j.contains("norm")) {
-        a.norm = enum_by_name(j.at("norm"), {InputNorm::kLayerNorm, InputNorm::kRmsNorm},
-                              input_norm_name, "fused linear norm", source);
-        a.norm_eps = j.at("norm_eps").get<double>();
-        KILN_CHECK(a.norm_eps >= 0.0, "{}: negative norm epsilon {}", source, a.norm_eps);
+        a.epilogue.norm = enum_by_name(j.at("norm"), {InputNorm::kLayerNorm, InputNorm::kRmsNorm},
+                                       input_norm_name, "fused linear norm", source);
+        a.epilogue.norm_eps = j.at("norm_eps").get<double>();
+        KILN_CHECK(a.epilogue.norm_eps >= 0.0, "{}: negative norm epsilon {}", source,
+                   a.epilogue.norm_eps);
       }
-      if (j.contains("widen")) a.widen = j.at("widen").get<bool>();
+      if (j.contains("widen")) a.epilogue.widen = j.at("widen").get<bool>();
       if (j.contains("tactics")) {
         int64_t last = 0;
         for (const json& t : j.at("tactics")) {

@@ -27,7 +27,7 @@ enum class AttentionKind : uint8_t {
 enum class PositionBias : uint8_t { kNone, kT5Relative, kAlibi };
 std::string_view attention_kind_name(AttentionKind k);
 std::string_view position_bias_name(PositionBias b);
-// The norm of a Linear's input fused into it (LinearAttrs::norm).
+// The norm of a Linear's input fused into it (LinearEpilogue::norm).
 enum class InputNorm : uint8_t { kLayerNorm, kRmsNorm };
 std::string_view input_norm_name(InputNorm n);
 
@@ -36,7 +36,6 @@ struct NoAttrs {
   bool operator==(const NoAttrs&) const = default;
 };
 
-// Linear: an activation applied to the output, when a fusion put one there.
 // A Linear kernel chosen by timing at build time (`kiln build --device cuda`, TensorRT's tactic
 // selection) for steps of `rows` rows, and of fewer rows down to the next smaller tactic's rows
 // + 1 while they are at most 64 (decode batches; cuda::tactic_for_rows: larger prompts run
@@ -49,20 +48,30 @@ struct LinearTactic {
   bool operator==(const LinearTactic&) const = default;
 };
 
-struct LinearAttrs {
-  std::optional<Activation> activation;
-  bool tf32 = false;  // fp32 GEMMs may use TF32 tensor cores (`kiln build --tf32`, CUDA only)
-  std::vector<LinearTactic> tactics;  // ascending rows; empty: the backend's own choice
+// What a Linear computes around its product besides its operands (LinearDesc, graph/linear.h):
+// y = widen(activation(norm(x · wᵀ) + bias)) (+ residual). Every field is a fused extra that a
+// kernel states it implements.
+struct LinearEpilogue {
+  std::optional<Activation> activation;  // applied to the (rounded) output
   // A LayerNorm or RMSNorm of the input folded into the Linear (CUDA plans: fuse_norm_linear):
-  // input 0 is the norm's input x, the weight holds w * gamma and the bias bias + w · beta, so
+  // operand kX is the norm's input x, the weight holds w * gamma and the bias bias + w · beta, so
   // y = rstd(x) * (x · w^T - mean(x) * row_sums) + bias (RMSNorm: rms(x)^-1 * x · w^T + bias).
-  // A shared weight stays as it is and gamma comes as input kLinearNormScale: x · w^T above is
+  // A shared weight stays as it is and gamma comes as operand kNormScale: x · w^T above is
   // then (x * gamma) · w^T.
   std::optional<InputNorm> norm;
   double norm_eps = 0.0;
   // The output rounded to the input's type and stored as f32 (CUDA plans: fuse_linear_cast, the
   // Cast that widened the logits).
   bool widen = false;
+  bool operator==(const LinearEpilogue&) const = default;
+};
+
+// Linear: what it computes (the epilogue) and how a backend may run it (tf32, tactics), which
+// changes no kernel's choice of registry entry.
+struct LinearAttrs {
+  LinearEpilogue epilogue;
+  bool tf32 = false;  // fp32 GEMMs may use TF32 tensor cores (`kiln build --tf32`, CUDA only)
+  std::vector<LinearTactic> tactics;  // ascending rows; empty: the backend's own choice
   bool operator==(const LinearAttrs&) const = default;
 };
 

@@ -59,10 +59,8 @@ struct Value {
 enum class OpKind : uint8_t {
   kEmbedding,        // (table [vocab, d], ids [n] i64, scales? [vocab]) -> [n, d];
                      // scales (f32) only, and always, for i8 tables (rows come out f32)
-  kLinear,           // (x [n, in], w [out, in], bias? [out], scales? [out], residual? [n, out],
-                     // row_sums? [out]) -> [n, out]; LinearAttrs. scales (f32) only, and
-                     // always, for i8 weights; residual (fuse_linear_residual, CUDA plans):
-                     // added last; row_sums (f32): a folded LayerNorm's (fuse_norm_linear)
+  kLinear,           // (x [n, in], w [out, in], bias? [out], ...) -> [n, out]: its operands
+                     // by name, its epilogue and its fused extras are graph/linear.h's
   kAdd,              // (a [n, d], b [n, d]) -> [n, d]
   kMul,              // (a [n, d], b [n, d]) -> [n, d]
   kScale,            // (x) -> x * ScaleAttrs::scale
@@ -79,19 +77,6 @@ enum class OpKind : uint8_t {
   kAddRmsNorm,       // fused (a, b, w) -> (a + b, rmsnorm(a + b)): residual add + norm
 };
 inline constexpr int kNumOpKinds = 14;
-// The input of a Linear holding a fused residual (added after bias and rounding).
-inline constexpr size_t kLinearResidual = 4;
-// A Linear with a LayerNorm folded into it (LinearAttrs::norm): f32 [out], the sums of each
-// output's weight row (the product of the row's mean, subtracted after the matrix product).
-inline constexpr size_t kLinearNormRowSums = 5;
-// A Linear whose folded norm left the weight as it is (a tied lm_head shares it with the
-// embedding): f32 [in], gamma, multiplied into the input on the fly (x * gamma) · w^T; the row
-// sums are then those of w * gamma and the bias holds bias + w · beta.
-inline constexpr size_t kLinearNormScale = 6;
-// A Linear of some of its input's rows (fuse_gather_linear, CUDA plans: the GatherRows of the
-// rows that need logits, before the lm_head): i64/i32 [r], y [r, out] = f(x[rows]).
-inline constexpr size_t kLinearRows = 7;
-
 struct Node {
   OpKind op;
   std::string name;

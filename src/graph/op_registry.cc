@@ -2,8 +2,10 @@
 
 #include <array>
 
+#include "graph/linear.h"
+
 namespace kiln {
-namespace {
+namespace schema {
 
 const Value& in(const Graph& g, const Node& n, size_t i) {
   KILN_CHECK(
@@ -11,7 +13,6 @@ const Value& in(const Graph& g, const Node& n, size_t i) {
       "node '{}' ({}): input {} is missing", n.name, op_name(n.op), i);
   return g.values[n.inputs[i]];
 }
-bool has_in(const Node& n, size_t i) { return n.has_input(i); }
 
 void expect_rank(const Node& n, const Value& v, size_t rank) {
   KILN_CHECK(v.shape.size() == rank, "node '{}' ({}): input '{}' has shape {}, expected rank {}",
@@ -44,6 +45,18 @@ void expect_gathered_rows(const Node& n, const Value& x, const Value& rows) {
              dtype_name(rows.dtype));
 }
 
+}  // namespace schema
+
+namespace {
+
+using schema::expect_dim;
+using schema::expect_float;
+using schema::expect_gathered_rows;
+using schema::expect_rank;
+using schema::expect_same;
+using schema::in;
+bool has_in(const Node& n, size_t i) { return n.has_input(i); }
+
 std::vector<ValueType> infer_embedding(const Graph& g, const Node& n) {
   const Value& table = in(g, n, 0);
   const Value& ids = in(g, n, 1);
@@ -70,91 +83,6 @@ std::vector<ValueType> infer_embedding(const Graph& g, const Node& n) {
     return {{DType::kF32, {ids.shape[0], table.shape[1]}}};
   }
   return {{table.dtype, {ids.shape[0], table.shape[1]}}};
-}
-
-std::vector<ValueType> infer_linear(const Graph& g, const Node& n) {
-  const Value& x = in(g, n, 0);
-  const Value& w = in(g, n, 1);
-  expect_float(n, x);
-  expect_rank(n, w, 2);
-  KILN_CHECK(!x.shape.empty() && x.shape.back() == w.shape[1],
-             "node '{}' (Linear): input '{}' {} does not match weight '{}' {} ([out, in])", n.name,
-             x.name, sym_shape_str(x.shape), w.name, sym_shape_str(w.shape));
-  if (has_in(n, 2)) {
-    const Value& b = in(g, n, 2);
-    expect_rank(n, b, 1);
-    expect_dim(n, b, 0, w.shape[0]);
-  }
-  // Quantized weights carry their scales: an i8 weight has one f32 scale per output channel as
-  // input 3; float weights have none.
-  const bool per_channel = w.dtype == DType::kI8;
-  KILN_CHECK(per_channel == has_in(n, 3), "node '{}' (Linear): weight '{}' is {}: {}", n.name,
-             w.name, dtype_name(w.dtype),
-             per_channel ? "an i8 weight needs its per-output-channel scales (input 3)"
-                         : "only i8 weights take a scales input");
-  KILN_CHECK(dtype_traits(w.dtype).is_float || per_channel,
-             "node '{}' (Linear): weight '{}' of type {} cannot be a Linear weight", n.name, w.name,
-             dtype_name(w.dtype));
-  if (per_channel) {
-    const Value& s = in(g, n, 3);
-    KILN_CHECK(s.dtype == DType::kF32, "node '{}' (Linear): scales '{}' must be f32", n.name,
-               s.name);
-    expect_rank(n, s, 1);
-    expect_dim(n, s, 0, w.shape[0]);
-  }
-  SymShape out = x.shape;
-  out.back() = w.shape[0];
-  if (has_in(n, kLinearRows)) {  // the Linear of x's rows x[rows]
-    const Value& rows = in(g, n, kLinearRows);
-    expect_gathered_rows(n, x, rows);
-    KILN_CHECK(!has_in(n, kLinearResidual), "node '{}' (Linear): gathered rows take no residual",
-               n.name);
-    out = {rows.shape[0], w.shape[0]};
-  }
-  const LinearAttrs& attrs = n.attr<LinearAttrs>();
-  if (attrs.norm) {
-    const bool layer = *attrs.norm == InputNorm::kLayerNorm;
-    KILN_CHECK(attrs.norm_eps >= 0.0, "node '{}' (Linear): negative norm epsilon {}", n.name,
-               attrs.norm_eps);
-    KILN_CHECK(!per_channel, "node '{}' (Linear): a folded {} needs float weights, not i8", n.name,
-               input_norm_name(*attrs.norm));
-    KILN_CHECK(has_in(n, kLinearNormRowSums) == layer, "node '{}' (Linear): a folded {} takes {}",
-               n.name, input_norm_name(*attrs.norm),
-               layer ? "the weight's row sums" : "no row sums");
-    if (layer) {
-      const Value& s = in(g, n, kLinearNormRowSums);
-      KILN_CHECK(s.dtype == DType::kF32, "node '{}' (Linear): row sums '{}' must be f32", n.name,
-                 s.name);
-      expect_rank(n, s, 1);
-      expect_dim(n, s, 0, w.shape[0]);
-    }
-    if (has_in(n, kLinearNormScale)) {
-      const Value& s = in(g, n, kLinearNormScale);
-      KILN_CHECK(s.dtype == DType::kF32, "node '{}' (Linear): norm scale '{}' must be f32", n.name,
-                 s.name);
-      expect_rank(n, s, 1);
-      expect_dim(n, s, 0, w.shape[1]);
-    }
-  } else {
-    KILN_CHECK(!has_in(n, kLinearNormRowSums) && !has_in(n, kLinearNormScale),
-               "node '{}' (Linear): row sums or a norm scale without a folded norm", n.name);
-  }
-  if (has_in(n, kLinearResidual)) {
-    const Value& r = in(g, n, kLinearResidual);
-    KILN_CHECK(r.dtype == x.dtype && r.shape == out && !n.attr<LinearAttrs>().activation,
-               "node '{}' (Linear): residual '{}' is {} {}, expected {} {} (and no activation)",
-               n.name, r.name, dtype_name(r.dtype), sym_shape_str(r.shape), dtype_name(x.dtype),
-               sym_shape_str(out));
-  }
-  if (attrs.widen) {
-    KILN_CHECK(x.dtype == DType::kF16 || x.dtype == DType::kBF16,
-               "node '{}' (Linear): only an f16 or bf16 linear widens its output to f32, not {}",
-               n.name, dtype_name(x.dtype));
-    KILN_CHECK(!has_in(n, kLinearResidual),
-               "node '{}' (Linear): a widened output takes no residual", n.name);
-    return {{DType::kF32, out}};
-  }
-  return {{x.dtype, out}};
 }
 
 std::vector<ValueType> infer_binary(const Graph& g, const Node& n) {
@@ -270,7 +198,7 @@ std::vector<ValueType> infer_add_rms_norm(const Graph& g, const Node& n) {
 // Indexed by OpKind (checked below).
 constexpr std::array<OpSchema, kNumOpKinds> kSchemas = {{
     {OpKind::kEmbedding, "Embedding", 2, 3, 1, AttrKind::kNone, infer_embedding},
-    {OpKind::kLinear, "Linear", 2, 8, 1, AttrKind::kLinear, infer_linear},
+    {OpKind::kLinear, "Linear", 2, kNumLinearOperands, 1, AttrKind::kLinear, infer_linear},
     {OpKind::kAdd, "Add", 2, 2, 1, AttrKind::kNone, infer_binary},
     {OpKind::kMul, "Mul", 2, 2, 1, AttrKind::kNone, infer_binary},
     {OpKind::kScale, "Scale", 1, 1, 1, AttrKind::kScale, infer_unary},

@@ -12,9 +12,9 @@ int fuse_linear_activation(Graph& graph, const Logger& log) {
     const int producer = graph.values[x].producer;
     if (producer < 0 || uses[x] != 1) continue;
     Node& lin = graph.nodes[producer];
-    if (lin.op != OpKind::kLinear || lin.attr<LinearAttrs>().activation) continue;
+    if (lin.op != OpKind::kLinear || lin.attr<LinearAttrs>().epilogue.activation) continue;
     const Activation fn = act.attr<ActivationAttrs>().activation;
-    lin.attr<LinearAttrs>().activation = fn;
+    lin.attr<LinearAttrs>().epilogue.activation = fn;
     // The Linear now produces the activation's output value directly.
     const int out = act.outputs[0];
     graph.values[out].producer = producer;

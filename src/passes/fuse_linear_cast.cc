@@ -2,7 +2,7 @@
 // plans). narrow_graph computes the logits in the plan's type and widens them with a Cast: at
 // batch 1 a kernel of its own after the lm_head, on the chain of kernels between two decode
 // steps (2.4 µs past the lm_head on the H200); T5's fp16 plans also widen the fp16 Linears'
-// outputs that join their f32 residual stream. With LinearAttrs::widen the Linear stores its
+// outputs that join their f32 residual stream. With LinearEpilogue::widen the Linear stores its
 // output, rounded to its type as before, as f32 itself: the same numbers. Fused only when the
 // Cast is the Linear's only reader and the Linear has no fused residual.
 #include "passes/pass.h"
@@ -21,11 +21,12 @@ int fuse_linear_cast(Graph& graph, const Logger& log) {
     if (producer < 0 || uses[narrow] != 1) continue;
     Node& lin = graph.nodes[producer];
     const DType t = graph.values[narrow].dtype;
-    if (lin.op != OpKind::kLinear || (t != DType::kF16 && t != DType::kBF16) ||
-        lin.has_input(kLinearResidual) || graph.values[lin.inputs[0]].dtype != t)
+    if (lin.op != OpKind::kLinear || (t != DType::kF16 && t != DType::kBF16)) continue;
+    const LinearDesc d = describe_linear(lin);
+    if (d.has(LinearOperand::kResidual) || graph.values[d.operand(LinearOperand::kX)].dtype != t)
       continue;
     const int wide = cast.outputs[0];
-    lin.attr<LinearAttrs>().widen = true;
+    lin.attr<LinearAttrs>().epilogue.widen = true;
     lin.outputs[0] = wide;
     graph.values[wide].producer = producer;
     graph.values[narrow].producer = -1;

@@ -21,16 +21,15 @@ int fuse_linear_residual(Graph& graph, const Logger& log) {
       const int i = graph.values[o].producer;
       if (i < 0 || erase[i]) continue;
       Node& lin = graph.nodes[i];
-      if (lin.op != OpKind::kLinear || lin.attr<LinearAttrs>().activation ||
-          (lin.inputs.size() > kLinearResidual && lin.inputs[kLinearResidual] >= 0))
-        continue;
+      if (lin.op != OpKind::kLinear) continue;
+      const LinearDesc d = describe_linear(lin);
+      if (d.epilogue.activation || d.has(LinearOperand::kResidual)) continue;
       const Value &vo = graph.values[o], &vr = graph.values[r], &vs = graph.values[s];
       if (vo.dtype != vs.dtype || vr.dtype != vs.dtype || vo.shape != vs.shape) continue;
       // The residual must exist when the Linear runs.
       const int rp = vr.producer;
       if (vr.kind == ValueKind::kActivation && (rp < 0 || rp >= static_cast<int>(i))) continue;
-      if (lin.inputs.size() <= kLinearResidual) lin.inputs.resize(kLinearResidual + 1, -1);
-      lin.inputs[kLinearResidual] = r;
+      set_linear_operand(lin, LinearOperand::kResidual, r);
       lin.outputs[0] = s;
       graph.values[s].producer = i;
       erase[j] = true;

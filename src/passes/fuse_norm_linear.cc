@@ -13,7 +13,7 @@
 // a constant f32/f16/bf16 weight, and when the folded weight and bias stay finite in the
 // weight's type; the norm then disappears from the graph. A weight that other nodes read too (a
 // tied lm_head shares its table with the embedding: BLOOM's ln_f) is left as it is: gamma
-// becomes the Linear's norm scale (input kLinearNormScale, multiplied into x on the fly), and
+// becomes the Linear's norm scale (operand kNormScale, multiplied into x on the fly), and
 // the row sums are those of w * gamma. Runs after narrow_graph (the types
 // are final) and before plan_memory (the planner then keeps x alive until the last Linear has
 // read it).
@@ -32,13 +32,13 @@ bool plain_float(DType t) { return t == DType::kF32 || t == DType::kF16 || t == 
 // a norm: constant, f32/f16/bf16, plain (read by other nodes too: `shared`).
 bool foldable_reader(const Graph& g, int i, int value) {
   const Node& n = g.nodes[i];
-  if (n.op != OpKind::kLinear || n.attr<LinearAttrs>().norm || n.inputs.size() < 2 ||
-      n.inputs[0] != value)
-    return false;
-  for (size_t k = 1; k < n.inputs.size(); ++k)
-    if (n.inputs[k] == value) return false;
-  if (n.inputs.size() > 3 && n.inputs[3] >= 0) return false;  // per-channel scales
-  const Value& w = g.values[n.inputs[1]];
+  if (n.op != OpKind::kLinear) return false;
+  const LinearDesc d = describe_linear(n);
+  if (d.epilogue.norm || d.operand(LinearOperand::kX) != value) return false;
+  for (int o = 1; o < kNumLinearOperands; ++o)
+    if (d.operands[o] == value) return false;
+  if (d.has(LinearOperand::kWeightScales)) return false;
+  const Value& w = g.values[d.operand(LinearOperand::kWeight)];
   return w.kind == ValueKind::kWeight && w.data.defined() && w.layout.plain() &&
          w.data.rank() == 2 && plain_float(w.dtype);
 }
@@ -63,7 +63,8 @@ struct Folded {
 
 Folded fold(const Graph& g, const Node& lin, const std::vector<float>& gamma,
             const std::vector<float>& beta, bool layer, bool shared) {
-  const Value& wv = g.values[lin.inputs[1]];
+  const LinearDesc d = describe_linear(lin);
+  const Value& wv = g.values[d.operand(LinearOperand::kWeight)];
   const Tensor w = wv.data.to_f32();
   const int64_t out = w.dim(0), in = w.dim(1);
   const float* wf = w.data<float>();
@@ -85,9 +86,10 @@ Folded fold(const Graph& g, const Node& lin, const std::vector<float>& gamma,
   // The row sums of the weight the kernel multiplies by: the stored folded weight, or w * gamma.
   const Tensor back = shared ? Tensor() : f.weight.to_f32();
   std::vector<float> sums(static_cast<size_t>(out)), bias(static_cast<size_t>(out), 0.0f);
-  const bool has_bias = lin.inputs.size() > 2 && lin.inputs[2] >= 0;
+  const int bias_id = d.operand(LinearOperand::kBias);
+  const bool has_bias = bias_id >= 0;
   if (has_bias) {
-    const Tensor b = g.values[lin.inputs[2]].data.to_f32();
+    const Tensor b = g.values[bias_id].data.to_f32();
     std::copy(b.data<float>(), b.data<float>() + out, bias.begin());
   }
   for (int64_t o = 0; o < out; ++o) {
@@ -99,30 +101,32 @@ Folded fold(const Graph& g, const Node& lin, const std::vector<float>& gamma,
     sums[o] = static_cast<float>(s);
     bias[o] = static_cast<float>(b);
   }
-  f.bias = Tensor::from_vector(bias, {out}).to(has_bias ? g.values[lin.inputs[2]].dtype : wv.dtype);
+  f.bias = Tensor::from_vector(bias, {out}).to(has_bias ? g.values[bias_id].dtype : wv.dtype);
   f.row_sums = Tensor::from_vector(sums, {out});
   wv.data.release_pages();
   return f;
 }
 
 void apply(Graph& g, Node& lin, Folded f, const NormAttrs& norm, bool layer, int x) {
-  const std::string wname = g.values[lin.inputs[1]].name;
+  const std::string wname = g.values[linear_operand(lin, LinearOperand::kWeight)].name;
   if (f.scale.defined()) {
-    if (lin.inputs.size() <= kLinearNormScale) lin.inputs.resize(kLinearNormScale + 1, -1);
-    lin.inputs[kLinearNormScale] = g.add_weight(lin.name + ".norm_scale", std::move(f.scale));
+    set_linear_operand(lin, LinearOperand::kNormScale,
+                       g.add_weight(lin.name + ".norm_scale", std::move(f.scale)));
   } else {
-    lin.inputs[1] = g.add_weight(wname + ".norm_folded", std::move(f.weight));
+    set_linear_operand(lin, LinearOperand::kWeight,
+                       g.add_weight(wname + ".norm_folded", std::move(f.weight)));
   }
   if (layer) {
-    if (lin.inputs.size() <= kLinearNormRowSums) lin.inputs.resize(kLinearNormRowSums + 1, -1);
-    lin.inputs[2] = g.add_weight(lin.name + ".norm_folded_bias", std::move(f.bias));
-    lin.inputs[kLinearNormRowSums] = g.add_weight(
-        (f.scale.defined() ? lin.name : wname) + ".norm_row_sums", std::move(f.row_sums));
+    set_linear_operand(lin, LinearOperand::kBias,
+                       g.add_weight(lin.name + ".norm_folded_bias", std::move(f.bias)));
+    set_linear_operand(lin, LinearOperand::kNormRowSums,
+                       g.add_weight((f.scale.defined() ? lin.name : wname) + ".norm_row_sums",
+                                    std::move(f.row_sums)));
   }
-  lin.inputs[0] = x;
-  LinearAttrs& a = lin.attr<LinearAttrs>();
-  a.norm = layer ? InputNorm::kLayerNorm : InputNorm::kRmsNorm;
-  a.norm_eps = norm.eps;
+  set_linear_operand(lin, LinearOperand::kX, x);
+  LinearEpilogue& e = lin.attr<LinearAttrs>().epilogue;
+  e.norm = layer ? InputNorm::kLayerNorm : InputNorm::kRmsNorm;
+  e.norm_eps = norm.eps;
 }
 
 std::vector<float> floats_of(const Graph& g, int id) {
@@ -156,14 +160,15 @@ int fuse_norm_linear(Graph& graph, const Logger& log) {
     const std::vector<float> beta = layer ? floats_of(graph, norm.inputs[2]) : std::vector<float>();
     std::vector<Folded> folded;
     for (int i : rs)
-      folded.push_back(
-          fold(graph, graph.nodes[i], gamma, beta, layer, uses[graph.nodes[i].inputs[1]] > 1));
+      folded.push_back(fold(graph, graph.nodes[i], gamma, beta, layer,
+                            uses[linear_operand(graph.nodes[i], LinearOperand::kWeight)] > 1));
     if (!std::all_of(folded.begin(), folded.end(), [](const Folded& f) {
           return (!f.weight.defined() || all_finite(f.weight)) &&
                  (!f.bias.defined() || all_finite(f.bias));
         })) {
       log.info("fuse_norm_linear: {} stays a node: its folded weights leave {}'s range", norm.name,
-               dtype_name(graph.values[graph.nodes[rs[0]].inputs[1]].dtype));
+               dtype_name(
+                   graph.values[linear_operand(graph.nodes[rs[0]], LinearOperand::kWeight)].dtype));
       continue;
     }
     const NormAttrs attrs = norm.attr<NormAttrs>();

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "core/logging.h"
+#include "graph/linear.h"
 #include "graph/model_ir.h"
 
 namespace kiln {
@@ -65,17 +66,17 @@ int fuse_gate_up(Graph& graph, const Logger& log);
 int fuse_linear_residual(Graph& graph, const Logger& log);
 
 // CUDA plans: y = Linear(LayerNorm(x)) (or RMSNorm) -> Linear(x, w * gamma, bias + w · beta,
-// ..., row sums of w * gamma) with LinearAttrs::norm, when Linears with float weights are the
+// ..., row sums of w * gamma) with LinearEpilogue::norm, when Linears with float weights are the
 // norm's only readers (a weight other nodes share keeps its values: gamma then becomes the
-// Linear's norm scale, input kLinearNormScale). Returns the norms folded.
+// Linear's norm scale, operand kNormScale). Returns the norms folded.
 int fuse_norm_linear(Graph& graph, const Logger& log);
 
-// CUDA fp16 / bf16 plans: Cast(Linear(x)) to f32 -> Linear(x) with LinearAttrs::widen, which
+// CUDA fp16 / bf16 plans: Cast(Linear(x)) to f32 -> Linear(x) with LinearEpilogue::widen, which
 // stores its rounded output as f32 (narrow_graph's casts: the logits, T5's fp16 Linears into
 // its f32 residual stream), when the cast is the Linear's only reader. Returns the casts fused.
 int fuse_linear_cast(Graph& graph, const Logger& log);
 
-// CUDA plans: Linear(GatherRows(x, rows)) -> Linear(x, ..., rows) (input kLinearRows), when the
+// CUDA plans: Linear(GatherRows(x, rows)) -> Linear(x, ..., rows) (operand kRows), when the
 // Linear is the gathered rows' only reader (the lm_head). Returns the gathers fused.
 int fuse_gather_linear(Graph& graph, const Logger& log);
 

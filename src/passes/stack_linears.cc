@@ -32,10 +32,11 @@ int stackable_weight(const Graph& g, int value, const std::vector<int>& uses) {
   const int producer = g.values[value].producer;
   if (producer < 0) return -1;
   const Node& lin = g.nodes[producer];
-  if (lin.op != OpKind::kLinear || lin.attr<LinearAttrs>().activation) return -1;
-  for (size_t i = 2; i < lin.inputs.size(); ++i)
-    if (lin.inputs[i] >= 0) return -1;
-  const int w = lin.inputs[1];
+  if (lin.op != OpKind::kLinear) return -1;
+  // x · wᵀ and nothing else: no fused extra of any kind.
+  const LinearDesc d = describe_linear(lin);
+  if (!d.extras().empty()) return -1;
+  const int w = d.operand(LinearOperand::kWeight);
   const Value& wv = g.values[w];
   if (wv.kind != ValueKind::kWeight || !wv.data.defined() || wv.data.dtype() != wv.dtype ||
       !wv.layout.plain() || wv.data.rank() != 2 || !wv.data.is_contiguous())

@@ -9,6 +9,7 @@
 
 #include "backend/cuda_info.h"
 #include "builder/builder.h"
+#include "graph/linear.h"
 #include "model_runner.h"
 #include "parity_util.h"
 #include "plan/plan.h"
@@ -60,7 +61,7 @@ TEST(CudaTactics, BuildTimesEveryLinearAndThePlanKeepsTheChoice) {
       const Dim& rows = g.values[n.outputs[0]].shape[0];
       ASSERT_TRUE(rows.is_symbolic() && bound.count(rows.symbol)) << n.name;
       EXPECT_LE(tactics.back().rows, bound.at(rows.symbol)) << n.name;
-      gathered += n.inputs.size() > kLinearRows && n.inputs[kLinearRows] >= 0;
+      gathered += linear_operand(n, LinearOperand::kRows) >= 0;
       for (const LinearTactic& t : tactics) {
         EXPECT_TRUE(t.kernel == "gemv" || t.kernel == "skinny" || t.kernel == "cublaslt")
             << n.name << " " << t.kernel;

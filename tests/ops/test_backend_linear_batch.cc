@@ -10,6 +10,7 @@
 #include "../models/graph_runner.h"
 #include "backend_ops.h"
 #include "graph/builder.h"
+#include "graph/linear.h"
 #include "graph/verifier.h"
 #include "passes/pass.h"
 
@@ -143,15 +144,15 @@ TEST(BackendOps, LinearWithFoldedNormMatchesTheUnfusedGraph) {
           Graph plain = b.finish();
           if (two_readers)
             for (Node& n : plain.nodes)
-              if (n.name == "fc1") n.attr<LinearAttrs>().activation = Activation::kGeluTanh;
+              if (n.name == "fc1")
+                n.attr<LinearAttrs>().epilogue.activation = Activation::kGeluTanh;
           Graph fused = plain;
           ASSERT_EQ(fuse_norm_linear(fused, quiet), also_output ? 0 : 1) << variant;
           verify_graph(fused);
           if (also_output) continue;
           for (const Node& n : fused.nodes) {
             if (n.name != "fc1") continue;
-            const bool scaled =
-                n.inputs.size() > kLinearNormScale && n.inputs[kLinearNormScale] >= 0;
+            const bool scaled = linear_operand(n, LinearOperand::kNormScale) >= 0;
             EXPECT_EQ(scaled, shared) << variant;
             EXPECT_EQ(fused.values[n.inputs[1]].name == "w", shared) << variant;
           }
@@ -234,7 +235,8 @@ TEST(BackendOps, FewRowLinearsMatchReference) {
         b.output(y, "y");
         Graph graph = b.finish();
         // The activation in the Linear's epilogue, as fuse_linear_activation leaves it.
-        if (extras) graph.nodes.back().attr<LinearAttrs>().activation = Activation::kGeluTanh;
+        if (extras)
+          graph.nodes.back().attr<LinearAttrs>().epilogue.activation = Activation::kGeluTanh;
         const Scenario sc = one_step(graph, {{"x", g.random({n, sh.in}, -2, 2)}});
         const ScenarioOutputs ref = run_scenario(*reference, sc);
         for (NamedBackend& nb : available_backends()) {

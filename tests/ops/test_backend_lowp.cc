@@ -508,7 +508,7 @@ void expect_packed_weights_give_the_plain_bits(bool bf16_dot, bool int8_dot) {
       b.output(q ? b.embedding_quantized(w, ids, scales, "embed") : b.embedding(w, ids, "embed"),
                "e");
       Graph graph = b.finish();
-      graph.nodes[0].attr<LinearAttrs>().activation = Activation::kGeluTanh;
+      graph.nodes[0].attr<LinearAttrs>().epilogue.activation = Activation::kGeluTanh;
       if (packed) {
         Value& v = graph.values[w];
         Tensor p = Tensor::empty(v.data.dtype(), v.data.shape());

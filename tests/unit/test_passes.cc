@@ -17,6 +17,7 @@
 #include "builder/builder.h"
 #include "frontend/hf/frontend.h"
 #include "graph/builder.h"
+#include "graph/linear.h"
 #include "graph/verifier.h"
 #include "graph/workspace.h"
 #include "passes/pass.h"
@@ -276,9 +277,9 @@ TEST(Passes, FuseLinearActivationFiresOnBloom) {
   EXPECT_EQ(count_ops(o, OpKind::kActivation), 0);
   int fused = 0;
   for (const Node& n : o.nodes) {
-    if (n.op != OpKind::kLinear || !n.attr<LinearAttrs>().activation) continue;
+    if (n.op != OpKind::kLinear || !n.attr<LinearAttrs>().epilogue.activation) continue;
     ++fused;
-    EXPECT_EQ(n.attr<LinearAttrs>().activation, Activation::kGeluTanh) << n.name;
+    EXPECT_EQ(n.attr<LinearAttrs>().epilogue.activation, Activation::kGeluTanh) << n.name;
     EXPECT_NE(n.name.find("dense_h_to_4h"), std::string::npos) << n.name;
   }
   EXPECT_EQ(fused, layers);
@@ -319,8 +320,7 @@ TEST(Passes, FuseLinearResidualFiresOnBloomCudaPlans) {
   const Graph& dec = bloom.graph(kDecoderGraph);
   int fused = 0;
   for (const Node& n : dec.nodes)
-    fused += n.op == OpKind::kLinear && n.inputs.size() > kLinearResidual &&
-             n.inputs[kLinearResidual] >= 0;
+    fused += n.op == OpKind::kLinear && linear_operand(n, LinearOperand::kResidual) >= 0;
   EXPECT_EQ(fused, 2 * bloom.desc.cache_layers);
   EXPECT_EQ(count_ops(dec, OpKind::kAdd), 0);
   EXPECT_GT(count_ops(built("bloom-tiny", Device::kCpu).graph(kDecoderGraph), OpKind::kAdd), 0);
@@ -345,15 +345,15 @@ TEST(Passes, FuseNormLinearFiresOnBloomCudaPlans) {
   const Graph& dec = bloom.graph(kDecoderGraph);
   int fused = 0, scaled = 0;
   for (const Node& n : dec.nodes) {
-    if (n.op != OpKind::kLinear || !n.attr<LinearAttrs>().norm) continue;
+    if (n.op != OpKind::kLinear || !n.attr<LinearAttrs>().epilogue.norm) continue;
     ++fused;
-    EXPECT_EQ(*n.attr<LinearAttrs>().norm, InputNorm::kLayerNorm) << n.name;
-    ASSERT_GT(n.inputs.size(), kLinearNormRowSums) << n.name;
-    ASSERT_GE(n.inputs[kLinearNormRowSums], 0) << n.name;
-    EXPECT_EQ(dec.values[n.inputs[kLinearNormRowSums]].dtype, DType::kF32) << n.name;
-    if (n.inputs.size() > kLinearNormScale && n.inputs[kLinearNormScale] >= 0) {
+    EXPECT_EQ(*n.attr<LinearAttrs>().epilogue.norm, InputNorm::kLayerNorm) << n.name;
+    const int sums = linear_operand(n, LinearOperand::kNormRowSums);
+    ASSERT_GE(sums, 0) << n.name;
+    EXPECT_EQ(dec.values[sums].dtype, DType::kF32) << n.name;
+    if (const int scale = linear_operand(n, LinearOperand::kNormScale); scale >= 0) {
       ++scaled;
-      EXPECT_EQ(dec.values[n.inputs[kLinearNormScale]].dtype, DType::kF32) << n.name;
+      EXPECT_EQ(dec.values[scale].dtype, DType::kF32) << n.name;
     }
   }
   EXPECT_EQ(fused, 2 * bloom.desc.cache_layers + 1);
@@ -364,7 +364,7 @@ TEST(Passes, FuseNormLinearFiresOnBloomCudaPlans) {
   EXPECT_EQ(count_ops(dec, OpKind::kGatherRows), 0);  // the lm_head reads its rows itself
   for (const Node& n : cpu.graph(kDecoderGraph).nodes) {
     if (n.op == OpKind::kLinear) {
-      EXPECT_FALSE(n.attr<LinearAttrs>().norm) << n.name;
+      EXPECT_FALSE(n.attr<LinearAttrs>().epilogue.norm) << n.name;
     }
   }
 }
@@ -399,7 +399,7 @@ TEST(Passes, FuseNormLinearKeepsANormWhoseFoldedWeightsOverflow) {
     EXPECT_EQ(fc.inputs[0], g.inputs[0]);
     const Tensor w = g.values[fc.inputs[1]].data.to_f32(),
                  bias = g.values[fc.inputs[2]].data.to_f32(),
-                 sums = g.values[fc.inputs[kLinearNormRowSums]].data;
+                 sums = g.values[linear_operand(fc, LinearOperand::kNormRowSums)].data;
     EXPECT_EQ(w.data<float>()[5], 6.0f);
     EXPECT_EQ(bias.data<float>()[0], 1.5f);  // 0.5 + w[0][0] * beta[0]
     EXPECT_EQ(bias.data<float>()[1], 5.25f);
@@ -429,7 +429,7 @@ TEST(Passes, NarrowGraphKeepsT5ResidualStreamF32InFp16) {
         const std::string& w = g.values[n.inputs[1]].name;
         const bool is_wo = w.find(".wo.") != std::string::npos;
         // The lm_head stores the f32 logits itself (fuse_linear_cast): computed in fp16.
-        const bool widen = n.attr<LinearAttrs>().widen;
+        const bool widen = n.attr<LinearAttrs>().epilogue.widen;
         wo += is_wo;
         widened += widen;
         narrow_linears += !is_wo;

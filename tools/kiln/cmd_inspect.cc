@@ -67,7 +67,7 @@ nlohmann::json graph_summary(const Graph& gr, const ShapeProfile& profile) {
   int fused_linear = 0;
   for (const Node& n : gr.nodes) {
     ++ops[std::string(op_name(n.op))];
-    if (n.op == OpKind::kLinear && n.attr<LinearAttrs>().activation) ++fused_linear;
+    if (n.op == OpKind::kLinear && n.attr<LinearAttrs>().epilogue.activation) ++fused_linear;
   }
   for (const Value& v : gr.values)
     if (v.kind == ValueKind::kWeight)

@@ -140,17 +140,6 @@ class CpuBackend final : public Backend {
   // and run on any CPU.
   std::string target() const override { return std::string(isa_name(isa_)); }
   std::string unsupported_reason(const Graph& graph, const Node& node) const override {
-    if (node.op == OpKind::kLinear && node.inputs.size() > kLinearResidual &&
-        node.inputs[kLinearResidual] >= 0)
-      return "the cpu linears take no fused residual (a CUDA plan's fusion)";
-    if (node.op == OpKind::kLinear && node.attr<LinearAttrs>().norm)
-      return "the cpu linears take no folded input norm (a CUDA plan's fusion)";
-    if (node.op == OpKind::kLinear && node.has_input(kLinearRows))
-      return "the cpu linears gather no rows (a CUDA plan's fusion)";
-    if (node.op == OpKind::kLinear && node.attr<LinearAttrs>().widen)
-      return "the cpu linears do not widen their output (a CUDA plan's fusion)";
-    if (node.op == OpKind::kLayerNorm && node.has_input(3))
-      return "the cpu layer norm gathers no rows (a CUDA plan's fused embedding)";
     for (int id : node.inputs) {
       if (id < 0 || graph.values[id].layout.plain()) continue;
       const WeightLayout& l = graph.values[id].layout;
@@ -160,9 +149,7 @@ class CpuBackend final : public Backend {
             "this machine",
             graph.values[id].name, l.packing, l.target, isa_name(isa_));
     }
-    const KernelKey key = key_of(graph, node);
-    if (cpu_registry().find(key) != nullptr) return {};
-    return fmt::format("no cpu kernel for {}", describe_key(key));
+    return cpu_registry().unsupported_reason(key_of(graph, node), node_extras(node), "cpu");
   }
   std::unique_ptr<Executable> compile(const Graph& graph, const ShapeProfile& profile) override {
     std::vector<std::unique_ptr<Kernel>> kernels;
@@ -172,7 +159,7 @@ class CpuBackend final : public Backend {
       KILN_CHECK(why.empty(), "graph '{}': node '{}' is not supported on cpu: {}", graph.name,
                  n.name, why);
       const KernelKey key = key_of(graph, n);
-      const KernelRegistry::Entry* e = cpu_registry().find(key);
+      const KernelRegistry::Entry* e = cpu_registry().find(key, node_extras(n));
       KILN_CHECK(e != nullptr, "graph '{}': node '{}' is not supported on cpu: no kernel for {}",
                  graph.name, n.name, describe_key(key));
       kernels.push_back(e->factory(n));

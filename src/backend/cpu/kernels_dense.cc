@@ -81,7 +81,7 @@ void linear_with(const Tiles& tiles, const Node& node, std::span<const Tensor> i
   const float* xp = x.data<float>();
   const float* wp = w.data<float>();
   float* yp = out[0].data<float>();
-  const std::optional<Activation> act = node.attr<LinearAttrs>().activation;
+  const std::optional<Activation> act = node.attr<LinearAttrs>().epilogue.activation;
   const auto epilogue = [&](int64_t t, int64_t o0, int64_t o1) {
     if (bias == nullptr && !act) return;
     float* yr = yp + t * m;

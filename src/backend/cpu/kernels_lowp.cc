@@ -222,7 +222,7 @@ void linear_narrow(const Node& node, std::span<const Tensor> in, std::span<Tenso
   const float* xp = x.data<float>();
   const T* wp = static_cast<const T*>(w.raw());
   float* yp = out[0].data<float>();
-  const std::optional<Activation> act = node.attr<LinearAttrs>().activation;
+  const std::optional<Activation> act = node.attr<LinearAttrs>().epilogue.activation;
   if (n >= kGemmRows) {
     linear_widened_gemm<W>(xp, n, k, wp, m, scales, bias, act, yp, env, node);
     return;

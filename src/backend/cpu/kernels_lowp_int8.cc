@@ -153,7 +153,7 @@ void linear_i8_dot_avx2(const Node& node, std::span<const Tensor> in, std::span<
   const float* xp = x.data<float>();
   const int8_t* wp = w.data<int8_t>();
   float* yp = out[0].data<float>();
-  const std::optional<Activation> act = node.attr<LinearAttrs>().activation;
+  const std::optional<Activation> act = node.attr<LinearAttrs>().epilogue.activation;
 
   std::vector<int16_t> q(static_cast<size_t>(n * kp));
   std::vector<float> row_scale(static_cast<size_t>(n));

@@ -364,7 +364,8 @@ class PackedLinear final : public Kernel {
     Staging<typename W::X> staging;
     if constexpr (std::is_same_v<W, Bf16DotW>) staging = {round_rows_to_pairs, (k + 1) / 2};
     run_packed_linear(x.data<float>(), n, k, static_cast<const typename W::T*>(weight_.raw()), m, e,
-                      node_.attr<LinearAttrs>().activation, xt, staging, kTiles<W>, *args.pool);
+                      node_.attr<LinearAttrs>().epilogue.activation, xt, staging, kTiles<W>,
+                      *args.pool);
   }
 
  private:

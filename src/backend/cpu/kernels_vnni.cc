@@ -316,7 +316,8 @@ class VnniLinear final : public Kernel {
     const Epilogue e{args.out[0].data<float>(), m, scales, bias};
     const Staging<uint32_t> staging{quantize_rows_to_quads, quads, groups, per_row};
     run_packed_linear(x.data<float>(), n, k, static_cast<const int8_t*>(weight_.raw()), m, e,
-                      node_.attr<LinearAttrs>().activation, xt, staging, kQuadTiles, *args.pool);
+                      node_.attr<LinearAttrs>().epilogue.activation, xt, staging, kQuadTiles,
+                      *args.pool);
   }
 
  private:

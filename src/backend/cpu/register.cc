@@ -36,9 +36,18 @@ class CpuKernel final : public Kernel {
 };
 
 void add_fn(KernelRegistry& r, OpKind op, DType act, DType weight, Isa isa, const char* name,
-            CpuFn fn) {
-  r.add(KernelKey{op, act, weight, Device::kCpu, isa}, name,
-        [fn](const Node& node) { return std::make_unique<CpuKernel>(node, fn); });
+            CpuFn fn, ExtraSet extras = {}) {
+  r.add(
+      KernelKey{op, act, weight, Device::kCpu, isa}, name,
+      [fn](const Node& node) { return std::make_unique<CpuKernel>(node, fn); }, extras);
+}
+
+// What every CPU Linear implements around its product: bias and activation, and an i8 weight's
+// per-channel scales. The CUDA plans' fusions (residual, folded norm, gathered rows, widened
+// output) are not among them, so the CPU refuses such nodes by name.
+ExtraSet linear_extras(DType weight) {
+  const ExtraSet plain{Extra::kBias, Extra::kActivation};
+  return weight == DType::kI8 ? plain.with(Extra::kWeightScales) : plain;
 }
 
 }  // namespace
@@ -47,21 +56,27 @@ void register_kernels(KernelRegistry& r) {
   constexpr DType f32 = DType::kF32;
   constexpr Isa base = Isa::kAvx2;
   add_fn(r, OpKind::kEmbedding, f32, f32, base, "embedding gather", embedding);
-  add_fn(r, OpKind::kLinear, f32, f32, base, "avx2 dot4 linear", linear_avx2);
-  add_fn(r, OpKind::kLinear, f32, DType::kBF16, base, "avx2 bf16-weight linear", linear_bf16_avx2);
-  add_fn(r, OpKind::kLinear, f32, DType::kF16, base, "avx2 f16-weight linear", linear_f16_avx2);
-  add_fn(r, OpKind::kLinear, f32, DType::kI8, base, "avx2 i8-weight linear", linear_i8_avx2);
+  add_fn(r, OpKind::kLinear, f32, f32, base, "avx2 dot4 linear", linear_avx2, linear_extras(f32));
+  add_fn(r, OpKind::kLinear, f32, DType::kBF16, base, "avx2 bf16-weight linear", linear_bf16_avx2,
+         linear_extras(DType::kBF16));
+  add_fn(r, OpKind::kLinear, f32, DType::kF16, base, "avx2 f16-weight linear", linear_f16_avx2,
+         linear_extras(DType::kF16));
+  add_fn(r, OpKind::kLinear, f32, DType::kI8, base, "avx2 i8-weight linear", linear_i8_avx2,
+         linear_extras(DType::kI8));
   // AVX-512: one register-blocked kernel over panel16-packed weights for every weight dtype
   // and number of rows (kernels_packed.cc).
   for (DType w : {f32, DType::kBF16, DType::kF16, DType::kI8})
     r.add(KernelKey{OpKind::kLinear, f32, w, Device::kCpu, Isa::kAvx512},
-          fmt::format("avx512 packed {}-weight linear", dtype_name(w)), packed_linear_factory(w));
+          fmt::format("avx512 packed {}-weight linear", dtype_name(w)), packed_linear_factory(w),
+          linear_extras(w));
   // AVX512-BF16: bf16 weights in dot products of bf16 pairs; every other kernel is AVX-512's.
   r.add(KernelKey{OpKind::kLinear, f32, DType::kBF16, Device::kCpu, Isa::kAvx512Bf16},
-        "avx512-bf16 packed bf16-weight linear (vdpbf16ps)", packed_bf16_dot_linear_factory());
+        "avx512-bf16 packed bf16-weight linear (vdpbf16ps)", packed_bf16_dot_linear_factory(),
+        linear_extras(DType::kBF16));
   // AVX512-VNNI: i8 weights in int8 dot products of per-row quantized activations.
   r.add(KernelKey{OpKind::kLinear, f32, DType::kI8, Device::kCpu, Isa::kAvx512Vnni},
-        "avx512-vnni packed i8-weight linear (vpdpbusd)", packed_int8_dot_linear_factory());
+        "avx512-vnni packed i8-weight linear (vpdpbusd)", packed_int8_dot_linear_factory(),
+        linear_extras(DType::kI8));
   add_fn(r, OpKind::kEmbedding, DType::kBF16, DType::kBF16, base, "bf16 embedding gather",
          embedding_narrow);
   add_fn(r, OpKind::kEmbedding, DType::kF16, DType::kF16, base, "f16 embedding gather",

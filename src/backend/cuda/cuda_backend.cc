@@ -21,9 +21,8 @@ class CudaBackend final : public Backend {
   }
   std::string target() const override { return "sm_" + std::to_string(cuda_->sm()); }
   std::string unsupported_reason(const Graph& graph, const Node& node) const override {
-    const KernelKey key = kernel_key(graph, node, Device::kCuda, Isa::kSm90);
-    if (registry_.find(key) != nullptr) return {};
-    return fmt::format("no cuda kernel for {}", describe_key(key));
+    return registry_.unsupported_reason(kernel_key(graph, node, Device::kCuda, Isa::kSm90),
+                                        node_extras(node), "cuda");
   }
   std::string load_weights(std::span<const Graph* const> graphs) override {
     std::vector<Tensor> weights;
@@ -42,10 +41,11 @@ class CudaBackend final : public Backend {
     std::vector<std::unique_ptr<Kernel>> kernels;
     std::vector<std::string> names;
     for (const Node& n : graph.nodes) {
-      const KernelKey key = kernel_key(graph, n, Device::kCuda, Isa::kSm90);
-      const KernelRegistry::Entry* e = registry_.find(key);
-      KILN_CHECK(e != nullptr, "graph '{}': node '{}' is not supported on cuda: no kernel for {}",
-                 graph.name, n.name, describe_key(key));
+      const std::string why = unsupported_reason(graph, n);
+      KILN_CHECK(why.empty(), "graph '{}': node '{}' is not supported on cuda: {}", graph.name,
+                 n.name, why);
+      const KernelRegistry::Entry* e =
+          registry_.find(kernel_key(graph, n, Device::kCuda, Isa::kSm90), node_extras(n));
       kernels.push_back(e->factory(n));
       kernels.back()->prepare(graph);
       names.push_back(e->name);

@@ -145,10 +145,16 @@ void add_rms_norm(const Launch& l) {
 
 void register_kernels(KernelRegistry& r, CudaContext& ctx) {
   constexpr DType kFloats[] = {DType::kF32, DType::kF16, DType::kBF16};
-  auto add_fn = [&](OpKind op, DType act, DType weight, const char* name, LaunchFn fn) {
-    r.add(KernelKey{op, act, weight, Device::kCuda, Isa::kSm90}, name,
-          [&ctx, fn](const Node& node) { return std::make_unique<FnKernel>(node, ctx, fn); });
+  auto add_fn = [&](OpKind op, DType act, DType weight, const char* name, LaunchFn fn,
+                    ExtraSet extras = {}) {
+    r.add(
+        KernelKey{op, act, weight, Device::kCuda, Isa::kSm90}, name,
+        [&ctx, fn](const Node& node) { return std::make_unique<FnKernel>(node, ctx, fn); }, extras);
   };
+  // Every fused extra of a float-weight Linear (cuda_linear.cc; no i8 weights on CUDA yet).
+  const ExtraSet linear_extras{Extra::kBias,          Extra::kActivation,   Extra::kResidual,
+                               Extra::kLayerNormFold, Extra::kRmsNormFold,  Extra::kNormScale,
+                               Extra::kGatheredRows,  Extra::kWidenedOutput};
   for (DType t : kFloats) {
     add_fn(OpKind::kEmbedding, t, t, "cuda embedding gather", embedding);
     add_fn(OpKind::kGatherRows, t, t, "cuda gather rows", gather_rows);
@@ -158,20 +164,22 @@ void register_kernels(KernelRegistry& r, CudaContext& ctx) {
     add_fn(OpKind::kActivation, t, t, "cuda activation", activation);
     add_fn(OpKind::kGatedActivation, t, t, "cuda gated activation", gated_activation);
     add_fn(OpKind::kSoftmax, t, t, "cuda softmax (fp32)", softmax);
-    r.add(KernelKey{OpKind::kLinear, t, t, Device::kCuda, Isa::kSm90},
-          t == DType::kF32 ? "cuda linear (fp32; gemv / cublaslt)"
-                           : "cuda linear (fp32 accumulation; gemv / cublaslt)",
-          [&ctx](const Node& node) { return make_linear_kernel(node, ctx); });
+    r.add(
+        KernelKey{OpKind::kLinear, t, t, Device::kCuda, Isa::kSm90},
+        t == DType::kF32 ? "cuda linear (fp32; gemv / cublaslt)"
+                         : "cuda linear (fp32 accumulation; gemv / cublaslt)",
+        [&ctx](const Node& node) { return make_linear_kernel(node, ctx); }, linear_extras);
     // fp16 / bf16 Linears widened to f32 outputs (fuse_linear_cast: the logits).
     if (t != DType::kF32)
-      r.add(KernelKey{OpKind::kLinear, DType::kF32, t, Device::kCuda, Isa::kSm90},
-            "cuda linear (fp32 accumulation, f32 output; gemv / cublaslt)",
-            [&ctx](const Node& node) { return make_linear_kernel(node, ctx); });
+      r.add(
+          KernelKey{OpKind::kLinear, DType::kF32, t, Device::kCuda, Isa::kSm90},
+          "cuda linear (fp32 accumulation, f32 output; gemv / cublaslt)",
+          [&ctx](const Node& node) { return make_linear_kernel(node, ctx); }, linear_extras);
     // Norm weights of any float type (fp16 T5 plans norm the f32 residual stream with fp16
     // weights); attention's position-bias table likewise.
     for (DType w : kFloats) {
       add_fn(OpKind::kRmsNorm, t, w, "cuda rms norm", rms_norm);
-      add_fn(OpKind::kLayerNorm, t, w, "cuda layer norm", layer_norm);
+      add_fn(OpKind::kLayerNorm, t, w, "cuda layer norm", layer_norm, {Extra::kGatheredRows});
       add_fn(OpKind::kAddRmsNorm, t, w, "cuda add + rms norm", add_rms_norm);
       r.add(KernelKey{OpKind::kAttention, t, w, Device::kCuda, Isa::kSm90},
             "cuda paged attention (online softmax)",

@@ -52,25 +52,26 @@ class LinearKernel final : public CudaKernel {
 
   void prepare(const Graph& graph) override {
     CudaKernel::prepare(graph);
-    const Value& w = graph.values[node_.inputs[1]];
+    const LinearDesc d = describe_linear(node_);
+    const Value& w = graph.values[d.operand(LinearOperand::kWeight)];
     // A widened Linear (fuse_linear_cast) computes in its input's type and stores f32.
-    widen_ = node_.attr<LinearAttrs>().widen;
+    widen_ = d.epilogue.widen;
     const Value& y = graph.values[node_.outputs[0]];
-    const DType yt = widen_ ? graph.values[node_.inputs[0]].dtype : y.dtype;
+    const DType yt = widen_ ? graph.values[d.operand(LinearOperand::kX)].dtype : y.dtype;
     KILN_CHECK(w.shape.size() == 2 && !w.shape[0].is_symbolic() && !w.shape[1].is_symbolic(),
                "node '{}': the cuda linear needs a [out, in] weight of fixed shape", node_.name);
     KILN_CHECK(w.dtype == yt, "node '{}': the cuda linear multiplies {} weights into {}",
                node_.name, dtype_name(w.dtype), dtype_name(yt));
     KILN_CHECK(!widen_ || y.dtype == DType::kF32, "node '{}': a widened linear stores f32, not {}",
                node_.name, dtype_name(y.dtype));
-    KILN_CHECK(node_.inputs.size() < 4 || node_.inputs[3] < 0,
+    KILN_CHECK(!d.has(LinearOperand::kWeightScales),
                "node '{}': the cuda linear takes no per-channel scales", node_.name);
     out_ = w.shape[0].value;
     in_ = w.shape[1].value;
     dtype_ = yt;
-    activation_ = node_.attr<LinearAttrs>().activation;
-    const bool has_bias = node_.inputs.size() > 2 && node_.inputs[2] >= 0;
-    bias_in_epilogue_ = has_bias && graph.values[node_.inputs[2]].dtype == dtype_;
+    activation_ = d.epilogue.activation;
+    const bool has_bias = d.has(LinearOperand::kBias);
+    bias_in_epilogue_ = has_bias && graph.values[d.operand(LinearOperand::kBias)].dtype == dtype_;
     bias_after_ = has_bias && !bias_in_epilogue_;
     for (int n = 1; n <= kGemvMaxRows; ++n)
       gemv_split_[n] = gemv_split(float_type(dtype_), in_, out_, ctx_.multiprocessors(),
@@ -90,11 +91,11 @@ class LinearKernel final : public CudaKernel {
                                            2 * wide_blocks >= ctx_.multiprocessors());
 
     const LinearAttrs& attrs = node_.attr<LinearAttrs>();
-    norm_ = attrs.norm;
-    norm_eps_ = static_cast<float>(attrs.norm_eps);
+    norm_ = d.epilogue.norm;
+    norm_eps_ = static_cast<float>(d.epilogue.norm_eps);
     y_shape_ = graph.values[node_.outputs[0]].shape;
-    gather_ = node_.has_input(kLinearRows);
-    norm_scaled_ = norm_ && node_.has_input(kLinearNormScale);
+    gather_ = d.has(LinearOperand::kRows);
+    norm_scaled_ = norm_ && d.has(LinearOperand::kNormScale);
     if (norm_) {
       // The norm kernel's unit weight and zero bias, for the steps that standardize x first
       // (f32 with a norm scale: that is then the norm kernel's weight).
@@ -150,8 +151,8 @@ class LinearKernel final : public CudaKernel {
   }
 
   void run(const KernelArgs& args) override {
-    const Tensor& x = args.in[0];
-    const Tensor& w = args.in[1];
+    const Tensor& x = *linear_input(args.in, LinearOperand::kX);
+    const Tensor& w = *linear_input(args.in, LinearOperand::kWeight);
     Tensor& y = args.out[0];
     KILN_CHECK(x.device() == Device::kCuda && w.device() == Device::kCuda,
                "node '{}': the cuda linear reads device memory", node_.name);
@@ -159,7 +160,7 @@ class LinearKernel final : public CudaKernel {
                "node '{}': input {} {} does not fit a [n, {}] {} linear", node_.name,
                dtype_name(x.dtype()), shape_str(x.shape()), in_, dtype_name(dtype_));
     // Output rows: x's, or (gathered) the rows input's.
-    const Tensor* rows = gather_ ? &args.in[kLinearRows] : nullptr;
+    const Tensor* rows = gather_ ? linear_input(args.in, LinearOperand::kRows) : nullptr;
     KILN_CHECK(rows == nullptr || (rows->rank() == 1 && rows->device() == Device::kCuda &&
                                    (rows->dtype() == DType::kI64 || rows->dtype() == DType::kI32)),
                "node '{}': the rows a linear gathers must be a 1-d i64/i32 device tensor",
@@ -172,14 +173,12 @@ class LinearKernel final : public CudaKernel {
     char* scratch = static_cast<char*>(args.scratch);
     const bool has_bias = bias_in_epilogue_ || bias_after_;
     // A residual add fused into this Linear (fuse_linear_residual): y = this + residual.
-    const Tensor* residual = args.in.size() > kLinearResidual && args.in[kLinearResidual].defined()
-                                 ? &args.in[kLinearResidual]
-                                 : nullptr;
+    const Tensor* residual = linear_input(args.in, LinearOperand::kResidual);
     KILN_CHECK(residual == nullptr ||
                    (residual->dtype() == dtype_ && residual->numel() == n * out_ && !activation_),
                "node '{}': a fused residual must be a {} [{}, {}] tensor, after no activation",
                node_.name, dtype_name(dtype_), n, out_);
-    Operands o{x.raw(), w.raw(), has_bias ? &args.in[2] : nullptr,
+    Operands o{x.raw(), w.raw(), has_bias ? linear_input(args.in, LinearOperand::kBias) : nullptr,
                residual ? residual->raw() : nullptr, y.raw()};
     if (rows != nullptr) {
       KILN_CHECK(residual == nullptr, "node '{}': gathered rows take no residual", node_.name);
@@ -195,15 +194,13 @@ class LinearKernel final : public CudaKernel {
     }
     if (norm_) {
       const bool layer = *norm_ == InputNorm::kLayerNorm;
-      const Tensor* sums =
-          args.in.size() > kLinearNormRowSums && args.in[kLinearNormRowSums].defined()
-              ? &args.in[kLinearNormRowSums]
-              : nullptr;
+      const Tensor* sums = linear_input(args.in, LinearOperand::kNormRowSums);
       KILN_CHECK((sums != nullptr) == layer &&
                      (sums == nullptr || (sums->dtype() == DType::kF32 && sums->numel() == out_)),
                  "node '{}': a folded {} needs {}", node_.name, input_norm_name(*norm_),
                  layer ? "the weight's f32 row sums" : "no row sums");
-      const Tensor* scale = norm_scaled_ ? &args.in[kLinearNormScale] : nullptr;
+      const Tensor* scale =
+          norm_scaled_ ? linear_input(args.in, LinearOperand::kNormScale) : nullptr;
       KILN_CHECK(scale == nullptr || (scale->dtype() == DType::kF32 && scale->numel() == in_),
                  "node '{}': a folded norm's scale must be f32 [{}]", node_.name, in_);
       o.norm = {true, sums ? sums->raw() : nullptr, scratch + at.normed,
@@ -336,7 +333,7 @@ class LinearKernel final : public CudaKernel {
     bool on = false;                 // a folded norm
     const void* row_sums = nullptr;  // f32 [out]; null: RMSNorm
     void* scratch = nullptr;         // [n, in] of the activations' type, for standardize()
-    const void* scale = nullptr;     // f32 [in]: gamma, multiplied into x (kLinearNormScale)
+    const void* scale = nullptr;     // f32 [in]: gamma, multiplied into x (operand kNormScale)
   };
   struct Operands {
     const void* x;
@@ -602,11 +599,11 @@ class LinearKernel final : public CudaKernel {
   DType dtype_ = DType::kF32;
   std::optional<Activation> activation_;
   std::optional<InputNorm> norm_;
-  bool norm_scaled_ = false;  // the folded norm's gamma is input kLinearNormScale
-  bool widen_ = false;        // f32 output (LinearAttrs::widen)
+  bool norm_scaled_ = false;  // the folded norm's gamma is operand kNormScale
+  bool widen_ = false;        // f32 output (LinearEpilogue::widen)
   float norm_eps_ = 0.0f;
   SymShape y_shape_;
-  bool gather_ = false;  // input kLinearRows: the Linear of x's rows x[rows]
+  bool gather_ = false;  // operand kRows: the Linear of x's rows x[rows]
   // [in] of the activations' type (f32 with a norm scale): a folded norm's standardizing kernel
   Tensor unit_, zero_;
   bool bias_in_epilogue_ = false, bias_after_ = false;
@@ -629,10 +626,12 @@ std::vector<LinearTactic> time_linear_tactics(const Graph& graph, const Node& no
                                               CudaContext& ctx, std::span<const int64_t> rows) {
   LinearKernel kernel(node, ctx);
   kernel.prepare(graph);
-  const Tensor w = ctx.device_weight(graph.values[node.inputs[1]].data);
-  const bool has_bias = node.inputs.size() > 2 && node.inputs[2] >= 0;
-  const Tensor bias = has_bias ? ctx.device_weight(graph.values[node.inputs[2]].data) : Tensor();
-  const bool residual = node.inputs.size() > kLinearResidual && node.inputs[kLinearResidual] >= 0;
+  const LinearDesc d = describe_linear(node);
+  const Tensor w = ctx.device_weight(graph.values[d.operand(LinearOperand::kWeight)].data);
+  const bool has_bias = d.has(LinearOperand::kBias);
+  const Tensor bias =
+      has_bias ? ctx.device_weight(graph.values[d.operand(LinearOperand::kBias)].data) : Tensor();
+  const bool residual = d.has(LinearOperand::kResidual);
   return kernel.time_tactics(rows, w, has_bias ? &bias : nullptr, residual);
 }
 

@@ -50,25 +50,24 @@ void select_linear_tactics(Graph& graph, const ShapeProfile& profile, CudaContex
   for (size_t i = 0; i < graph.nodes.size(); ++i) {
     const Node& n = graph.nodes[i];
     if (n.op != OpKind::kLinear) continue;
-    const Value& x = graph.values[n.inputs[0]];
+    const LinearDesc d = describe_linear(n);
+    const Value& x = graph.values[d.operand(LinearOperand::kX)];
     const Value& y = graph.values[n.outputs[0]];
-    const Value& w = graph.values[n.inputs[1]];
-    const bool bias = n.inputs.size() > 2 && n.inputs[2] >= 0;
-    if (w.kind != ValueKind::kWeight ||
-        (bias && graph.values[n.inputs[2]].kind != ValueKind::kWeight))
-      continue;
+    const Value& w = graph.values[d.operand(LinearOperand::kWeight)];
+    const bool bias = d.has(LinearOperand::kBias);
+    const Value* b = bias ? &graph.values[d.operand(LinearOperand::kBias)] : nullptr;
+    if (w.kind != ValueKind::kWeight || (bias && b->kind != ValueKind::kWeight)) continue;
     if (y.shape.empty() || !y.shape[0].is_symbolic()) continue;
-    const LinearAttrs& a = n.attr<LinearAttrs>();
+    const LinearEpilogue& e = d.epilogue;
     const std::string key = fmt::format(
         "[{}] -> [{}] {}{}{}{}{}{}{}{}{} over {}", sym_shape_str(x.shape), w.shape[0].value,
-        dtype_name(w.dtype),
-        bias ? fmt::format(", {} bias", dtype_name(graph.values[n.inputs[2]].dtype)) : "",
-        a.activation ? fmt::format(", {}", activation_name(*a.activation)) : "",
-        n.has_input(kLinearResidual) ? ", residual" : "",
-        a.norm ? fmt::format(", folded {}", input_norm_name(*a.norm)) : "",
-        n.has_input(kLinearNormScale) ? ", norm scale" : "",
-        n.has_input(kLinearRows) ? ", gathered rows" : "", a.widen ? ", f32 output" : "",
-        a.tf32 ? ", tf32" : "", y.shape[0].symbol);
+        dtype_name(w.dtype), bias ? fmt::format(", {} bias", dtype_name(b->dtype)) : "",
+        e.activation ? fmt::format(", {}", activation_name(*e.activation)) : "",
+        d.has(LinearOperand::kResidual) ? ", residual" : "",
+        e.norm ? fmt::format(", folded {}", input_norm_name(*e.norm)) : "",
+        d.has(LinearOperand::kNormScale) ? ", norm scale" : "",
+        d.has(LinearOperand::kRows) ? ", gathered rows" : "", e.widen ? ", f32 output" : "",
+        n.attr<LinearAttrs>().tf32 ? ", tf32" : "", y.shape[0].symbol);
     groups[key].push_back(static_cast<int>(i));
   }
   for (const auto& [key, nodes] : groups) {

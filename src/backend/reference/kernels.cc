@@ -66,57 +66,55 @@ void embedding(const Node& node, const KernelArgs& args) {
 
 // x [n, in], w [out, in], bias [out] (optional), scales [out] (i8 weights) ->
 // act(x (w * scales)^T + bias) [n, out].
-// A folded input norm (LinearAttrs::norm) scales each row's products by the row's 1 / std (or
+// A folded input norm (LinearEpilogue::norm) scales each row's products by the row's 1 / std (or
 // 1 / rms) after subtracting its mean times the weight's row sums (LayerNorm), with x times the
-// norm's scale where the Linear has one (kLinearNormScale).
+// norm's scale where the Linear has one (LinearOperand::kNormScale).
 void linear(const Node& node, const KernelArgs& args) {
-  const LinearAttrs& attrs = node.attr<LinearAttrs>();
-  const Tensor& x = args.in[0];
-  const Tensor& w = args.in[1];
-  const bool has_bias = args.in.size() > 2 && args.in[2].defined();
-  const bool has_scales = args.in.size() > 3 && args.in[3].defined();
-  const bool has_residual = args.in.size() > kLinearResidual && args.in[kLinearResidual].defined();
+  const LinearEpilogue& e = node.attr<LinearAttrs>().epilogue;
+  const auto operand = [&](LinearOperand o) { return linear_input(args.in, o); };
+  const Tensor& x = *operand(LinearOperand::kX);
+  const Tensor& w = *operand(LinearOperand::kWeight);
+  const Tensor* bias = operand(LinearOperand::kBias);
+  const Tensor* scales = operand(LinearOperand::kWeightScales);
+  const Tensor* residual = operand(LinearOperand::kResidual);
+  const Tensor* row_sums = operand(LinearOperand::kNormRowSums);
+  const Tensor* norm_scale = operand(LinearOperand::kNormScale);
+  // With rows, output row t is the Linear of x's row rows[t].
+  const Tensor* rows = operand(LinearOperand::kRows);
   Tensor& y = args.out[0];
-  // With rows (kLinearRows) output row t is the Linear of x's row rows[t].
-  const Tensor* rows = args.in.size() > kLinearRows && args.in[kLinearRows].defined()
-                           ? &args.in[kLinearRows]
-                           : nullptr;
   const int64_t in = w.dim(1), out = w.dim(0), x_rows = x.numel() / in;
   const int64_t n = rows != nullptr ? rows->numel() : x_rows;
-  const std::optional<Activation> act = attrs.activation;
   // The type the Linear computes in: its output's, or its input's when widened to f32.
-  const DType out_type = attrs.widen ? x.dtype() : y.dtype();
+  const DType out_type = e.widen ? x.dtype() : y.dtype();
   const std::vector<double> xs = load(x), ws = load(w);
-  const bool has_norm_scale =
-      args.in.size() > kLinearNormScale && args.in[kLinearNormScale].defined();
   const std::vector<double> gamma =
-      has_norm_scale ? load(args.in[kLinearNormScale]) : std::vector<double>(in, 1.0);
+      norm_scale != nullptr ? load(*norm_scale) : std::vector<double>(in, 1.0);
   for (int64_t t = 0; t < n; ++t) {
     const int64_t xr = rows != nullptr ? index_element(*rows, t) : t;
     KILN_CHECK(xr >= 0 && xr < x_rows, "node '{}': row {} out of range [0, {})", node.name, xr,
                x_rows);
     double mean = 0.0, inv = 1.0;
-    if (attrs.norm) {
+    if (e.norm) {
       double sum = 0.0, sq = 0.0;
       for (int64_t i = 0; i < in; ++i) sum += xs[xr * in + i];
-      if (*attrs.norm == InputNorm::kLayerNorm) mean = sum / static_cast<double>(in);
+      if (*e.norm == InputNorm::kLayerNorm) mean = sum / static_cast<double>(in);
       for (int64_t i = 0; i < in; ++i) sq += (xs[xr * in + i] - mean) * (xs[xr * in + i] - mean);
-      inv = 1.0 / std::sqrt(sq / static_cast<double>(in) + attrs.norm_eps);
+      inv = 1.0 / std::sqrt(sq / static_cast<double>(in) + e.norm_eps);
     }
     for (int64_t o = 0; o < out; ++o) {
       double acc = 0.0;
       for (int64_t i = 0; i < in; ++i) acc += xs[xr * in + i] * gamma[i] * ws[o * in + i];
-      if (attrs.norm) {
-        if (*attrs.norm == InputNorm::kLayerNorm) acc -= mean * at(args.in[kLinearNormRowSums], o);
+      if (e.norm) {
+        if (*e.norm == InputNorm::kLayerNorm) acc -= mean * at(*row_sums, o);
         acc *= inv;
       }
-      if (has_scales) acc *= at(args.in[3], o);
-      if (has_bias) acc += at(args.in[2], o);
-      if (act) acc = activation(*act, round_to(out_type, acc));
+      if (scales != nullptr) acc *= at(*scales, o);
+      if (bias != nullptr) acc += at(*bias, o);
+      if (e.activation) acc = activation(*e.activation, round_to(out_type, acc));
       // A fused residual add rounds as the Add it replaces: residual + (the Linear's output).
-      if (has_residual) acc = at(args.in[kLinearResidual], t * out + o) + round_to(out_type, acc);
+      if (residual != nullptr) acc = at(*residual, t * out + o) + round_to(out_type, acc);
       // A widened output is the input type's value, stored as f32.
-      if (attrs.widen) acc = round_to(out_type, acc);
+      if (e.widen) acc = round_to(out_type, acc);
       put(y, t * out + o, acc);
     }
   }

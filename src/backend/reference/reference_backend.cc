@@ -84,9 +84,8 @@ class ReferenceBackend final : public Backend {
             "weight '{}' is packed as {} for {}; the reference kernels read plain row-major "
             "weights (build the plan with KILN_CPU_ISA=avx2 for a plain one)",
             graph.values[id].name, graph.values[id].layout.packing, graph.values[id].layout.target);
-    const KernelKey key = kernel_key(graph, node, Device::kCpu, Isa::kReference);
-    if (reference_registry().find(key) != nullptr) return {};
-    return fmt::format("no reference kernel for {}", describe_key(key));
+    return reference_registry().unsupported_reason(
+        kernel_key(graph, node, Device::kCpu, Isa::kReference), node_extras(node), "reference");
   }
   std::unique_ptr<Executable> compile(const Graph& graph, const ShapeProfile& profile) override {
     std::vector<std::unique_ptr<Kernel>> kernels;
@@ -96,7 +95,7 @@ class ReferenceBackend final : public Backend {
       KILN_CHECK(why.empty(), "graph '{}': node '{}' is not supported by the reference backend: {}",
                  graph.name, n.name, why);
       const KernelKey key = kernel_key(graph, n, Device::kCpu, Isa::kReference);
-      const KernelRegistry::Entry* e = reference_registry().find(key);
+      const KernelRegistry::Entry* e = reference_registry().find(key, node_extras(n));
       KILN_CHECK(e != nullptr,
                  "graph '{}': node '{}' is not supported by the reference backend: no kernel for "
                  "{}",
@@ -145,16 +144,16 @@ void register_kernels(KernelRegistry& r) {
   };
   static_assert(sizeof(ops) / sizeof(ops[0]) == kNumOpKinds, "every op has a reference kernel");
   // Every kernel decodes its inputs and rounds its outputs itself, so one function serves every
-  // combination of float activation and weight types.
+  // combination of float activation and weight types; the oracle implements every fused extra.
   for (const Op& op : ops)
     for (DType act : kFloatTypes)
       for (DType weight : kFloatTypes)
         r.add(KernelKey{op.op, act, weight, Device::kCpu, Isa::kReference}, op.name,
-              function_kernel(op.fn));
+              function_kernel(op.fn), ExtraSet::all());
   // Quantized Linear weights: i8 with per-channel scales.
   for (DType act : kFloatTypes)
     r.add(KernelKey{OpKind::kLinear, act, DType::kI8, Device::kCpu, Isa::kReference},
-          "reference quantized linear", function_kernel(linear));
+          "reference quantized linear", function_kernel(linear), ExtraSet::all());
   // i8 embedding tables with per-row scales, gathered as f32 rows.
   r.add(KernelKey{OpKind::kEmbedding, DType::kF32, DType::kI8, Device::kCpu, Isa::kReference},
         "reference quantized embedding", function_kernel(embedding));

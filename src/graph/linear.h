@@ -1,0 +1,130 @@
+// A Linear's typed description: its operands by name and the extras fused into it.
+//
+// y = epilogue(x · wᵀ): what a Linear computes beyond the product is named here once — its
+// optional operands (LinearOperand), its epilogue (LinearEpilogue in attrs.h: activation, folded
+// norm, widened output) and, derived from both, the fused extras a kernel must implement to run
+// it (Extra). Kernel registry entries state the extras they implement (KernelRegistry::add), the
+// registry matches a node's extras against them, and a backend's refusal is derived from that
+// match (KernelRegistry::unsupported_reason): nothing else checks operand positions by hand.
+//
+// A new variant (e.g. W8A8's activation scales) is an operand and/or an epilogue field here, its
+// Extra, its checks in linear.cc, and the kernels that implement it (docs/adding-an-op.md).
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <initializer_list>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "graph/ir.h"
+#include "graph/op_registry.h"
+
+namespace kiln {
+
+// A Linear's operands. Plans store a node's inputs as a list in this order, so a new operand is
+// appended and the positions never change; absent optional operands are -1 (trailing ones may be
+// left out).
+enum class LinearOperand : uint8_t {
+  kX,             // [n, in] float: the input (with kRows, a table of rows to gather from)
+  kWeight,        // [out, in] float, or i8 with kWeightScales
+  kBias,          // [out], added after the scales
+  kWeightScales,  // f32 [out]: an i8 weight's per-output-channel scales (required with i8)
+  kResidual,      // [n, out] of y's type: added last, after rounding (fuse_linear_residual)
+  kNormRowSums,   // f32 [out]: a folded LayerNorm's weight row sums (fuse_norm_linear)
+  kNormScale,     // f32 [in]: a folded norm's gamma, multiplied into x (fuse_norm_linear)
+  kRows,          // i64/i32 [r]: y [r, out] is the Linear of x[rows] (fuse_gather_linear)
+};
+inline constexpr int kNumLinearOperands = 8;
+static_assert(static_cast<int>(LinearOperand::kRows) + 1 == kNumLinearOperands);
+constexpr size_t slot(LinearOperand o) { return static_cast<size_t>(o); }
+std::string_view linear_operand_name(LinearOperand o);  // "bias", "residual", ...
+
+// What a node asks of its kernel beyond its registry key (op, dtypes, device, ISA): the extras
+// fused into it. Mostly a Linear's; a LayerNorm may gather its rows too (fuse_embedding_norm).
+enum class Extra : uint8_t {
+  kBias,           // LinearOperand::kBias
+  kWeightScales,   // LinearOperand::kWeightScales (the i8 weight's dequantization)
+  kActivation,     // LinearEpilogue::activation
+  kResidual,       // LinearOperand::kResidual
+  kLayerNormFold,  // LinearEpilogue::norm == kLayerNorm, with LinearOperand::kNormRowSums
+  kRmsNormFold,    // LinearEpilogue::norm == kRmsNorm
+  kNormScale,      // LinearOperand::kNormScale
+  kGatheredRows,   // LinearOperand::kRows; a LayerNorm's rows input
+  kWidenedOutput,  // LinearEpilogue::widen
+};
+inline constexpr int kNumExtras = 9;
+static_assert(static_cast<int>(Extra::kWidenedOutput) + 1 == kNumExtras);
+// "bias", "fused residual", "folded input norm (layer norm)", ... as refusals name them.
+std::string_view extra_name(Extra e);
+
+// A set of extras: what a node needs, or what a registry entry implements.
+class ExtraSet {
+ public:
+  constexpr ExtraSet() = default;
+  constexpr ExtraSet(std::initializer_list<Extra> extras) {
+    for (Extra e : extras) bits_ |= bit(e);
+  }
+  // Every extra: the reference backend's kernels.
+  static constexpr ExtraSet all() {
+    ExtraSet s;
+    s.bits_ = (1u << kNumExtras) - 1;
+    return s;
+  }
+  constexpr bool has(Extra e) const { return (bits_ & bit(e)) != 0; }
+  constexpr bool empty() const { return bits_ == 0; }
+  constexpr ExtraSet with(Extra e) const {
+    ExtraSet s = *this;
+    s.bits_ |= bit(e);
+    return s;
+  }
+  constexpr ExtraSet with(ExtraSet other) const {
+    ExtraSet s = *this;
+    s.bits_ |= other.bits_;
+    return s;
+  }
+  // The extras of this set that `supported` lacks.
+  constexpr ExtraSet missing_from(ExtraSet supported) const {
+    ExtraSet s;
+    s.bits_ = bits_ & ~supported.bits_;
+    return s;
+  }
+  constexpr bool operator==(const ExtraSet&) const = default;
+
+ private:
+  static constexpr uint32_t bit(Extra e) { return 1u << static_cast<unsigned>(e); }
+  uint32_t bits_ = 0;
+};
+// "bias, activation and fused residual"; "none" for an empty set.
+std::string describe_extras(ExtraSet extras);
+
+// A Linear node's operands by name and its epilogue: the one view of a Linear that passes,
+// kernels and backends read.
+struct LinearDesc {
+  std::array<int, kNumLinearOperands> operands{};  // value ids; -1: absent
+  LinearEpilogue epilogue;
+
+  int operand(LinearOperand o) const { return operands[slot(o)]; }
+  bool has(LinearOperand o) const { return operand(o) >= 0; }
+  // The extras a kernel must implement to run this Linear.
+  ExtraSet extras() const;
+};
+// Throws naming the node when it is not a Linear.
+LinearDesc describe_linear(const Node& node);
+
+// Operand `o` of Linear `node`: a value id, or -1 when absent.
+int linear_operand(const Node& node, LinearOperand o);
+// Sets operand `o` of Linear `node` to value `id` (-1: absent), growing its input list.
+void set_linear_operand(Node& node, LinearOperand o, int id);
+// A Linear kernel's operand `o` among its inputs (KernelArgs::in); null when absent.
+const Tensor* linear_input(std::span<const Tensor> in, LinearOperand o);
+
+// The extras of any node (empty for ops that have none): what kernel registries match on.
+ExtraSet node_extras(const Node& node);
+
+// The Linear's schema: checks every operand against the description and returns y's type.
+std::vector<ValueType> infer_linear(const Graph& graph, const Node& node);
+
+}  // namespace kiln
