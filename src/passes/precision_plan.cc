@@ -67,7 +67,7 @@ bool is_ffn_output(const Graph& g, const Node& n) {
   if (producer < 0) return false;
   const Node& p = g.nodes[producer];
   return p.op == OpKind::kActivation || p.op == OpKind::kGatedActivation ||
-         (p.op == OpKind::kLinear && p.attr<LinearAttrs>().activation.has_value());
+         (p.op == OpKind::kLinear && p.attr<LinearAttrs>().epilogue.activation.has_value());
 }
 
 constexpr std::string_view kStreamWhy =

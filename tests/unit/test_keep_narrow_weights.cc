@@ -83,7 +83,7 @@ TEST(KeepNarrowWeights, Fp16CheckpointToFp16PlanReadsTheCheckpointAndMatchesTheF
   int mapped = 0, plain = 0;
   for (const Graph& g : direct.graphs)
     for (const Node& n : g.nodes)
-      if (n.op == OpKind::kLinear && !n.attr<LinearAttrs>().norm) {
+      if (n.op == OpKind::kLinear && !n.attr<LinearAttrs>().epilogue.norm) {
         ++plain;
         mapped += g.values[n.inputs[1]].data.file_backed();
       }
