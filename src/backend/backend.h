@@ -14,6 +14,7 @@
 #include "backend/kernel.h"
 #include "backend/kv_storage.h"
 #include "backend/library_gemm.h"
+#include "backend/observer.h"
 #include "backend/step.h"
 #include "core/context.h"
 #include "core/target.h"
@@ -99,6 +100,14 @@ class Executable {
   virtual int64_t workspace_bytes() const = 0;
   // Which kernel runs each node ("avx512 dot4 linear"), in node order.
   virtual std::vector<std::string> kernel_names() const = 0;
+  // From the next execute() on, hands the values `observer.selection` chooses to
+  // observer.callback as each step computes them (Observation: step numbers from 0 here); an
+  // observer without a callback stops observing. Throws naming a selected name or slot the graph
+  // lacks. The CPU reports views of its workspace between its kernels; CUDA runs observed steps
+  // kernel by kernel instead of replaying a captured graph, and copies each value to the host
+  // (waiting for the GPU) before the kernel that reads it (an input) or after the one that
+  // writes it (an output).
+  virtual void set_observer(ActivationObserver observer) = 0;
 };
 
 // What Backend::top_k_rows returns: row-major [rows, k] ids and values (id -1 and value -inf

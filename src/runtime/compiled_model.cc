@@ -1,5 +1,6 @@
 #include "runtime/compiled_model.h"
 
+#include <algorithm>
 #include <chrono>
 
 #include "plan/plan.h"
@@ -85,6 +86,22 @@ std::unique_ptr<CompiledModel> CompiledModel::load_plan(Context& ctx, const std:
 Executable& CompiledModel::encoder() {
   KILN_CHECK(encoder_ != nullptr, "this model has no encoder");
   return *encoder_;
+}
+
+void CompiledModel::set_observer(const ActivationObserver& observer) {
+  std::vector<std::string> found;
+  auto set = [&](Executable* exec, const char* graph_name) {
+    if (exec == nullptr) return;
+    ActivationObserver own = observer;
+    own.selection.names = names_in_graph(model_.graph(graph_name), observer.selection.names);
+    found.insert(found.end(), own.selection.names.begin(), own.selection.names.end());
+    exec->set_observer(std::move(own));
+  };
+  set(encoder_.get(), kEncoderGraph);
+  set(decoder_.get(), kDecoderGraph);
+  for (const std::string& name : observer.selection.names)
+    KILN_CHECK(std::find(found.begin(), found.end(), name) != found.end(),
+               "no node named '{}' to observe in the model's graphs", name);
 }
 
 }  // namespace kiln

@@ -96,6 +96,9 @@ class DeferringBackend final : public Backend {
     }
     int64_t workspace_bytes() const override { return inner_->workspace_bytes(); }
     std::vector<std::string> kernel_names() const override { return inner_->kernel_names(); }
+    void set_observer(ActivationObserver observer) override {
+      inner_->set_observer(std::move(observer));
+    }
 
    private:
     static void spoil(Tensor t) {

@@ -132,16 +132,26 @@ void CudaExecutor::run_nodes(char* scratch, const StepContext* step) {
     for (int id : node.outputs) node_out_.push_back(values_[id]);
     args.in = node_in_;
     args.out = node_out_;
+    const bool observed = observer_.observes(n);
+    const size_t slot = static_cast<size_t>(observer_.slot());
+    if (observed && observer_.side() == ObservedSide::kInput) observe(n, node_in_[slot]);
     if (events_.empty()) {
       kernels_[n]->run(args);
-      continue;
+    } else {
+      KILN_CUDA_CHECK(cudaEventRecord(events_[n], ctx_.stream()));
+      const auto t0 = std::chrono::steady_clock::now();
+      kernels_[n]->run(args);
+      node_host_ms_[n] +=
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     }
-    KILN_CUDA_CHECK(cudaEventRecord(events_[n], ctx_.stream()));
-    const auto t0 = std::chrono::steady_clock::now();
-    kernels_[n]->run(args);
-    node_host_ms_[n] +=
-        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    if (observed && observer_.side() == ObservedSide::kOutput) observe(n, node_out_[slot]);
   }
+}
+
+void CudaExecutor::observe(size_t n, const Tensor& value) {
+  // to_host waits for the stream: the kernels before this node have run.
+  const Tensor host = ctx_.allocator().to_host(value);
+  observer_.report(graph_, n, host);
 }
 
 void CudaExecutor::run_graph(const GraphKey& key, char* scratch, const StepContext* step) {
@@ -259,6 +269,7 @@ std::span<const Tensor> CudaExecutor::execute(std::span<const Tensor> inputs,
   // read reports it, and the stream keeps the order.
   if (step == nullptr || !step->behind_unread) ctx_.settle();
   const StepShape shape = bind_step_inputs(graph_, profile_, inputs);
+  observer_.begin_step();
   // The step's layout and inputs go to the device together, in one kernel where they fit.
   UploadList uploads;
   const Bindings& bindings = shape.bindings;
@@ -275,8 +286,9 @@ std::span<const Tensor> CudaExecutor::execute(std::span<const Tensor> inputs,
   char* base = static_cast<char*>(arena.memory.get());
   // Profiling times every node with events between launches: eager (timings then include the
   // host's launch gaps; ncu gives kernel-only times).
-  const bool graphed =
-      ctx_.use_graphs() && !graphs_off_ && events_.empty() && shape.tokens <= kMaxGraphTokens;
+  // So does observing (values are copied out between the kernels).
+  const bool graphed = ctx_.use_graphs() && !graphs_off_ && events_.empty() &&
+                       !observer_.active() && shape.tokens <= kMaxGraphTokens;
   char* staged = stage_host_inputs(inputs);
   {
     // The next step waits on this event before reusing the staging. It is recorded when this

@@ -35,6 +35,11 @@ class CudaExecutor final : public Executable {
   std::span<const Tensor> execute(std::span<const Tensor> inputs, const StepContext* step) override;
   int64_t workspace_bytes() const override;
   std::vector<std::string> kernel_names() const override { return kernel_names_; }
+  // Observed steps run eagerly (the uncaptured observation mode): each observed value is copied
+  // to the host between the kernels, which a replayed graph has no place for.
+  void set_observer(ActivationObserver observer) override {
+    observer_.set(graph_, std::move(observer));
+  }
 
  private:
   struct Arena {
@@ -94,6 +99,9 @@ class CudaExecutor final : public Executable {
   bool has_attention_ = false;
   int min_heads_ = 0;     // the fewest heads of the graph's attention nodes
   int cross_layers_ = 0;  // layers of cross K/V the graph's cross attention reads
+  ObserverState observer_;
+  // Copies node n's observed value to the host and reports it (waits for the stream).
+  void observe(size_t n, const Tensor& value);
   std::map<GraphKey, StepGraph> graphs_;
   bool graphs_off_ = false;  // a capture failed: eager from then on
   // Profiling (CudaContext::profile()): an event before every node and after the last, and the
