@@ -5,7 +5,7 @@
 namespace kiln {
 
 std::string target_unsupported_reason(Device device, Precision precision) {
-  switch (device) {
+  switch (device.kind) {
     case Device::kCpu:
       switch (precision) {
         case Precision::kFp32:
@@ -38,11 +38,11 @@ std::string target_unsupported_reason(Device device, Precision precision) {
 }
 
 std::unique_ptr<Backend> make_backend(Context& ctx, Device device) {
-  switch (device) {
+  switch (device.kind) {
     case Device::kCpu:
       return make_cpu_backend(ctx);
     case Device::kCuda:
-      return make_cuda_backend(ctx);
+      return make_cuda_backend(ctx, device.ordinal);
   }
   KILN_FAIL_KIND(ErrorKind::kUsage, "device {}: {}", device_name(device),
                  target_unsupported_reason(device, Precision::kFp32));

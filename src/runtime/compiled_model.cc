@@ -39,7 +39,8 @@ CompiledModel::CompiledModel(Context& ctx, ModelIR model, std::unique_ptr<Backen
   auto t = Clock::now();
   if (!backend_) backend_ = make_backend(ctx_, model_.device);
   load_times_.context_ms = ms_since(t);
-  KILN_CHECK(backend_->device() == model_.device, "a {} backend for a {} model",
+  // A plan names the kind of device; the backend may be any one of that kind (a GPU's ordinal).
+  KILN_CHECK(backend_->device().kind == model_.device.kind, "a {} backend for a {} model",
              device_name(backend_->device()), device_name(model_.device));
   KILN_CHECK_USAGE(backend_->supports_precision(model_.precision),
                    "the {} backend does not run {} models", device_name(model_.device),
