@@ -10,11 +10,14 @@
 #include <string>
 #include <vector>
 
+#include "backend/backend_option.h"
 #include "backend/cuda_info.h"
 #include "backend/kernel.h"
 #include "backend/kv_storage.h"
 #include "backend/library_gemm.h"
+#include "backend/observer.h"
 #include "backend/step.h"
+#include "backend/token_selector.h"
 #include "core/context.h"
 #include "core/target.h"
 #include "graph/model_ir.h"
@@ -90,7 +93,7 @@ class Executable {
   // nodes. A device backend may return before a step with a KV cache has run: bad data its
   // kernels find (a token id outside the vocabulary, a block table naming no block) is then
   // thrown when the step's results are read on the host (Allocator::to_host / copy_to_host,
-  // Backend::argmax_rows / top_k_rows) or, if they are not, by the next execute(); either way
+  // TokenSelector::argmax_rows / top_k_rows) or, if they are not, by the next execute(); either way
   // naming the node that found it.
   virtual std::span<const Tensor> execute(std::span<const Tensor> inputs,
                                           const StepContext* step) = 0;
@@ -99,37 +102,15 @@ class Executable {
   virtual int64_t workspace_bytes() const = 0;
   // Which kernel runs each node ("avx512 dot4 linear"), in node order.
   virtual std::vector<std::string> kernel_names() const = 0;
+  // From the next execute() on, hands the values `observer.selection` chooses to
+  // observer.callback as each step computes them (Observation: step numbers from 0 here); an
+  // observer without a callback stops observing. Throws naming a selected name or slot the graph
+  // lacks. The CPU reports views of its workspace between its kernels; CUDA runs observed steps
+  // kernel by kernel instead of replaying a captured graph, and copies each value to the host
+  // (waiting for the GPU) before the kernel that reads it (an input) or after the one that
+  // writes it (an output).
+  virtual void set_observer(ActivationObserver observer) = 0;
 };
-
-// What Backend::top_k_rows returns: row-major [rows, k] ids and values (id -1 and value -inf
-// past the end of a row with fewer than k allowed ids), and one log-normaliser per row.
-struct TopKRows {
-  int k = 0;
-  std::vector<int64_t> ids;
-  std::vector<float> values;
-  std::vector<float> log_norm;
-};
-
-// HuggingFace's logits processors as edits of one row of logits, applied in this order:
-// 1. log_softmax: the row becomes its log-softmax (beam search processes log-probabilities);
-// 2. every id of `penalized` (no repeats): x < 0 ? x * penalty : x / penalty;
-// 3. every id of `banned`: -inf;
-// 4. `forced` not empty: every id -inf, then each forced id 0;
-// 5. every id of `suppressed`: -inf.
-struct RowEdit {
-  int64_t row = 0;
-  bool log_softmax = false;
-  float penalty = 1.0f;
-  std::vector<int64_t> penalized;
-  std::vector<int64_t> banned;
-  std::vector<int64_t> forced;
-  std::vector<int64_t> suppressed;
-};
-
-// Throws naming the first edit whose row or id is outside `logits` [rows, vocab] (f32).
-void check_row_edits(const Tensor& logits, std::span<const RowEdit> edits);
-// One row's edits on the host (the reference for every backend's kernel).
-void edit_logits_row(std::span<float> row, const RowEdit& edit);
 
 class Backend {
  public:
@@ -165,60 +146,25 @@ class Backend {
   // The type the KV cache stores for a plan of `precision` whose attention computes in
   // `compute`: `compute` itself unless this backend narrows it.
   virtual DType kv_cache_dtype(DType compute, Precision precision) const { return compute; }
-  // Greedy decoding without copying logits: out[r] = the first index of the largest value of
-  // row r of `logits` [rows, vocab] (f32), computed where the logits live, never one of
-  // `banned` in the rows where banned_rows[r] is non-zero (EOS before min_new_tokens; empty:
-  // no bans). False when this backend has no such kernel or cannot ban that many ids (the
-  // caller reads the logits on the host).
-  virtual bool argmax_rows(const Tensor& logits, std::span<int64_t> out,
-                           std::span<const int64_t> banned = {},
-                           std::span<const uint8_t> banned_rows = {}) {
-    return false;
-  }
-  // argmax_rows in two halves, for a caller that queues the next decoder step before it reads
-  // this one's tokens (the scheduler's run-ahead): start_argmax_rows starts the same argmax and
-  // returns its ids where the logits live ([rows] int64, valid until the next start; they may be
-  // the next step's input_ids), or false (*ids untouched) where argmax_rows would be false;
-  // finish_argmax_rows waits for them and copies them to `out` (the started rows), reporting
-  // errors of the steps before them as argmax_rows does. A step executed in between does not
-  // delay finish_argmax_rows on a backend that runs_ahead(). Default: argmax_rows at the start.
-  virtual bool start_argmax_rows(const Tensor& logits, std::span<const int64_t> banned,
-                                 std::span<const uint8_t> banned_rows, Tensor* ids);
-  virtual void finish_argmax_rows(std::span<int64_t> out);
+  // Token selection where this backend's logits live (argmax, top-k, run-ahead's ids, logits
+  // edits), which the runtime uses beside the backend. Default: on the host (TokenSelector's
+  // own methods).
+  virtual TokenSelector& token_selector() { return host_selector_; }
+  // The options this backend runs with (its environment switches, read once), for `kiln bench
+  // -v` and `kiln inspect --device`. Default: none.
+  virtual std::vector<BackendOption> options() const { return {}; }
   // True when execute() of a decode step returns before the step has run (CUDA): a caller that
   // queues the next step before reading this one's tokens keeps the device busy meanwhile.
   virtual bool runs_ahead() const { return false; }
   // The most tokens of a step that the backend replays from a recorded launch sequence (a CUDA
   // graph); a longer one pays each kernel's launch on the host. 0: none are replayed.
   virtual int64_t replayed_step_tokens() const { return 0; }
-  // The token ids of a step queued behind an unread one (the scheduler's run-ahead): rows `keep`
-  // of that step's ids (start_argmax_rows' tensor, where it lives) and then `tail` (host ids:
-  // prompts joining the batch), as one [keep + tail] i64 tensor for the next execute(), made in
-  // the device's order without waiting for it. Default: on the host (ids in host memory).
-  virtual Tensor gather_ids(const Tensor& ids, std::span<const int64_t> keep,
-                            std::span<const int64_t> tail);
   // Waits for every queued step and makes the checks still pending (a step read on the device,
   // StepContext::read_on_device); throws the error one reported, naming its node.
   virtual void wait() {}
-  // Sampling and beam search without copying logits: for every row r of `logits` [rows, vocab]
-  // (f32), the k best ids by logits[r][id] / temperature[r] (temperature empty: 1), best first
-  // with ties to the lower id, never one of `banned` where banned_rows[r] is non-zero, and the
-  // row's log-normaliser log(sum_id exp(logits[r][id])) over every id, unscaled. False when this
-  // backend has no such kernel or k or the bans are beyond it (the caller reads the logits).
-  // The largest k top_k_rows takes (0: none).
-  virtual int max_top_k() const { return 0; }
-  virtual bool top_k_rows(const Tensor& logits, int k, std::span<const float> temperature,
-                          std::span<const int64_t> banned, std::span<const uint8_t> banned_rows,
-                          TopKRows* out) {
-    return false;
-  }
-  // Applies `edits` to rows of `logits` [rows, vocab] (f32) in place, where they live, before
-  // argmax_rows / top_k_rows / a copy reads them. Every id must be inside the vocabulary and
-  // every row inside `logits`. Default: on the host (backends whose tensors are host memory).
-  virtual void edit_logits_rows(Tensor& logits, std::span<const RowEdit> edits);
 
  private:
-  std::vector<int64_t> started_ids_;  // the default start_argmax_rows's result
+  TokenSelector host_selector_;
 };
 
 // Empty when this build can run plans for the device at the precision; otherwise why not. The
@@ -227,9 +173,11 @@ std::string target_unsupported_reason(Device device, Precision precision);
 
 // The CPU backend: the widest kernel family the context chose (AVX-512 or the AVX2 baseline).
 std::unique_ptr<Backend> make_cpu_backend(Context& ctx);
-// The CUDA backend (device 0); throws naming the reason when this build or machine has no GPU.
-std::unique_ptr<Backend> make_cuda_backend(Context& ctx);
-// The backend for a device; throws naming the device when this build or machine lacks it.
+// The CUDA backend of GPU `ordinal` (the CUDA runtime's numbering); throws naming the reason when
+// this build or machine has no such GPU.
+std::unique_ptr<Backend> make_cuda_backend(Context& ctx, int ordinal = 0);
+// The backend for a device (a GPU's by its ordinal); throws naming the device when this build or
+// machine lacks it.
 std::unique_ptr<Backend> make_backend(Context& ctx, Device device);
 
 }  // namespace kiln

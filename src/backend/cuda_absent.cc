@@ -25,9 +25,11 @@ long long cuda_memory_held_bytes() { return 0; }
 
 long long cuda_library_workspace_bytes() { return 0; }
 
+std::vector<BackendOption> cuda_options() { return {}; }
+
 // Reached by loading a cuda plan (a build refuses --device cuda before): a runtime error, like a
 // machine without a GPU, naming the fix.
-std::unique_ptr<Backend> make_cuda_backend(Context&) {
+std::unique_ptr<Backend> make_cuda_backend(Context&, int) {
   KILN_FAIL(
       "device cuda: {}; this plan was built with --device cuda: rebuild it with --device "
       "cpu to run it with this kiln",

@@ -4,6 +4,9 @@
 
 #include <cstddef>
 #include <string>
+#include <vector>
+
+#include "backend/backend_option.h"
 
 namespace kiln {
 
@@ -39,5 +42,10 @@ long long cuda_memory_peak_bytes();
 long long cuda_memory_held_bytes();
 // Of those, the libraries' fixed workspaces (cuBLASLt's), 0 without a GPU.
 long long cuda_library_workspace_bytes();
+
+// The options a CUDA backend made now would run with (its options struct filled from the
+// KILN_CUDA_* variables: what `kiln inspect --device` prints, GPU or not); throws a usage error
+// naming a variable with a bad value. Empty in a build without CUDA.
+std::vector<BackendOption> cuda_options();
 
 }  // namespace kiln

@@ -156,6 +156,7 @@ std::span<const Tensor> GraphExecutor::execute(std::span<const Tensor> inputs,
   const StepShape shape = bind_step_inputs(graph_, profile_, inputs);
   const Bindings& bindings = shape.bindings;
   const int64_t bucket = shape.bucket;
+  observer_.begin_step();
   KILN_CHECK(!streams_ || (step != nullptr && step->sink != nullptr),
              "graph '{}' streams its outputs (the plan pools them with the step's activations): "
              "the step needs an OutputSink to take them",
@@ -226,6 +227,10 @@ std::span<const Tensor> GraphExecutor::execute(std::span<const Tensor> inputs,
     for (; n < graph_.nodes.size(); ++n) {
       args.in = node_io_[n].in;
       args.out = node_io_[n].out;
+      const bool observed = observer_.observes(n);
+      const size_t slot = static_cast<size_t>(observer_.slot());
+      if (observed && observer_.side() == ObservedSide::kInput)
+        observer_.report(graph_, n, args.in[slot]);
       if (times == nullptr) {
         kernels_[n]->run(args);
       } else {
@@ -233,6 +238,8 @@ std::span<const Tensor> GraphExecutor::execute(std::span<const Tensor> inputs,
         kernels_[n]->run(args);
         times->node_ms[n] += ms_since(t0);
       }
+      if (observed && observer_.side() == ObservedSide::kOutput)
+        observer_.report(graph_, n, args.out[slot]);
       for (int o : streamed_[n]) step->sink->take(o, values_[graph_.outputs[o]]);
     }
   } catch (const Error& e) {

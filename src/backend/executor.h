@@ -42,6 +42,9 @@ class GraphExecutor final : public Executable {
   std::span<const Tensor> execute(std::span<const Tensor> inputs, const StepContext* step) override;
   int64_t workspace_bytes() const override;
   std::vector<std::string> kernel_names() const override { return kernel_names_; }
+  void set_observer(ActivationObserver observer) override {
+    observer_.set(graph_, std::move(observer));
+  }
   // Where the workspace starts (null before the first step): the step's activations sit at
   // workspace_layout(graph, the step's bindings).offset from here.
   const void* workspace_base() const { return arena_.get(); }
@@ -98,6 +101,7 @@ class GraphExecutor final : public Executable {
   };
   const Logger* profile_log_ = nullptr;
   std::map<int64_t, StepTimes> step_times_;
+  ObserverState observer_;
 };
 
 }  // namespace kiln

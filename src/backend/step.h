@@ -55,7 +55,7 @@ struct StepContext {
   const StepLayout* layout = nullptr;
   KvStorage* kv = nullptr;  // cached self attention only
   // The step before this one is not read yet: its tokens feed this step where they live
-  // (Backend::start_argmax_rows) and are read after this step is queued. A backend that runs
+  // (TokenSelector::start_argmax_rows) and are read after this step is queued. A backend that runs
   // ahead leaves that step's check pending instead of waiting for it here; its errors are then
   // reported by the read.
   bool behind_unread = false;

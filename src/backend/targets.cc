@@ -6,7 +6,7 @@
 namespace kiln {
 
 std::string target_unsupported_reason(Device device, Precision precision) {
-  if (device == Device::kCuda) {
+  if (device.kind == Device::kCuda) {
     const CudaInfo cuda = query_cuda();
     if (!cuda.compiled) return cuda.error;
   }
@@ -16,11 +16,11 @@ std::string target_unsupported_reason(Device device, Precision precision) {
 }
 
 std::unique_ptr<Backend> make_backend(Context& ctx, Device device) {
-  switch (device) {
+  switch (device.kind) {
     case Device::kCpu:
       return make_cpu_backend(ctx);
     case Device::kCuda:
-      return make_cuda_backend(ctx);
+      return make_cuda_backend(ctx, device.ordinal);
   }
   KILN_FAIL_KIND(ErrorKind::kUsage, "device {}: {}", device_name(device),
                  target_unsupported_reason(device, Precision::kFp32));

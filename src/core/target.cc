@@ -5,13 +5,19 @@
 namespace kiln {
 
 std::string_view device_name(Device device) {
-  switch (device) {
+  switch (device.kind) {
     case Device::kCpu:
       return "cpu";
     case Device::kCuda:
       return "cuda";
   }
   return "?";
+}
+
+std::string device_label(Device device) {
+  std::string label(device_name(device));
+  if (device.kind != Device::kCpu) label += ":" + std::to_string(device.ordinal);
+  return label;
 }
 
 std::string_view precision_name(Precision precision) {
@@ -31,7 +37,7 @@ std::string_view precision_name(Precision precision) {
 }
 
 bool parse_device(std::string_view name, Device* out) {
-  for (Device d : kAllDevices)
+  for (Device::Kind d : kAllDevices)
     if (device_name(d) == name) {
       *out = d;
       return true;
@@ -76,7 +82,7 @@ constexpr PrecisionSupport kSupport[] = {
 
 const PrecisionSupport& precision_support(Device device, Precision precision) {
   for (const PrecisionSupport& s : kSupport)
-    if (s.device == device && s.precision == precision) return s;
+    if (s.device == device.kind && s.precision == precision) return s;  // any GPU ordinal
   return kSupport[0];  // unreachable: the table covers every pair (tested)
 }
 

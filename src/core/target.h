@@ -4,16 +4,31 @@
 // the tests all ask it.
 #pragma once
 
+#include <compare>
 #include <cstdint>
 #include <span>
+#include <string>
 #include <string_view>
 
 #include "core/dtype.h"
 
 namespace kiln {
 
-enum class Device : uint8_t { kCpu, kCuda };
-inline constexpr Device kAllDevices[] = {Device::kCpu, Device::kCuda};
+// A device: its kind and, for GPUs, which one (the CUDA ordinal; 0 for the CPU). A plan names
+// only the kind; a backend is made for one device (make_backend). Comparing with a kind
+// (`t.device() == Device::kCuda`) asks for the kind alone, comparing two devices for both.
+struct Device {
+  enum Kind : uint8_t { kCpu, kCuda };
+  Kind kind = kCpu;
+  int ordinal = 0;
+  constexpr Device() = default;
+  constexpr Device(Kind k, int n = 0)
+      : kind(k), ordinal(n) {}  // NOLINT(google-explicit-constructor)
+  constexpr auto operator<=>(const Device&) const = default;
+  constexpr bool operator==(const Device&) const = default;
+  constexpr bool operator==(Kind k) const { return kind == k; }
+};
+inline constexpr Device::Kind kAllDevices[] = {Device::kCpu, Device::kCuda};
 
 enum class Precision : uint8_t {
   kFp32,        // fp32 weights and activations
@@ -25,7 +40,8 @@ enum class Precision : uint8_t {
 inline constexpr Precision kAllPrecisions[] = {Precision::kFp32, Precision::kFp16, Precision::kBf16,
                                                Precision::kInt8, Precision::kInt8Weight};
 
-std::string_view device_name(Device device);           // "cpu", "cuda"
+std::string_view device_name(Device device);           // "cpu", "cuda" (the kind's name)
+std::string device_label(Device device);               // "cpu", "cuda:1" (with a GPU's ordinal)
 std::string_view precision_name(Precision precision);  // "fp32", "bf16", "int8-weight", ...
 // False for an unknown name (callers report it with the list of known names).
 bool parse_device(std::string_view name, Device* out);

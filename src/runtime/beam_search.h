@@ -63,7 +63,8 @@ class BeamSearch {
   size_t candidates_per_row() const { return candidates_per_row(num_beams_, eos_ids_.size()); }
   // The same step from each running beam's best tokens only: rows[b] holds at least
   // min(candidates_per_row(), vocab) (token, log-probability) pairs of running beam b, best first,
-  // ties to the lower id (what a backend's top_k_rows returns, less the row's log-normaliser).
+  // ties to the lower id (what a TokenSelector's top_k_rows returns, less the row's
+  // log-normaliser).
   struct TokenLogProb {
     int64_t token;
     float log_prob;

@@ -1,5 +1,6 @@
 #include "runtime/compiled_model.h"
 
+#include <algorithm>
 #include <chrono>
 
 #include "plan/plan.h"
@@ -38,7 +39,8 @@ CompiledModel::CompiledModel(Context& ctx, ModelIR model, std::unique_ptr<Backen
   auto t = Clock::now();
   if (!backend_) backend_ = make_backend(ctx_, model_.device);
   load_times_.context_ms = ms_since(t);
-  KILN_CHECK(backend_->device() == model_.device, "a {} backend for a {} model",
+  // A plan names the kind of device; the backend may be any one of that kind (a GPU's ordinal).
+  KILN_CHECK(backend_->device().kind == model_.device.kind, "a {} backend for a {} model",
              device_name(backend_->device()), device_name(model_.device));
   const PrecisionSupport& support = precision_support(model_.device, model_.precision);
   KILN_CHECK_USAGE(support.supported, "the {} backend does not run {} models: {}",
@@ -86,6 +88,22 @@ std::unique_ptr<CompiledModel> CompiledModel::load_plan(Context& ctx, const std:
 Executable& CompiledModel::encoder() {
   KILN_CHECK(encoder_ != nullptr, "this model has no encoder");
   return *encoder_;
+}
+
+void CompiledModel::set_observer(const ActivationObserver& observer) {
+  std::vector<std::string> found;
+  auto set = [&](Executable* exec, const char* graph_name) {
+    if (exec == nullptr) return;
+    ActivationObserver own = observer;
+    own.selection.names = names_in_graph(model_.graph(graph_name), observer.selection.names);
+    found.insert(found.end(), own.selection.names.begin(), own.selection.names.end());
+    exec->set_observer(std::move(own));
+  };
+  set(encoder_.get(), kEncoderGraph);
+  set(decoder_.get(), kDecoderGraph);
+  for (const std::string& name : observer.selection.names)
+    KILN_CHECK(std::find(found.begin(), found.end(), name) != found.end(),
+               "no node named '{}' to observe in the model's graphs", name);
 }
 
 }  // namespace kiln

@@ -33,6 +33,10 @@ class CompiledModel {
   Backend& backend() { return *backend_; }
   Executable& encoder();  // encoder-decoder models only
   Executable& decoder() { return *decoder_; }
+  // Observes both graphs (Executable::set_observer): each executable gets the selection with
+  // the names its own graph has, and the callback tells them apart by Observation::graph.
+  // Throws naming a selected name that neither graph has. Without a callback: stops.
+  void set_observer(const ActivationObserver& observer);
   // The activation workspaces the graphs allocated so far (Executable::workspace_bytes).
   int64_t workspace_bytes() const {
     return (encoder_ != nullptr ? encoder_->workspace_bytes() : 0) + decoder_->workspace_bytes();

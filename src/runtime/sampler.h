@@ -17,7 +17,7 @@ int64_t sample_token(std::span<const float> logits, const GenerationParams& para
                      std::mt19937_64& rng);
 // The same draw from a row's best candidates, already divided by the temperature and in the
 // order sample_token sorts them (descending, ties to the lower id): at least top_k of them when
-// top_k > 0, else the whole row. What a backend's top_k_rows returns.
+// top_k > 0, else the whole row. What a TokenSelector's top_k_rows returns.
 int64_t sample_sorted(std::span<const float> scaled, std::span<const int64_t> ids,
                       const GenerationParams& params, std::mt19937_64& rng);
 // The seed of request `index` of a run seeded with `seed` (splitmix64 of the pair): requests

@@ -81,6 +81,7 @@ KvGeometry geometry_of(CompiledModel& m, int block_size) {
 
 Scheduler::Scheduler(CompiledModel& model, SchedulerOptions options)
     : model_(model),
+      selector_(model.backend().token_selector()),
       options_(options),
       kv_(model.backend().create_kv_storage(geometry_of(model, options.kv_block_size))),
       blocks_(*kv_, options.kv_budget_blocks) {
@@ -116,7 +117,7 @@ Scheduler::~Scheduler() {
     // Nothing reads it any more: only the backend's wait and check of it.
     std::vector<int64_t> ids(unread_->requests.size());
     try {
-      model_.backend().finish_argmax_rows(ids);
+      selector_.finish_argmax_rows(ids);
     } catch (const std::exception& e) {
       model_.context().log().warn("the last decoder step's check failed: {}", e.what());
     }
@@ -492,7 +493,7 @@ void Scheduler::process_logits(const std::vector<Request*>& batch) {
       edits_.push_back(std::move(e));
     }
   }
-  if (!edits_.empty()) model_.backend().edit_logits_rows(decoder_logits_, edits_);
+  if (!edits_.empty()) selector_.edit_logits_rows(decoder_logits_, edits_);
 }
 
 void Scheduler::start_argmax(const std::vector<Request*>& batch, Tensor* tokens) {
@@ -502,7 +503,7 @@ void Scheduler::start_argmax(const std::vector<Request*>& batch, Tensor* tokens)
   for (Request* r : batch)
     for (const Beam& b : r->beams)
       if (b.row >= 0 && eos_banned_plainly(*r, b)) ban_eos_[b.row] = 1;
-  argmax_started_ = model_.backend().start_argmax_rows(decoder_logits_, eos_ids_, ban_eos_, tokens);
+  argmax_started_ = selector_.start_argmax_rows(decoder_logits_, eos_ids_, ban_eos_, tokens);
 }
 
 void Scheduler::read_decoder(const std::vector<Request*>& batch) {
@@ -511,7 +512,7 @@ void Scheduler::read_decoder(const std::vector<Request*>& batch) {
   row_argmax_.assign(rows_.size(), -1);
   Backend& backend = model_.backend();
   const bool on_device = argmax_started_;
-  if (on_device) backend.finish_argmax_rows(row_argmax_);
+  if (on_device) selector_.finish_argmax_rows(row_argmax_);
   // Sampling with top-k and beam search need only each row's best few tokens: the device picks
   // them (after the temperature, with the EOS ban) and they cross instead of the row.
   int k = 0;
@@ -524,7 +525,7 @@ void Scheduler::read_decoder(const std::vector<Request*>& batch) {
       if (b.row >= 0 && r->params.do_sample) row_temperature_[b.row] = r->params.temperature;
   }
   const bool topk =
-      k > 0 && backend.top_k_rows(logits, k, row_temperature_, eos_ids_, ban_eos_, &topk_);
+      k > 0 && selector_.top_k_rows(logits, k, row_temperature_, eos_ids_, ban_eos_, &topk_);
   row_topk_.assign(rows_.size(), 0);
   const int64_t vocab = logits.dim(1);
   Allocator& memory = backend.allocator();
@@ -554,7 +555,7 @@ int Scheduler::device_candidates(const Request& r) const {
     k = static_cast<int>(BeamSearch::candidates_per_row(r.params.num_beams, eos_ids_.size()));
   else if (r.params.do_sample)
     k = r.params.top_k;  // 0: no top-k, the whole row
-  return k <= model_.backend().max_top_k() ? k : 0;
+  return k <= selector_.max_top_k() ? k : 0;
 }
 
 // Row `row`'s device candidates, cut where the row ran out of allowed ids.

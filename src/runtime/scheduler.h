@@ -39,9 +39,9 @@ using RequestId = int64_t;
 
 // Run-ahead: while every running request decodes greedily with one beam, a decode step is
 // queued before the tokens of the step before it are read; those tokens feed it where the argmax
-// left them (Backend::start_argmax_rows, Backend::gather_ids). On a backend whose execute()
-// returns before the step has run (CUDA), the device then has the next step queued while the
-// host reads tokens, emits events and plans: no gap between steps. The batch changes without a
+// left them (TokenSelector::start_argmax_rows, TokenSelector::gather_ids). On a backend whose
+// execute() returns before the step has run (CUDA), the device then has the next step queued while
+// the host reads tokens, emits events and plans: no gap between steps. The batch changes without a
 // gap: requests that ended leave (their rows are dropped), greedy prompts that fit join with
 // their whole prompt (decoder-only models; an encoder-decoder request joins in a step planned
 // after a read). A request that stops (EOS) while the next step is queued wastes that step's
@@ -183,6 +183,8 @@ class Scheduler {
   bool is_eos(int64_t token) const;
 
   CompiledModel& model_;
+  // Token selection where the decoder's logits live (the backend's, Backend::token_selector).
+  TokenSelector& selector_;
   SchedulerOptions options_;
   std::unique_ptr<KvStorage> kv_;
   BlockManager blocks_;

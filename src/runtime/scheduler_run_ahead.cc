@@ -1,7 +1,7 @@
 // The scheduler's run-ahead (SchedulerOptions::run_ahead): a decode step queued before the
 // tokens of the step before it are read. The unread step's argmax ids stay where its logits
-// were; the queued step takes the rows of the requests that go on (Backend::gather_ids, in the
-// device's order) and the prompts of requests that join; the host then reads the unread step's
+// were; the queued step takes the rows of the requests that go on (TokenSelector::gather_ids, in
+// the device's order) and the prompts of requests that join; the host then reads the unread step's
 // ids (waiting for that argmax only, not for the queued step), emits the events and returns
 // while the device runs.
 #include <algorithm>
@@ -132,7 +132,7 @@ void Scheduler::launch_ahead(const AheadPlan& plan, const Tensor& tokens) {
   for (size_t i = 0; all_rows && i < keep.size(); ++i)
     all_rows = keep[i] == static_cast<int64_t>(i);
   std::vector<Tensor> inputs(model_.model().graph(kDecoderGraph).inputs.size());
-  inputs[io.input_ids] = all_rows ? tokens : model_.backend().gather_ids(tokens, keep, tail);
+  inputs[io.input_ids] = all_rows ? tokens : selector_.gather_ids(tokens, keep, tail);
   inputs[io.logit_rows] = Tensor::from_vector(rows_, {static_cast<int64_t>(rows_.size())});
   StepContext step{&layout_, kv_.get(), /*behind_unread=*/true};
   std::span<const Tensor> out;
@@ -184,11 +184,10 @@ bool Scheduler::step_unread(std::vector<GenerationEvent>& events) {
       plan.reset();
     }
   }
-  Backend& backend = model_.backend();
   row_argmax_.assign(unread.requests.size(), -1);  // one row a request (plain greedy)
   row_topk_.assign(unread.requests.size(), 0);
   try {
-    backend.finish_argmax_rows(row_argmax_);
+    selector_.finish_argmax_rows(row_argmax_);
   } catch (const std::exception& e) {
     // The device found bad data in the unread step (or one before it). Its requests fail, and
     // those that joined the step queued behind it (it ran on their tokens).

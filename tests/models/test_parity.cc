@@ -211,7 +211,7 @@ TEST_P(Parity, RequestsJoiningMidGenerationMatchUnbatched) {
 }
 
 // Sampling (temperature, top-k, top-p) and beams with min_new_tokens, where a device picks each
-// row's best tokens itself (Backend::top_k_rows), draw what the CPU draws for the same seeds.
+// row's best tokens itself (TokenSelector::top_k_rows), draw what the CPU draws for the same seeds.
 // fp32 logits agree to about 1e-6, so a draw could only differ if it fell that close to the
 // edge of a token's probability interval; with fixed seeds the outcome is fixed.
 TEST_P(Parity, DeviceSamplingAndBeamsMatchTheCpu) {

@@ -54,6 +54,11 @@ TEST(PrecisionSupportTable, CoversEveryPairAndDecidesTheRefusals) {
   }
   EXPECT_EQ(supported_precision_names(Device::kCpu), "fp32, fp16, bf16, int8-weight");
   EXPECT_EQ(supported_precision_names(Device::kCuda), "fp32, fp16, bf16");
+  // A second GPU runs what the first runs: the table is by device kind, not ordinal.
+  const PrecisionSupport& second = precision_support(Device(Device::kCuda, 1), Precision::kFp16);
+  EXPECT_EQ(second.device, Device::kCuda);
+  EXPECT_TRUE(second.supported);
+  EXPECT_EQ(second.activation, DType::kF16);
 }
 
 // Every CPU precision the table supports builds both fixtures into plans whose every node has

@@ -290,7 +290,7 @@ TEST(BackendOps, BadInputUnreadStepIsReportedByTheNextStep) {
     try {
       const std::span<const Tensor> y = exe->execute(in, &bad_step);
       std::vector<int64_t> ids(static_cast<size_t>(y[0].dim(0)));
-      be.argmax_rows(y[0], ids, {}, {});
+      be.token_selector().argmax_rows(y[0], ids, {}, {});
     } catch (const Error& e) {
       error = e.what();
     }

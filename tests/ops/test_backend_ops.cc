@@ -601,7 +601,8 @@ TEST(BackendOps, ArgmaxRowsOnTheDeviceTakesTheFirstMaximum) {
   for (NamedBackend& nb : available_backends()) {
     const Tensor logits = nb.backend->allocator().upload(Tensor::from_vector(v, {rows, cols}));
     std::vector<int64_t> got(rows, -1);
-    if (!nb.backend->argmax_rows(logits, got)) continue;  // host backends read logits directly
+    if (!nb.backend->token_selector().argmax_rows(logits, got))
+      continue;  // host backends read logits directly
     EXPECT_EQ(got, expected) << nb.name;
     // Banned ids (EOS before min_new_tokens) are skipped in flagged rows only: row 1's tie
     // moves to column 500, row 3 to its best column but the last; rows 0, 2, 4 are unflagged.
@@ -612,7 +613,7 @@ TEST(BackendOps, ArgmaxRowsOnTheDeviceTakesTheFirstMaximum) {
     banned_expected[3] = 1;
     for (int64_t c = 2; c < cols - 1; ++c)
       if (c != 10 && v[3 * cols + c] > v[3 * cols + banned_expected[3]]) banned_expected[3] = c;
-    ASSERT_TRUE(nb.backend->argmax_rows(logits, got, banned, flagged)) << nb.name;
+    ASSERT_TRUE(nb.backend->token_selector().argmax_rows(logits, got, banned, flagged)) << nb.name;
     EXPECT_EQ(got, banned_expected) << nb.name;
     ++checked;
   }

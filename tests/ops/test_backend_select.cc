@@ -1,7 +1,7 @@
-// Token selection where the logits live (Backend::top_k_rows): each row's best ids after the
+// Token selection where the logits live (TokenSelector::top_k_rows): each row's best ids after the
 // temperature, with bans, ties and short rows, and the row's log-normaliser, against a host
 // computation (std::stable_sort, as the sampler sorts; log-sum-exp in double); and the greedy
-// argmax over many rows with per-row bans (Backend::argmax_rows).
+// argmax over many rows with per-row bans (TokenSelector::argmax_rows).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -52,11 +52,13 @@ void check_top_k(int64_t rows, int64_t cols, int k, uint32_t seed) {
   for (int64_t r = 0; r < rows; r += 2) flagged[r] = 1;
   int checked = 0;
   for (NamedBackend& nb : available_backends()) {
-    if (nb.backend->max_top_k() < k) continue;  // host backends read logits directly
+    if (nb.backend->token_selector().max_top_k() < k)
+      continue;  // host backends read logits directly
     const Tensor logits = nb.backend->allocator().upload(Tensor::from_vector(v, {rows, cols}));
     const std::span<const float> temps(temperature.data(), static_cast<size_t>(rows));
     TopKRows got;
-    ASSERT_TRUE(nb.backend->top_k_rows(logits, k, temps, banned, flagged, &got)) << nb.name;
+    ASSERT_TRUE(nb.backend->token_selector().top_k_rows(logits, k, temps, banned, flagged, &got))
+        << nb.name;
     ASSERT_EQ(got.k, k);
     for (int64_t r = 0; r < rows; ++r) {
       const std::span<const float> row(v.data() + r * cols, static_cast<size_t>(cols));
@@ -71,9 +73,9 @@ void check_top_k(int64_t rows, int64_t cols, int k, uint32_t seed) {
     }
     // Without temperatures and bans: plain logits; k = 1 is the argmax.
     TopKRows plain;
-    ASSERT_TRUE(nb.backend->top_k_rows(logits, 1, {}, {}, {}, &plain)) << nb.name;
+    ASSERT_TRUE(nb.backend->token_selector().top_k_rows(logits, 1, {}, {}, {}, &plain)) << nb.name;
     std::vector<int64_t> argmax(static_cast<size_t>(rows), -1);
-    if (nb.backend->argmax_rows(logits, argmax)) {
+    if (nb.backend->token_selector().argmax_rows(logits, argmax)) {
       EXPECT_EQ(plain.ids, argmax) << nb.name;
     }
     for (int64_t r = 0; r < rows; ++r) {
@@ -99,7 +101,7 @@ TEST(BackendOps, TopKRowsShorterThanKEndWithNoIds) {
 
 TEST(BackendOps, TopKRowsAtTheLargestK) {
   for (NamedBackend& nb : available_backends()) {
-    const int k = nb.backend->max_top_k();
+    const int k = nb.backend->token_selector().max_top_k();
     if (k == 0) continue;
     check_top_k(2, 5000, k, 14);
     return;
@@ -134,7 +136,7 @@ void check_argmax_many_rows(int64_t rows, int64_t cols, uint32_t seed) {
   for (NamedBackend& nb : available_backends()) {
     const Tensor logits = nb.backend->allocator().upload(Tensor::from_vector(v, {rows, cols}));
     std::vector<int64_t> got(static_cast<size_t>(rows), -2);
-    if (!nb.backend->argmax_rows(logits, got, banned, flagged)) continue;
+    if (!nb.backend->token_selector().argmax_rows(logits, got, banned, flagged)) continue;
     EXPECT_EQ(got, expected) << nb.name << ", " << rows << " rows";
     for (int64_t r = 0; r < rows; ++r) {
       if (!flagged[r]) {
@@ -187,7 +189,7 @@ TEST(BackendOps, ArgmaxRowsRepeatedWithOtherShapes) {
           if (v[r * cols + c] > v[r * cols + expected[r]]) expected[r] = c;
       const Tensor logits = nb.backend->allocator().upload(Tensor::from_vector(v, {rows, cols}));
       std::vector<int64_t> got(static_cast<size_t>(rows), -2);
-      if (!nb.backend->argmax_rows(logits, got)) {
+      if (!nb.backend->token_selector().argmax_rows(logits, got)) {
         device = false;
         break;
       }

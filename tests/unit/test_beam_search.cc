@@ -304,7 +304,7 @@ TEST(BeamSearchBadUse, WrongRowsAndUseAfterDone) {
 }
 
 // A device hands beam search each row's best candidates_per_row() tokens instead of the row
-// (Backend::top_k_rows): the search must take the same steps and end with the same hypotheses
+// (TokenSelector::top_k_rows): the search must take the same steps and end with the same hypotheses
 // as from the dense rows, ties included, over a random model with coarse (tied) log-probs.
 TEST(BeamSearchCandidates, BestTokensPerRowStepAsTheWholeRows) {
   constexpr int64_t vocab = 40;

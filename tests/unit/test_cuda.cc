@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "backend/cuda/cuda_kernels.h"
+#include "backend/cuda/cuda_options.h"
 #include "backend/cuda/kernels.cuh"
 #include "backend/cuda/weight_upload.h"
 #endif
@@ -32,6 +33,47 @@ TEST(Cuda, DeviceIsVisibleWhenPresent) {
 
 #if KILN_HAVE_CUDA
 // Host-side choices of the CUDA backend, testable without a GPU.
+
+// Every CUDA switch is one field of CudaOptions with its default, set from the environment in
+// from_environment() alone and listed by describe() (what `kiln inspect --device` prints).
+TEST(Cuda, OptionsHaveDefaultsAndAreReadFromTheEnvironmentInOnePlace) {
+  const cuda::CudaOptions defaults;
+  const cuda::CudaOptions plain = cuda::CudaOptions::from_environment();
+  EXPECT_TRUE(plain.graphs && plain.gemv && plain.programmatic_launch && plain.defer_checks);
+  EXPECT_EQ(plain.gemv_rows, defaults.gemv_rows);
+  EXPECT_EQ(plain.skinny_rows, defaults.skinny_rows);
+  EXPECT_EQ(plain.profile, cuda::CudaOptions::Profile::kOff);
+  const std::vector<BackendOption> listed = plain.describe();
+  EXPECT_EQ(listed.size(), 19u) << "every KILN_CUDA_* switch";
+  for (const BackendOption& o : listed) {
+    EXPECT_TRUE(o.variable.starts_with("KILN_CUDA_")) << o.variable;
+    EXPECT_FALSE(o.value.empty() || o.meaning.empty()) << o.variable;
+  }
+  {
+    const test::ScopedEnv graphs("KILN_CUDA_GRAPHS", "0");
+    const test::ScopedEnv rows("KILN_CUDA_GEMV_ROWS", "3");
+    const test::ScopedEnv tiled("KILN_CUDA_TILED", "always");
+    const test::ScopedEnv profile("KILN_CUDA_PROFILE", "steps");
+    const cuda::CudaOptions set = cuda::CudaOptions::from_environment();
+    EXPECT_FALSE(set.graphs);
+    EXPECT_EQ(set.gemv_rows, 3);
+    EXPECT_EQ(set.tiled_attention, cuda::TiledAttention::kAlways);
+    EXPECT_EQ(set.profile, cuda::CudaOptions::Profile::kSteps);
+    EXPECT_TRUE(set.gemv) << "what is not set keeps its default";
+    bool shown = false;
+    for (const BackendOption& o : set.describe())
+      shown |= o.variable == "KILN_CUDA_GEMV_ROWS" && o.value == "3";
+    EXPECT_TRUE(shown);
+  }
+  const test::ScopedEnv bad("KILN_CUDA_SKINNY_ROWS", "33");
+  try {
+    cuda::CudaOptions::from_environment();
+    ADD_FAILURE() << "KILN_CUDA_SKINNY_ROWS=33 was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kUsage);
+    EXPECT_NE(std::string(e.what()).find("KILN_CUDA_SKINNY_ROWS=33"), std::string::npos);
+  }
+}
 
 // A Linear's tactic at n rows: the one timed at n, the next larger timed count's up to 64 rows
 // (decode batches), none (cuBLASLt's heuristic for n) for other counts above (prompts); with

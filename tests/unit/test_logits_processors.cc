@@ -163,7 +163,7 @@ TEST(BadInputLogitEdits, RowsAndIdsOutsideTheLogitsAreRefused) {
   bad_penalty.penalty = 0.0f;
   for (const RowEdit& e : {bad_row, bad_id, bad_penalty}) {
     try {
-      backend->edit_logits_rows(logits, std::span<const RowEdit>(&e, 1));
+      backend->token_selector().edit_logits_rows(logits, std::span<const RowEdit>(&e, 1));
       ADD_FAILURE() << "accepted a bad edit";
     } catch (const Error& err) {
       EXPECT_NE(std::string(err.what()).find("edit_logits_rows"), std::string::npos) << err.what();

@@ -53,19 +53,29 @@ class DeferringBackend final : public Backend {
   DType kv_cache_dtype(DType compute, Precision precision) const override {
     return inner_->kv_cache_dtype(compute, precision);
   }
-  bool argmax_rows(const Tensor& logits, std::span<int64_t> out, std::span<const int64_t> banned,
-                   std::span<const uint8_t> banned_rows) override {
-    throw_pending();
-    return inner_->argmax_rows(logits, out, banned, banned_rows);
-  }
-  void finish_argmax_rows(std::span<int64_t> out) override {
-    throw_pending();
-    Backend::finish_argmax_rows(out);
-  }
+  TokenSelector& token_selector() override { return selector_; }
   bool runs_ahead() const override { return true; }
   void wait() override { throw_pending(); }
 
  private:
+  // The inner backend's argmax, behind the pending report a device read would throw first.
+  class Selector final : public TokenSelector {
+   public:
+    explicit Selector(DeferringBackend& owner) : owner_(owner) {}
+    bool argmax_rows(const Tensor& logits, std::span<int64_t> out, std::span<const int64_t> banned,
+                     std::span<const uint8_t> banned_rows) override {
+      owner_.throw_pending();
+      return owner_.inner_->token_selector().argmax_rows(logits, out, banned, banned_rows);
+    }
+    void finish_argmax_rows(std::span<int64_t> out) override {
+      owner_.throw_pending();
+      TokenSelector::finish_argmax_rows(out);
+    }
+
+   private:
+    DeferringBackend& owner_;
+  };
+  Selector selector_{*this};
   class Step final : public Executable {
    public:
     Step(DeferringBackend& owner, std::unique_ptr<Executable> inner)
@@ -95,6 +105,9 @@ class DeferringBackend final : public Backend {
     }
     int64_t workspace_bytes() const override { return inner_->workspace_bytes(); }
     std::vector<std::string> kernel_names() const override { return inner_->kernel_names(); }
+    void set_observer(ActivationObserver observer) override {
+      inner_->set_observer(std::move(observer));
+    }
 
    private:
     static void spoil(Tensor t) {

@@ -16,6 +16,7 @@
 #include "backend/cuda_info.h"
 #include "commands.h"
 #include "core/bandwidth.h"
+#include "devices.h"
 #include "output.h"
 #include "runtime/scheduler.h"
 
@@ -225,6 +226,9 @@ Runner add_bench(CLI::App& app) {
                       o->batch, o->sweep);
     auto model = CompiledModel::load_plan(*ctx, o->plan);
     // The plan's own load; the backend's making (the CUDA context) is reported apart.
+    if (g.verbose)
+      ctx->log().info("{} runs with:\n{}", model->backend().describe(),
+                      options_text(model->backend().options()));
     const CompiledModel::LoadTimes& lt = model->load_times();
     const double load_ms = lt.plan_ms();
     const ModelIR& ir = model->model();

@@ -2,6 +2,7 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
+#include "devices.h"
 #include "graph/workspace.h"
 #include "output.h"
 #include "plan/plan.h"
@@ -156,7 +157,7 @@ void print_graph_summary(const nlohmann::json& s, bool every_layer) {
 Runner add_inspect(CLI::App& app) {
   struct Opts {
     std::string plan, plan_flag, model, onnx;
-    bool graph = false, verify = false, json = false, layers = false;
+    bool graph = false, verify = false, json = false, layers = false, device = false;
   };
   auto o = std::make_shared<Opts>();
   CLI::App* cmd = app.add_subcommand(
@@ -167,7 +168,8 @@ Runner add_inspect(CLI::App& app) {
            "Examples:\n"
            "  kiln inspect t5.plan\n"
            "  kiln inspect --plan bloom.plan --json\n"
-           "  kiln inspect --model models/bloom-tiny --graph");
+           "  kiln inspect --model models/bloom-tiny --graph\n"
+           "  kiln inspect --device");
   cmd->add_option("plan", o->plan, "plan file (or --plan PLAN)");
   cmd->add_option("--plan", o->plan_flag, "plan file");
   cmd->add_option("--model", o->model, "HF directory");
@@ -180,6 +182,9 @@ Runner add_inspect(CLI::App& app) {
                 "\"layers\", \"fusions\", \"weight_bytes\", \"precision\", \"workspace\", ...}]} "
                 "(with --graph: "
                 "each graph's \"dump\")");
+  cmd->add_flag("--device", o->device,
+                "show this machine's devices and the options each backend runs with (the "
+                "KILN_* switches, read from the environment); alone, or before a plan's report");
   cmd->add_flag("--verify", o->verify,
                 "also hash every weight blob and compare with the hashes recorded at build time "
                 "(the header and tokenizer are checked on every load)");
@@ -188,12 +193,26 @@ Runner add_inspect(CLI::App& app) {
     KILN_CHECK_USAGE(o->plan.empty() || o->plan_flag.empty(),
                      "give the plan once: as an argument or with --plan");
     const std::string plan = o->plan.empty() ? o->plan_flag : o->plan;
-    KILN_CHECK_USAGE(plan.empty() != o->model.empty(),
+    KILN_CHECK_USAGE(plan.empty() != o->model.empty() || (o->device && plan.empty()),
                      "give a plan (PLAN or --plan PLAN) or --model DIR");
     KILN_CHECK_USAGE(!o->verify || !plan.empty(), "--verify checks a plan file, not --model");
     auto ctx = make_context(g);
-    ModelIR model;
     nlohmann::json report;
+    if (o->device) {
+      const std::vector<DeviceEntry> devices = device_report(*ctx);
+      if (plan.empty() && o->model.empty()) {
+        if (o->json)
+          out_line(nlohmann::json({{"devices", device_report_json(devices)}}).dump());
+        else
+          out_text(device_report_text(devices));
+        return 0;
+      }
+      if (o->json)
+        report["devices"] = device_report_json(devices);
+      else
+        out_text(device_report_text(devices));
+    }
+    ModelIR model;
     if (!plan.empty()) {
       check_plan_file(plan, o->plan.empty() ? "--plan" : "PLAN");
       report["source"] = {{"plan", plan}};

@@ -182,13 +182,20 @@ class CpuBackend final : public Backend {
   // bf16 and int8-weight plans keep their KV cache in bf16 (attention widens the rows as it
   // reads them and accumulates in f32): batched decode reads each sequence's cache from memory
   // every step, and at 16 sequences of bloom-560m that was a third of the step in f32.
-  // Greedy rows' tokens without copying the logits out (a batch of 16 bloom-560m rows is 16 MB):
-  // both threads, eight lanes at a time.
-  bool argmax_rows(const Tensor& logits, std::span<int64_t> out, std::span<const int64_t> banned,
-                   std::span<const uint8_t> banned_rows) override {
-    if (logits.device() != Device::kCpu || logits.dtype() != DType::kF32) return false;
-    cpu::argmax_rows(logits, out, banned, banned_rows, ctx_.pool());
-    return true;
+  TokenSelector& token_selector() override { return selector_; }
+  // The context's CPU switches (core/context.h: read once from the environment).
+  std::vector<BackendOption> options() const override {
+    auto on_off = [](bool on) { return std::string(on ? "on" : "off"); };
+    return {
+        {"KILN_NUM_THREADS", std::to_string(ctx_.pool().size()), "threads of the kernels' pool"},
+        {"KILN_CPU_ISA", std::string(cpu_isa_name(ctx_.cpu_isa())), "kernel family"},
+        {"KILN_CPU_BF16_DOT", on_off(ctx_.cpu_bf16_dot()),
+         "bf16-weight Linears in AVX512-BF16 dot products"},
+        {"KILN_CPU_INT8_DOT", on_off(ctx_.cpu_int8_dot()),
+         "i8-weight Linears in AVX512-VNNI dot products"},
+        {"KILN_CPU_PROFILE", ctx_.options().cpu_profile.value_or(false) ? "1" : "0",
+         "time every kernel, logged per class"},
+    };
   }
   DType kv_cache_dtype(DType compute, Precision precision) const override {
     const bool narrow = precision == Precision::kBf16 || precision == Precision::kInt8Weight;
@@ -205,7 +212,24 @@ class CpuBackend final : public Backend {
     return key;
   }
 
+  // Greedy rows' tokens without copying the logits out (a batch of 16 bloom-560m rows is 16 MB):
+  // both threads, eight lanes at a time; the rest on the host as any host selector.
+  class CpuTokenSelector final : public TokenSelector {
+   public:
+    explicit CpuTokenSelector(Context& ctx) : ctx_(ctx) {}
+    bool argmax_rows(const Tensor& logits, std::span<int64_t> out, std::span<const int64_t> banned,
+                     std::span<const uint8_t> banned_rows) override {
+      if (logits.device() != Device::kCpu || logits.dtype() != DType::kF32) return false;
+      cpu::argmax_rows(logits, out, banned, banned_rows, ctx_.pool());
+      return true;
+    }
+
+   private:
+    Context& ctx_;
+  };
+
   Context& ctx_;
+  CpuTokenSelector selector_{ctx_};
   Isa isa_;         // the family weights are packed for (a plan's target)
   Isa kernel_isa_;  // the kernels: isa_, or AVX512-BF16 over the same avx512 packing
   bool int8_dot_;   // i8-weight Linears in AVX512-VNNI dot products (same avx512 packing)

@@ -56,7 +56,7 @@ void attention(const Node&, std::span<const Tensor>, std::span<Tensor>, const Ke
 // The same with AVX-512 inner loops (attention_avx512.cc).
 void attention_avx512(const Node&, std::span<const Tensor>, std::span<Tensor>, const KernelEnv&);
 // out[r] = the first index of the largest value of row r of logits [rows, vocab] (f32), never
-// one of `banned` where banned_rows[r] is non-zero (Backend::argmax_rows).
+// one of `banned` where banned_rows[r] is non-zero (TokenSelector::argmax_rows).
 void argmax_rows(const Tensor& logits, std::span<int64_t> out, std::span<const int64_t> banned,
                  std::span<const uint8_t> banned_rows, ThreadPool& pool);
 

@@ -153,24 +153,24 @@ class AttentionKernel final : public CudaKernel {
         }
         break;
     }
-    p.step = ctx_.step();
-    p.status = ctx_.status();
+    p.step = ctx_.uploads().step();
+    p.status = ctx_.checks().status();
     p.node = node_index_;
-    p.key_class = ctx_.step_key_class();
-    p.split_out = ctx_.split_scratch();
+    p.key_class = ctx_.uploads().step_key_class();
+    p.split_out = ctx_.uploads().split_scratch();
     p.split_capacity = kSplitBlocks;
-    p.tiled = ctx_.tiled_attention();
-    p.tiled_rows = ctx_.tiled_rows();
-    p.warp_rows = ctx_.use_warp_attention();
-    p.layout_visible = ctx_.layout_visible();
-    p.sms = ctx_.multiprocessors();
-    p.warps_forced = ctx_.attention_warps();
-    p.key_bound = static_cast<int64_t>(ctx_.step_key_bucket()) * kKeyBucketSize;
+    p.tiled = ctx_.options().tiled_attention;
+    p.tiled_rows = ctx_.options().tiled_rows;
+    p.warp_rows = ctx_.options().warp_attention;
+    p.layout_visible = ctx_.launch().layout_visible();
+    p.sms = ctx_.device().multiprocessors;
+    p.warps_forced = ctx_.options().attention_warps;
+    p.key_bound = static_cast<int64_t>(ctx_.uploads().step_key_bucket()) * kKeyBucketSize;
     // The tiled kernel's grid has a block per 64 rows of the longest sequence for each sequence.
     // A replayed graph keeps it: graphs hold steps of at most 64 tokens, whose sequences all fit
     // one such block, so the grid depends on the step's shape only.
     static_assert(CudaExecutor::kMaxGraphTokens <= 64);
-    p.longest_seq = ctx_.step_longest_rows();
+    p.longest_seq = ctx_.uploads().step_longest_rows();
     launch_attention(p, ctx_.kernel_stream());
   }
 

@@ -3,6 +3,7 @@
 #include "backend/cuda/cuda_executor.h"
 #include "backend/cuda/cuda_kernels.h"
 #include "backend/cuda/cuda_kv_storage.h"
+#include "backend/cuda/cuda_select.h"
 #include "backend/cuda_info.h"
 
 namespace kiln {
@@ -11,15 +12,18 @@ namespace {
 
 class CudaBackend final : public Backend {
  public:
-  explicit CudaBackend(Context& ctx) : ctx_(ctx), cuda_(std::make_unique<CudaContext>(ctx)) {
+  CudaBackend(Context& ctx, int ordinal)
+      : ctx_(ctx),
+        cuda_(std::make_unique<CudaContext>(ctx, ordinal, CudaOptions::from_environment())),
+        select_(*cuda_) {
     register_kernels(registry_, *cuda_);
   }
-  Device device() const override { return Device::kCuda; }
+  Device device() const override { return Device(Device::kCuda, cuda_->device().ordinal); }
   std::string describe() const override {
-    return fmt::format("cuda ({}, sm_{}, cuBLASLt + kiln kernels)", cuda_->device_name(),
-                       cuda_->sm());
+    return fmt::format("cuda ({}, sm_{}, cuBLASLt + kiln kernels)", cuda_->device().name,
+                       cuda_->device().sm);
   }
-  std::string target() const override { return "sm_" + std::to_string(cuda_->sm()); }
+  std::string target() const override { return "sm_" + std::to_string(cuda_->device().sm); }
   std::string unsupported_reason(const Graph& graph, const Node& node) const override {
     return registry_.unsupported_reason(kernel_key(graph, node, Device::kCuda, Isa::kSm90),
                                         node_extras(node), "cuda");
@@ -29,7 +33,7 @@ class CudaBackend final : public Backend {
     for (const Graph* g : graphs)
       for (const Value& v : g->values)
         if (v.kind == ValueKind::kWeight) weights.push_back(v.data);
-    const UploadStats s = cuda_->upload_weights(weights);
+    const UploadStats s = cuda_->weights().upload_weights(weights);
     if (s.copied_bytes == 0) return {};
     return fmt::format(
         "{:.2f} GB of weights uploaded in {:.0f} ms ({:.0f} ms of it setting up; {} threads, "
@@ -61,58 +65,25 @@ class CudaBackend final : public Backend {
   std::unique_ptr<KvStorage> create_kv_storage(const KvGeometry& geometry) override {
     return std::make_unique<CudaKvStorage>(*cuda_, geometry);
   }
-  bool argmax_rows(const Tensor& logits, std::span<int64_t> out, std::span<const int64_t> banned,
-                   std::span<const uint8_t> banned_rows) override {
-    if (logits.device() != Device::kCuda || banned.size() > BannedIds::kMax) return false;
-    cuda_->argmax_rows(logits, out, banned, banned_rows);
-    return true;
-  }
-  bool start_argmax_rows(const Tensor& logits, std::span<const int64_t> banned,
-                         std::span<const uint8_t> banned_rows, Tensor* ids) override {
-    if (logits.device() != Device::kCuda || banned.size() > BannedIds::kMax) return false;
-    *ids = cuda_->start_argmax_rows(logits, banned, banned_rows);
-    return true;
-  }
-  void finish_argmax_rows(std::span<int64_t> out) override { cuda_->finish_argmax_rows(out); }
-  void edit_logits_rows(Tensor& logits, std::span<const RowEdit> edits) override {
-    if (logits.device() != Device::kCuda) {
-      Backend::edit_logits_rows(logits, edits);
-      return;
-    }
-    cuda_->edit_logits_rows(logits, edits);
-  }
+  TokenSelector& token_selector() override { return select_; }
+  std::vector<BackendOption> options() const override { return cuda_->options().describe(); }
   bool runs_ahead() const override { return true; }
   int64_t replayed_step_tokens() const override {
-    return cuda_->use_graphs() ? CudaExecutor::kMaxGraphTokens : 0;
+    return cuda_->options().graphs ? CudaExecutor::kMaxGraphTokens : 0;
   }
-  Tensor gather_ids(const Tensor& ids, std::span<const int64_t> keep,
-                    std::span<const int64_t> tail) override {
-    if (ids.device() != Device::kCuda) return Backend::gather_ids(ids, keep, tail);
-    return cuda_->gather_ids(ids, keep, tail);
-  }
-  void wait() override { cuda_->synchronize(); }
-
-  int max_top_k() const override { return CudaContext::kMaxTopK; }
-  bool top_k_rows(const Tensor& logits, int k, std::span<const float> temperature,
-                  std::span<const int64_t> banned, std::span<const uint8_t> banned_rows,
-                  TopKRows* out) override {
-    if (logits.device() != Device::kCuda || k < 1 || k > CudaContext::kMaxTopK ||
-        banned.size() > BannedIds::kMax)
-      return false;
-    cuda_->top_k_rows(logits, k, temperature, banned, banned_rows, out);
-    return true;
-  }
+  void wait() override { cuda_->checks().synchronize(); }
 
  private:
   Context& ctx_;
   std::unique_ptr<CudaContext> cuda_;
+  CudaTokenSelector select_;  // after cuda_: goes first
   KernelRegistry registry_;
 };
 
 }  // namespace
 }  // namespace cuda
 
-std::unique_ptr<Backend> make_cuda_backend(Context& ctx) {
+std::unique_ptr<Backend> make_cuda_backend(Context& ctx, int ordinal) {
   // A cuda plan on a machine without a GPU or driver: nothing the command line can change, so a
   // runtime error (exit 1), in the user's words rather than the CUDA runtime's ("CUDA driver
   // version is insufficient for CUDA runtime version" is what a missing driver looks like).
@@ -121,7 +92,10 @@ std::unique_ptr<Backend> make_cuda_backend(Context& ctx) {
              "device cuda: no NVIDIA GPU/driver found (CUDA: {}); this plan was built with "
              "--device cuda: rebuild it with --device cpu to run it on this machine",
              info.error.empty() ? "no device" : info.error);
-  return std::make_unique<cuda::CudaBackend>(ctx);
+  KILN_CHECK(ordinal >= 0 && ordinal < info.device_count,
+             "device cuda:{}: this machine has {} GPU(s) (ordinals 0 to {})", ordinal,
+             info.device_count, info.device_count - 1);
+  return std::make_unique<cuda::CudaBackend>(ctx, ordinal);
 }
 
 }  // namespace kiln

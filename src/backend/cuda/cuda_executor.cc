@@ -38,7 +38,7 @@ CudaExecutor::CudaExecutor(const Graph& graph, const ShapeProfile& profile, Cuda
   for (int id : graph_.outputs) is_output_[id] = true;
   for (size_t i = 0; i < graph_.values.size(); ++i)
     if (graph_.values[i].kind == ValueKind::kWeight)
-      values_[i] = ctx_.device_weight(graph_.values[i].data);
+      values_[i] = ctx_.weights().device_weight(graph_.values[i].data);
   for (const Node& n : graph_.nodes) {
     if (n.op != OpKind::kAttention) continue;
     has_attention_ = true;
@@ -46,19 +46,19 @@ CudaExecutor::CudaExecutor(const Graph& graph, const ShapeProfile& profile, Cuda
     min_heads_ = min_heads_ == 0 ? a.num_heads : std::min(min_heads_, a.num_heads);
     if (a.kind == AttentionKind::kCross) cross_layers_ = std::max(cross_layers_, a.layer + 1);
   }
-  if (ctx_.profile()) {
+  if (ctx_.options().profile == CudaOptions::Profile::kKernels) {
     events_.resize(graph_.nodes.size() + 1);
     node_host_ms_.assign(graph_.nodes.size(), 0.0);
     for (cudaEvent_t& e : events_) KILN_CUDA_CHECK(cudaEventCreate(&e));
   }
-  if (ctx_.profile_steps()) {
+  if (ctx_.options().profile == CudaOptions::Profile::kSteps) {
     KILN_CUDA_CHECK(cudaEventCreate(&step_begin_));
     KILN_CUDA_CHECK(cudaEventCreate(&step_end_));
   }
 }
 
 CudaExecutor::~CudaExecutor() {
-  ctx_.forget_step(graph_);
+  ctx_.checks().forget_step(graph_);
   cudaEventSynchronize(staged_);
   cudaEventDestroy(staged_);
   cudaFreeHost(staging_);
@@ -132,16 +132,26 @@ void CudaExecutor::run_nodes(char* scratch, const StepContext* step) {
     for (int id : node.outputs) node_out_.push_back(values_[id]);
     args.in = node_in_;
     args.out = node_out_;
+    const bool observed = observer_.observes(n);
+    const size_t slot = static_cast<size_t>(observer_.slot());
+    if (observed && observer_.side() == ObservedSide::kInput) observe(n, node_in_[slot]);
     if (events_.empty()) {
       kernels_[n]->run(args);
-      continue;
+    } else {
+      KILN_CUDA_CHECK(cudaEventRecord(events_[n], ctx_.stream()));
+      const auto t0 = std::chrono::steady_clock::now();
+      kernels_[n]->run(args);
+      node_host_ms_[n] +=
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     }
-    KILN_CUDA_CHECK(cudaEventRecord(events_[n], ctx_.stream()));
-    const auto t0 = std::chrono::steady_clock::now();
-    kernels_[n]->run(args);
-    node_host_ms_[n] +=
-        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    if (observed && observer_.side() == ObservedSide::kOutput) observe(n, node_out_[slot]);
   }
+}
+
+void CudaExecutor::observe(size_t n, const Tensor& value) {
+  // to_host waits for the stream: the kernels before this node have run.
+  const Tensor host = ctx_.allocator().to_host(value);
+  observer_.report(graph_, n, host);
 }
 
 void CudaExecutor::run_graph(const GraphKey& key, char* scratch, const StepContext* step) {
@@ -155,7 +165,7 @@ void CudaExecutor::run_graph(const GraphKey& key, char* scratch, const StepConte
     cudaStream_t stream = ctx_.stream();
     // What the capture launches does not run on the stream: the launch count it leaves must not
     // tell an eager run after a failed capture that a kernel came after the step's uploads.
-    const CudaContext::LaunchCount before_capture = ctx_.launch_count();
+    const LaunchStream::LaunchCount before_capture = ctx_.launch().launch_count();
     KILN_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
     try {
       run_nodes(scratch, step);
@@ -178,7 +188,7 @@ void CudaExecutor::run_graph(const GraphKey& key, char* scratch, const StepConte
       graphs_off_ = true;
       ctx_.host().log().warn("graph '{}': CUDA graph capture failed ({}); running eagerly",
                              graph_.name, cudaGetErrorString(err));
-      ctx_.restore_launch_count(before_capture);
+      ctx_.launch().restore_launch_count(before_capture);
       run_nodes(scratch, step);
       return;
     }
@@ -221,15 +231,16 @@ CudaExecutor::GraphKey CudaExecutor::graph_key(int64_t tokens, const StepContext
   if (has_attention_) {
     const StepLayout& layout = *step->layout;
     key.seqs = layout.num_seqs();
-    key.max_blocks = ctx_.step().max_blocks;
-    key.cross_layers = ctx_.step().cross_layers;
-    key.key_class = ctx_.step_key_class();
+    key.max_blocks = ctx_.uploads().step().max_blocks;
+    key.cross_layers = ctx_.uploads().step().cross_layers;
+    key.key_class = ctx_.uploads().step_key_class();
     // Only steps whose warp attention sizes its blocks by the keys capture a graph per bucket
     // (the fewest heads give the fewest blocks; splits only add blocks).
-    if (ctx_.use_warp_attention() &&
-        warps_follow_keys(tokens * min_heads_, ctx_.multiprocessors(), ctx_.attention_warps()))
-      key.key_bucket = ctx_.step_key_bucket();
-    key.step_buffer = ctx_.step_buffer();
+    if (ctx_.options().warp_attention &&
+        warps_follow_keys(tokens * min_heads_, ctx_.device().multiprocessors,
+                          ctx_.options().attention_warps))
+      key.key_bucket = ctx_.uploads().step_key_bucket();
+    key.step_buffer = ctx_.uploads().step_buffer();
     // The checks the attention kernels make on the host, which a replay skips.
     for (int s = 0; s < layout.num_seqs() && cross_layers_ > 0; ++s) {
       const CrossKv* c = layout.cross[s];
@@ -257,8 +268,9 @@ std::span<const Tensor> CudaExecutor::execute(std::span<const Tensor> inputs,
   // the step buffers; an error it reported is thrown here, naming its own node. A step queued
   // behind an unread one on purpose (its tokens are this step's input) leaves it pending: the
   // read reports it, and the stream keeps the order.
-  if (step == nullptr || !step->behind_unread) ctx_.settle();
+  if (step == nullptr || !step->behind_unread) ctx_.checks().settle();
   const StepShape shape = bind_step_inputs(graph_, profile_, inputs);
+  observer_.begin_step();
   // The step's layout and inputs go to the device together, in one kernel where they fit.
   UploadList uploads;
   const Bindings& bindings = shape.bindings;
@@ -269,14 +281,15 @@ std::span<const Tensor> CudaExecutor::execute(std::span<const Tensor> inputs,
                "graph '{}': the KV storage is in {} memory, the cuda kernels read device memory",
                graph_.name, device_name(step->kv->device()));
     if (step->kv && !step->layout->copies.empty()) step->kv->copy_blocks(step->layout->copies);
-    ctx_.upload_step(*step->layout, uploads);
+    ctx_.uploads().upload_step(*step->layout, uploads);
   }
   Arena& arena = arena_for(bucket);
   char* base = static_cast<char*>(arena.memory.get());
   // Profiling times every node with events between launches: eager (timings then include the
   // host's launch gaps; ncu gives kernel-only times).
-  const bool graphed =
-      ctx_.use_graphs() && !graphs_off_ && events_.empty() && shape.tokens <= kMaxGraphTokens;
+  // So does observing (values are copied out between the kernels).
+  const bool graphed = ctx_.options().graphs && !graphs_off_ && events_.empty() &&
+                       !observer_.active() && shape.tokens <= kMaxGraphTokens;
   char* staged = stage_host_inputs(inputs);
   {
     // The next step waits on this event before reusing the staging. It is recorded when this
@@ -303,13 +316,14 @@ std::span<const Tensor> CudaExecutor::execute(std::span<const Tensor> inputs,
         staged += aligned(static_cast<int64_t>(t.nbytes()));
       }
       if (t.nbytes() > 0) {
-        if (uploads.count == UploadList::kMax) ctx_.launch_uploads(uploads);
+        if (uploads.count == UploadList::kMax) ctx_.uploads().launch_uploads(uploads);
         uploads.part[uploads.count++] = {src, dst, static_cast<long long>(t.nbytes()),
                                          t.device() != Device::kCuda};
       }
-      values_[id] = Tensor::view(t.dtype(), t.shape(), dst, arena.memory, Device::kCuda);
+      values_[id] =
+          Tensor::view(t.dtype(), t.shape(), dst, arena.memory, ctx_.allocator().device());
     }
-    ctx_.launch_uploads(uploads);
+    ctx_.uploads().launch_uploads(uploads);
   }
   GraphKey key;
   if (graphed) key = graph_key(shape.tokens, step);
@@ -321,7 +335,7 @@ std::span<const Tensor> CudaExecutor::execute(std::span<const Tensor> inputs,
     if (graph_.values[id].kind != ValueKind::kActivation || (replay && !is_output_[id])) continue;
     values_[id] =
         Tensor::view(graph_.values[id].dtype, resolve_shape(graph_.values[id].shape, bindings),
-                     base + arena.offset[id], arena.memory, Device::kCuda);
+                     base + arena.offset[id], arena.memory, ctx_.allocator().device());
   }
   const auto wall0 = std::chrono::steady_clock::now();
   if (step_begin_ != nullptr) KILN_CUDA_CHECK(cudaEventRecord(step_begin_, ctx_.stream()));
@@ -333,7 +347,7 @@ std::span<const Tensor> CudaExecutor::execute(std::span<const Tensor> inputs,
   } catch (...) {
     // A kernel refused on the host after earlier ones were queued: what they report must not
     // be blamed on the next step.
-    ctx_.abandon_step();
+    ctx_.checks().abandon_step();
     throw;
   }
   if (!events_.empty())
@@ -345,7 +359,7 @@ std::span<const Tensor> CudaExecutor::execute(std::span<const Tensor> inputs,
   // are read below), wait here.
   const bool wait = step == nullptr || (step->kv == nullptr && !step->read_on_device) ||
                     step_end_ != nullptr || !events_.empty();
-  ctx_.finish_step(graph_, wait);
+  ctx_.checks().finish_step(graph_, wait);
   const double wall_ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - wall0).count();
   if (step_end_ != nullptr) {

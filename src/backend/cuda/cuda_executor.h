@@ -2,7 +2,7 @@
 // bucket, place every activation in the bucket's arena, run the node kernels in order) with
 // device memory. Weights are device copies made once when the graph is compiled; host inputs
 // are copied into a staging area of the bucket's arena, together with the step's layout (one
-// kernel reading pinned host memory: CudaContext::launch_uploads); after the kernels the stream is
+// kernel reading pinned host memory: StepUploads::launch_uploads); after the kernels the stream is
 // drained and any bad data a kernel reported becomes a kiln::Error. Outputs are device tensors,
 // valid until the next execute().
 //
@@ -35,6 +35,11 @@ class CudaExecutor final : public Executable {
   std::span<const Tensor> execute(std::span<const Tensor> inputs, const StepContext* step) override;
   int64_t workspace_bytes() const override;
   std::vector<std::string> kernel_names() const override { return kernel_names_; }
+  // Observed steps run eagerly (the uncaptured observation mode): each observed value is copied
+  // to the host between the kernels, which a replayed graph has no place for.
+  void set_observer(ActivationObserver observer) override {
+    observer_.set(graph_, std::move(observer));
+  }
 
  private:
   struct Arena {
@@ -94,17 +99,20 @@ class CudaExecutor final : public Executable {
   bool has_attention_ = false;
   int min_heads_ = 0;     // the fewest heads of the graph's attention nodes
   int cross_layers_ = 0;  // layers of cross K/V the graph's cross attention reads
+  ObserverState observer_;
+  // Copies node n's observed value to the host and reports it (waits for the stream).
+  void observe(size_t n, const Tensor& value);
   std::map<GraphKey, StepGraph> graphs_;
   bool graphs_off_ = false;  // a capture failed: eager from then on
-  // Profiling (CudaContext::profile()): an event before every node and after the last, and the
-  // milliseconds each kernel name took over every step; the wall time of whole steps.
+  // Profiling (CudaOptions::profile, kKernels): an event before every node and after the last, and
+  // the milliseconds each kernel name took over every step; the wall time of whole steps.
   std::vector<cudaEvent_t> events_;
   std::map<std::string, double> kernel_ms_;
   std::map<std::string, double> kernel_host_ms_;  // run()'s own time on the host, same keys
   std::vector<double> node_host_ms_;              // per node, this step
   double step_ms_ = 0.0;
   int64_t steps_ = 0;
-  // Step profiling (CudaContext::profile_steps()): events around each step's launches, and per
+  // Step profiling (CudaOptions::profile, kSteps): events around each step's launches, and per
   // token count the steps, their GPU and their wall milliseconds.
   struct StepTimes {
     int64_t steps = 0;

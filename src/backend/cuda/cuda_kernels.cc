@@ -35,7 +35,7 @@ void embedding(const Launch& l) {
   const Tensor& ids = l.args.in[1];
   launch_embedding(float_type(table.dtype()), table.raw(), table.dim(0), table.dim(1),
                    index_type(ids.dtype()), ids.raw(), ids.dim(0), l.args.out[0].raw(),
-                   l.ctx.status(), l.index, l.stream());
+                   l.ctx.checks().status(), l.index, l.stream());
 }
 
 // x [n, d], rows [r] -> [r, d]
@@ -43,7 +43,7 @@ void gather_rows(const Launch& l) {
   const Tensor& x = l.args.in[0];
   const Tensor& rows = l.args.in[1];
   launch_gather_rows(float_type(x.dtype()), x.raw(), x.dim(0), x.dim(1), index_type(rows.dtype()),
-                     rows.raw(), rows.dim(0), l.args.out[0].raw(), l.ctx.status(), l.index,
+                     rows.raw(), rows.dim(0), l.args.out[0].raw(), l.ctx.checks().status(), l.index,
                      l.stream());
 }
 
@@ -124,7 +124,8 @@ void layer_norm(const Launch& l) {
   RowIndex gather;
   if (l.args.in.size() > 3 && l.args.in[3].defined()) {
     const Tensor& rows = l.args.in[3];
-    gather = {rows.raw(), index_type(rows.dtype()), l.args.in[0].dim(0), l.ctx.status(), l.index};
+    gather = {rows.raw(), index_type(rows.dtype()), l.args.in[0].dim(0), l.ctx.checks().status(),
+              l.index};
   }
   launch_layer_norm(float_type(y.dtype()), float_type(l.args.in[1].dtype()), l.args.in[0].raw(),
                     l.args.in[1].raw(), l.args.in[2].raw(), y.raw(), d > 0 ? y.numel() / d : 0, d,

@@ -15,7 +15,7 @@ class CudaKvStorage final : public KvStorage {
 
   CudaKvStorage(CudaContext& ctx, const KvGeometry& geometry);
   const KvGeometry& geometry() const override { return geometry_; }
-  Device device() const override { return Device::kCuda; }
+  Device device() const override { return ctx_.allocator().device(); }
   int64_t capacity() const override {
     return static_cast<int64_t>(chunks_.size()) * kBlocksPerChunk;
   }

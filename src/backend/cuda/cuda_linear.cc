@@ -9,8 +9,8 @@
 // type; the activation (and a bias of another type) is one elementwise kernel after the GEMM.
 // Which kernel and cuBLASLt algorithm run for n rows: the node's tactic for n, timed at build
 // time (time_linear_tactics, below; tactic_for_rows), or without one GEMV up to
-// kGemvDefaultRows (CudaContext::gemv_rows), the skinny GEMM up to kSkinnyDefaultRows
-// (CudaContext::skinny_rows) and cuBLASLt's heuristic's first algorithm above. A
+// kGemvDefaultRows (CudaOptions::gemv_rows), the skinny GEMM up to kSkinnyDefaultRows
+// (CudaOptions::skinny_rows) and cuBLASLt's heuristic's first algorithm above. A
 // folded input norm (fuse_norm_linear) rides in a one-row GEMV, which sums the row while it streams
 // the weights and applies mean and 1 / std after the product; before other GEMVs and GEMMs
 // the norm kernel (unit weight, no bias) writes the standardized rows to the node's scratch memory.
@@ -74,9 +74,9 @@ class LinearKernel final : public CudaKernel {
     bias_in_epilogue_ = has_bias && graph.values[d.operand(LinearOperand::kBias)].dtype == dtype_;
     bias_after_ = has_bias && !bias_in_epilogue_;
     for (int n = 1; n <= kGemvMaxRows; ++n)
-      gemv_split_[n] = gemv_split(float_type(dtype_), in_, out_, ctx_.multiprocessors(),
+      gemv_split_[n] = gemv_split(float_type(dtype_), in_, out_, ctx_.device().multiprocessors,
                                   ctx_.gemv_warps_per_sm(n));
-    gemv_norm_split_ = gemv_split(float_type(dtype_), in_, out_, ctx_.multiprocessors(),
+    gemv_norm_split_ = gemv_split(float_type(dtype_), in_, out_, ctx_.device().multiprocessors,
                                   ctx_.gemv_norm_warps_per_sm());
     // The wide one-row GEMV where the standard one's many small blocks would not all find room
     // beside the kernel before it (another Linear's GEMV: BLOOM's q/k/v, dense_h_to_4h and
@@ -87,8 +87,9 @@ class LinearKernel final : public CudaKernel {
         node_index_ > 0 && static_cast<size_t>(node_index_) < graph.nodes.size() &&
         graph.nodes[static_cast<size_t>(node_index_) - 1].op == OpKind::kLinear;
     const int64_t wide_blocks = gemv_wide_blocks(float_type(dtype_), in_, out_);
-    gemv_wide_ = ctx_.gemv_wide() == 2 || (ctx_.gemv_wide() == 1 && after_linear &&
-                                           2 * wide_blocks >= ctx_.multiprocessors());
+    gemv_wide_ =
+        ctx_.options().gemv_wide == 2 || (ctx_.options().gemv_wide == 1 && after_linear &&
+                                          2 * wide_blocks >= ctx_.device().multiprocessors);
 
     const LinearAttrs& attrs = node_.attr<LinearAttrs>();
     norm_ = d.epilogue.norm;
@@ -100,8 +101,8 @@ class LinearKernel final : public CudaKernel {
       // The norm kernel's unit weight and zero bias, for the steps that standardize x first
       // (f32 with a norm scale: that is then the norm kernel's weight).
       const DType t = norm_scaled_ ? DType::kF32 : dtype_;
-      unit_ = ctx_.filled_vector(t, in_, 1.0f);
-      zero_ = ctx_.filled_vector(t, in_, 0.0f);
+      unit_ = ctx_.weights().filled_vector(t, in_, 1.0f);
+      zero_ = ctx_.weights().filled_vector(t, in_, 0.0f);
     }
     tactics_ = attrs.tactics;
     const cublasComputeType_t compute =
@@ -182,7 +183,7 @@ class LinearKernel final : public CudaKernel {
                residual ? residual->raw() : nullptr, y.raw()};
     if (rows != nullptr) {
       KILN_CHECK(residual == nullptr, "node '{}': gathered rows take no residual", node_.name);
-      o.x_rows = {rows->raw(), index_type(rows->dtype()), x.numel() / in_, ctx_.status(),
+      o.x_rows = {rows->raw(), index_type(rows->dtype()), x.numel() / in_, ctx_.checks().status(),
                   node_index_};
       o.gathered = scratch + at.gathered;
     }
@@ -229,7 +230,7 @@ class LinearKernel final : public CudaKernel {
     const auto sums = norm_ ? ctx_.allocator().allocate(sums_bytes) : nullptr;
     const auto normed = norm_ ? buffer(max_rows * in_) : nullptr;
     int l2 = 0;
-    KILN_CUDA_CHECK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, ctx_.device_index()));
+    KILN_CUDA_CHECK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, ctx_.device().ordinal));
     const size_t flush_bytes = 2 * static_cast<size_t>(std::max(l2, 1 << 20));
     const auto flush = ctx_.allocator().allocate(flush_bytes);
     cudaEvent_t start = nullptr, stop = nullptr;
@@ -271,7 +272,7 @@ class LinearKernel final : public CudaKernel {
       constexpr float kClearWin = 0.9f;
       std::vector<LinearTactic> timed;
       std::optional<LinearTactic> gemv;
-      if (n <= kGemvMaxRows && ctx_.use_gemv() &&
+      if (n <= kGemvMaxRows && ctx_.options().gemv &&
           gemv_fits(float_type(dtype_), x.get(), w.raw(), in_)) {
         const LinearTactic chosen{n, "gemv", "", 0.0f};
         gemv = LinearTactic{n, "gemv", "", time([&] {
@@ -280,14 +281,14 @@ class LinearKernel final : public CudaKernel {
                             })};
       }
       std::optional<LinearTactic> skinny;
-      if (ctx_.skinny_rows() > 0 && skinny_applies(n, x.get(), w.raw())) {
+      if (ctx_.options().skinny_rows > 0 && skinny_applies(n, x.get(), w.raw())) {
         const LinearTactic chosen{n, "skinny", "", 0.0f};
         skinny = LinearTactic{n, "skinny", "", time([&] {
                                 run_rows(n, o, &chosen);
                                 return true;
                               })};
       }
-      const bool gemv_first = gemv && n <= ctx_.gemv_rows();
+      const bool gemv_first = gemv && n <= ctx_.options().gemv_rows;
       const bool skinny_default = !gemv_first && skinny && skinny_first(n);
       // Where the skinny GEMM is the untuned choice it stays: timed alone it cannot show the
       // overlap it is built for (its first weights load while the kernel before it ends), and
@@ -353,7 +354,7 @@ class LinearKernel final : public CudaKernel {
   // n rows on the GEMV, which takes a folded norm itself where it can, on the skinny GEMM, which
   // reads gathered rows itself, or on cuBLASLt.
   void run_rows(int64_t n, const Operands& o, const LinearTactic* tactic) {
-    if (gemv_runs(n, o.x, o.w, tactic) && (!o.norm.on || ctx_.use_gemv_norm()) &&
+    if (gemv_runs(n, o.x, o.w, tactic) && (!o.norm.on || ctx_.options().gemv_norm) &&
         launch_gemv_for(n, o))
       return;
     if (!o.norm.on && skinny_runs(n, o.x, o.w, tactic)) {
@@ -414,8 +415,8 @@ class LinearKernel final : public CudaKernel {
   // Whether n rows run on kiln's GEMV: few enough, operands that fit it, and the tactic for n
   // chose it (without one: up to gemv_rows()).
   bool gemv_runs(int64_t n, const void* x, const void* w, const LinearTactic* tactic) const {
-    return n <= kGemvMaxRows && ctx_.use_gemv() && gemv_fits(float_type(dtype_), x, w, in_) &&
-           (tactic != nullptr ? tactic->kernel == "gemv" : n <= ctx_.gemv_rows());
+    return n <= kGemvMaxRows && ctx_.options().gemv && gemv_fits(float_type(dtype_), x, w, in_) &&
+           (tactic != nullptr ? tactic->kernel == "gemv" : n <= ctx_.options().gemv_rows);
   }
 
   // Whether n rows can run on the skinny GEMM: fp16/bf16 operands that fit it, a bias (if any) of
@@ -426,13 +427,13 @@ class LinearKernel final : public CudaKernel {
   // Whether n rows run on it: it applies, it is not switched off (KILN_CUDA_SKINNY_ROWS=0) and
   // the tactic for n chose it (without one, skinny_first).
   bool skinny_runs(int64_t n, const void* x, const void* w, const LinearTactic* tactic) const {
-    return ctx_.skinny_rows() > 0 && skinny_applies(n, x, w) &&
+    return ctx_.options().skinny_rows > 0 && skinny_applies(n, x, w) &&
            (tactic != nullptr ? tactic->kernel == "skinny" : skinny_first(n));
   }
   // The untuned choice: past the GEMV's rows (kGemvMaxRows), up to skinny_rows(). (Rows 6-8
   // stay on cuBLASLt untuned and timed against the GEMV and the skinny GEMM in tuned plans:
   // the skinny GEMM is measured at 16 rows, not there.)
-  bool skinny_first(int64_t n) const { return n > kGemvMaxRows && n <= ctx_.skinny_rows(); }
+  bool skinny_first(int64_t n) const { return n > kGemvMaxRows && n <= ctx_.options().skinny_rows; }
 
   void launch_skinny_for(int64_t n, const Operands& o) {
     SkinnyParams p{};
@@ -449,13 +450,13 @@ class LinearKernel final : public CudaKernel {
     p.has_act = activation_.has_value();
     p.act = act_fn(activation_.value_or(Activation::kRelu));
     p.x_rows = o.x_rows;
-    p.sms = ctx_.multiprocessors();
+    p.sms = ctx_.device().multiprocessors;
     launch_skinny(p, ctx_.kernel_stream());
   }
 
   // The tactic for n rows (tactic_for_rows); null without tactics.
   const LinearTactic* tactic_for(int64_t n) const {
-    return tactic_for_rows(tactics_, n, ctx_.inexact_tactics());
+    return tactic_for_rows(tactics_, n, ctx_.options().inexact_tactics);
   }
 
   // False, launching nothing, when the GEMV cannot take o's folded norm.
@@ -496,10 +497,11 @@ class LinearKernel final : public CudaKernel {
     }
     const float alpha = 1.0f, beta = o.residual ? 1.0f : 0.0f;
     const void* c = o.residual ? o.residual : o.y;
-    ctx_.note_library_launch();  // whether or not it enqueued: the next kiln launch is plain
+    ctx_.launch()
+        .note_library_launch();  // whether or not it enqueued: the next kiln launch is plain
     const cublasStatus_t st = cublasLtMatmul(
-        ctx_.blas(), desc_, &alpha, o.w, a_, o.x, plan.b, &beta, c, plan.c, o.y, plan.c, &algo,
-        ctx_.blas_workspace(), ctx_.blas_workspace_bytes(), ctx_.stream());
+        ctx_.blas().handle(), desc_, &alpha, o.w, a_, o.x, plan.b, &beta, c, plan.c, o.y, plan.c,
+        &algo, ctx_.blas().workspace(), ctx_.blas().workspace_bytes(), ctx_.stream());
     if (!checked && st != CUBLAS_STATUS_SUCCESS) return false;
     KILN_CUBLAS_CHECK(st);
     if (bias_after_ || activation_) {
@@ -547,7 +549,7 @@ class LinearKernel final : public CudaKernel {
                                                  static_cast<uint64_t>(n), out_));
     cublasLtMatmulPreference_t pref = nullptr;
     KILN_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-    const size_t ws = ctx_.blas_workspace_bytes();
+    const size_t ws = ctx_.blas().workspace_bytes();
     KILN_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
         pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
     // The heuristic assumes 256-byte aligned operands unless told: activations are only
@@ -563,8 +565,8 @@ class LinearKernel final : public CudaKernel {
     constexpr int kCandidates = 8;
     cublasLtMatmulHeuristicResult_t results[kCandidates] = {};
     int found = 0;
-    const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(ctx_.blas(), desc_, a_, p.b, p.c, p.c,
-                                                             pref, kCandidates, results, &found);
+    const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(
+        ctx_.blas().handle(), desc_, a_, p.b, p.c, p.c, pref, kCandidates, results, &found);
     cublasLtMatmulPreferenceDestroy(pref);
     if (st != CUBLAS_STATUS_SUCCESS || found == 0) {
       cublasLtMatrixLayoutDestroy(p.b);
@@ -581,7 +583,7 @@ class LinearKernel final : public CudaKernel {
     cublasLtMatmulHeuristicResult_t check{};
     if (tactic != nullptr && tactic->kernel == "cublaslt") {
       if (parse_algo(tactic->algo, &tuned) &&
-          cublasLtMatmulAlgoCheck(ctx_.blas(), desc_, a_, p.b, p.c, p.c, &tuned, &check) ==
+          cublasLtMatmulAlgoCheck(ctx_.blas().handle(), desc_, a_, p.b, p.c, p.c, &tuned, &check) ==
               CUBLAS_STATUS_SUCCESS &&
           check.workspaceSize <= ws) {
         p.algo = tuned;
@@ -627,10 +629,10 @@ std::vector<LinearTactic> time_linear_tactics(const Graph& graph, const Node& no
   LinearKernel kernel(node, ctx);
   kernel.prepare(graph);
   const LinearDesc d = describe_linear(node);
-  const Tensor w = ctx.device_weight(graph.values[d.operand(LinearOperand::kWeight)].data);
+  const Tensor w = ctx.weights().device_weight(graph.values[d.operand(LinearOperand::kWeight)].data);
   const bool has_bias = d.has(LinearOperand::kBias);
   const Tensor bias =
-      has_bias ? ctx.device_weight(graph.values[d.operand(LinearOperand::kBias)].data) : Tensor();
+      has_bias ? ctx.weights().device_weight(graph.values[d.operand(LinearOperand::kBias)].data) : Tensor();
   const bool residual = d.has(LinearOperand::kResidual);
   return kernel.time_tactics(rows, w, has_bias ? &bias : nullptr, residual);
 }

@@ -1,11 +1,8 @@
-// CudaContext's token selection where the logits live (select.cu's kernels): the greedy argmax
-// of decode steps, whose ids reach pinned host memory from the kernel itself, and the k best
-// tokens of each row for sampling and beam search.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 
-#include "backend/cuda/cuda_context.h"
+#include "backend/cuda/cuda_select.h"
 
 namespace kiln::cuda {
 
@@ -17,16 +14,47 @@ static BannedIds banned_ids(std::span<const int64_t> banned) {
   return ids;
 }
 
-void CudaContext::argmax_rows(const Tensor& logits, std::span<int64_t> out,
-                              std::span<const int64_t> banned,
-                              std::span<const uint8_t> banned_rows) {
-  start_argmax_rows(logits, banned, banned_rows);
-  finish_argmax_rows(out);
+CudaTokenSelector::CudaTokenSelector(CudaContext& ctx) : ctx_(ctx) {
+  KILN_CUDA_CHECK(cudaEventCreateWithFlags(&argmax_copied_, cudaEventDisableTiming));
+  for (cudaEvent_t& e : gather_copied_)
+    KILN_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
 }
 
-Tensor CudaContext::start_argmax_rows(const Tensor& logits, std::span<const int64_t> banned,
-                                      std::span<const uint8_t> banned_rows) {
-  KILN_CHECK(logits.device() == Device::kCuda && logits.rank() == 2, "argmax_rows: {} logits {}",
+CudaTokenSelector::~CudaTokenSelector() {
+  // Device buffers go back to the allocator while its stream exists, and nothing queued may
+  // still write the pinned ones.
+  cudaStreamSynchronize(ctx_.stream());
+  argmax_device_.reset();
+  topk_device_.reset();
+  edits_device_.reset();
+  cudaFreeHost(argmax_host_);
+  cudaFreeHost(gather_host_);
+  for (cudaEvent_t e : gather_copied_)
+    if (e != nullptr) cudaEventDestroy(e);
+  if (argmax_copied_ != nullptr) cudaEventDestroy(argmax_copied_);
+}
+
+bool CudaTokenSelector::argmax_rows(const Tensor& logits, std::span<int64_t> out,
+                                    std::span<const int64_t> banned,
+                                    std::span<const uint8_t> banned_rows) {
+  if (!on_device(logits) || banned.size() > BannedIds::kMax) return false;
+  start_argmax(logits, banned, banned_rows);
+  finish_argmax(out);
+  return true;
+}
+
+bool CudaTokenSelector::start_argmax_rows(const Tensor& logits, std::span<const int64_t> banned,
+                                          std::span<const uint8_t> banned_rows, Tensor* ids) {
+  if (!on_device(logits) || banned.size() > BannedIds::kMax) return false;
+  *ids = start_argmax(logits, banned, banned_rows);
+  return true;
+}
+
+void CudaTokenSelector::finish_argmax_rows(std::span<int64_t> out) { finish_argmax(out); }
+
+Tensor CudaTokenSelector::start_argmax(const Tensor& logits, std::span<const int64_t> banned,
+                                       std::span<const uint8_t> banned_rows) {
+  KILN_CHECK(on_device(logits) && logits.rank() == 2, "argmax_rows: {} logits {}",
              kiln::device_name(logits.device()), shape_str(logits.shape()));
   const size_t rows = static_cast<size_t>(logits.dim(0));
   KILN_CHECK(banned.size() <= static_cast<size_t>(BannedIds::kMax) &&
@@ -36,16 +64,16 @@ Tensor CudaContext::start_argmax_rows(const Tensor& logits, std::span<const int6
   const size_t scratch = argmax_scratch_bytes(logits.dim(0), logits.dim(1));
   if (rows > argmax_capacity_ || scratch > argmax_scratch_capacity_) {
     // The last start's kernels may still write its buffers.
-    KILN_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    KILN_CUDA_CHECK(cudaStreamSynchronize(ctx_.stream()));
     argmax_capacity_ = std::max<size_t>({rows, argmax_capacity_, 256});
     argmax_scratch_capacity_ = std::max(scratch, argmax_scratch_capacity_);
     // The ids, then one flag byte per row (device and pinned host alike), then the rows'
     // counters of finished blocks (zeroed once here; each launch leaves them zero) and the
     // chunks' keys (device only, each from a 256-byte boundary).
     const size_t bytes = argmax_capacity_ * (sizeof(long long) + 1);
-    argmax_device_ = allocator_.allocate(argmax_keys_offset() + argmax_scratch_capacity_);
+    argmax_device_ = ctx_.allocator().allocate(argmax_keys_offset() + argmax_scratch_capacity_);
     KILN_CUDA_CHECK(cudaMemsetAsync(static_cast<char*>(argmax_device_.get()) + argmax_done_offset(),
-                                    0, argmax_capacity_ * sizeof(unsigned int), stream_));
+                                    0, argmax_capacity_ * sizeof(unsigned int), ctx_.stream()));
     cudaFreeHost(argmax_host_);
     argmax_host_ = nullptr;
     void* host = nullptr;
@@ -53,9 +81,10 @@ Tensor CudaContext::start_argmax_rows(const Tensor& logits, std::span<const int6
     argmax_host_ = static_cast<unsigned char*>(host);
   }
   argmax_started_ = rows;
-  argmax_after_ = checks_made_;
+  argmax_after_ = ctx_.checks().made();
   auto* ids = static_cast<long long*>(argmax_device_.get());
-  if (rows == 0) return Tensor::view(DType::kI64, {0}, ids, argmax_device_, Device::kCuda);
+  if (rows == 0)
+    return Tensor::view(DType::kI64, {0}, ids, argmax_device_, ctx_.allocator().device());
   unsigned char* flags = nullptr;
   BannedIds ban{};
   RowMask mask{};
@@ -72,7 +101,7 @@ Tensor CudaContext::start_argmax_rows(const Tensor& logits, std::span<const int6
       flags = reinterpret_cast<unsigned char*>(ids + argmax_capacity_);
       unsigned char* staged = argmax_host_ + argmax_capacity_ * sizeof(long long);
       std::memcpy(staged, banned_rows.data(), rows);
-      KILN_CUDA_CHECK(cudaMemcpyAsync(flags, staged, rows, cudaMemcpyHostToDevice, stream_));
+      KILN_CUDA_CHECK(cudaMemcpyAsync(flags, staged, rows, cudaMemcpyHostToDevice, ctx_.stream()));
     }
   }
   // The decode kernel writes the ids to the pinned host buffer too (mapped: pinned memory is
@@ -83,13 +112,13 @@ Tensor CudaContext::start_argmax_rows(const Tensor& logits, std::span<const int6
                      flags, mask, static_cast<char*>(argmax_device_.get()) + argmax_keys_offset(),
                      reinterpret_cast<unsigned int*>(static_cast<char*>(argmax_device_.get()) +
                                                      argmax_done_offset()),
-                     ids, reinterpret_cast<long long*>(argmax_host_), kernel_stream());
-  KILN_CUDA_CHECK(cudaEventRecord(argmax_copied_, stream_));
+                     ids, reinterpret_cast<long long*>(argmax_host_), ctx_.kernel_stream());
+  KILN_CUDA_CHECK(cudaEventRecord(argmax_copied_, ctx_.stream()));
   return Tensor::view(DType::kI64, {static_cast<int64_t>(rows)}, ids, argmax_device_,
-                      Device::kCuda);
+                      ctx_.allocator().device());
 }
 
-void CudaContext::finish_argmax_rows(std::span<int64_t> out) {
+void CudaTokenSelector::finish_argmax(std::span<int64_t> out) {
   KILN_CHECK(out.size() == argmax_started_, "finish_argmax_rows: {} outputs for {} rows",
              out.size(), argmax_started_);
   if (out.empty()) return;
@@ -98,17 +127,17 @@ void CudaContext::finish_argmax_rows(std::span<int64_t> out) {
   // The checks of the steps queued before the argmax are due (their copies came before its
   // ids'); a step queued after it (run-ahead) stays pending, even if it has finished: its
   // errors are its own read's.
-  while (pending_ > 0 && checks_[first_check_].number <= argmax_after_) check_oldest();
+  ctx_.checks().check_through(argmax_after_);
   std::memcpy(out.data(), argmax_host_, out.size() * sizeof(int64_t));
 }
 
-void CudaContext::top_k_rows(const Tensor& logits, int k, std::span<const float> temperature,
-                             std::span<const int64_t> banned, std::span<const uint8_t> banned_rows,
-                             TopKRows* out) {
+bool CudaTokenSelector::top_k_rows(const Tensor& logits, int k, std::span<const float> temperature,
+                                   std::span<const int64_t> banned,
+                                   std::span<const uint8_t> banned_rows, TopKRows* out) {
+  if (!on_device(logits) || k < 1 || k > kMaxTopK || banned.size() > BannedIds::kMax) return false;
   const size_t rows = logits.rank() == 2 ? static_cast<size_t>(logits.dim(0)) : 0;
-  KILN_CHECK(logits.device() == Device::kCuda && logits.rank() == 2 && k >= 1 && k <= kMaxTopK,
-             "top_k_rows: {} logits {}, k {} (1..{})", kiln::device_name(logits.device()),
-             shape_str(logits.shape()), k, kMaxTopK);
+  KILN_CHECK(logits.rank() == 2, "top_k_rows: {} logits {}, k {} (1..{})",
+             kiln::device_name(logits.device()), shape_str(logits.shape()), k, kMaxTopK);
   KILN_CHECK((temperature.empty() || temperature.size() == rows) &&
                  banned.size() <= static_cast<size_t>(BannedIds::kMax) &&
                  (banned_rows.empty() || banned_rows.size() == rows),
@@ -118,7 +147,7 @@ void CudaContext::top_k_rows(const Tensor& logits, int k, std::span<const float>
   out->ids.assign(rows * static_cast<size_t>(k), -1);
   out->values.assign(rows * static_cast<size_t>(k), -INFINITY);
   out->log_norm.assign(rows, 0.0f);
-  if (rows == 0) return;
+  if (rows == 0) return true;
   const bool ban = !banned.empty() && !banned_rows.empty();
   auto align = [](size_t n) { return (n + 255) / 256 * 256; };
   // Inputs (temperatures, row flags), scratch, then the results in one piece to copy back.
@@ -128,7 +157,7 @@ void CudaContext::top_k_rows(const Tensor& logits, int k, std::span<const float>
       rows * static_cast<size_t>(k) * (sizeof(float) + sizeof(int)) + rows * sizeof(float);
   if (in_bytes + scratch_bytes + result_bytes > topk_capacity_) {
     topk_capacity_ = in_bytes + scratch_bytes + result_bytes;
-    topk_device_ = allocator_.allocate(topk_capacity_);
+    topk_device_ = ctx_.allocator().allocate(topk_capacity_);
   }
   auto* base = static_cast<unsigned char*>(topk_device_.get());
   topk_host_.resize(std::max(in_bytes, result_bytes));
@@ -136,7 +165,7 @@ void CudaContext::top_k_rows(const Tensor& logits, int k, std::span<const float>
   if (ban) std::memcpy(topk_host_.data() + rows * sizeof(float), banned_rows.data(), rows);
   if (!temperature.empty() || ban)
     KILN_CUDA_CHECK(cudaMemcpyAsync(base, topk_host_.data(), rows * sizeof(float) + rows,
-                                    cudaMemcpyHostToDevice, stream_));
+                                    cudaMemcpyHostToDevice, ctx_.stream()));
   const BannedIds ids = ban ? banned_ids(banned) : BannedIds{};
   unsigned char* result = base + in_bytes + scratch_bytes;
   auto* values = reinterpret_cast<float*>(result);
@@ -145,22 +174,25 @@ void CudaContext::top_k_rows(const Tensor& logits, int k, std::span<const float>
   launch_topk_rows(float_type(logits.dtype()), logits.raw(), logits.dim(0), logits.dim(1), k,
                    temperature.empty() ? nullptr : reinterpret_cast<const float*>(base), ids,
                    ban ? base + rows * sizeof(float) : nullptr, base + in_bytes, values, columns,
-                   log_norm, kernel_stream());
+                   log_norm, ctx_.kernel_stream());
   KILN_CUDA_CHECK(cudaGetLastError());
-  KILN_CUDA_CHECK(
-      cudaMemcpyAsync(topk_host_.data(), result, result_bytes, cudaMemcpyDeviceToHost, stream_));
-  synchronize();
+  KILN_CUDA_CHECK(cudaMemcpyAsync(topk_host_.data(), result, result_bytes, cudaMemcpyDeviceToHost,
+                                  ctx_.stream()));
+  ctx_.checks().synchronize();
   const size_t n = rows * static_cast<size_t>(k);
   std::memcpy(out->values.data(), topk_host_.data(), n * sizeof(float));
   const auto* host_columns = reinterpret_cast<const int*>(topk_host_.data() + n * sizeof(float));
   for (size_t i = 0; i < n; ++i) out->ids[i] = host_columns[i];
   std::memcpy(out->log_norm.data(), topk_host_.data() + n * (sizeof(float) + sizeof(int)),
               rows * sizeof(float));
+  return true;
 }
 
-void CudaContext::edit_logits_rows(Tensor& logits, std::span<const RowEdit> edits) {
-  KILN_CHECK(logits.device() == Device::kCuda, "edit_logits_rows: {} logits on the CUDA backend",
-             kiln::device_name(logits.device()));
+void CudaTokenSelector::edit_logits_rows(Tensor& logits, std::span<const RowEdit> edits) {
+  if (!on_device(logits)) {
+    TokenSelector::edit_logits_rows(logits, edits);
+    return;
+  }
   check_row_edits(logits, edits);
   if (edits.empty()) return;
   std::vector<LogitEdit> heads(edits.size());
@@ -187,7 +219,7 @@ void CudaContext::edit_logits_rows(Tensor& logits, std::span<const RowEdit> edit
     // Kernels queued before may still read the old buffer: the allocator's buffers are freed
     // in stream order (as topk_device_'s are).
     edits_capacity_ = std::max<size_t>(bytes, 4096);
-    edits_device_ = allocator_.allocate(edits_capacity_);
+    edits_device_ = ctx_.allocator().allocate(edits_capacity_);
   }
   edits_host_.resize(bytes);
   std::memcpy(edits_host_.data(), heads.data(), heads.size() * sizeof(LogitEdit));
@@ -197,26 +229,26 @@ void CudaContext::edit_logits_rows(Tensor& logits, std::span<const RowEdit> edit
   // reused by the next call.
   auto* base = static_cast<unsigned char*>(edits_device_.get());
   KILN_CUDA_CHECK(
-      cudaMemcpyAsync(base, edits_host_.data(), bytes, cudaMemcpyHostToDevice, stream_));
+      cudaMemcpyAsync(base, edits_host_.data(), bytes, cudaMemcpyHostToDevice, ctx_.stream()));
   launch_edit_logits(static_cast<float*>(logits.raw()), logits.dim(1),
                      reinterpret_cast<const LogitEdit*>(base), static_cast<int>(heads.size()),
-                     reinterpret_cast<const long long*>(base + head_bytes), kernel_stream());
+                     reinterpret_cast<const long long*>(base + head_bytes), ctx_.kernel_stream());
   KILN_CUDA_CHECK(cudaGetLastError());
 }
 
-Tensor CudaContext::gather_ids(const Tensor& ids, std::span<const int64_t> keep,
-                               std::span<const int64_t> tail) {
-  KILN_CHECK(ids.device() == Device::kCuda && ids.dtype() == DType::kI64 && ids.rank() == 1,
-             "gather_ids: {} {} ids {}", kiln::device_name(ids.device()), dtype_name(ids.dtype()),
-             shape_str(ids.shape()));
+Tensor CudaTokenSelector::gather_ids(const Tensor& ids, std::span<const int64_t> keep,
+                                     std::span<const int64_t> tail) {
+  if (!on_device(ids)) return TokenSelector::gather_ids(ids, keep, tail);
+  KILN_CHECK(ids.dtype() == DType::kI64 && ids.rank() == 1, "gather_ids: {} {} ids {}",
+             kiln::device_name(ids.device()), dtype_name(ids.dtype()), shape_str(ids.shape()));
   const int64_t n = static_cast<int64_t>(keep.size() + tail.size());
-  std::shared_ptr<void> out =
-      allocator_.allocate_raw(static_cast<size_t>(std::max<int64_t>(n, 1)) * sizeof(long long));
+  std::shared_ptr<void> out = ctx_.allocator().allocate_raw(
+      static_cast<size_t>(std::max<int64_t>(n, 1)) * sizeof(long long));
   auto* dst = static_cast<long long*>(out.get());
   const auto* src = static_cast<const long long*>(ids.raw());
   UploadList list;
   auto add = [&](const void* from, void* to, int64_t count, bool host) {
-    if (list.count == UploadList::kMax) launch_uploads(list);
+    if (list.count == UploadList::kMax) ctx_.uploads().launch_uploads(list);
     list.part[list.count++] = {from, to, count * static_cast<long long>(sizeof(long long)), host};
   };
   // Runs of consecutive kept rows, one part each.
@@ -234,7 +266,7 @@ Tensor CudaContext::gather_ids(const Tensor& ids, std::span<const int64_t> keep,
     gather_half_ ^= 1;
     if (tail.size() > gather_half_ids_) {
       // Both halves' uploads may still be queued.
-      KILN_CUDA_CHECK(cudaStreamSynchronize(stream_));
+      KILN_CUDA_CHECK(cudaStreamSynchronize(ctx_.stream()));
       cudaFreeHost(gather_host_);
       gather_host_ = nullptr;
       gather_half_ids_ = std::max<size_t>(2 * tail.size(), 4096);
@@ -248,9 +280,9 @@ Tensor CudaContext::gather_ids(const Tensor& ids, std::span<const int64_t> keep,
     for (size_t i = 0; i < tail.size(); ++i) staged[i] = tail[i];
     add(staged, dst + keep.size(), static_cast<int64_t>(tail.size()), true);
   }
-  launch_uploads(list);
-  if (half >= 0) KILN_CUDA_CHECK(cudaEventRecord(gather_copied_[half], stream_));
-  return Tensor::view(DType::kI64, {n}, dst, out, Device::kCuda);
+  ctx_.uploads().launch_uploads(list);
+  if (half >= 0) KILN_CUDA_CHECK(cudaEventRecord(gather_copied_[half], ctx_.stream()));
+  return Tensor::view(DType::kI64, {n}, dst, out, ctx_.allocator().device());
 }
 
 }  // namespace kiln::cuda

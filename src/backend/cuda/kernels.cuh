@@ -42,7 +42,7 @@ struct KernelStream {
   cudaStream_t stream = nullptr;
   bool programmatic = false;
   bool* after_library = nullptr;
-  int64_t* launches = nullptr;  // counts the kernels launched (CudaContext::layout_visible)
+  int64_t* launches = nullptr;  // counts the kernels launched (LaunchStream::layout_visible)
   KernelStream() = default;
   KernelStream(cudaStream_t s) : stream(s) {}  // NOLINT(google-explicit-constructor)
   KernelStream(cudaStream_t s, bool pdl, bool* after, int64_t* count = nullptr)
@@ -283,14 +283,14 @@ struct AttentionParams {
   bool warp_rows;
   // Whether the step's layout (and the cache rows earlier steps wrote) are visible to this
   // kernel before its programmatic-launch wait: a kiln kernel ran between the step's uploads and
-  // this one (CudaContext::layout_visible). Otherwise the warp kernel waits before reading them.
+  // this one (LaunchStream::layout_visible). Otherwise the warp kernel waits before reading them.
   bool layout_visible;
   int sms;  // the GPU's multiprocessors (the warp kernel's block size follows the step's blocks)
   // The warp kernel's warps per block when the step has a block per SM or fewer: 0 (default)
   // the fewest of 8 and 16 that score key_bound keys in one pass; 16, 8 or 4 forced (A/B runs).
   int warps_forced;
   // The step's longest key count rounded up to kKeyBucketSize (a CUDA graph is captured per
-  // bucket: CudaContext::step_key_bucket); above kMaxKeyBuckets buckets, more than that.
+  // bucket: StepUploads::step_key_bucket); above kMaxKeyBuckets buckets, more than that.
   int64_t key_bound;
 };
 // Decode attention over long contexts splits each (row, head) along its keys: shares of at

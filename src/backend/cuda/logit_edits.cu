@@ -1,4 +1,4 @@
-// HuggingFace's logits processors on the device (Backend::edit_logits_rows): one block per
+// HuggingFace's logits processors on the device (TokenSelector::edit_logits_rows): one block per
 // edited row, in RowEdit's order (log-softmax, repetition penalty, bans, forced ids, suppressed
 // ids), so that the argmax and top-k kernels after it choose from the processed row and no row
 // crosses to the host.

@@ -1,5 +1,5 @@
-// The Backend interface's default behaviour.
-#include "backend/backend.h"
+// Token selection on the host: TokenSelector's own methods.
+#include "backend/token_selector.h"
 
 #include <algorithm>
 #include <cmath>
@@ -9,26 +9,25 @@ namespace kiln {
 
 // A backend that computes as it is called: the argmax runs at the start, its ids stay on the
 // host.
-bool Backend::start_argmax_rows(const Tensor& logits, std::span<const int64_t> banned,
-                                std::span<const uint8_t> banned_rows, Tensor* ids) {
+bool TokenSelector::start_argmax_rows(const Tensor& logits, std::span<const int64_t> banned,
+                                      std::span<const uint8_t> banned_rows, Tensor* ids) {
   started_ids_.assign(logits.rank() == 2 ? static_cast<size_t>(logits.dim(0)) : 0, -1);
   if (!argmax_rows(logits, started_ids_, banned, banned_rows)) return false;
   *ids = Tensor::from_vector(started_ids_, {static_cast<int64_t>(started_ids_.size())});
   return true;
 }
 
-void Backend::finish_argmax_rows(std::span<int64_t> out) {
+void TokenSelector::finish_argmax_rows(std::span<int64_t> out) {
   KILN_CHECK(out.size() == started_ids_.size(), "finish_argmax_rows: {} outputs for {} rows",
              out.size(), started_ids_.size());
   std::copy(started_ids_.begin(), started_ids_.end(), out.begin());
 }
 
-Tensor Backend::gather_ids(const Tensor& ids, std::span<const int64_t> keep,
-                           std::span<const int64_t> tail) {
+Tensor TokenSelector::gather_ids(const Tensor& ids, std::span<const int64_t> keep,
+                                 std::span<const int64_t> tail) {
   KILN_CHECK(ids.device() == Device::kCpu && ids.dtype() == DType::kI64 && ids.rank() == 1,
-             "gather_ids: {} {} ids {} (the {} backend gathers host ids)",
-             device_name(ids.device()), dtype_name(ids.dtype()), shape_str(ids.shape()),
-             device_name(device()));
+             "gather_ids: {} {} ids {} (this selector gathers host ids)", device_name(ids.device()),
+             dtype_name(ids.dtype()), shape_str(ids.shape()));
   const auto* src = static_cast<const int64_t*>(ids.raw());
   std::vector<int64_t> out;
   out.reserve(keep.size() + tail.size());
@@ -79,10 +78,10 @@ void edit_logits_row(std::span<float> x, const RowEdit& e) {
   for (int64_t id : e.suppressed) x[static_cast<size_t>(id)] = kNegInf;
 }
 
-void Backend::edit_logits_rows(Tensor& logits, std::span<const RowEdit> edits) {
+void TokenSelector::edit_logits_rows(Tensor& logits, std::span<const RowEdit> edits) {
   if (edits.empty()) return;
   KILN_CHECK(logits.device() == Device::kCpu,
-             "edit_logits_rows: this backend has no kernel for {} logits",
+             "edit_logits_rows: this selector has no kernel for {} logits",
              device_name(logits.device()));
   check_row_edits(logits, edits);
   const size_t vocab = static_cast<size_t>(logits.dim(1));

@@ -1,0 +1,91 @@
+#include "backend/cuda/cuda_common.h"
+
+namespace kiln::cuda {
+
+void check_cuda(cudaError_t err, const char* call, const char* file, int line) {
+  if (err == cudaSuccess) return;
+  cudaGetLastError();  // clear a sticky-free error so the next call starts clean
+  KILN_FAIL("CUDA error {} ({}) in {} at {}:{}", cudaGetErrorName(err), cudaGetErrorString(err),
+            call, file, line);
+}
+
+const char* cublas_status_name(cublasStatus_t status) {
+  switch (status) {
+    case CUBLAS_STATUS_SUCCESS:
+      return "CUBLAS_STATUS_SUCCESS";
+    case CUBLAS_STATUS_NOT_INITIALIZED:
+      return "CUBLAS_STATUS_NOT_INITIALIZED";
+    case CUBLAS_STATUS_ALLOC_FAILED:
+      return "CUBLAS_STATUS_ALLOC_FAILED";
+    case CUBLAS_STATUS_INVALID_VALUE:
+      return "CUBLAS_STATUS_INVALID_VALUE";
+    case CUBLAS_STATUS_ARCH_MISMATCH:
+      return "CUBLAS_STATUS_ARCH_MISMATCH";
+    case CUBLAS_STATUS_MAPPING_ERROR:
+      return "CUBLAS_STATUS_MAPPING_ERROR";
+    case CUBLAS_STATUS_EXECUTION_FAILED:
+      return "CUBLAS_STATUS_EXECUTION_FAILED";
+    case CUBLAS_STATUS_INTERNAL_ERROR:
+      return "CUBLAS_STATUS_INTERNAL_ERROR";
+    case CUBLAS_STATUS_NOT_SUPPORTED:
+      return "CUBLAS_STATUS_NOT_SUPPORTED";
+    case CUBLAS_STATUS_LICENSE_ERROR:
+      return "CUBLAS_STATUS_LICENSE_ERROR";
+  }
+  return "an unknown cuBLAS status";
+}
+
+void check_cublas(cublasStatus_t status, const char* call, const char* file, int line) {
+  if (status == CUBLAS_STATUS_SUCCESS) return;
+  KILN_FAIL("cuBLASLt error {} in {} at {}:{}", cublas_status_name(status), call, file, line);
+}
+
+FloatType float_type(DType dtype) {
+  switch (dtype) {
+    case DType::kF32:
+      return FloatType::kF32;
+    case DType::kF16:
+      return FloatType::kF16;
+    case DType::kBF16:
+      return FloatType::kBF16;
+    case DType::kI8:
+    case DType::kI32:
+    case DType::kI64:
+    case DType::kF8E4M3:
+    case DType::kF8E5M2:
+      break;
+  }
+  KILN_FAIL("the cuda kernels take f32, f16 or bf16 tensors, not {}", dtype_name(dtype));
+}
+
+ActFn act_fn(Activation a) {
+  switch (a) {
+    case Activation::kRelu:
+      return ActFn::kRelu;
+    case Activation::kGeluTanh:
+      return ActFn::kGeluTanh;
+    case Activation::kGeluExact:
+      return ActFn::kGeluExact;
+    case Activation::kSilu:
+      return ActFn::kSilu;
+  }
+  KILN_FAIL("unknown activation {}", static_cast<int>(a));
+}
+
+IndexType index_type(DType dtype) {
+  switch (dtype) {
+    case DType::kI32:
+      return IndexType::kI32;
+    case DType::kI64:
+      return IndexType::kI64;
+    case DType::kF32:
+    case DType::kF16:
+    case DType::kBF16:
+    case DType::kI8:
+    case DType::kF8E4M3:
+    case DType::kF8E5M2:
+      break;
+  }
+  KILN_FAIL("the cuda kernels take i32 or i64 indices, not {}", dtype_name(dtype));
+}
+}  // namespace kiln::cuda

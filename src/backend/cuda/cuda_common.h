@@ -1,0 +1,27 @@
+// What every part of the CUDA backend shares: CUDA and cuBLAS errors as kiln::Errors, and the
+// kernel-side names of kiln's element types and activations.
+#pragma once
+
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+
+#include "backend/cuda/kernels.cuh"
+#include "core/tensor.h"
+#include "graph/attrs.h"
+
+namespace kiln::cuda {
+
+// Throws a kiln::Error naming the call and the CUDA / cuBLAS error.
+void check_cuda(cudaError_t err, const char* call, const char* file, int line);
+const char* cublas_status_name(cublasStatus_t status);
+void check_cublas(cublasStatus_t status, const char* call, const char* file, int line);
+#define KILN_CUDA_CHECK(call) ::kiln::cuda::check_cuda((call), #call, __FILE__, __LINE__)
+#define KILN_CUBLAS_CHECK(call) ::kiln::cuda::check_cublas((call), #call, __FILE__, __LINE__)
+
+// The kernel-side element type of a float dtype; throws for others.
+FloatType float_type(DType dtype);
+IndexType index_type(DType dtype);
+// The kernel-side function of a kiln::Activation.
+ActFn act_fn(Activation a);
+
+}  // namespace kiln::cuda

@@ -1,0 +1,79 @@
+// Every switch of the CUDA backend in one struct with its defaults (the fastest measured), filled
+// from the KILN_CUDA_* environment variables in one place (from_environment), and described for
+// `kiln bench -v` and `kiln inspect --device`. Most exist to time a change against the path
+// before it (docs/backends.md); the context reads them from here, never from the environment.
+#pragma once
+
+#include <vector>
+
+#include "backend/backend_option.h"
+#include "backend/cuda/kernels.cuh"
+
+namespace kiln::cuda {
+
+struct CudaOptions {
+  // KILN_CUDA_GRAPHS=0: decode steps are launched kernel by kernel instead of replayed from a
+  // captured CUDA graph.
+  bool graphs = true;
+  // KILN_CUDA_GEMV=0: few-row Linears run on cuBLASLt instead of kiln's GEMV (the skinny GEMM's
+  // rows are still skinny_rows').
+  bool gemv = true;
+  // KILN_CUDA_GEMV_NORM=0: a Linear's fused input norm runs as the norm kernel into scratch
+  // memory before the GEMV instead of inside it.
+  bool gemv_norm = true;
+  // KILN_CUDA_SPLIT=0: decode attention never splits along the keys.
+  bool splits = true;
+  // KILN_CUDA_WARP_ATTN=0: steps that do not take the tiled kernel run attention.cu's row
+  // kernel instead of the warp kernel (attention_warps.cu) wherever that fits.
+  bool warp_attention = true;
+  // KILN_CUDA_PDL=0: kernels wait for the one before them to finish before they start, instead
+  // of programmatic dependent launch (which needs sm_90 or newer either way).
+  bool programmatic_launch = true;
+  // KILN_CUDA_DEFER_CHECK=0: every step waits for the GPU in execute().
+  bool defer_checks = true;
+  // KILN_CUDA_TILED=0|always: which steps' attention runs on the tensor-core kernel
+  // (attention_tiled.cu): prompts large enough to fill the GPU (default), none, or every step it
+  // can run (tests of the kernel on small cases).
+  TiledAttention tiled_attention = TiledAttention::kAuto;
+  // KILN_CUDA_TILED_ROWS=32|64: query rows per block of that kernel.
+  int tiled_rows = 64;
+  // KILN_CUDA_GEMV_WIDE=0|1|2: which one-row GEMVs take the wide instance (GemvParams::wide):
+  // none, those of a Linear run right after another Linear (cuda_linear.cc), all.
+  int gemv_wide = 1;
+  // KILN_CUDA_GEMV_WARPS=N: the warps per SM a GEMV's split aims at, at every row count; 0: 16
+  // at one row, 8 at more (CudaContext::gemv_warps_per_sm).
+  int gemv_warps = 0;
+  // KILN_CUDA_GEMV_NORM_WARPS=N: the same for the one-row GEMV with a folded norm; 0: as above.
+  int gemv_norm_warps = 0;
+  // KILN_CUDA_GEMV_ROWS=1..kGemvMaxRows: the most rows a Linear without a tactic runs on the
+  // GEMV (at build time also the default the tactic timing compares against).
+  int gemv_rows = kGemvDefaultRows;
+  // KILN_CUDA_SKINNY_ROWS=0..kSkinnyMaxRows: the most rows a Linear without a tactic runs on the
+  // tensor-core skinny GEMM; 0: never, whatever the plan's tactics chose (cuBLASLt from
+  // gemv_rows + 1), and tactic timing skips it.
+  int skinny_rows = kSkinnyDefaultRows;
+  // KILN_CUDA_ATTN_WARPS=16|8|4: the batch-1 decode attention's block size; 0: the fewest of 8
+  // and 16 that cover the keys in one pass.
+  int attention_warps = 0;
+  // KILN_CUDA_TACTICS_INEXACT=1: a Linear runs the tactic of the smallest tuned row count >= its
+  // rows at every count (LinearKernel::tactic_for).
+  bool inexact_tactics = false;
+  // KILN_CUDA_UPLOAD_THREADS=N: the threads that upload a plan's weights (0: each weight alone,
+  // when first used); default half the cores, 1 to 8.
+  int upload_threads = 1;
+  // KILN_CUDA_UPLOAD_CHUNK_MB=N: the MiB an upload thread stages at a time.
+  int upload_chunk_mib = 4;
+  // KILN_CUDA_PROFILE=1: executors time every node with CUDA events (steps run eagerly) and log
+  // each kernel class's GPU and host time when they go away; =steps: whole steps only (graphs
+  // stay on), each step size's GPU time beside its wall time.
+  enum class Profile : int { kOff, kKernels, kSteps };
+  Profile profile = Profile::kOff;
+
+  // The defaults, with the variables that are set applied; throws a usage error naming a
+  // variable whose value is out of range.
+  static CudaOptions from_environment();
+  // Each option with its variable and value, in declaration order.
+  std::vector<BackendOption> describe() const;
+};
+
+}  // namespace kiln::cuda
