@@ -629,10 +629,12 @@ std::vector<LinearTactic> time_linear_tactics(const Graph& graph, const Node& no
   LinearKernel kernel(node, ctx);
   kernel.prepare(graph);
   const LinearDesc d = describe_linear(node);
-  const Tensor w = ctx.weights().device_weight(graph.values[d.operand(LinearOperand::kWeight)].data);
+  const Tensor w =
+      ctx.weights().device_weight(graph.values[d.operand(LinearOperand::kWeight)].data);
   const bool has_bias = d.has(LinearOperand::kBias);
   const Tensor bias =
-      has_bias ? ctx.weights().device_weight(graph.values[d.operand(LinearOperand::kBias)].data) : Tensor();
+      has_bias ? ctx.weights().device_weight(graph.values[d.operand(LinearOperand::kBias)].data)
+               : Tensor();
   const bool residual = d.has(LinearOperand::kResidual);
   return kernel.time_tactics(rows, w, has_bias ? &bias : nullptr, residual);
 }
