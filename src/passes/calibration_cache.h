@@ -1,8 +1,8 @@
 // The calibration cache: a calibration's result as a small text file that a later build reuses
 // instead of running the calibration prompts again (TensorRT's calibration cache).
 //
-//   kiln-calibration-cache 1 model=3f2a9c0d1e4b5a67 method=entropy
-//   decoder/decoder.block.0.layer.0.SelfAttention.q.input 0.0123456789
+//   kiln-calibration-cache 1 model=1f54aba9c3d8089e method=entropy
+//   decoder/decoder.block.0.layer.0.SelfAttention.attn 0.026299354
 //   ...
 //
 // The header names the model (calibration_fingerprint: which tensors a model calibrates and
