@@ -63,7 +63,7 @@ for cmd in frobnicate "help frobnicate"; do
   # shellcheck disable=SC2086
   expect_exit 2 "kiln $cmd" -- "$KILN" $cmd
   expect_in "$TMP/err" "unknown command 'frobnicate'" "says unknown command"
-  expect_in "$TMP/err" "build, run, eval, bench, perf, inspect, serve, tokenize" "lists the commands"
+  expect_in "$TMP/err" "build, calibrate, run, eval, bench, perf, inspect, serve, tokenize" "lists the commands"
 done
 expect_exit 2 "kiln rnu" -- "$KILN" rnu --plan x
 expect_in "$TMP/err" "did you mean run?" "suggests the closest command"

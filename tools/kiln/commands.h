@@ -25,6 +25,7 @@ using Runner = std::function<int(const GlobalOptions&)>;
 
 Runner add_tokenize(CLI::App& app);
 Runner add_build(CLI::App& app);
+Runner add_calibrate(CLI::App& app);
 Runner add_run(CLI::App& app);
 Runner add_eval(CLI::App& app);
 Runner add_inspect(CLI::App& app);

@@ -163,6 +163,7 @@ int main(int argc, char** argv) {
 
   std::map<std::string, kiln::cli::Runner> runners;
   runners["build"] = kiln::cli::add_build(app);
+  runners["calibrate"] = kiln::cli::add_calibrate(app);
   runners["run"] = kiln::cli::add_run(app);
   runners["eval"] = kiln::cli::add_eval(app);
   runners["bench"] = kiln::cli::add_bench(app);

@@ -1,0 +1,129 @@
+#include "builder/calibration_runner.h"
+
+#include <algorithm>
+
+#include "core/logging.h"
+#include "graph/linear.h"
+#include "runtime/scheduler.h"
+
+namespace kiln {
+
+ActivationStats collect_activation_stats(CompiledModel& model,
+                                         const std::vector<CalibrationPrompt>& prompts,
+                                         const CalibrationRunOptions& options) {
+  const ModelIR& ir = model.model();
+  KILN_CHECK_USAGE(ir.precision == Precision::kFp32 || ir.precision == Precision::kFp16 ||
+                       ir.precision == Precision::kBf16,
+                   "calibration runs a float plan (fp32, fp16 or bf16); this one is {}",
+                   precision_name(ir.precision));
+  KILN_CHECK_USAGE(options.batch > 0, "the calibration batch must be at least 1, got {}",
+                   options.batch);
+  KILN_CHECK_USAGE(options.new_tokens > 0,
+                   "calibration must generate at least 1 token per prompt, got {}",
+                   options.new_tokens);
+  const Logger& log = model.context().log();
+  ActivationStats stats;
+  const std::vector<std::string> names = calibrated_tensors(ir);
+  for (const std::string& name : names)
+    stats.histograms.emplace(name, AbsHistogram(options.histogram_bins));
+
+  // Every prompt is checked before anything runs.
+  const Tokenizer& tok = model.tokenizer();
+  const int64_t limit = ir.profile.max_input_tokens;
+  std::vector<std::vector<int64_t>> ids(prompts.size());
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    ids[i] = tok.encode(apply_prompt_template(ir.prompt_template, prompts[i].text));
+    const int64_t len = static_cast<int64_t>(ids[i].size());
+    KILN_CHECK_USAGE(len <= limit, "{}: the prompt is {} tokens; the plan allows at most {}",
+                     prompts[i].origin, len, limit);
+    stats.prompt_tokens += len;
+  }
+
+  ActivationObserver observer;
+  observer.selection.ops = {OpKind::kLinear};
+  observer.selection.side = ObservedSide::kInput;
+  observer.selection.slot = static_cast<int>(slot(LinearOperand::kX));
+  observer.callback = [&stats](const Observation& ob) {
+    const Node& node = ob.graph.nodes[static_cast<size_t>(ob.node)];
+    const std::string name =
+        calibrated_tensor_name(ob.graph, linear_operand(node, LinearOperand::kX));
+    auto it = stats.histograms.find(name);
+    KILN_CHECK(it != stats.histograms.end(), "calibration: Linear '{}' reads {}, not calibrated",
+               ob.node_name, name);
+    const Tensor values = ob.value.dtype() == DType::kF32 ? ob.value : ob.value.to_f32();
+    try {
+      it->second.add(
+          std::span<const float>(values.data<float>(), static_cast<size_t>(values.numel())));
+    } catch (const Error& e) {
+      throw Error(e.kind(),
+                  fmt::format("calibration: {} (input of '{}', step {}): {}", name, ob.node_name,
+                              ob.step, e.what()),
+                  e.file(), e.line());
+    }
+  };
+
+  // Greedy, bounded, one beam: the decoder's activations are those generation sees.
+  GenerationParams params = default_generation_params(model.desc());
+  params.num_beams = 1;
+  params.do_sample = false;
+  params.max_new_tokens = options.new_tokens;
+  params.max_length = 0;
+  SchedulerOptions so;
+  so.max_batch = static_cast<int>(std::min<int64_t>(options.batch, ir.profile.max_batch));
+  model.set_observer(observer);
+  struct StopObserving {
+    CompiledModel& model;
+    ~StopObserving() { model.set_observer({}); }
+  } stop{model};
+  {
+    Scheduler scheduler(model, so);
+    std::map<RequestId, size_t> index;
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      try {
+        index[scheduler.submit(ids[i], params)] = i;
+      } catch (const Error& e) {
+        throw Error(e.kind(), prompts[i].origin + ": " + e.what(), e.file(), e.line());
+      }
+    }
+    Progress progress(log, "calibrating", static_cast<int64_t>(prompts.size()), "prompts");
+    size_t done = 0;
+    while (done < prompts.size()) {
+      for (GenerationEvent& e : scheduler.step()) {
+        if (!e.finished) continue;
+        const size_t i = index.at(e.id);
+        KILN_CHECK(e.error.empty(), "{}: {}", prompts[i].origin, e.error);
+        stats.generated_tokens += static_cast<int64_t>(e.result.output_ids.size());
+        ++done;
+        progress.advance();
+      }
+    }
+    stats.steps = scheduler.steps();
+    stats.prompts = static_cast<int64_t>(prompts.size());
+    progress.done(
+        fmt::format("{} prompts, {} prompt tokens, {} generated tokens, {} steps in "
+                    "{:.2f} s",
+                    stats.prompts, stats.prompt_tokens, stats.generated_tokens, stats.steps,
+                    progress.elapsed_seconds()));
+  }
+  std::vector<std::string> unseen;
+  for (const auto& [name, h] : stats.histograms)
+    if (h.count() == 0) unseen.push_back(name);
+  KILN_CHECK(unseen.empty(), "calibration: {} tensor(s) were never observed, e.g. {}",
+             unseen.size(), unseen.empty() ? "" : unseen.front());
+  return stats;
+}
+
+CalibrationCache calibrate_model(const ModelIR& model, const ActivationStats& stats,
+                                 const CalibrationMethodSpec& method) {
+  CalibrationCache cache;
+  cache.model = calibration_fingerprint(model);
+  cache.method = calibration_method_name(method);
+  for (const std::string& name : calibrated_tensors(model)) {
+    auto it = stats.histograms.find(name);
+    KILN_CHECK(it != stats.histograms.end(), "calibration statistics lack tensor {}", name);
+    cache.scales[name] = static_cast<float>(calibrate(it->second, method).scale);
+  }
+  return cache;
+}
+
+}  // namespace kiln

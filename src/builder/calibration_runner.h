@@ -1,0 +1,49 @@
+// Running a float model over calibration prompts and recording, through the activation observer
+// (backend/observer.h), a histogram of |x| for every Linear's input (passes/calibrator.h): the
+// statistics INT8 calibration turns into scales. Encoder and decoder alike: each prompt is
+// generated from greedily for a few tokens, so that an encoder-decoder model's decoder (and a
+// decoder-only model's decode steps) are observed too, with the scheduler batching the prompts
+// as `kiln run` does. It sits in the builder layer: it runs a compiled model (runtime) and fills
+// the calibrator's histograms (passes).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "io/calibration_prompts.h"
+#include "passes/calibration_cache.h"
+#include "passes/calibrator.h"
+#include "runtime/compiled_model.h"
+
+namespace kiln {
+
+struct CalibrationRunOptions {
+  int batch = 8;           // prompts generated from together (--calib-batch)
+  int64_t new_tokens = 8;  // greedy tokens generated per prompt (bounded: EOS may end sooner)
+  int histogram_bins = AbsHistogram::kDefaultBins;
+};
+
+struct ActivationStats {
+  // calibrated_tensors(model) -> the histogram of |x| over every step that ran it.
+  std::map<std::string, AbsHistogram> histograms;
+  int64_t prompts = 0;
+  int64_t prompt_tokens = 0;     // the prompts' tokens (with the model's prompt template)
+  int64_t generated_tokens = 0;  // tokens decoded after the prompts
+  int64_t steps = 0;             // scheduler steps
+};
+
+// Runs `model` (a float plan: fp32, fp16 or bf16) over `prompts` and returns the statistics of
+// every calibrated tensor; logs at INFO how many prompts and tokens were seen, with a progress
+// line on a terminal. Throws naming a prompt (its origin) that is longer than the plan allows,
+// a quantized plan, and a tensor that was never observed or held a value that is not finite.
+ActivationStats collect_activation_stats(CompiledModel& model,
+                                         const std::vector<CalibrationPrompt>& prompts,
+                                         const CalibrationRunOptions& options = {});
+
+// The cache of the statistics calibrated with `method`, for `model`.
+CalibrationCache calibrate_model(const ModelIR& model, const ActivationStats& stats,
+                                 const CalibrationMethodSpec& method);
+
+}  // namespace kiln

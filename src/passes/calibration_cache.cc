@@ -1,0 +1,174 @@
+#include "passes/calibration_cache.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <charconv>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "core/status.h"
+#include "graph/linear.h"
+#include "io/atomic_file.h"
+#include "io/hash.h"
+
+namespace kiln {
+namespace {
+
+constexpr const char* kMagic = "kiln-calibration-cache";
+constexpr int kVersion = 1;
+
+bool has_space(const std::string& s) {
+  return std::any_of(s.begin(), s.end(),
+                     [](char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; });
+}
+
+// "a, b, c and 4 more"
+std::string first_few(const std::vector<std::string>& names) {
+  constexpr size_t kShown = 5;
+  std::string out;
+  for (size_t i = 0; i < std::min(names.size(), kShown); ++i)
+    out += (i == 0 ? "" : ", ") + names[i];
+  if (names.size() > kShown) out += fmt::format(" and {} more", names.size() - kShown);
+  return out;
+}
+
+}  // namespace
+
+std::string calibrated_tensor_name(const Graph& graph, int value) {
+  return graph.name + "/" + graph.values[static_cast<size_t>(value)].name;
+}
+
+std::vector<std::string> calibrated_tensors(const ModelIR& model) {
+  std::vector<std::string> out;
+  std::set<std::string> seen;
+  for (const Graph& g : model.graphs)
+    for (const Node& n : g.nodes) {
+      if (n.op != OpKind::kLinear) continue;
+      const std::string name = calibrated_tensor_name(g, linear_operand(n, LinearOperand::kX));
+      if (seen.insert(name).second) out.push_back(name);
+    }
+  return out;
+}
+
+std::string calibration_fingerprint(const ModelIR& model) {
+  Hash64 h;
+  auto add = [&](const std::string& s) {
+    const uint64_t size = s.size();
+    h.update(&size, sizeof size);
+    h.update(s.data(), s.size());
+  };
+  add(model.source_config_json);
+  add(model.tokenizer_bytes);
+  std::set<std::string> seen;
+  for (const Graph& g : model.graphs)
+    for (const Node& n : g.nodes) {
+      if (n.op != OpKind::kLinear) continue;
+      const int x = linear_operand(n, LinearOperand::kX);
+      const std::string name = calibrated_tensor_name(g, x);
+      if (!seen.insert(name).second) continue;
+      // Names and shapes, not types: the same model calibrated in fp32 and built for bf16
+      // activations is the same model.
+      add(name);
+      add(sym_shape_str(g.values[static_cast<size_t>(x)].shape));
+    }
+  return hash_hex(h.digest());
+}
+
+void write_calibration_cache(const std::string& path, const CalibrationCache& cache) {
+  KILN_CHECK(!cache.model.empty() && !has_space(cache.model) && !cache.method.empty() &&
+                 !has_space(cache.method),
+             "calibration cache {}: the model fingerprint and method must be words", path);
+  std::string text =
+      fmt::format("{} {} model={} method={}\n", kMagic, kVersion, cache.model, cache.method);
+  for (const auto& [name, scale] : cache.scales) {
+    KILN_CHECK(!name.empty() && !has_space(name),
+               "calibration cache {}: tensor name '{}' is empty or holds whitespace", path, name);
+    KILN_CHECK(std::isfinite(scale) && scale >= 0.0f,
+               "calibration cache {}: tensor {} has scale {}", path, name, scale);
+    text += fmt::format("{} {}\n", name, scale);  // fmt: the shortest decimal that round-trips
+  }
+  AtomicFileWriter out(path);
+  out.write(text.data(), text.size());
+  out.commit();
+}
+
+CalibrationCache read_calibration_cache(const std::string& path) {
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec))
+    KILN_FAIL_KIND(ErrorKind::kNotFound, "calibration cache {}: no such file", path);
+  KILN_CHECK(!std::filesystem::is_directory(path, ec),
+             "calibration cache {} is a directory; expected a file", path);
+  std::ifstream in(path);
+  KILN_CHECK(in.good(), "cannot read calibration cache {}: {}", path, std::strerror(errno));
+  CalibrationCache cache;
+  std::string line;
+  int lineno = 0;
+  bool header = false;
+  while (std::getline(in, line)) {
+    ++lineno;
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (line.find_first_not_of(" \t") == std::string::npos) continue;
+    std::istringstream words(line);
+    if (!header) {
+      std::string magic, model, method, rest;
+      int version = 0;
+      words >> magic >> version >> model >> method;
+      KILN_CHECK(magic == kMagic,
+                 "{}:{}: not a kiln calibration cache (the first line should start with '{}')",
+                 path, lineno, kMagic);
+      KILN_CHECK(version == kVersion, "{}:{}: calibration cache version {}; this kiln reads {}",
+                 path, lineno, version, kVersion);
+      KILN_CHECK(
+          model.rfind("model=", 0) == 0 && method.rfind("method=", 0) == 0 && !(words >> rest),
+          "{}:{}: expected '{} {} model=FINGERPRINT method=METHOD'", path, lineno, kMagic,
+          kVersion);
+      cache.model = model.substr(6);
+      cache.method = method.substr(7);
+      KILN_CHECK(!cache.model.empty() && !cache.method.empty(),
+                 "{}:{}: the model fingerprint or the method is empty", path, lineno);
+      header = true;
+      continue;
+    }
+    std::string name, scale_text, rest;
+    words >> name >> scale_text;
+    KILN_CHECK(!scale_text.empty() && !(words >> rest), "{}:{}: expected 'TENSOR SCALE', got '{}'",
+               path, lineno, line);
+    float scale = 0.0f;
+    const auto [end, err] =
+        std::from_chars(scale_text.data(), scale_text.data() + scale_text.size(), scale);
+    KILN_CHECK(err == std::errc() && end == scale_text.data() + scale_text.size() &&
+                   std::isfinite(scale) && scale >= 0.0f,
+               "{}:{}: tensor {}: scale '{}' is not a finite non-negative number", path, lineno,
+               name, scale_text);
+    KILN_CHECK(cache.scales.emplace(name, scale).second, "{}:{}: tensor {} is listed twice", path,
+               lineno, name);
+  }
+  KILN_CHECK(!in.bad(), "cannot read calibration cache {}: {}", path, std::strerror(errno));
+  KILN_CHECK(header, "calibration cache {} is empty (expected a '{}' header line)", path, kMagic);
+  return cache;
+}
+
+void check_calibration_cache(const CalibrationCache& cache, const std::string& source,
+                             const std::string& fingerprint,
+                             const std::vector<std::string>& expected) {
+  KILN_CHECK_USAGE(cache.model == fingerprint,
+                   "calibration cache {} was made for another model (fingerprint {}; this model's "
+                   "is {}): calibrate this model again",
+                   source, cache.model, fingerprint);
+  std::vector<std::string> missing, extra;
+  const std::set<std::string> wanted(expected.begin(), expected.end());
+  for (const std::string& name : expected)
+    if (!cache.scales.contains(name)) missing.push_back(name);
+  for (const auto& [name, scale] : cache.scales)
+    if (!wanted.contains(name)) extra.push_back(name);
+  KILN_CHECK_USAGE(missing.empty() && extra.empty(),
+                   "calibration cache {} does not match the model's tensors:{}{}", source,
+                   missing.empty() ? "" : " missing " + first_few(missing) + ";",
+                   extra.empty() ? "" : " not in the model " + first_few(extra) + ";");
+}
+
+}  // namespace kiln

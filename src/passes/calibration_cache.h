@@ -1,0 +1,52 @@
+// The calibration cache: a calibration's result as a small text file that a later build reuses
+// instead of running the calibration prompts again (TensorRT's calibration cache).
+//
+//   kiln-calibration-cache 1 model=1f54aba9c3d8089e method=entropy
+//   decoder/decoder.block.0.layer.0.SelfAttention.attn 0.026299354
+//   ...
+//
+// The header names the model (calibration_fingerprint: which tensors a model calibrates and
+// their shapes, its config and tokenizer) and the method; then one line per calibrated tensor:
+// its name (graph/value, no whitespace) and its int8 scale as the shortest decimal that reads
+// back as the same float. A cache that does not match the model it is used for is refused,
+// naming what differs.
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "graph/model_ir.h"
+
+namespace kiln {
+
+struct CalibrationCache {
+  std::string model;   // calibration_fingerprint of the model it was made for (16 hex digits)
+  std::string method;  // calibration_method_name
+  std::map<std::string, float> scales;  // tensor name -> scale
+  bool operator==(const CalibrationCache&) const = default;
+};
+
+// The tensors a model's calibration covers: the input (LinearOperand::kX) of every Linear of
+// every graph, named "graph/value" (Linears reading one value share its scale), in graph and
+// node order without repeats.
+std::vector<std::string> calibrated_tensors(const ModelIR& model);
+// The name calibrated_tensors gives value `value` of `graph`.
+std::string calibrated_tensor_name(const Graph& graph, int value);
+// 16 hex digits identifying the model for its cache: its source config and tokenizer, and
+// every calibrated tensor's name, type and shape.
+std::string calibration_fingerprint(const ModelIR& model);
+
+// Written atomically (io/atomic_file.h); throws naming `path`.
+void write_calibration_cache(const std::string& path, const CalibrationCache& cache);
+// Throws naming path:line for a malformed line, a repeated name, a scale that is not a finite
+// non-negative number, or a missing or foreign header.
+CalibrationCache read_calibration_cache(const std::string& path);
+// Refuses (a usage error naming `source`) a cache made for another model (its fingerprint and
+// the model's), or whose tensors differ from `expected` (the names missing from it and the
+// names it has that the model lacks, the first few of each).
+void check_calibration_cache(const CalibrationCache& cache, const std::string& source,
+                             const std::string& fingerprint,
+                             const std::vector<std::string>& expected);
+
+}  // namespace kiln
