@@ -108,9 +108,12 @@ void print_report(const nlohmann::json& r) {
     out("unsupported ops: none (every op is one kiln imports)\n");
     return;
   }
-  out("unsupported ops ({} nodes):\n", unsupported.size());
+  std::map<std::string, std::vector<std::string>> by_op;  // op -> node names
   for (const auto& u : unsupported)
-    out("  {:<24} {}\n", u["op"].get<std::string>(), u["node"].get<std::string>());
+    by_op[u["op"].get<std::string>()].push_back(u["node"].get<std::string>());
+  out("unsupported ops ({} nodes):\n", unsupported.size());
+  for (const auto& [op, nodes] : by_op)
+    out("  {}×{}: {}\n", op, nodes.size(), fmt::join(nodes, ", "));
 }
 
 }  // namespace

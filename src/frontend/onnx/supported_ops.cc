@@ -7,53 +7,17 @@
 namespace kiln {
 namespace {
 
-// Issue 41's list: every op the torch exporters emit for T5 and BLOOM, sorted (binary search).
-constexpr std::array<std::string_view, 45> kSupportedOps = {"Abs",
-                                                            "Add",
-                                                            "And",
-                                                            "Cast",
-                                                            "Concat",
-                                                            "Constant",
-                                                            "ConstantOfShape",
-                                                            "CumSum",
-                                                            "Div",
-                                                            "Equal",
-                                                            "Erf",
-                                                            "Expand",
-                                                            "Flatten",
-                                                            "Gather",
-                                                            "GatherND",
-                                                            "Gemm",
-                                                            "Greater",
-                                                            "GreaterOrEqual",
-                                                            "LayerNormalization",
-                                                            "Less",
-                                                            "LessOrEqual",
-                                                            "Log",
-                                                            "MatMul",
-                                                            "Max",
-                                                            "Min",
-                                                            "Mul",
-                                                            "Neg",
-                                                            "Not",
-                                                            "Pow",
-                                                            "Range",
-                                                            "ReduceMean",
-                                                            "Relu",
-                                                            "Reshape",
-                                                            "Shape",
-                                                            "Slice",
-                                                            "Softmax",
-                                                            "Split",
-                                                            "Sqrt",
-                                                            "Squeeze",
-                                                            "Sub",
-                                                            "Tanh",
-                                                            "Transpose",
-                                                            "Trilu",
-                                                            "Unsqueeze",
-                                                            "Where"};
-
+// Issue 41's list of what the torch exporters emit for T5 and BLOOM ("at least"), plus Identity,
+// which the TorchScript exports in ../shared/fixtures/onnx use. Sorted: binary search.
+// clang-format off
+constexpr std::array<std::string_view, 46> kSupportedOps = {
+    "Abs", "Add", "And", "Cast", "Concat", "Constant", "ConstantOfShape", "CumSum", "Div", "Equal",
+    "Erf", "Expand", "Flatten", "Gather", "GatherND", "Gemm", "Greater", "GreaterOrEqual",
+    "Identity", "LayerNormalization", "Less", "LessOrEqual", "Log", "MatMul", "Max", "Min", "Mul",
+    "Neg", "Not", "Pow", "Range", "ReduceMean", "Relu", "Reshape", "Shape", "Slice", "Softmax",
+    "Split", "Sqrt", "Squeeze", "Sub", "Tanh", "Transpose", "Trilu", "Unsqueeze", "Where",
+};
+// clang-format on
 static_assert(std::is_sorted(kSupportedOps.begin(), kSupportedOps.end()));
 
 }  // namespace
