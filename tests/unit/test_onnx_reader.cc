@@ -104,8 +104,7 @@ TEST_P(OnnxFixture, InitializersHaveTheirData) {
   EXPECT_GT(count, 0);
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, OnnxFixture,
-                         ::testing::Values("bloom", "t5_encoder", "t5_decoder"));
+INSTANTIATE_TEST_SUITE_P(Onnx, OnnxFixture, ::testing::Values("bloom", "t5_encoder", "t5_decoder"));
 
 TEST(OnnxReader, TinyModelRoundTrips) {
   const std::string path = write_model(tiny_model(), test_dir() + "/tiny.onnx");
