@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Installs the Debian packages kiln needs to build and test, only those that are missing.
 # Idempotent; the only network it uses is apt's.
+# libonnx-dev: only its onnx.proto is used (the ONNX reader compiles it with protoc).
 set -euo pipefail
 packages=(build-essential cmake pkg-config git clang-format libgtest-dev libbenchmark-dev
           libsentencepiece-dev nlohmann-json3-dev libfmt-dev libcli11-dev libdnnl-dev
           libprotobuf-dev protobuf-compiler libgrpc++-dev protobuf-compiler-grpc
-          libcpp-httplib-dev curl)
+          libcpp-httplib-dev libonnx-dev curl)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -161,19 +161,27 @@ Runner add_inspect(CLI::App& app) {
   };
   auto o = std::make_shared<Opts>();
   CLI::App* cmd = app.add_subcommand(
-      "inspect", "Show what a plan (or an HF directory, built in memory) contains");
+      "inspect",
+      "Show what a plan (or an HF directory, built in memory, or an ONNX file) contains");
   describe(cmd,
            "Build metadata, layers, fusions, dtypes, weight memory and the activation workspace\n"
            "per token bucket (the same numbers the build log reports).\n"
+           "With --onnx: the file's IR version, opset and producer, its inputs and outputs with\n"
+           "their dtypes and shapes (symbolic dimensions by name), an op histogram, the\n"
+           "initializers' count and bytes, and every node whose op kiln does not import.\n"
            "Examples:\n"
            "  kiln inspect t5.plan\n"
            "  kiln inspect --plan bloom.plan --json\n"
            "  kiln inspect --model models/bloom-tiny --graph\n"
+           "  kiln inspect --onnx model.onnx --json\n"
            "  kiln inspect --device");
   cmd->add_option("plan", o->plan, "plan file (or --plan PLAN)");
   cmd->add_option("--plan", o->plan_flag, "plan file");
   cmd->add_option("--model", o->model, "HF directory");
-  cmd->add_option("--onnx", o->onnx, "ONNX file (not built yet)");
+  cmd->add_option("--onnx", o->onnx,
+                  "ONNX file: what the ONNX frontend reads from it (--json: {\"opset\", "
+                  "\"producer\", \"inputs\", \"outputs\", \"ops\", \"initializers\", "
+                  "\"unsupported_ops\", ...})");
   cmd->add_flag("--graph", o->graph, "print every node (the IR dump)");
   cmd->add_flag("--layers", o->layers,
                 "list the precision of every Linear and Embedding layer (the summary counts them)");
@@ -189,7 +197,14 @@ Runner add_inspect(CLI::App& app) {
                 "also hash every weight blob and compare with the hashes recorded at build time "
                 "(the header and tokenizer are checked on every load)");
   return [o](const GlobalOptions& g) {
-    KILN_CHECK_USAGE(o->onnx.empty(), "--onnx: the ONNX frontend is not built yet");
+    if (!o->onnx.empty()) {
+      KILN_CHECK_USAGE(o->plan.empty() && o->plan_flag.empty() && o->model.empty(),
+                       "give one of PLAN, --plan, --model and --onnx");
+      KILN_CHECK_USAGE(!o->graph && !o->layers && !o->verify && !o->device,
+                       "--onnx takes --json only (--graph, --layers, --verify and --device are "
+                       "for plans)");
+      return inspect_onnx(o->onnx, o->json);
+    }
     KILN_CHECK_USAGE(o->plan.empty() || o->plan_flag.empty(),
                      "give the plan once: as an argument or with --plan");
     const std::string plan = o->plan.empty() ? o->plan_flag : o->plan;

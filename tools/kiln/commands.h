@@ -33,6 +33,8 @@ Runner add_synth(CLI::App& app);
 Runner add_bench(CLI::App& app);
 Runner add_perf(CLI::App& app);
 Runner add_serve(CLI::App& app);
+// `kiln inspect --onnx FILE [--json]` (inspect_onnx.cc).
+int inspect_onnx(const std::string& path, bool json);
 
 // --- options (common.cc) ---
 // An option that takes exactly one value per occurrence, kept as given: "[3, 1, 2]" or "a,b" is

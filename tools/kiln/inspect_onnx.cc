@@ -1,0 +1,139 @@
+// `kiln inspect --onnx FILE`: what an ONNX file holds, as the ONNX frontend reads it (opset,
+// producer, inputs and outputs with symbolic shapes, op histogram, initializers, and the ops kiln
+// does not import).
+#include <filesystem>
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "commands.h"
+#include "frontend/onnx/import_graph.h"
+#include "frontend/onnx/supported_ops.h"
+#include "output.h"
+
+namespace kiln::cli {
+namespace {
+
+// Numbers for static dimensions, names for symbolic ones, null for unknown ones; null for an
+// unknown rank.
+nlohmann::json shape_json(const std::optional<std::vector<OnnxDim>>& shape) {
+  if (!shape) return nullptr;
+  nlohmann::json dims = nlohmann::json::array();
+  for (const OnnxDim& d : *shape) {
+    if (d.is_static())
+      dims.push_back(d.value);
+    else if (!d.param.empty())
+      dims.push_back(d.param);
+    else
+      dims.push_back(nullptr);
+  }
+  return dims;
+}
+
+nlohmann::json values_json(const ImportGraph& g, const std::vector<int>& ids) {
+  nlohmann::json list = nlohmann::json::array();
+  for (int id : ids) {
+    const ImportValue& v = g.values()[id];
+    list.push_back(
+        {{"name", v.name}, {"dtype", onnx_elem_type_name(v.type)}, {"shape", shape_json(v.shape)}});
+  }
+  return list;
+}
+
+nlohmann::json onnx_report(const OnnxModel& model, const ImportGraph& g) {
+  std::map<std::string, int> ops;
+  for (const ImportNode& n : g.nodes()) ++ops[n.qualified_op()];
+  int64_t init_count = 0, init_bytes = 0, external_bytes = 0;
+  for (const ImportValue& v : g.values())
+    if (v.kind == ImportValueKind::kInitializer) {
+      ++init_count;
+      init_bytes += static_cast<int64_t>(v.initializer.bytes);
+      if (!v.initializer.external_location.empty())
+        external_bytes += static_cast<int64_t>(v.initializer.bytes);
+    }
+  nlohmann::json unsupported = nlohmann::json::array();
+  for (const UnsupportedOp& u : find_unsupported_ops(g))
+    unsupported.push_back({{"node", u.node}, {"op", u.op}});
+  return {{"source", {{"onnx", model.path}}},
+          {"ir_version", model.ir_version},
+          {"opset", model.opset},
+          {"other_opsets", model.other_opsets},
+          {"producer", {{"name", model.producer_name}, {"version", model.producer_version}}},
+          {"graph", model.graph.name},
+          {"inputs", values_json(g, g.inputs())},
+          {"outputs", values_json(g, g.outputs())},
+          {"nodes", g.nodes().size()},
+          {"ops", ops},
+          {"initializers",
+           {{"count", init_count}, {"bytes", init_bytes}, {"external_bytes", external_bytes}}},
+          {"unsupported_ops", unsupported}};
+}
+
+void print_values(const char* title, const nlohmann::json& values) {
+  out("{} ({}):\n", title, values.size());
+  for (const auto& v : values) {
+    std::string shape = "(unknown rank)";
+    if (!v["shape"].is_null()) {
+      std::vector<std::string> dims;
+      for (const auto& d : v["shape"])
+        dims.push_back(d.is_null() ? "?" : d.is_string() ? d.get<std::string>() : d.dump());
+      shape = fmt::format("[{}]", fmt::join(dims, ", "));
+    }
+    out("  {:<32} {:<8} {}\n", v["name"].get<std::string>(), v["dtype"].get<std::string>(), shape);
+  }
+}
+
+void print_report(const nlohmann::json& r) {
+  const std::string producer =
+      r["producer"]["name"].get<std::string>() + " " + r["producer"]["version"].get<std::string>();
+  out("onnx {}\n  IR version {}, opset {}, producer {}\n", r["source"]["onnx"].get<std::string>(),
+      r["ir_version"].get<int64_t>(), r["opset"].get<int64_t>(), producer);
+  for (const auto& [domain, version] : r["other_opsets"].items())
+    out("  also imports {} opset {}\n", domain, version.get<int64_t>());
+  const auto& init = r["initializers"];
+  out("graph '{}': {} nodes, {} initializers ({:.2f} MiB{})\n", r["graph"].get<std::string>(),
+      r["nodes"].get<int64_t>(), init["count"].get<int64_t>(),
+      init["bytes"].get<double>() / (1 << 20),
+      init["external_bytes"].get<int64_t>() == 0
+          ? ""
+          : fmt::format(", {:.2f} MiB in external data files",
+                        init["external_bytes"].get<double>() / (1 << 20)));
+  print_values("inputs", r["inputs"]);
+  print_values("outputs", r["outputs"]);
+  std::string ops;
+  for (const auto& [op, count] : r["ops"].items())
+    ops += fmt::format(" {}×{}", op, count.get<int>());
+  out("ops:{}\n", ops);
+  const auto& unsupported = r["unsupported_ops"];
+  if (unsupported.empty()) {
+    out("unsupported ops: none (every op is one kiln imports)\n");
+    return;
+  }
+  std::map<std::string, std::vector<std::string>> by_op;  // op -> node names
+  for (const auto& u : unsupported)
+    by_op[u["op"].get<std::string>()].push_back(u["node"].get<std::string>());
+  out("unsupported ops ({} nodes):\n", unsupported.size());
+  for (const auto& [op, nodes] : by_op)
+    out("  {}×{}: {}\n", op, nodes.size(), fmt::join(nodes, ", "));
+}
+
+}  // namespace
+
+int inspect_onnx(const std::string& path, bool json) {
+  KILN_CHECK_USAGE(!path.empty(), "--onnx: the path is empty");
+  std::error_code ec;
+  const auto st = std::filesystem::status(path, ec);
+  if (!std::filesystem::exists(st))
+    KILN_FAIL_KIND(ErrorKind::kNotFound, "--onnx {}: no such file", path);
+  KILN_CHECK(!std::filesystem::is_directory(st),
+             "--onnx {}: this is a directory; --onnx takes an .onnx file", path);
+  const OnnxModel model = read_onnx_model(path);
+  const ImportGraph graph = ImportGraph::build(model);
+  const nlohmann::json report = onnx_report(model, graph);
+  if (json)
+    out_line(report.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
+  else
+    print_report(report);
+  return 0;
+}
+
+}  // namespace kiln::cli
