@@ -12,6 +12,8 @@ mkdir -p "$work/repo"
 ln -s "$repo/models" "$work/repo/models"
 ln -s "$repo/examples" "$work/repo/examples"
 ln -s "$(dirname "$FIXTURES")" "$work/shared"
+# The ONNX file `kiln inspect --help`'s example names (model.onnx): the fixture BLOOM export.
+ln -s "$FIXTURES/onnx/bloom.onnx" "$work/repo/model.onnx"
 
 python3 - "$KILN" "$repo/README.md" "$work/repo" <<'PY' || fail "README and --help examples"
 import os, re, subprocess, sys
