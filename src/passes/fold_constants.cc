@@ -56,9 +56,13 @@ int fold_constants(Graph& graph, const Logger& log) {
   int folded = 0;
   int64_t bytes = 0;
   std::vector<bool> erase(graph.nodes.size(), false);
+  // A node nobody reads is left to eliminate_dead: folding it would make a weight only to drop
+  // it (keep_narrow_weights leaves the widening Casts of a whole checkpoint unread; evaluated,
+  // they were twice the model's bytes in f32, converted and spilled for nothing).
+  const std::vector<int> uses = use_counts(graph);
   for (size_t i = 0; i < graph.nodes.size(); ++i) {
     Node& n = graph.nodes[i];
-    if (n.outputs.size() == 1 && all_inputs_constant(graph, n)) {
+    if (n.outputs.size() == 1 && uses[n.outputs[0]] > 0 && all_inputs_constant(graph, n)) {
       Tensor result = evaluate(graph, n);
       if (result.defined()) {
         Value& out = graph.values[n.outputs[0]];

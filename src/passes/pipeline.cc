@@ -5,8 +5,12 @@ namespace kiln {
 
 void optimize_model(ModelIR& model, const PassOptions& options, const Logger& log) {
   for (Graph& g : model.graphs) {
-    if (model.device == Device::kCuda && options.fold_constants)
-      keep_narrow_weights(g, precision_support(model.device, model.precision).activation, log);
+    // The Casts whose readers keep_narrow_weights rewires to the narrow weights go before
+    // folding: fold_constants would otherwise widen each of them (the checkpoint in f32).
+    if (model.device == Device::kCuda && options.fold_constants &&
+        keep_narrow_weights(g, precision_support(model.device, model.precision).activation, log) >
+            0)
+      eliminate_dead(g, log);
     if (options.fold_constants) fold_constants(g, log);
     eliminate_dead(g, log);
     if (options.fuse) {

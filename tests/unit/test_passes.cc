@@ -566,6 +566,26 @@ TEST(Passes, FoldConstantsEvaluatesScaleAddMulOfWeights) {
   verify_graph(g);
 }
 
+TEST(Passes, FoldConstantsLeavesNodesNobodyReads) {
+  // A Cast of a weight that a reader no longer takes (keep_narrow_weights rewired it) is not
+  // evaluated: eliminate_dead drops it; the Cast that is read folds.
+  GraphBuilder b("g");
+  const std::vector<float> w = {1.5f, -2.0f, 0.25f, 3.0f};
+  const int wi = b.weight("w", Tensor::from_vector(w, {4}).to(DType::kF16));
+  b.cast(wi, DType::kF32, "unread.cast");
+  const int read = b.cast(wi, DType::kF32, "read.cast");
+  const int x = b.input("x", DType::kF32, {Dim::of(4)});
+  b.output(b.add(x, read, "out"), "y");
+  Graph g = b.finish();
+  EXPECT_EQ(fold_constants(g, kQuiet), 1);
+  EXPECT_EQ(count_ops(g, OpKind::kCast), 1);
+  ASSERT_EQ(g.values[g.find_value("read.cast")].kind, ValueKind::kWeight);
+  EXPECT_EQ(g.values[g.find_value("read.cast")].data.data<float>()[3], 3.0f);
+  EXPECT_GT(eliminate_dead(g, kQuiet), 0);
+  EXPECT_EQ(count_ops(g, OpKind::kCast), 0);
+  verify_graph(g);
+}
+
 TEST(Passes, EliminateDeadRemovesDanglingNodesAndUnusedWeights) {
   GraphBuilder b("g");
   const int x = b.input("x", DType::kF32, {Dim::sym("tokens"), Dim::of(4)});
