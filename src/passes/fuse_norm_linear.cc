@@ -48,62 +48,78 @@ bool constant_float(const Graph& g, int id) {
          plain_float(g.values[id].dtype);
 }
 
-bool all_finite(const Tensor& t) {
-  const Tensor f = t.to_f32();
-  const float* p = f.data<float>();
-  return std::all_of(p, p + f.numel(), [](float v) { return std::isfinite(v); });
-}
-
 // One reader's folded operands: w * gamma in the weight's type (shared: no new weight, gamma
 // as the f32 norm scale); for LayerNorm the bias plus w · beta (in the bias's type, the weight's
 // without a bias) and the f32 row sums of the folded weight (as stored; shared: of w * gamma).
+// `finite`: every folded value is in the weight's (and the bias's) range.
 struct Folded {
   Tensor weight, bias, row_sums, scale;
+  bool finite = true;
 };
 
+// Streams the weight in chunks of rows (about 16 MiB of f32 each), so that a build's memory is
+// the folded copy, not an f32 one of the whole weight (a 7B model's tied lm_head is 4 GB in
+// f32); each chunk's pages of a mapped weight are given back as it is done.
 Folded fold(const Graph& g, const Node& lin, const std::vector<float>& gamma,
             const std::vector<float>& beta, bool layer, bool shared) {
   const LinearDesc d = describe_linear(lin);
   const Value& wv = g.values[d.operand(LinearOperand::kWeight)];
-  const Tensor w = wv.data.to_f32();
+  const Tensor& w = wv.data;
+  KILN_CHECK(w.is_contiguous(), "fuse_norm_linear: weight '{}' is not contiguous", wv.name);
   const int64_t out = w.dim(0), in = w.dim(1);
-  const float* wf = w.data<float>();
+  const DTypeTraits& traits = dtype_traits(wv.dtype);
+  const size_t row_bytes = dtype_bytes(wv.dtype, static_cast<size_t>(in));
   Folded f;
   if (shared) {
     // The weight stays: no scaled copy of it (a tied lm_head's is the whole embedding table).
     f.scale = Tensor::from_vector(gamma, {in});
   } else {
-    Tensor scaled = Tensor::empty(DType::kF32, {out, in});
-    float* sf = scaled.data<float>();
-    for (int64_t o = 0; o < out; ++o)
-      for (int64_t i = 0; i < in; ++i) sf[o * in + i] = wf[o * in + i] * gamma[i];
-    f.weight = scaled.to(wv.dtype);
+    f.weight = Tensor::empty(wv.dtype, {out, in});
   }
-  if (!layer) {
-    wv.data.release_pages();
-    return f;
-  }
-  // The row sums of the weight the kernel multiplies by: the stored folded weight, or w * gamma.
-  const Tensor back = shared ? Tensor() : f.weight.to_f32();
-  std::vector<float> sums(static_cast<size_t>(out)), bias(static_cast<size_t>(out), 0.0f);
+  std::vector<float> sums(layer ? static_cast<size_t>(out) : 0), bias;
   const int bias_id = d.operand(LinearOperand::kBias);
   const bool has_bias = bias_id >= 0;
-  if (has_bias) {
-    const Tensor b = g.values[bias_id].data.to_f32();
-    std::copy(b.data<float>(), b.data<float>() + out, bias.begin());
-  }
-  for (int64_t o = 0; o < out; ++o) {
-    double s = 0.0, b = bias[o];
-    for (int64_t i = 0; i < in; ++i) {
-      s += shared ? wf[o * in + i] * gamma[i] : back.data<float>()[o * in + i];
-      b += static_cast<double>(wf[o * in + i]) * beta[i];
+  if (layer) {
+    bias.assign(static_cast<size_t>(out), 0.0f);
+    if (has_bias) {
+      const Tensor b = g.values[bias_id].data.to_f32();
+      std::copy(b.data<float>(), b.data<float>() + out, bias.begin());
     }
-    sums[o] = static_cast<float>(s);
-    bias[o] = static_cast<float>(b);
   }
+  const int64_t chunk = std::max<int64_t>(1, (int64_t{4} << 20) / in);
+  std::vector<float> wf(static_cast<size_t>(std::min(chunk, out) * in));
+  std::vector<float> sf(shared ? 0 : wf.size());
+  for (int64_t o0 = 0; o0 < out; o0 += chunk) {
+    const int64_t rows = std::min(chunk, out - o0);
+    const size_t n = static_cast<size_t>(rows * in);
+    traits.to_float(static_cast<const char*>(w.raw()) + static_cast<size_t>(o0) * row_bytes,
+                    wf.data(), n);
+    if (!shared) {
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t i = 0; i < in; ++i) sf[r * in + i] = wf[r * in + i] * gamma[i];
+      char* dst = static_cast<char*>(f.weight.raw()) + static_cast<size_t>(o0) * row_bytes;
+      traits.from_float(sf.data(), dst, n);
+      traits.to_float(dst, sf.data(), n);  // as stored: the row sums are of these values
+      f.finite = f.finite && std::all_of(sf.begin(), sf.begin() + static_cast<int64_t>(n),
+                                         [](float v) { return std::isfinite(v); });
+    }
+    for (int64_t r = 0; layer && r < rows; ++r) {
+      double sum = 0.0, b = bias[o0 + r];
+      for (int64_t i = 0; i < in; ++i) {
+        sum += shared ? wf[r * in + i] * gamma[i] : sf[r * in + i];
+        b += static_cast<double>(wf[r * in + i]) * beta[i];
+      }
+      sums[o0 + r] = static_cast<float>(sum);
+      bias[o0 + r] = static_cast<float>(b);
+    }
+    w.slice_rows(o0, o0 + rows).release_pages();
+  }
+  if (!layer) return f;
   f.bias = Tensor::from_vector(bias, {out}).to(has_bias ? g.values[bias_id].dtype : wv.dtype);
+  const Tensor back = f.bias.to_f32();
+  f.finite = f.finite && std::all_of(back.data<float>(), back.data<float>() + out,
+                                     [](float v) { return std::isfinite(v); });
   f.row_sums = Tensor::from_vector(sums, {out});
-  wv.data.release_pages();
   return f;
 }
 
@@ -162,10 +178,7 @@ int fuse_norm_linear(Graph& graph, const Logger& log) {
     for (int i : rs)
       folded.push_back(fold(graph, graph.nodes[i], gamma, beta, layer,
                             uses[linear_operand(graph.nodes[i], LinearOperand::kWeight)] > 1));
-    if (!std::all_of(folded.begin(), folded.end(), [](const Folded& f) {
-          return (!f.weight.defined() || all_finite(f.weight)) &&
-                 (!f.bias.defined() || all_finite(f.bias));
-        })) {
+    if (!std::all_of(folded.begin(), folded.end(), [](const Folded& f) { return f.finite; })) {
       log.info("fuse_norm_linear: {} stays a node: its folded weights leave {}'s range", norm.name,
                dtype_name(
                    graph.values[linear_operand(graph.nodes[rs[0]], LinearOperand::kWeight)].dtype));

@@ -259,44 +259,56 @@ TEST(Cuda, UploadsKernelCopiesHostAndDeviceParts) {
 #endif
 
 #if KILN_HAVE_CUDA
-// The bulk weight upload's layout: tensors of one buffer within the gap share a range (views of
-// one another included, the gap copied with them), a far one starts another; each tensor's
-// device offset keeps its host address's remainder modulo 256 and its place in its range.
-TEST(Cuda, UploadLayoutMergesNearTensorsAndKeepsAlignment) {
-  Tensor buffer = Tensor::zeros(DType::kI8, {1 << 20});
-  Tensor far = Tensor::zeros(DType::kI8, {3000});
+// The bulk weight upload's layout: tensors of one buffer within the gap and a multiple of 256
+// bytes apart share a range (views of one another included, the gap copied with them); a far
+// one, and one at another offset modulo 256 (a checkpoint's tensor behind a header of any
+// length), start ranges of their own; every tensor lands 256-aligned on the device, at its
+// place in its range.
+TEST(Cuda, UploadLayoutMergesNearTensorsAndAlignsEachOnTheDevice) {
+  Tensor buffer = Tensor::zeros(DType::kI8, {4 << 20});
   auto part = [&](int64_t begin, int64_t end) { return buffer.slice_rows(begin, end); };
-  const std::vector<Tensor> hosts = {part(70000, 71000), far, part(256, 1256), part(600, 700),
-                                     part(5000, 5003)};
+  const int64_t far_at = 3 << 20;  // far past the gap, in the same mapping
+  const std::vector<Tensor> hosts = {part(70144, 71000), part(far_at + 8, far_at + 3008),
+                                     part(256, 1256),    part(768, 900),
+                                     part(5120, 5123),   part(600, 700)};
   const cuda::UploadLayout l = cuda::plan_upload(hosts, /*max_gap=*/65536);
   const char* base = static_cast<const char*>(buffer.raw());
+  // [256, 71000) of the buffer with four tensors, the misaligned view at 600, the far tensor.
+  ASSERT_EQ(l.ranges.size(), 3u);
   auto range_of = [&](size_t i) -> const cuda::UploadLayout::Range& {
     const char* p = static_cast<const char*>(hosts[i].raw());
     for (const auto& r : l.ranges)
-      if (p >= r.host && p + hosts[i].nbytes() <= r.host + r.bytes) return r;
+      if (p >= r.host && p + hosts[i].nbytes() <= r.host + r.bytes && (p - r.host) % 256 == 0)
+        return r;
     ADD_FAILURE() << "tensor " << i << " is in no range";
     return l.ranges.front();
   };
-  ASSERT_EQ(l.ranges.size(), 2u);  // [256, 71000) of the buffer, and `far`
   EXPECT_EQ(range_of(0).host, base + 256);
   EXPECT_EQ(range_of(0).bytes, 71000u - 256u);
-  EXPECT_EQ(range_of(1).host, static_cast<const char*>(far.raw()));
+  for (size_t i : {2u, 3u, 4u}) EXPECT_EQ(&range_of(i), &range_of(0)) << i;
+  EXPECT_EQ(range_of(5).host, base + 600);
+  EXPECT_EQ(range_of(5).bytes, 100u);
+  EXPECT_EQ(range_of(1).host, base + far_at + 8);
   EXPECT_EQ(range_of(1).bytes, 3000u);
   size_t tensor_bytes = 0;
   for (size_t i = 0; i < hosts.size(); ++i) {
     const auto& r = range_of(i);
     const char* p = static_cast<const char*>(hosts[i].raw());
     EXPECT_EQ(l.device_offset[i], r.device_offset + static_cast<size_t>(p - r.host)) << i;
-    EXPECT_EQ(l.device_offset[i] % 256, reinterpret_cast<uintptr_t>(p) % 256) << i;
+    EXPECT_EQ(l.device_offset[i] % 256, 0u) << i;
     EXPECT_LE(l.device_offset[i] + hosts[i].nbytes(), l.device_bytes) << i;
     tensor_bytes += hosts[i].nbytes();
   }
   EXPECT_EQ(l.tensor_bytes, tensor_bytes);
   // The ranges do not overlap on the device.
-  const auto& a = l.ranges[0];
-  const auto& b = l.ranges[1];
-  EXPECT_TRUE(a.device_offset + a.bytes <= b.device_offset ||
-              b.device_offset + b.bytes <= a.device_offset);
+  for (size_t i = 0; i < l.ranges.size(); ++i)
+    for (size_t j = i + 1; j < l.ranges.size(); ++j) {
+      const auto& a = l.ranges[i];
+      const auto& b = l.ranges[j];
+      EXPECT_TRUE(a.device_offset + a.bytes <= b.device_offset ||
+                  b.device_offset + b.bytes <= a.device_offset)
+          << i << " " << j;
+    }
   EXPECT_THROW(cuda::plan_upload(std::vector<Tensor>{Tensor()}), Error);
 }
 

@@ -503,7 +503,11 @@ class LinearKernel final : public CudaKernel {
         ctx_.blas().handle(), desc_, &alpha, o.w, a_, o.x, plan.b, &beta, c, plan.c, o.y, plan.c,
         &algo, ctx_.blas().workspace(), ctx_.blas().workspace_bytes(), ctx_.stream());
     if (!checked && st != CUBLAS_STATUS_SUCCESS) return false;
-    KILN_CUBLAS_CHECK(st);
+    KILN_CHECK(st == CUBLAS_STATUS_SUCCESS,
+               "node '{}': cuBLASLt refused its [{}, {}] x [{}, {}]^T {} matmul: {} (operand "
+               "addresses x {}, w {}, y {})",
+               node_.name, n, in_, out_, in_, dtype_name(dtype_), cublas_status_name(st), o.x, o.w,
+               o.y);
     if (bias_after_ || activation_) {
       const Tensor* bias = bias_after_ ? o.bias : nullptr;
       launch_bias_activation(float_type(dtype_), o.y,

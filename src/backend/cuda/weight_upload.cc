@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstring>
 #include <exception>
+#include <map>
 #include <mutex>
 #include <numeric>
 #include <thread>
@@ -23,28 +24,35 @@ UploadLayout plan_upload(std::span<const Tensor> hosts, size_t max_gap) {
                "plan_upload: a weight to upload is not a contiguous, non-empty host tensor");
   auto start = [&](size_t i) { return static_cast<const char*>(hosts[i].raw()); };
   std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return start(a) < start(b); });
-  // Ranges in address order: a tensor joins the open range when it starts at most max_gap past
-  // its end (views of one buffer overlap it).
+  // Ranges in address order of their first tensor: a tensor joins the open range of its
+  // address's remainder modulo 256 when it starts at most max_gap past that range's end (views
+  // of one buffer overlap it), so that it lands 256-aligned on the device; otherwise it opens
+  // one (tensors at other remainders, views at odd offsets, may overlap it: both are copied).
   std::vector<size_t> range_of(hosts.size());
-  const char* end = nullptr;
+  std::vector<const char*> ends;        // per range: its end
+  std::map<uintptr_t, size_t> open_of;  // remainder modulo 256 -> its open range
   for (size_t i : order) {
     const char* s = start(i);
     const char* e = s + hosts[i].nbytes();
-    if (layout.ranges.empty() || s > end + max_gap) {
+    const uintptr_t phase = reinterpret_cast<uintptr_t>(s) % 256;
+    auto open = open_of.find(phase);
+    if (open == open_of.end() || s > ends[open->second] + max_gap) {
       layout.ranges.push_back({s, 0, 0});
-      end = e;
-    } else {
-      end = std::max(end, e);
+      ends.push_back(e);
+      open_of[phase] = layout.ranges.size() - 1;
     }
-    layout.ranges.back().bytes = static_cast<size_t>(end - layout.ranges.back().host);
-    range_of[i] = layout.ranges.size() - 1;
+    const size_t r = open_of[phase];
+    ends[r] = std::max(ends[r], e);
+    layout.ranges[r].bytes = static_cast<size_t>(ends[r] - layout.ranges[r].host);
+    range_of[i] = r;
     layout.tensor_bytes += hosts[i].nbytes();
   }
-  // Device offsets: 256-aligned base + the host address's remainder modulo 256.
+  // Device offsets: each range 256-aligned, so each tensor is (whatever its host alignment: a
+  // checkpoint's tensors sit where the safetensors header's length put them, and cuBLASLt
+  // refuses an fp16 matrix that is not 16-byte aligned).
   size_t at = 0;
   for (UploadLayout::Range& r : layout.ranges) {
-    const size_t rem = reinterpret_cast<uintptr_t>(r.host) % 256;
-    at = (at + 255) / 256 * 256 + rem;
+    at = (at + 255) / 256 * 256;
     r.device_offset = at;
     at += r.bytes;
   }

@@ -21,18 +21,18 @@ struct UploadLayout {
     size_t device_offset = 0;    // where they go in the device buffer
     size_t bytes = 0;
   };
-  std::vector<Range> ranges;          // disjoint, in host address order
+  std::vector<Range> ranges;          // by their first tensor's address (views may overlap)
   std::vector<size_t> device_offset;  // per input tensor: its bytes' offset in the buffer
   size_t device_bytes = 0;            // the buffer's size
   size_t tensor_bytes = 0;            // the tensors' own bytes (ranges may add small gaps)
 };
 
-// Host tensors within `max_gap` bytes of each other (in address order) share a range, the gap
-// copied with them. The default, under a page, is safe for tensors of different allocations:
-// the gap's bytes lie in the pages of the two tensors' ends, which are mapped (a wider gap may
-// hold unmapped memory); a plan's blobs sit 256-aligned in one mapping, so they make one range.
-// A range starts at a device offset with the same remainder modulo 256 as its
-// host address, so a tensor keeps its host alignment up to 256 bytes (a plan's are 256-aligned).
+// Host tensors within `max_gap` bytes of each other (in address order) at the same address
+// modulo 256 share a range, the gap copied with them. The default, under a page, is safe for
+// tensors of different allocations: the gap's bytes lie in the pages of the two tensors' ends,
+// which are mapped (a wider gap may hold unmapped memory); a plan's blobs sit 256-aligned in one
+// mapping, so they make one range. Every range, so every tensor, starts 256-aligned in the
+// device buffer, whatever its host alignment (a checkpoint's tensors may be 2-byte aligned).
 // Tensors must be defined, contiguous, on the CPU and non-empty; views of one another are fine.
 UploadLayout plan_upload(std::span<const Tensor> hosts, size_t max_gap = 4095);
 
