@@ -2,6 +2,7 @@
 
 #include "frontend/onnx/interp/op_context.h"
 #include "frontend/onnx/interp/run_node.h"
+#include "frontend/onnx/supported_ops.h"
 
 namespace kiln {
 namespace {
@@ -45,6 +46,7 @@ FoldedGraph fold_import_graph(const ImportGraph& graph,
 
   for (int n : graph.order()) {
     const ImportNode& node = graph.nodes()[n];
+    if (!is_supported_onnx_op(node)) continue;  // reported by check_supported_ops; outputs unknown
     std::vector<const ImportTensor*> inputs;
     for (int v : node.inputs) inputs.push_back(v < 0 ? nullptr : &f.known[v]);
     std::vector<ImportTensor> outputs;

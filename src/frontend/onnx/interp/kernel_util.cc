@@ -24,6 +24,14 @@ Shape broadcast_shapes(const std::vector<Shape>& shapes) {
   return out;
 }
 
+bool broadcasts_to(const Shape& shape, const Shape& target) {
+  if (shape.size() > target.size()) return false;
+  const size_t lead = target.size() - shape.size();
+  for (size_t d = 0; d < shape.size(); ++d)
+    if (shape[d] != 1 && shape[d] != target[lead + d]) return false;
+  return true;
+}
+
 Shape row_major_strides(const Shape& shape) {
   Shape strides(shape.size());
   int64_t s = 1;

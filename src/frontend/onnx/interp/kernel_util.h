@@ -16,6 +16,9 @@ namespace kiln {
 
 // numpy's multidirectional broadcast of `shapes`; the error lists them.
 Shape broadcast_shapes(const std::vector<Shape>& shapes);
+// Whether `shape` broadcasts to `target` one way (numpy: right-aligned, each dimension equal or 1,
+// rank not above the target's).
+bool broadcasts_to(const Shape& shape, const Shape& target);
 // Element strides of a contiguous tensor of `shape` read as a tensor of `out` (right-aligned):
 // 0 along broadcast dimensions. `shape` must broadcast to `out`.
 Shape broadcast_strides(const Shape& shape, const Shape& out);

@@ -90,8 +90,8 @@ void run_gemm(OpContext& ctx) {
     KILN_CHECK(ctx.input_type(2) == type, "Gemm's C is {}, A is {}",
                onnx_elem_type_name(ctx.input_type(2)), onnx_elem_type_name(type));
     const Shape& c = ctx.input_shape(2);
-    KILN_CHECK(c.size() <= 2 && broadcast_shapes({c, {m, n}}) == Shape({m, n}),
-               "Gemm's C {} does not broadcast to [{}, {}]", shape_str(c), m, n);
+    KILN_CHECK(broadcasts_to(c, {m, n}), "Gemm's C {} does not broadcast to [{}, {}]", shape_str(c),
+               m, n);
   }
   ImportTensor& y = ctx.set_output(0, type, {m, n});
   if (ctx.shape_only() || y.numel() == 0) return;

@@ -63,7 +63,7 @@ void run_layer_normalization(OpContext& ctx) {
     if (!ctx.has_input(i)) continue;
     check_float(ctx, i, "LayerNormalization");
     const Shape& s = ctx.input_shape(i);
-    KILN_CHECK(s.size() <= norm.size() && broadcast_shapes({s, norm}) == norm,
+    KILN_CHECK(broadcasts_to(s, norm),
                "LayerNormalization's {} {} does not broadcast to the normalized shape {}",
                i == 1 ? "Scale" : "B", shape_str(s), shape_str(norm));
   }
