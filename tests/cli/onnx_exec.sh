@@ -54,7 +54,7 @@ expect_exit 0 "exec bloom text" -- "$KILN" exec --onnx "$ONNX/bloom.onnx" --inpu
   --compare-prefix bloom.out. --atol 1e-3 --rtol 1e-3 --compare-mask attention_mask
 expect_in "$TMP/out" "output logits" "names the output"
 expect_in "$TMP/out" "float[2, 11, 96]" "gives its shape"
-expect_in "$TMP/out" "wrote $TMP/bloom_text.safetensors (1 outputs)" "says what it wrote"
+expect_in "$TMP/out" "wrote $TMP/bloom_text.safetensors (1 output)" "says what it wrote"
 expect_in "$TMP/out" "max abs error" "reports the error"
 expect_in "$TMP/out" "(masked): PASS" "compares the real positions"
 expect_in "$TMP/out" "PASS: 1 of 1 outputs within tolerance" "summary"

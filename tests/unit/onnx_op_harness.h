@@ -136,7 +136,9 @@ inline std::map<std::string, ImportTensor> run_fed(const OpCase& c, Feed feed) {
       if (c.inputs[i].has_shape()) inputs["x" + std::to_string(i)] = c.inputs[i];
   ImportRunStats stats;
   auto out = run_import_graph(g, inputs, &stats);
-  if (feed == Feed::kInitializers) EXPECT_EQ(stats.folded_nodes, 1) << c.op << " folds";
+  if (feed == Feed::kInitializers) {
+    EXPECT_EQ(stats.folded_nodes, 1) << c.op << " folds";
+  }
   return out;
 }
 

@@ -110,7 +110,9 @@ TEST_P(OnnxExecFixture, MatchesOnnxruntimeAtRealPositions) {
   for (const auto& [name, t] : ref.inputs) shapes[name] = t.shape();
   const FoldedGraph folded = fold_import_graph(graph, shapes);
   for (size_t n = 0; n < graph.nodes().size(); ++n)
-    if (graph.nodes()[n].op_type == "Shape") EXPECT_TRUE(folded.folded[n]) << graph.nodes()[n].name;
+    if (graph.nodes()[n].op_type == "Shape") {
+      EXPECT_TRUE(folded.folded[n]) << graph.nodes()[n].name;
+    }
   EXPECT_GT(folded.folded_nodes, fold_import_graph(graph).folded_nodes);
 }
 
@@ -153,7 +155,7 @@ TEST_P(OnnxExecFixture, RowsDoNotDependOnTheirBatch) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, OnnxExecFixture,
+INSTANTIATE_TEST_SUITE_P(OnnxFixtures, OnnxExecFixture,
                          ::testing::Values("t5_encoder", "t5_decoder", "bloom"));
 
 }  // namespace

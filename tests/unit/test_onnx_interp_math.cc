@@ -1,6 +1,8 @@
 // The ONNX interpreter's arithmetic kernels, one op at a time (onnx_op_harness.h: each case runs
 // with run-time inputs and folded, which must agree). Expected values are worked out by hand
 // from ONNX's operator specification (numpy broadcasting, truncating integer division, ...).
+#include "frontend/onnx/interp/kernels.h"
+#include "frontend/onnx/supported_ops.h"
 #include "onnx_op_harness.h"
 
 namespace kiln {
@@ -10,6 +12,17 @@ using namespace onnx_test;
 constexpr OnnxElemType kF = OnnxElemType::kFloat;
 constexpr OnnxElemType kI = OnnxElemType::kInt64;
 constexpr OnnxElemType kB = OnnxElemType::kBool;
+
+// Every op the import reads has a kernel: a graph that imports also runs.
+TEST(OnnxInterpKernels, EverySupportedOpHasAKernel) {
+  for (std::string_view op : supported_onnx_ops()) {
+    const OpKernel* k = find_op_kernel(op);
+    ASSERT_NE(k, nullptr) << op;
+    EXPECT_EQ(k->op, op);
+  }
+  EXPECT_EQ(find_op_kernel("NonMaxSuppression"), nullptr);
+  EXPECT_EQ(find_op_kernel(""), nullptr);
+}
 
 TEST(OnnxInterpBinary, AddBroadcastsTrailingAndBothWays) {
   // [2, 3] + [3]: the row adds to each row.

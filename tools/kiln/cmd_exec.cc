@@ -186,7 +186,8 @@ int run_exec(const ExecOptions& o, const GlobalOptions& g) {
       stats.folded_nodes + stats.executed_nodes, stats.folded_nodes, stats.executed_nodes, seconds);
   for (const std::string& name : order)
     out("  output {:<24} {}\n", name, shape_text(outputs.at(name)));
-  if (!o.output.empty()) out("wrote {} ({} outputs)\n", o.output, outputs.size());
+  if (!o.output.empty())
+    out("wrote {} ({} output{})\n", o.output, outputs.size(), outputs.size() == 1 ? "" : "s");
   if (o.compare.empty()) return 0;
   out("compare with {} (atol {:g}, rtol {:g}{}):\n", o.compare, o.atol, o.rtol,
       mask ? ", where " + mask->input + " is nonzero" : "");

@@ -137,8 +137,9 @@ void print_report(const nlohmann::json& r) {
     std::string folded_ops;
     for (const auto& [op, count] : folded["ops"].items())
       folded_ops += fmt::format(" {}×{}", op, count.get<int>());
-    out("folded at build time (declared input shapes): {} of {} nodes{}{}; {} constants ({:.1f} "
-        "KiB) feed the other {}\n",
+    out("folded at build time (declared input shapes): {} of {} nodes{}{}; {} folded values "
+        "({:.1f} "
+        "KiB) feed the other {} nodes\n",
         folded["nodes"].get<int>(), r["nodes"].get<int>(), folded_ops.empty() ? "" : ":",
         folded_ops, folded["constants"].get<int64_t>(),
         folded["constant_bytes"].get<double>() / 1024, folded["remaining_nodes"].get<int>());

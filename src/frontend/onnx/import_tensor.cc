@@ -1,5 +1,6 @@
 #include "frontend/onnx/import_tensor.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "core/half.h"
@@ -160,7 +161,8 @@ std::vector<int64_t> ImportTensor::to_int64s() const {
   else if (type_ == OnnxElemType::kUint8)
     std::copy_n(data<uint8_t>(), n, v.begin());
   else if (type_ == OnnxElemType::kBool)
-    for (size_t i = 0; i < n; ++i) v[i] = data<uint8_t>()[i] != 0;
+    std::transform(data<uint8_t>(), data<uint8_t>() + n, v.begin(),
+                   [](uint8_t b) -> int64_t { return b != 0; });
   else
     KILN_FAIL("expected an integer tensor, got {}", describe());
   return v;
@@ -172,9 +174,9 @@ std::vector<float> ImportTensor::to_floats() const {
   if (type_ == OnnxElemType::kFloat) {
     std::copy_n(data<float>(), n, v.begin());
   } else if (type_ == OnnxElemType::kFloat16) {
-    for (size_t i = 0; i < n; ++i) v[i] = fp16_to_float(data<uint16_t>()[i]);
+    std::transform(data<uint16_t>(), data<uint16_t>() + n, v.begin(), fp16_to_float);
   } else if (type_ == OnnxElemType::kBFloat16) {
-    for (size_t i = 0; i < n; ++i) v[i] = bf16_to_float(data<uint16_t>()[i]);
+    std::transform(data<uint16_t>(), data<uint16_t>() + n, v.begin(), bf16_to_float);
   } else {
     const std::vector<int64_t> ints = to_int64s();
     for (size_t i = 0; i < n; ++i) v[i] = static_cast<float>(ints[i]);

@@ -13,20 +13,26 @@ template <typename V>
 void store(const std::vector<V>& src, ImportTensor& y) {
   const size_t n = src.size();
   switch (y.type()) {
-    case OnnxElemType::kFloat:
-      for (size_t i = 0; i < n; ++i) y.mutable_data<float>()[i] = static_cast<float>(src[i]);
+    case OnnxElemType::kFloat: {
+      float* dst = y.mutable_data<float>();
+      for (size_t i = 0; i < n; ++i) dst[i] = static_cast<float>(src[i]);
       return;
-    case OnnxElemType::kFloat16:
-      for (size_t i = 0; i < n; ++i)
-        y.mutable_data<uint16_t>()[i] = float_to_fp16(static_cast<float>(src[i]));
+    }
+    case OnnxElemType::kFloat16: {
+      uint16_t* dst = y.mutable_data<uint16_t>();
+      for (size_t i = 0; i < n; ++i) dst[i] = float_to_fp16(static_cast<float>(src[i]));
       return;
-    case OnnxElemType::kBFloat16:
-      for (size_t i = 0; i < n; ++i)
-        y.mutable_data<uint16_t>()[i] = float_to_bf16(static_cast<float>(src[i]));
+    }
+    case OnnxElemType::kBFloat16: {
+      uint16_t* dst = y.mutable_data<uint16_t>();
+      for (size_t i = 0; i < n; ++i) dst[i] = float_to_bf16(static_cast<float>(src[i]));
       return;
-    case OnnxElemType::kBool:
-      for (size_t i = 0; i < n; ++i) y.mutable_data<uint8_t>()[i] = src[i] != V{0};
+    }
+    case OnnxElemType::kBool: {
+      uint8_t* dst = y.mutable_data<uint8_t>();
+      for (size_t i = 0; i < n; ++i) dst[i] = src[i] != V{0};
       return;
+    }
     case OnnxElemType::kInt64:
     case OnnxElemType::kInt32:
     case OnnxElemType::kInt8:
@@ -64,13 +70,16 @@ void run_cast(OpContext& ctx) {
   const auto type = static_cast<OnnxElemType>(to->i);
   check_interpreter_type(type, "Cast's target type");
   const OnnxElemType from = ctx.input_type(0);
-  ImportTensor& y = ctx.set_output(0, type, ctx.input_shape(0));
-  if (ctx.shape_only()) return;
+  if (ctx.shape_only()) {
+    ctx.set_output(0, type, ctx.input_shape(0));
+    return;
+  }
   const ImportTensor& x = ctx.input(0);
-  if (from == type) {
+  if (from == type) {  // a view, nothing to convert
     ctx.set_output(0, x);
     return;
   }
+  ImportTensor& y = ctx.set_output(0, type, x.shape());
   if (is_float_type(from))
     store(x.to_floats(), y);
   else

@@ -107,9 +107,10 @@ void run_range(OpContext& ctx) {
 }
 
 void run_identity(OpContext& ctx) {
-  ctx.set_output(0, ctx.input_type(0), ctx.input_shape(0));
-  if (ctx.shape_only()) return;
-  ctx.set_output(0, ctx.input(0));
+  if (ctx.shape_only())
+    ctx.set_output(0, ctx.input_type(0), ctx.input_shape(0));
+  else
+    ctx.set_output(0, ctx.input(0));
 }
 
 }  // namespace kiln

@@ -83,14 +83,17 @@ void run_layer_normalization(OpContext& ctx) {
     std::vector<float> v(static_cast<size_t>(cols), fill);
     if (!ctx.has_input(i)) return v;
     const ImportTensor& t = ctx.input(i);
+    const float* src = t.data<float>();
     const std::array<Shape, 1> strides = {broadcast_strides(t.shape(), norm)};
     for_each_row<1>(norm, strides, [&](int64_t o, const auto& off, const auto& step, int64_t n) {
-      for (int64_t j = 0; j < n; ++j) v[o + j] = t.data<float>()[off[0] + j * step[0]];
+      for (int64_t j = 0; j < n; ++j) v[o + j] = src[off[0] + j * step[0]];
     });
     return v;
   };
   const std::vector<float> scale = expand(1, 1.0f), bias = expand(2, 0.0f);
   float* out = y.mutable_data<float>();
+  float* mean_out = want_mean ? ctx.outputs()[1].mutable_data<float>() : nullptr;
+  float* inv_out = want_inv ? ctx.outputs()[2].mutable_data<float>() : nullptr;
   for (int64_t r = 0; r < rows; ++r) {
     const float* px = x + r * cols;
     double sum = 0;
@@ -101,8 +104,8 @@ void run_layer_normalization(OpContext& ctx) {
     const double inv = 1.0 / std::sqrt(sq / static_cast<double>(cols) + epsilon);
     for (int64_t c = 0; c < cols; ++c)
       out[r * cols + c] = static_cast<float>((px[c] - mean) * inv * scale[c] + bias[c]);
-    if (want_mean) ctx.outputs()[1].mutable_data<float>()[r] = static_cast<float>(mean);
-    if (want_inv) ctx.outputs()[2].mutable_data<float>()[r] = static_cast<float>(inv);
+    if (mean_out != nullptr) mean_out[r] = static_cast<float>(mean);
+    if (inv_out != nullptr) inv_out[r] = static_cast<float>(inv);
   }
 }
 

@@ -8,11 +8,12 @@
 namespace kiln {
 namespace {
 
-// Declares the output and makes it a view of input 0.
+// Output 0 is a view of input 0 with `shape` (nothing is allocated or copied).
 void view_input(OpContext& ctx, Shape shape) {
-  ctx.set_output(0, ctx.input_type(0), shape);
-  if (ctx.shape_only()) return;
-  ctx.set_output(0, ctx.input(0).reshaped(std::move(shape)));
+  if (ctx.shape_only())
+    ctx.set_output(0, ctx.input_type(0), std::move(shape));
+  else
+    ctx.set_output(0, ctx.input(0).reshaped(std::move(shape)));
 }
 
 int64_t product(const Shape& s, size_t begin, size_t end) {
