@@ -7,7 +7,7 @@ expect_in "$TMP/out" "kiln 0." "--version"
 expect_in "$TMP/out" "cpu:" "--version lists the cpu backend"
 expect_in "$TMP/out" "cuda:" "--version says whether CUDA is compiled in"
 
-for sub in build run eval bench perf inspect serve tokenize; do
+for sub in build run eval bench perf inspect exec serve tokenize; do
   expect_exit 0 "$sub --help" -- "$KILN" "$sub" --help
   expect_in "$TMP/out" "$sub" "$sub --help"
 done

@@ -11,6 +11,7 @@ expect_in "$TMP/out" "input_ids" "text: an input"
 expect_in "$TMP/out" "attention_mask" "text: an input"
 expect_in "$TMP/out" "logits" "text: the output"
 expect_in "$TMP/out" "unsupported ops: none" "text: every op imported"
+expect_in "$TMP/out" "folded at build time (declared input shapes): " "text: what folds"
 
 for model in bloom t5_encoder t5_decoder; do
   expect_exit 0 "inspect --json $model" -- "$KILN" inspect --onnx "$ONNX/$model.onnx" --json || continue
@@ -39,6 +40,13 @@ assert report["producer"]["name"] == "pytorch", report["producer"]
 assert report["unsupported_ops"] == [], report["unsupported_ops"]
 assert report["initializers"]["count"] > 0 and report["initializers"]["bytes"] > 0
 assert sum(report["ops"].values()) == report["nodes"]
+# Folding with the declared shapes (batch and sequence symbolic): every Constant folds, every
+# Shape of an input stays (its dims are not numbers); folded and remaining nodes are all nodes.
+folded = report["folded"]
+assert folded["ops"].get("Constant") == report["ops"]["Constant"], folded
+assert "Shape" not in folded["ops"], folded
+assert folded["nodes"] + folded["remaining_nodes"] == report["nodes"], folded
+assert folded["nodes"] == sum(folded["ops"].values()), folded
 PY
 done
 

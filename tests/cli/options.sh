@@ -51,7 +51,7 @@ expect_exit 0 "run the plan's template" -- "$KILN" run --plan "$TMP/twice.plan" 
 [ "$got_ids" = "$(json_field "$TMP/out" input_ids)" ] || fail "plan template '{prompt} {prompt} =' gave other ids"
 
 # --- item 17: kiln help COMMAND; unknown commands list the commands ---
-for sub in build run eval bench inspect serve tokenize; do
+for sub in build run eval bench inspect exec serve tokenize; do
   expect_exit 0 "kiln help $sub" -- "$KILN" help "$sub"
   cp "$TMP/out" "$TMP/help_cmd"
   expect_exit 0 "kiln $sub --help" -- "$KILN" "$sub" --help
@@ -63,13 +63,13 @@ for cmd in frobnicate "help frobnicate"; do
   # shellcheck disable=SC2086
   expect_exit 2 "kiln $cmd" -- "$KILN" $cmd
   expect_in "$TMP/err" "unknown command 'frobnicate'" "says unknown command"
-  expect_in "$TMP/err" "build, calibrate, run, eval, bench, perf, inspect, serve, tokenize" "lists the commands"
+  expect_in "$TMP/err" "build, calibrate, run, eval, bench, perf, inspect, exec, serve, tokenize" "lists the commands"
 done
 expect_exit 2 "kiln rnu" -- "$KILN" rnu --plan x
 expect_in "$TMP/err" "did you mean run?" "suggests the closest command"
 
 # --- item 18: every subcommand's help lists the global flags and every value limit ---
-for sub in build run eval inspect tokenize bench serve; do
+for sub in build run eval inspect exec tokenize bench serve; do
   "$KILN" "$sub" --help > "$TMP/help" 2>&1
   for flag in "-v, --verbose" "-q, --quiet" "--threads N"; do expect_in "$TMP/help" "$flag" "$sub --help lists $flag"; done
   expect_in "$TMP/help" "1..$(nproc --all 2>/dev/null || nproc)" "$sub --help gives the --threads range"

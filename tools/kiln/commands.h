@@ -33,6 +33,7 @@ Runner add_synth(CLI::App& app);
 Runner add_bench(CLI::App& app);
 Runner add_perf(CLI::App& app);
 Runner add_serve(CLI::App& app);
+Runner add_exec(CLI::App& app);
 // `kiln inspect --onnx FILE [--json]` (inspect_onnx.cc).
 int inspect_onnx(const std::string& path, bool json);
 
@@ -65,6 +66,9 @@ std::unique_ptr<CompiledModel> open_engine(Context& ctx, const std::string& plan
 // that says what to give instead.
 void check_model_dir(const std::string& path, const char* flag);
 void check_plan_file(const std::string& path, const char* flag);
+// A file argument (--onnx, --inputs, --compare): missing or a directory is a runtime error
+// (exit 1) naming the flag and the path.
+void check_input_file(const std::string& path, const char* flag);
 
 // --- inputs (inputs.cc) ---
 // A prompt or text with where it came from, for errors: "--prompt 2" or "prompts.jsonl:3".

@@ -131,6 +131,15 @@ void check_plan_file(const std::string& path, const char* flag) {
   }
 }
 
+void check_input_file(const std::string& path, const char* flag) {
+  KILN_CHECK_USAGE(!path.empty(), "{}: the path is empty", flag);
+  std::error_code ec;
+  const fs::file_status st = fs::status(path, ec);
+  if (!fs::exists(st)) KILN_FAIL_KIND(ErrorKind::kNotFound, "{} {}: no such file", flag, path);
+  KILN_CHECK(!fs::is_directory(st), "{} {}: this is a directory; {} takes a file", flag, path,
+             flag);
+}
+
 std::unique_ptr<CompiledModel> open_engine(Context& ctx, const std::string& plan,
                                            const std::string& model) {
   KILN_CHECK_USAGE(plan.empty() != model.empty(), "give exactly one of --plan or --model");

@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
+#include "frontend/onnx/fold_import_graph.h"
 #include "frontend/onnx/import_graph.h"
 #include "frontend/onnx/supported_ops.h"
 #include "output.h"
@@ -39,6 +40,31 @@ nlohmann::json values_json(const ImportGraph& g, const std::vector<int>& ids) {
   return list;
 }
 
+// What folds before the graph runs with the inputs' declared shapes: constant subgraphs, and
+// shape subgraphs where the dimensions they read are numbers (symbolic ones, batch and sequence,
+// are known only when `kiln exec` runs the graph on real inputs).
+nlohmann::json folding_json(const ImportGraph& g) {
+  try {
+    const FoldedGraph folded = fold_import_graph(g);
+    std::map<std::string, int> ops;
+    for (size_t n = 0; n < g.nodes().size(); ++n)
+      if (folded.folded[n]) ++ops[g.nodes()[n].qualified_op()];
+    int64_t constants = 0, bytes = 0;  // what the remaining nodes read
+    for (size_t v = 0; v < g.values().size(); ++v)
+      if (folded.known[v].has_data() && g.values()[v].kind != ImportValueKind::kInitializer) {
+        ++constants;
+        bytes += folded.known[v].numel() * static_cast<int64_t>(folded.known[v].element_bytes());
+      }
+    return {{"nodes", folded.folded_nodes},
+            {"remaining_nodes", folded.remaining.size()},
+            {"ops", ops},
+            {"constants", constants},
+            {"constant_bytes", bytes}};
+  } catch (const Error& e) {
+    return {{"error", e.what()}};
+  }
+}
+
 nlohmann::json onnx_report(const OnnxModel& model, const ImportGraph& g) {
   std::map<std::string, int> ops;
   for (const ImportNode& n : g.nodes()) ++ops[n.qualified_op()];
@@ -65,6 +91,7 @@ nlohmann::json onnx_report(const OnnxModel& model, const ImportGraph& g) {
           {"ops", ops},
           {"initializers",
            {{"count", init_count}, {"bytes", init_bytes}, {"external_bytes", external_bytes}}},
+          {"folded", folding_json(g)},
           {"unsupported_ops", unsupported}};
 }
 
@@ -103,6 +130,20 @@ void print_report(const nlohmann::json& r) {
   for (const auto& [op, count] : r["ops"].items())
     ops += fmt::format(" {}×{}", op, count.get<int>());
   out("ops:{}\n", ops);
+  const auto& folded = r["folded"];
+  if (folded.contains("error")) {
+    out("folding: failed: {}\n", folded["error"].get<std::string>());
+  } else {
+    std::string folded_ops;
+    for (const auto& [op, count] : folded["ops"].items())
+      folded_ops += fmt::format(" {}×{}", op, count.get<int>());
+    out("folded at build time (declared input shapes): {} of {} nodes{}{}; {} folded values "
+        "({:.1f} "
+        "KiB) feed the other {} nodes\n",
+        folded["nodes"].get<int>(), r["nodes"].get<int>(), folded_ops.empty() ? "" : ":",
+        folded_ops, folded["constants"].get<int64_t>(),
+        folded["constant_bytes"].get<double>() / 1024, folded["remaining_nodes"].get<int>());
+  }
   const auto& unsupported = r["unsupported_ops"];
   if (unsupported.empty()) {
     out("unsupported ops: none (every op is one kiln imports)\n");

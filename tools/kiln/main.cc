@@ -169,6 +169,7 @@ int main(int argc, char** argv) {
   runners["bench"] = kiln::cli::add_bench(app);
   runners["perf"] = kiln::cli::add_perf(app);
   runners["inspect"] = kiln::cli::add_inspect(app);
+  runners["exec"] = kiln::cli::add_exec(app);
   runners["serve"] = kiln::cli::add_serve(app);
   runners["tokenize"] = kiln::cli::add_tokenize(app);
   runners["synth"] = kiln::cli::add_synth(app);
