@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <vector>
 
 namespace kiln {
 
@@ -124,19 +125,51 @@ Tensor Tensor::view_at(DType dtype, Shape shape, size_t byte_offset) const {
   return t;
 }
 
+namespace {
+
+// Converts src's elements to `dtype` into out (both contiguous, same element count) a chunk at a
+// time through a small f32 buffer, giving back each chunk's pages of a file-backed src as it is
+// done: converting a mapped 7B embedding table costs its output, not an f32 copy of the whole
+// table beside all of the source's pages.
+void convert_chunked(const Tensor& src, Tensor& out) {
+  const DTypeTraits& from = dtype_traits(src.dtype());
+  const DTypeTraits& to = dtype_traits(out.dtype());
+  const size_t n = static_cast<size_t>(src.numel());
+  const size_t step = size_t{1} << 20;  // a multiple of every block size
+  std::vector<float> buffer(
+      src.dtype() == DType::kF32 || out.dtype() == DType::kF32 ? 0 : std::min(n, step));
+  const char* s = static_cast<const char*>(src.raw());
+  char* d = static_cast<char*>(out.raw());
+  for (size_t i = 0; i < n; i += step) {
+    const size_t m = std::min(step, n - i);
+    const char* sp = s + dtype_bytes(src.dtype(), i);
+    char* dp = d + dtype_bytes(out.dtype(), i);
+    if (out.dtype() == DType::kF32) {
+      from.to_float(sp, reinterpret_cast<float*>(dp), m);
+    } else if (src.dtype() == DType::kF32) {
+      to.from_float(reinterpret_cast<const float*>(sp), dp, m);
+    } else {
+      from.to_float(sp, buffer.data(), m);
+      to.from_float(buffer.data(), dp, m);
+    }
+    if (src.file_backed()) release_file_pages(sp, dtype_bytes(src.dtype(), m));
+  }
+}
+
+}  // namespace
+
 Tensor Tensor::to_f32() const {
   KILN_CHECK(is_contiguous(), "to_f32 of a non-contiguous tensor");
   Tensor out = empty(DType::kF32, shape_);
-  dtype_traits(dtype_).to_float(raw(), out.data<float>(), static_cast<size_t>(numel()));
+  convert_chunked(*this, out);
   return out;
 }
 
 Tensor Tensor::to(DType dtype) const {
   if (dtype == dtype_) return clone();
-  if (dtype == DType::kF32) return to_f32();
-  Tensor src = dtype_ == DType::kF32 ? *this : to_f32();
+  KILN_CHECK(is_contiguous(), "conversion of a non-contiguous tensor");
   Tensor out = empty(dtype, shape_);
-  dtype_traits(dtype).from_float(src.data<float>(), out.raw(), static_cast<size_t>(numel()));
+  convert_chunked(*this, out);
   return out;
 }
 

@@ -2,7 +2,13 @@
 // storage's size.
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <vector>
+
 #include "core/tensor.h"
+#include "io/mmap_file.h"
 
 namespace kiln {
 namespace {
@@ -28,6 +34,51 @@ TEST(Tensor, BadInputViewAtPastTheStorageIsRefused) {
   EXPECT_THROW(buffer.view_at(DType::kF32, {4}, 52), Error);
   EXPECT_THROW(buffer.view_at(DType::kF32, {17}, 0), Error);
   EXPECT_THROW(Tensor().view_at(DType::kF32, {1}, 0), Error);
+}
+
+// Conversions go a chunk (2^20 elements) at a time and give a mapped source's pages back as they
+// go: the values are those of converting element by element, across chunk boundaries and a
+// tail, and the mapped source still reads its values afterwards (the pages come back from the
+// file).
+TEST(Tensor, ConversionsOfAMappedTensorAreChunkedAndExact) {
+  const int64_t n = (int64_t{1} << 21) + 777;
+  std::vector<float> values(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i)
+    values[static_cast<size_t>(i)] = std::sin(static_cast<float>(i) * 0.001f) * 1000.0f;
+  const Tensor f16 = Tensor::from_vector(values, {n}).to(DType::kF16);
+  const std::string dir = std::string(KILN_TEST_TMP) + "/tensor_convert";
+  std::filesystem::create_directories(dir);
+  const std::string path = dir + "/f16.bin";
+  {
+    std::ofstream out(path, std::ios::binary);
+    out.write(static_cast<const char*>(f16.raw()), static_cast<std::streamsize>(f16.nbytes()));
+  }
+  auto file = MappedFile::open(path);
+  const Tensor mapped = Tensor::mapped(DType::kF16, {n}, file->data(), file);
+  ASSERT_TRUE(mapped.file_backed());
+  const Tensor bf16 = mapped.to(DType::kBF16);
+  const Tensor f32 = mapped.to_f32();
+  const DTypeTraits& h = dtype_traits(DType::kF16);
+  const DTypeTraits& b = dtype_traits(DType::kBF16);
+  for (int64_t i : {int64_t{0}, int64_t{1} << 20, (int64_t{1} << 20) - 1, (int64_t{1} << 21) + 5,
+                    n - 1}) {
+    float one = 0.0f;
+    h.to_float(static_cast<const uint16_t*>(f16.raw()) + i, &one, 1);
+    EXPECT_EQ(f32.data<float>()[i], one) << i;
+    uint16_t expect = 0;
+    b.from_float(&one, &expect, 1);
+    EXPECT_EQ(static_cast<const uint16_t*>(bf16.raw())[i], expect) << i;
+  }
+  for (int64_t i = 0; i < n; i += 4099) {
+    float one = 0.0f, back = 0.0f;
+    h.to_float(static_cast<const uint16_t*>(f16.raw()) + i, &one, 1);
+    b.to_float(static_cast<const uint16_t*>(bf16.raw()) + i, &back, 1);
+    ASSERT_EQ(f32.data<float>()[i], one) << i;
+    ASSERT_NEAR(back, one, std::fabs(one) / 128.0f) << i;
+    ASSERT_EQ(static_cast<const uint16_t*>(mapped.raw())[i],
+              static_cast<const uint16_t*>(f16.raw())[i])
+        << i;
+  }
 }
 
 }  // namespace
