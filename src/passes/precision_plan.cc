@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cmath>
 #include <set>
+#include <vector>
 
 namespace kiln {
 namespace {
@@ -102,12 +103,23 @@ void mark_residual_stream(const Graph& g, PrecisionPlan* plan) {
 
 std::string narrowing_refused(const Tensor& w, DType to) {
   if (w.dtype() == to) return {};
-  const Tensor f = w.dtype() == DType::kF32 ? w : w.to_f32();
-  const float* p = f.data<float>();
+  KILN_CHECK(w.is_contiguous(), "narrowing_refused: a non-contiguous weight");
+  // A chunk at a time, each chunk's pages of a mapped (spilled) weight given back once read: the
+  // scan of a 7B model's weights is not 7B weights of resident memory.
+  const DTypeTraits& traits = dtype_traits(w.dtype());
+  const size_t n = static_cast<size_t>(w.numel()), step = size_t{1} << 20;
+  std::vector<float> buffer(std::min(n, step));
+  const char* base = static_cast<const char*>(w.raw());
   float amax = 0.0f;
-  for (int64_t i = 0; i < f.numel(); ++i) {
-    if (!std::isfinite(p[i])) return "holds a non-finite value";
-    amax = std::max(amax, std::fabs(p[i]));
+  for (size_t i = 0; i < n; i += step) {
+    const size_t m = std::min(step, n - i);
+    const char* chunk = base + dtype_bytes(w.dtype(), i);
+    traits.to_float(chunk, buffer.data(), m);
+    if (w.file_backed()) release_file_pages(chunk, dtype_bytes(w.dtype(), m));
+    for (size_t j = 0; j < m; ++j) {
+      if (!std::isfinite(buffer[j])) return "holds a non-finite value";
+      amax = std::max(amax, std::fabs(buffer[j]));
+    }
   }
   if (to == DType::kF16 && amax > 65504.0f)
     return fmt::format("max |w| = {:g} exceeds fp16's largest finite value 65504", amax);
