@@ -1,6 +1,7 @@
 #include "builder/calibration_runner.h"
 
 #include <algorithm>
+#include <optional>
 
 #include "core/logging.h"
 #include "graph/linear.h"
@@ -123,6 +124,32 @@ CalibrationCache calibrate_model(const ModelIR& model, const ActivationStats& st
     KILN_CHECK(it != stats.histograms.end(), "calibration statistics lack tensor {}", name);
     cache.scales[name] = static_cast<float>(calibrate(it->second, method).scale);
   }
+  return cache;
+}
+
+CalibrationCache calibrate_checkpoint(Context& ctx, const std::string& hf_dir,
+                                      const BuildOptions& options,
+                                      const std::vector<CalibrationPrompt>& prompts,
+                                      const CalibrationRunOptions& run,
+                                      const CalibrationMethodSpec& method, ActivationStats* stats) {
+  KILN_CHECK_USAGE(options.device == Device::kCpu,
+                   "calibration runs the float model on the cpu; the build targets {}",
+                   device_name(options.device));
+  BuildOptions float_options = options;
+  float_options.precision = Precision::kFp32;
+  float_options.precision_options.calibration.reset();
+  float_options.precision_options.calibration_source.clear();
+  ctx.log().info("calibration: building the fp32 model that the calibration prompts run through");
+  std::optional<CompiledModel> model;
+  {
+    Activity activity(ctx.log(), "building the fp32 model to calibrate");
+    model.emplace(ctx, build_model(hf_dir, float_options, ctx.log()));
+  }
+  ActivationStats collected = collect_activation_stats(*model, prompts, run);
+  CalibrationCache cache = calibrate_model(model->model(), collected, method);
+  ctx.log().info("calibration: {} scales ({}), model {}", cache.scales.size(), cache.method,
+                 cache.model);
+  if (stats) *stats = std::move(collected);
   return cache;
 }
 

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "builder/builder.h"
 #include "io/calibration_prompts.h"
 #include "passes/calibration_cache.h"
 #include "passes/calibrator.h"
@@ -45,5 +46,17 @@ ActivationStats collect_activation_stats(CompiledModel& model,
 // The cache of the statistics calibrated with `method`, for `model`.
 CalibrationCache calibrate_model(const ModelIR& model, const ActivationStats& stats,
                                  const CalibrationMethodSpec& method);
+
+// What `kiln build --precision int8 --calib FILE` runs before it builds: the checkpoint built as
+// the fp32 plan of `options` (the same passes before the precision pass, so every value observed
+// is the f32 input an int8 plan's Linear quantizes), compiled for `ctx`, run over `prompts`, and
+// calibrated with `method`. The float model is gone when it returns; `stats` (optional) gets the
+// statistics.
+CalibrationCache calibrate_checkpoint(Context& ctx, const std::string& hf_dir,
+                                      const BuildOptions& options,
+                                      const std::vector<CalibrationPrompt>& prompts,
+                                      const CalibrationRunOptions& run,
+                                      const CalibrationMethodSpec& method,
+                                      ActivationStats* stats = nullptr);
 
 }  // namespace kiln

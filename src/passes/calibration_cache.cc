@@ -55,6 +55,10 @@ std::vector<std::string> calibrated_tensors(const ModelIR& model) {
 }
 
 std::string calibration_fingerprint(const ModelIR& model) {
+  KILN_CHECK_USAGE(!model.weights_digest.empty(),
+                   "the model records no digest of its checkpoint's weights (a plan written "
+                   "before kiln recorded one), so a calibration cannot name it: rebuild the plan "
+                   "with this kiln's kiln build");
   Hash64 h;
   auto add = [&](const std::string& s) {
     const uint64_t size = s.size();
@@ -63,6 +67,7 @@ std::string calibration_fingerprint(const ModelIR& model) {
   };
   add(model.source_config_json);
   add(model.tokenizer_bytes);
+  add(model.weights_digest);  // the checkpoint's content: same shapes, other weights differ
   std::set<std::string> seen;
   for (const Graph& g : model.graphs)
     for (const Node& n : g.nodes) {

@@ -5,11 +5,11 @@
 //   decoder/decoder.block.0.layer.0.SelfAttention.attn 0.026299354
 //   ...
 //
-// The header names the model (calibration_fingerprint: which tensors a model calibrates and
-// their shapes, its config and tokenizer) and the method; then one line per calibrated tensor:
-// its name (graph/value, no whitespace) and its int8 scale as the shortest decimal that reads
-// back as the same float. A cache that does not match the model it is used for is refused,
-// naming what differs.
+// The header names the model (calibration_fingerprint: its checkpoint's content, which tensors
+// it calibrates and their shapes, its config and tokenizer) and the method; then one line per
+// calibrated tensor: its name (graph/value, no whitespace) and its int8 scale as the shortest
+// decimal that reads back as the same float. A cache that does not match the model it is used for
+// is refused, naming what differs.
 #pragma once
 
 #include <map>
@@ -33,8 +33,10 @@ struct CalibrationCache {
 std::vector<std::string> calibrated_tensors(const ModelIR& model);
 // The name calibrated_tensors gives value `value` of `graph`.
 std::string calibrated_tensor_name(const Graph& graph, int value);
-// 16 hex digits identifying the model for its cache: its source config and tokenizer, and
-// every calibrated tensor's name, type and shape.
+// 16 hex digits identifying the model for its cache: its source config and tokenizer, its
+// checkpoint's content (ModelIR::weights_digest: a model of the same shapes with other weights
+// differs), and every calibrated tensor's name and shape. A usage error for a model without a
+// weights digest (a plan written before kiln recorded one).
 std::string calibration_fingerprint(const ModelIR& model);
 
 // Written atomically (io/atomic_file.h); throws naming `path`.
