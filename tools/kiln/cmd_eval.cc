@@ -163,14 +163,15 @@ Runner add_eval(CLI::App& app) {
         };
         nlohmann::json delta = nlohmann::json::object();
         for (const auto& [task, c] : s[0].per_task) delta[task] = s[1].task(task) - s[0].task(task);
-        nlohmann::json j{{"a", side(0)},
-                         {"b", side(1)},
-                         {"delta", {{"overall", -drop}, {"per_task", delta}}},
-                         {"top1_agreement", top1},
-                         {"top1_positions", agree.positions},
-                         {"identical_outputs", agree.identical_rows},
-                         {"n", n},
-                         {"passed", passed}};
+        nlohmann::json j{
+            {"a", side(0)},
+            {"b", side(1)},
+            {"delta", {{"overall", s[1].overall(n) - s[0].overall(n)}, {"per_task", delta}}},
+            {"top1_agreement", top1},
+            {"top1_positions", agree.positions},
+            {"identical_outputs", agree.identical_rows},
+            {"n", n},
+            {"passed", passed}};
         if (o->max_drop >= 0) j["max_drop"] = o->max_drop;
         out_line(j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
       } else {
@@ -180,7 +181,7 @@ Runner add_eval(CLI::App& app) {
           out("{:<12} {:>8.3f} {:>8.3f} {:>+8.3f} {:>6}\n", task, s[0].task(task), s[1].task(task),
               s[1].task(task) - s[0].task(task), c.second);
         out("{:<12} {:>8.3f} {:>8.3f} {:>+8.3f} {:>6}\n", "overall", s[0].overall(n),
-            s[1].overall(n), -drop, n);
+            s[1].overall(n), s[1].overall(n) - s[0].overall(n), n);
         out("top-1 agreement {:.4f} ({} of {} next-token choices after the same tokens); {} of {} "
             "outputs identical\n",
             top1, agree.agreed, agree.positions, agree.identical_rows, n);

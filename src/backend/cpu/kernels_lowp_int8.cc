@@ -25,7 +25,7 @@
 // included, on int8 levels from the static input scale (graph/linear.h: quantize_input) held in
 // int16 lanes: vpmaddwd's pair sums (at most 2 · 127 · 127) are exact, where vpmaddubsw's u8 × s8
 // pairs (up to 2 · 255 · 127) would saturate int16. y = f32(Σ q · w) · s · scale[o] + bias[o],
-// the AVX512-VNNI family's numbers bit for bit.
+// up to the bias the AVX512-VNNI family's numbers bit for bit.
 #include <immintrin.h>
 
 #include <algorithm>
