@@ -5,8 +5,9 @@
 # `kiln bench` over the three precisions in rotation for ROUNDS rounds (load from other
 # processes falls on every precision alike): prefill (time to first token of BATCH prompts of
 # INPUT_LEN tokens, one step) and decode at batch 1. Prints per (model, precision) the median
-# over rounds of each round's median prefill tokens/s and decode ms/token, and the ratios to bf16
-# and fp32 (bench/cpu/w8a8-prefill.md keeps a run's numbers).
+# over rounds of each round's median prefill tokens/s and decode ms/token, and the median over
+# rounds of each round's ratio to bf16 and to fp32 (bench/cpu/w8a8-prefill.md keeps a run's
+# numbers).
 #
 # Usage: bench/cpu/w8a8_prefill.sh [KILN] [WORKDIR] [ROUNDS] [BATCH] [INPUT_LEN]
 set -euo pipefail
@@ -51,18 +52,24 @@ done
 python3 - "$WORK/runs.jsonl" "$BATCH" "$INPUT_LEN" <<'PY'
 import json, statistics, sys
 runs = [json.loads(l) for l in open(sys.argv[1])]
-rounds = max(r["round"] for r in runs)
-print(f"prefill: batch {sys.argv[2]} x {sys.argv[3]} tokens; decode: batch 1 after 32 tokens; "
-      f"median of {rounds} rounds")
+rounds = sorted({r["round"] for r in runs})
+print(f"prefill: batch {sys.argv[2]} x {sys.argv[3]} tokens (time to first token); decode: batch 1 "
+      f"after 32 tokens; {len(rounds)} rounds, each precision once a round, side by side")
+print("ratios: the median over rounds of each round's ratio (a round's precisions ran minutes apart)")
 print(f"{'model':<14} {'precision':<10} {'prefill tok/s':>14} {'vs bf16':>8} {'vs fp32':>8} "
       f"{'decode ms/tok':>14} {'vs bf16':>8} {'vs fp32':>8}")
+def value(preset, p, kind, rnd):
+    key = "prefill_tokens_per_s" if kind == "prefill" else "decode_ms_per_token"
+    return next(r[key] for r in runs if r["preset"] == preset and r["precision"] == p
+                and r["kind"] == kind and r["round"] == rnd)
 for preset in dict.fromkeys(r["preset"] for r in runs):
-    med = {}
     for p in dict.fromkeys(r["precision"] for r in runs if r["preset"] == preset):
-        pick = lambda kind, key: statistics.median(
-            r[key] for r in runs if r["preset"] == preset and r["precision"] == p and r["kind"] == kind)
-        med[p] = (pick("prefill", "prefill_tokens_per_s"), pick("decode", "decode_ms_per_token"))
-    for p, (pf, dec) in med.items():
-        print(f"{preset:<14} {p:<10} {pf:>14.0f} {pf / med['bf16'][0]:>8.2f} {pf / med['fp32'][0]:>8.2f} "
-              f"{dec:>14.1f} {med['bf16'][1] / dec:>8.2f} {med['fp32'][1] / dec:>8.2f}")
+        pf = statistics.median(value(preset, p, "prefill", r) for r in rounds)
+        dec = statistics.median(value(preset, p, "decode", r) for r in rounds)
+        ratio = lambda kind, base: statistics.median(
+            (value(preset, p, kind, r) / value(preset, base, kind, r)) if kind == "prefill"
+            else (value(preset, base, kind, r) / value(preset, p, kind, r)) for r in rounds)
+        print(f"{preset:<14} {p:<10} {pf:>14.0f} {ratio('prefill', 'bf16'):>8.2f} "
+              f"{ratio('prefill', 'fp32'):>8.2f} {dec:>14.1f} {ratio('decode', 'bf16'):>8.2f} "
+              f"{ratio('decode', 'fp32'):>8.2f}")
 PY

@@ -65,11 +65,26 @@ expect_exit 2 "foreign cache" -- "$KILN" build --model "$FIXTURES/bloom-tiny" --
 expect_exit 2 "--calib with bf16" -- "$KILN" build --model "$FIXTURES/t5-tiny" --precision bf16 \
   --calib "$CALIB" -o "$TMP/bf16.plan" &&
   expect_in "$TMP/err" "--precision bf16" "names the precision"
+# A plan against itself agrees on every choice: the positions compared are each row's generated
+# tokens and its stop (counted here from `kiln run`'s output_ids at eval's 64 new tokens).
+head -n 60 "$DEV" >"$TMP/dev60.jsonl"
+expect_exit 0 "eval --compare self" -- "$KILN" eval --compare "$TMP/t5-fp32.plan" "$TMP/t5-fp32.plan" \
+  --dataset "$TMP/dev60.jsonl" --max-drop 0 --json && cp "$TMP/out" "$TMP/self.json"
+expect_exit 0 "run for the positions" -- "$KILN" run --plan "$TMP/t5-fp32.plan" --input "$TMP/prompts.jsonl" \
+  --max-new-tokens 64 --json && cp "$TMP/out" "$TMP/self.run.jsonl"
+python3 - "$TMP/self.json" "$TMP/self.run.jsonl" <<'PY' || fail "eval --compare of a plan with itself"
+import json, sys
+j = json.loads(open(sys.argv[1]).readline())
+runs = [json.loads(l) for l in open(sys.argv[2])]
+positions = sum(len(r["output_ids"]) + 1 for r in runs)
+assert j["top1_agreement"] == 1.0 and j["identical_outputs"] == 60 and j["passed"], j
+assert j["top1_positions"] == positions, (j["top1_positions"], positions)
+assert j["delta"]["overall"] == 0 and all(v == 0 for v in j["delta"]["per_task"].values()), j
+PY
 # The gate: a bloom plan built without its prompt template answers few rows, far below the
 # fp32 plan: --max-drop fails it (exit 1) after printing both.
 expect_exit 0 "build bloom without template" -- "$KILN" build --model "$FIXTURES/bloom-tiny" \
   -o "$TMP/bloom-plain.plan"
-head -n 60 "$DEV" >"$TMP/dev60.jsonl"
 expect_exit 1 "eval --compare gate" -- "$KILN" eval --compare "$TMP/bloom-fp32.plan" \
   "$TMP/bloom-plain.plan" --dataset "$TMP/dev60.jsonl" --max-drop 0.02 &&
   expect_in "$TMP/err" "--max-drop 0.02" "the gate names --max-drop" &&
