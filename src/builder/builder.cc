@@ -81,6 +81,7 @@ ModelIR build_model(const std::string& hf_dir, const BuildOptions& options, cons
       eliminate_dead(g, log);
     }
     check_calibration(model, options.precision_options);
+    apply_smoothing(model, options.precision_options, log);
     for (Graph& g : model.graphs) {
       assign_precision(g, precision_support(model.device, model.precision),
                        options.precision_options, &model.precision_notes, log);

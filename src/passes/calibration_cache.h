@@ -24,6 +24,13 @@ struct CalibrationCache {
   std::string model;   // calibration_fingerprint of the model it was made for (16 hex digits)
   std::string method;  // calibration_method_name
   std::map<std::string, float> scales;  // tensor name -> scale
+  // SmoothQuant (kiln build --smoothquant ALPHA; passes/smooth_quant.h): its alpha (0: none)
+  // and, per smoothed tensor, the factor of each channel (its last dimension) that the tensor
+  // is divided by — folded into the norm that makes it — and its readers' weight columns are
+  // multiplied by. `scales` are then the smoothed tensors' scales. Written as version 2 of the
+  // format: `smoothquant=ALPHA` in the header, and `smooth TENSOR F0 F1 ...` lines.
+  double smoothquant_alpha = 0.0;
+  std::map<std::string, std::vector<float>> smoothing;
   bool operator==(const CalibrationCache&) const = default;
 };
 

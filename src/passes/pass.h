@@ -32,6 +32,10 @@ struct PrecisionOptions {
   // errors name it). check_calibration refuses one made for another model.
   std::optional<CalibrationCache> calibration;
   std::string calibration_source;
+  // SmoothQuant factors to fold in (passes/smooth_quant.h: apply_smoothing) in a build without a
+  // calibration: the smoothed fp32 model a SmoothQuant calibration runs. An int8 build takes
+  // them from its calibration (CalibrationCache::smoothing) instead.
+  std::map<std::string, std::vector<float>> smoothing;
 };
 
 // A usage error for a build of a precision with calibrated inputs (int8) without a calibration,
@@ -41,6 +45,10 @@ void require_calibration(Device device, Precision precision, const PrecisionOpti
 // another model, or other tensors). Run on the graphs as the precision pass sees them, which
 // are the float plan's (what calibration ran).
 void check_calibration(const ModelIR& model, const PrecisionOptions& options);
+// Folds SmoothQuant's factors (the calibration's, or PrecisionOptions::smoothing) into every
+// graph (passes/smooth_quant.h); nothing without any. After check_calibration, before the
+// precision pass.
+void apply_smoothing(ModelIR& model, const PrecisionOptions& options, const Logger& log);
 
 // The precision pass, for every device: gives each node its weight and activation types from
 // `support` (core/target.h's row for the plan's device and precision), the graph's structure and

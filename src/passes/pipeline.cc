@@ -1,5 +1,6 @@
 #include "graph/verifier.h"
 #include "passes/pass.h"
+#include "passes/smooth_quant.h"
 
 namespace kiln {
 
@@ -25,6 +26,14 @@ void check_calibration(const ModelIR& model, const PrecisionOptions& options) {
                           calibration_fingerprint(model), calibrated_tensors(model));
 }
 
+void apply_smoothing(ModelIR& model, const PrecisionOptions& options, const Logger& log) {
+  KILN_CHECK(options.smoothing.empty() || !options.calibration,
+             "SmoothQuant factors come from the calibration or from the build, not both");
+  const auto& factors = options.calibration ? options.calibration->smoothing : options.smoothing;
+  if (factors.empty()) return;
+  for (Graph& g : model.graphs) apply_smoothing(g, factors, options.keep_float, log);
+}
+
 void optimize_model(ModelIR& model, const PassOptions& options, const Logger& log) {
   // The passes before the precision pass, on every graph: the graphs they leave are the float
   // plan's, whose Linear inputs a calibration observed (check_calibration compares them).
@@ -46,6 +55,7 @@ void optimize_model(ModelIR& model, const PassOptions& options, const Logger& lo
     }
   }
   check_calibration(model, options.precision);
+  apply_smoothing(model, options.precision, log);
   for (Graph& g : model.graphs) {
     assign_precision(g, precision_support(model.device, model.precision), options.precision,
                      &model.precision_notes, log);

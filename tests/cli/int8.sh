@@ -4,7 +4,7 @@
 # the cache alone generating the same ids; dev-set accuracy within two points of the fp32 plan's
 # (`kiln eval --compare --max-drop 0.02`); `kiln inspect --layers` showing the int8 inputs and why
 # the logits Linear keeps an f32 one; a foreign cache refused; the --max-drop gate failing a worse
-# plan; calibration options refused for other precisions.
+# plan; SmoothQuant through the cache; calibration options refused for other precisions.
 source "$(dirname "$0")/lib.bash"
 
 CALIB="$FIXTURES/data/calib.jsonl"
@@ -55,6 +55,27 @@ PY
   expect_in "$TMP/out" "× i8 input" "$model: inspect counts the int8-input Linears"
   expect_in "$TMP/out" "the logits Linear" "$model: inspect says why the logits Linear keeps f32"
 done
+
+# SmoothQuant (bloom, alpha 0.5): the cache records it, a cache-only rebuild generates the same
+# ids, and the plan stays within two points of fp32; --smoothquant needs --calib.
+sq="$TMP/bloom-sq.plan"
+expect_exit 0 "build bloom int8 --smoothquant" -- "$KILN" build --model "$FIXTURES/bloom-tiny" \
+  --prompt-template "{prompt} =" --precision int8 --calib "$CALIB" --smoothquant 0.5 \
+  --calib-cache "$TMP/bloom-sq.calib" -o "$sq" &&
+  expect_in "$TMP/err" "smoothquant[decoder]: 12 norms" "the log says what was smoothed" &&
+  expect_in "$TMP/bloom-sq.calib" "smoothquant=0.5" "the cache records alpha"
+expect_exit 0 "rebuild bloom smoothquant from the cache" -- "$KILN" build --model "$FIXTURES/bloom-tiny" \
+  --prompt-template "{prompt} =" --precision int8 --calib-cache "$TMP/bloom-sq.calib" -o "$sq.again"
+for p in "$sq" "$sq.again"; do
+  expect_exit 0 "run $(basename "$p")" -- "$KILN" run --plan "$p" --input "$TMP/prompts.jsonl" --json &&
+    cp "$TMP/out" "$p.run.jsonl"
+done
+cmp -s "$sq.run.jsonl" "$sq.again.run.jsonl" || fail "smoothquant: the cache-only rebuild generates other ids"
+expect_exit 0 "eval --compare smoothquant" -- "$KILN" eval --compare "$TMP/bloom-fp32.plan" "$sq" \
+  --dataset "$DEV" --max-drop 0.02 && tail -n 2 "$TMP/out"
+expect_exit 2 "--smoothquant without --calib" -- "$KILN" build --model "$FIXTURES/bloom-tiny" \
+  --precision int8 --calib-cache "$TMP/bloom-sq.calib" --smoothquant 0.5 -o "$TMP/x.plan" &&
+  expect_in "$TMP/err" "--calib FILE.jsonl" "--smoothquant says it needs --calib"
 
 # A cache made for another model is refused, naming it, and leaves no plan.
 expect_exit 2 "foreign cache" -- "$KILN" build --model "$FIXTURES/bloom-tiny" --precision int8 \

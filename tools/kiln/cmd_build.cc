@@ -106,6 +106,7 @@ Runner add_build(CLI::App& app) {
     std::vector<std::string> profiles;
     std::string calib, calib_cache, calib_method = "entropy";
     int calib_batch = 8;
+    double smoothquant = 0.0;
     int64_t calib_tokens = 8;
     int64_t max_input_tokens = 0, max_step_tokens = 0;
     bool tf32 = false, no_tune = false;
@@ -130,6 +131,8 @@ Runner add_build(CLI::App& app) {
       "--calib prompts: the fp32 model runs over them first (encoder and decoder, decoding\n"
       "--calib-tokens tokens greedily) and records each input's range; --calib-cache writes\n"
       "those scales, and given alone rebuilds from them without running the prompts.\n"
+      "--smoothquant ALPHA first migrates outlier channels of the norms' outputs into the\n"
+      "Linear weights (SmoothQuant, folded into the norms), then calibrates the smoothed model.\n"
       "On a GPU, a cuda build times each Linear's kernel variants (kiln's GEMV, cuBLASLt's\n"
       "algorithms) at the plan's row counts and stores the fastest (--no-tune skips it).");
   cmd->add_option("--model", o->model,
@@ -178,6 +181,11 @@ Runner add_build(CLI::App& app) {
   in_range(cmd->add_option("--calib-batch", o->calib_batch,
                            "with --calib: prompts run together (default 8)"),
            1, 4096);
+  cmd->add_option("--smoothquant", o->smoothquant,
+                  "with --calib: SmoothQuant's alpha in (0, 1] (0.5 a good start for BLOOM): each "
+                  "norm-fed Linear input's outlier channels migrate into the weights before "
+                  "quantizing (the cache records the factors)")
+      ->check(CLI::Range(0.0, 1.0));
   in_range(cmd->add_option("--calib-tokens", o->calib_tokens,
                            "with --calib: greedy tokens generated per prompt, so that decode "
                            "steps are calibrated too (default 8)"),
@@ -206,6 +214,10 @@ Runner add_build(CLI::App& app) {
                      "--calib and --calib-cache calibrate int8 (W8A8) plans; --precision {} "
                      "quantizes no activations and takes no calibration",
                      o->precision);
+    KILN_CHECK_USAGE(o->smoothquant == 0.0 || !o->calib.empty(),
+                     "--smoothquant {} smooths while calibrating: give --calib FILE.jsonl too (a "
+                     "cache made with --smoothquant carries its factors to --calib-cache builds)",
+                     o->smoothquant);
     const CalibrationMethodSpec method = parse_calibration_method(o->calib_method);
     std::vector<CalibrationPrompt> prompts;
     if (!o->calib.empty()) prompts = read_calibration_prompts(o->calib);
@@ -240,7 +252,8 @@ Runner add_build(CLI::App& app) {
       run.batch = o->calib_batch;
       run.new_tokens = o->calib_tokens;
       // Its own status lines: building the fp32 model, then the prompts' progress.
-      CalibrationCache cache = calibrate_checkpoint(*ctx, o->model, bo, prompts, run, method);
+      CalibrationCache cache =
+          calibrate_checkpoint(*ctx, o->model, bo, prompts, run, method, nullptr, o->smoothquant);
       if (!o->calib_cache.empty()) {
         write_calibration_cache(o->calib_cache, cache);
         ctx->log().info("wrote calibration cache {} ({} scales, {})", o->calib_cache,
