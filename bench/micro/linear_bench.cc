@@ -26,7 +26,7 @@ using namespace kiln;
 // x [n, k] f32, w [m, k] of `wt` (random values of sensible scale; i8 with unit scales), as
 // the one-node graph the kernel is prepared from.
 struct Problem {
-  Tensor x, w, y, scales;
+  Tensor x, w, y, scales, input_scale;
   Graph graph;
   Problem(int64_t n, int64_t k, int64_t m, DType wt = DType::kF32)
       : x(Tensor::empty(DType::kF32, {n, k})),
@@ -48,11 +48,15 @@ struct Problem {
       dtype_traits(wt).from_float(w.data<float>(), h.raw(), static_cast<size_t>(w.numel()));
       w = h;
     }
-    graph.values.resize(4);
+    graph.values.resize(5);
     graph.values[0] = Value{"x", DType::kF32, {Dim::sym("tokens"), Dim::of(k)}};
     graph.values[1] = Value{"w", wt, {Dim::of(m), Dim::of(k)}, ValueKind::kWeight, -1, w};
     graph.values[2] = Value{"y", DType::kF32, {Dim::sym("tokens"), Dim::of(m)}};
     graph.values[3] = Value{"scales", DType::kF32, {Dim::of(m)}, ValueKind::kWeight, -1, scales};
+    // W8A8's static input scale: x in [-1, 1) quantized to ±127 levels.
+    input_scale = Tensor::from_vector<float>({1.f / 127.f}, {1});
+    graph.values[4] =
+        Value{"x.scale", DType::kF32, {Dim::of(1)}, ValueKind::kWeight, -1, input_scale};
     Node node;
     node.op = OpKind::kLinear;
     node.name = "bench";
@@ -81,18 +85,25 @@ void report(benchmark::State& state, int64_t n, int64_t k, int64_t m, size_t ele
 
 // kiln's Linear as the CPU backend runs it: the AVX-512 kernel over panel16-packed weights
 // (packed once, when prepared), or the AVX2 tiles. range(3): 0 f32, 1 bf16, 2 i8 weights, 3 bf16
-// weights in AVX512-BF16 dot products, 4 i8 weights in AVX512-VNNI dot products.
+// weights in AVX512-BF16 dot products, 4 i8 weights in AVX512-VNNI dot products, 5 W8A8 (i8
+// weights, int8 inputs with a static scale: --precision int8) in AVX512-VNNI dot products.
 void BM_kiln(benchmark::State& state) {
   const int64_t n = state.range(0), k = state.range(1), m = state.range(2);
-  const DType wt = state.range(3) == 0                          ? DType::kF32
-                   : state.range(3) == 2 || state.range(3) == 4 ? DType::kI8
-                                                                : DType::kBF16;
+  const DType wt = state.range(3) == 0 ? DType::kF32
+                   : state.range(3) == 2 || state.range(3) == 4 || state.range(3) == 5
+                       ? DType::kI8
+                       : DType::kBF16;
   Problem p(n, k, m, wt);
+  const bool w8a8 = state.range(3) == 5;
+  if (w8a8) {
+    p.graph.nodes[0].inputs.resize(slot(LinearOperand::kInputScale) + 1, -1);
+    p.graph.nodes[0].inputs[slot(LinearOperand::kInputScale)] = 4;
+  }
   const Node& node = p.graph.nodes[0];
   // KILN_CPU_ISA=avx2 times the AVX2 family's kernels on an AVX-512 machine too.
   const char* isa = std::getenv("KILN_CPU_ISA");
   const bool avx512 = detect_cpu_features().avx512f && !(isa && std::string(isa) == "avx2");
-  const bool dot = state.range(3) == 3, int8_dot = state.range(3) == 4;
+  const bool dot = state.range(3) == 3, int8_dot = state.range(3) == 4 || w8a8;
   if (dot && !detect_cpu_features().avx512_bf16) {
     state.SkipWithError("no AVX512-BF16 here");
     return;
@@ -102,13 +113,15 @@ void BM_kiln(benchmark::State& state) {
     return;
   }
   std::unique_ptr<Kernel> kernel = dot        ? cpu::packed_bf16_dot_linear_factory()(node)
+                                   : w8a8     ? cpu::packed_w8a8_vnni_linear_factory()(node)
                                    : int8_dot ? cpu::packed_int8_dot_linear_factory()(node)
                                    : avx512   ? cpu::packed_linear_factory(wt)(node)
                                               : nullptr;
   if (kernel) kernel->prepare(p.graph);
-  const Tensor in[] = {p.x, p.w, Tensor(), p.scales};
+  const Tensor in[] = {p.x,      p.w,      Tensor(), p.scales,     Tensor(),
+                       Tensor(), Tensor(), Tensor(), p.input_scale};
   Tensor out[] = {p.y};
-  const std::span<const Tensor> inputs(in, wt == DType::kI8 ? 4 : 2);
+  const std::span<const Tensor> inputs(in, w8a8 ? 9 : wt == DType::kI8 ? 4 : 2);
   const cpu::KernelEnv env{pool(), nullptr};
   for (auto _ : state) {
     if (kernel)
@@ -222,6 +235,19 @@ BENCHMARK(BM_onednn_matmul)->Apply([](benchmark::internal::Benchmark* b) {
   b->UseManualTime();
 });
 BENCHMARK(BM_kiln)->Apply(narrow_shapes);
+// W8A8 against the bf16 dot products (the plans --precision int8 and bf16 run) at bloom-560m's
+// and flan-t5-base's prefill shapes: 512 prompt rows.
+BENCHMARK(BM_kiln)->Apply([](benchmark::internal::Benchmark* b) {
+  for (int64_t type : {3, 5})
+    for (auto [k, m] : {std::pair<int64_t, int64_t>{1024, 3072},
+                        {1024, 1024},
+                        {1024, 4096},
+                        {4096, 1024},
+                        {768, 2304},
+                        {2048, 768}})
+      b->Args({512, k, m, type});
+  b->UseRealTime();
+});
 BENCHMARK(BM_onednn_sgemm)->Apply(shapes);
 
 }  // namespace

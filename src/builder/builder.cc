@@ -14,6 +14,9 @@ ModelIR build_model(const std::string& hf_dir, const BuildOptions& options, cons
   KILN_CHECK_USAGE(why.empty(), "--device {} --precision {}: {}", device_name(options.device),
                    precision_name(options.precision), why);
   check_prompt_template(options.prompt_template);
+  // An int8 build without calibration data fails now, before any work; the cache itself is
+  // checked against the model after the passes that precede the precision pass.
+  require_calibration(options.device, options.precision, options.precision_options);
   KILN_CHECK_USAGE(options.max_input_tokens >= 0, "--max-input-tokens must be positive, got {}",
                    options.max_input_tokens);
   KILN_CHECK_USAGE(options.max_batch >= 1 && options.max_batch <= 1024,
@@ -76,6 +79,10 @@ ModelIR build_model(const std::string& hf_dir, const BuildOptions& options, cons
     for (Graph& g : model.graphs) {
       fold_constants(g, log);
       eliminate_dead(g, log);
+    }
+    check_calibration(model, options.precision_options);
+    apply_smoothing(model, options.precision_options, log);
+    for (Graph& g : model.graphs) {
       assign_precision(g, precision_support(model.device, model.precision),
                        options.precision_options, &model.precision_notes, log);
     }

@@ -1,9 +1,13 @@
 #include "builder/calibration_runner.h"
 
 #include <algorithm>
+#include <cmath>
+#include <memory>
+#include <optional>
 
 #include "core/logging.h"
 #include "graph/linear.h"
+#include "passes/smooth_quant.h"
 #include "runtime/scheduler.h"
 
 namespace kiln {
@@ -24,8 +28,10 @@ ActivationStats collect_activation_stats(CompiledModel& model,
   const Logger& log = model.context().log();
   ActivationStats stats;
   const std::vector<std::string> names = calibrated_tensors(ir);
-  for (const std::string& name : names)
+  for (const std::string& name : names) {
     stats.histograms.emplace(name, AbsHistogram(options.histogram_bins));
+    stats.channel_amax.emplace(name, std::vector<float>());
+  }
 
   // Every prompt is checked before anything runs.
   const Tokenizer& tok = model.tokenizer();
@@ -51,6 +57,15 @@ ActivationStats collect_activation_stats(CompiledModel& model,
     KILN_CHECK(it != stats.histograms.end(), "calibration: Linear '{}' reads {}, not calibrated",
                ob.node_name, name);
     const Tensor values = ob.value.dtype() == DType::kF32 ? ob.value : ob.value.to_f32();
+    std::vector<float>& channels = stats.channel_amax.at(name);
+    const int64_t width = values.rank() > 0 ? values.dim(values.rank() - 1) : 1;
+    if (channels.empty()) channels.assign(static_cast<size_t>(width), 0.0f);
+    KILN_CHECK(static_cast<int64_t>(channels.size()) == width,
+               "calibration: {} has {} channels in one step and {} in another", name,
+               channels.size(), width);
+    const float* v = values.data<float>();
+    for (int64_t i = 0; i < values.numel(); ++i)
+      channels[i % width] = std::max(channels[i % width], std::fabs(v[i]));
     try {
       it->second.add(
           std::span<const float>(values.data<float>(), static_cast<size_t>(values.numel())));
@@ -123,6 +138,61 @@ CalibrationCache calibrate_model(const ModelIR& model, const ActivationStats& st
     KILN_CHECK(it != stats.histograms.end(), "calibration statistics lack tensor {}", name);
     cache.scales[name] = static_cast<float>(calibrate(it->second, method).scale);
   }
+  return cache;
+}
+
+CalibrationCache calibrate_checkpoint(Context& ctx, const std::string& hf_dir,
+                                      const BuildOptions& options,
+                                      const std::vector<CalibrationPrompt>& prompts,
+                                      const CalibrationRunOptions& run,
+                                      const CalibrationMethodSpec& method, ActivationStats* stats,
+                                      double smoothquant_alpha) {
+  KILN_CHECK_USAGE(options.device == Device::kCpu,
+                   "calibration runs the float model on the cpu; the build targets {}",
+                   device_name(options.device));
+  KILN_CHECK_USAGE(smoothquant_alpha >= 0.0 && smoothquant_alpha <= 1.0,
+                   "--smoothquant {}: alpha must be in (0, 1] (0.5 is a good start)",
+                   smoothquant_alpha);
+  BuildOptions float_options = options;
+  float_options.precision = Precision::kFp32;
+  float_options.precision_options.calibration.reset();
+  float_options.precision_options.calibration_source.clear();
+  float_options.precision_options.smoothing.clear();
+  const bool smooth = smoothquant_alpha > 0.0;
+  // SmoothQuant's factors read the weights as the passes leave them: plain, not packed.
+  if (smooth) float_options.pack_for_cpu.reset();
+  std::unique_ptr<CompiledModel> model;
+  ActivationStats collected;
+  auto run_float = [&](const BuildOptions& o, const char* what) {
+    model.reset();
+    {
+      Activity activity(ctx.log(), what);
+      model = std::make_unique<CompiledModel>(ctx, build_model(hf_dir, o, ctx.log()));
+    }
+    collected = collect_activation_stats(*model, prompts, run);
+  };
+  ctx.log().info("calibration: building the fp32 model that the calibration prompts run through");
+  run_float(float_options, "building the fp32 model to calibrate");
+  std::map<std::string, std::vector<float>> factors;
+  if (smooth) {
+    factors = smoothquant_factors(model->model(), collected.channel_amax, smoothquant_alpha,
+                                  options.precision_options.keep_float);
+    ctx.log().info(
+        "smoothquant: alpha {}: {} tensors smoothed (their norms divided, their Linears' weight "
+        "columns multiplied by the factors); calibrating the smoothed model",
+        smoothquant_alpha, factors.size());
+    float_options.pack_for_cpu = options.pack_for_cpu;
+    float_options.precision_options.smoothing = factors;
+    run_float(float_options, "building the smoothed fp32 model");
+  }
+  CalibrationCache cache = calibrate_model(model->model(), collected, method);
+  if (smooth) {
+    cache.smoothquant_alpha = smoothquant_alpha;
+    cache.smoothing = std::move(factors);
+  }
+  ctx.log().info("calibration: {} scales ({}), model {}", cache.scales.size(), cache.method,
+                 cache.model);
+  if (stats) *stats = std::move(collected);
   return cache;
 }
 

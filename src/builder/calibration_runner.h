@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "builder/builder.h"
 #include "io/calibration_prompts.h"
 #include "passes/calibration_cache.h"
 #include "passes/calibrator.h"
@@ -28,6 +29,9 @@ struct CalibrationRunOptions {
 struct ActivationStats {
   // calibrated_tensors(model) -> the histogram of |x| over every step that ran it.
   std::map<std::string, AbsHistogram> histograms;
+  // The same tensors' largest |x| per channel (their last dimension): what SmoothQuant's
+  // factors are made from (passes/smooth_quant.h).
+  std::map<std::string, std::vector<float>> channel_amax;
   int64_t prompts = 0;
   int64_t prompt_tokens = 0;     // the prompts' tokens (with the model's prompt template)
   int64_t generated_tokens = 0;  // tokens decoded after the prompts
@@ -45,5 +49,21 @@ ActivationStats collect_activation_stats(CompiledModel& model,
 // The cache of the statistics calibrated with `method`, for `model`.
 CalibrationCache calibrate_model(const ModelIR& model, const ActivationStats& stats,
                                  const CalibrationMethodSpec& method);
+
+// What `kiln build --precision int8 --calib FILE` runs before it builds: the checkpoint built as
+// the fp32 plan of `options` (the same passes before the precision pass, so every value observed
+// is the f32 input an int8 plan's Linear quantizes), compiled for `ctx`, run over `prompts`, and
+// calibrated with `method`. With `smoothquant_alpha` > 0 (SmoothQuant, passes/smooth_quant.h),
+// that first run gives each smoothable tensor's channel maxima, from which and the weights the
+// smoothing factors are made; the fp32 model is built again with them folded in and run again,
+// and the cache holds the factors and the smoothed tensors' scales. The float models are gone
+// when it returns; `stats` (optional) gets the (last run's) statistics.
+CalibrationCache calibrate_checkpoint(Context& ctx, const std::string& hf_dir,
+                                      const BuildOptions& options,
+                                      const std::vector<CalibrationPrompt>& prompts,
+                                      const CalibrationRunOptions& run,
+                                      const CalibrationMethodSpec& method,
+                                      ActivationStats* stats = nullptr,
+                                      double smoothquant_alpha = 0.0);
 
 }  // namespace kiln

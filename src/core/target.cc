@@ -59,23 +59,24 @@ std::string_view precision_names() { return "fp32, fp16, bf16, int8, int8-weight
 
 namespace {
 
-constexpr std::string_view kNoInt8Cpu =
-    "int8 activations (calibrated with --calib) are not implemented on the cpu; --precision "
-    "int8-weight stores int8 weights and keeps fp32 activations";
 constexpr std::string_view kCudaFloatOnly = "the cuda backend runs fp32, fp16 and bf16 plans";
+constexpr std::string_view kNoW8A8Cuda =
+    "int8 (W8A8: int8 weights and calibrated int8 activations) runs on the cpu only for now "
+    "(--device cpu); the cuda backend runs fp32, fp16 and bf16 plans";
 
 // Rows in kAllDevices × kAllPrecisions order.
 constexpr PrecisionSupport kSupport[] = {
-    {Device::kCpu, Precision::kFp32, true, DType::kF32, DType::kF32, false, {}},
-    {Device::kCpu, Precision::kFp16, true, DType::kF16, DType::kF32, false, {}},
-    {Device::kCpu, Precision::kBf16, true, DType::kBF16, DType::kF32, false, {}},
-    {Device::kCpu, Precision::kInt8, false, DType::kI8, DType::kF32, true, kNoInt8Cpu},
-    {Device::kCpu, Precision::kInt8Weight, true, DType::kI8, DType::kF32, true, {}},
-    {Device::kCuda, Precision::kFp32, true, DType::kF32, DType::kF32, false, {}},
-    {Device::kCuda, Precision::kFp16, true, DType::kF16, DType::kF16, false, {}},
-    {Device::kCuda, Precision::kBf16, true, DType::kBF16, DType::kBF16, false, {}},
-    {Device::kCuda, Precision::kInt8, false, DType::kI8, DType::kF16, true, kCudaFloatOnly},
-    {Device::kCuda, Precision::kInt8Weight, false, DType::kI8, DType::kF16, true, kCudaFloatOnly},
+    {Device::kCpu, Precision::kFp32, true, DType::kF32, DType::kF32, false, false, {}},
+    {Device::kCpu, Precision::kFp16, true, DType::kF16, DType::kF32, false, false, {}},
+    {Device::kCpu, Precision::kBf16, true, DType::kBF16, DType::kF32, false, false, {}},
+    {Device::kCpu, Precision::kInt8, true, DType::kI8, DType::kF32, true, true, {}},
+    {Device::kCpu, Precision::kInt8Weight, true, DType::kI8, DType::kF32, true, false, {}},
+    {Device::kCuda, Precision::kFp32, true, DType::kF32, DType::kF32, false, false, {}},
+    {Device::kCuda, Precision::kFp16, true, DType::kF16, DType::kF16, false, false, {}},
+    {Device::kCuda, Precision::kBf16, true, DType::kBF16, DType::kBF16, false, false, {}},
+    {Device::kCuda, Precision::kInt8, false, DType::kI8, DType::kF16, true, true, kNoW8A8Cuda},
+    {Device::kCuda, Precision::kInt8Weight, false, DType::kI8, DType::kF16, true, false,
+     kCudaFloatOnly},
 };
 
 }  // namespace

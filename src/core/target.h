@@ -62,6 +62,9 @@ struct PrecisionSupport {
   DType matrix;      // Linear weights and Embedding tables
   DType activation;  // values between nodes
   bool channel_scales;
+  // W8A8: Linears read their input as int8 with a static per-tensor scale each, which a build
+  // takes from a calibration (--calib prompts or a --calib-cache); the rest stays `activation`.
+  bool calibrated_inputs;
   std::string_view unsupported;  // why not (when !supported)
 };
 // The one table of (device, precision) → PrecisionSupport.

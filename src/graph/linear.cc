@@ -22,6 +22,8 @@ std::string_view linear_operand_name(LinearOperand o) {
       return "norm scale";
     case LinearOperand::kRows:
       return "rows";
+    case LinearOperand::kInputScale:
+      return "input scale";
   }
   return "?";
 }
@@ -46,6 +48,8 @@ std::string_view extra_name(Extra e) {
       return "gathered rows";
     case Extra::kWidenedOutput:
       return "widened f32 output";
+    case Extra::kQuantizedInput:
+      return "int8-quantized input (static scale)";
   }
   return "?";
 }
@@ -73,6 +77,7 @@ ExtraSet LinearDesc::extras() const {
   if (has(LinearOperand::kNormScale)) s = s.with(Extra::kNormScale);
   if (has(LinearOperand::kRows)) s = s.with(Extra::kGatheredRows);
   if (epilogue.widen) s = s.with(Extra::kWidenedOutput);
+  if (has(LinearOperand::kInputScale)) s = s.with(Extra::kQuantizedInput);
   return s;
 }
 
@@ -168,6 +173,24 @@ std::vector<ValueType> infer_linear(const Graph& g, const Node& n) {
                s.name);
     expect_rank(n, s, 1);
     expect_dim(n, s, 0, w.shape[0]);
+  }
+  if (d.has(LinearOperand::kInputScale)) {
+    // W8A8: the product is int8 × int8, so the weight is i8 (with its scales) and x is f32, the
+    // value the calibration observed (a folded norm would rescale x after the product).
+    const Value& s = operand(LinearOperand::kInputScale);
+    KILN_CHECK(per_channel,
+               "node '{}' (Linear): an input scale (int8 input) needs an i8 weight, not {}", n.name,
+               dtype_name(w.dtype));
+    KILN_CHECK(x.dtype == DType::kF32,
+               "node '{}' (Linear): an int8-quantized input '{}' must be f32 (the value the "
+               "scale was calibrated on), not {}",
+               n.name, x.name, dtype_name(x.dtype));
+    KILN_CHECK(s.dtype == DType::kF32, "node '{}' (Linear): input scale '{}' must be f32", n.name,
+               s.name);
+    expect_rank(n, s, 1);
+    expect_dim(n, s, 0, Dim::of(1));
+    KILN_CHECK(!d.epilogue.norm,
+               "node '{}' (Linear): a folded norm cannot take an int8-quantized input", n.name);
   }
   SymShape out = x.shape;
   out.back() = w.shape[0];

@@ -7,11 +7,12 @@
 // registry matches a node's extras against them, and a backend's refusal is derived from that
 // match (KernelRegistry::unsupported_reason): nothing else checks operand positions by hand.
 //
-// A new variant (e.g. W8A8's activation scales) is an operand and/or an epilogue field here, its
+// A new variant (W8A8's input scale was one) is an operand and/or an epilogue field here, its
 // Extra, its checks in linear.cc, and the kernels that implement it (docs/adding-an-op.md).
 #pragma once
 
 #include <array>
+#include <cmath>
 #include <cstdint>
 #include <initializer_list>
 #include <span>
@@ -36,27 +37,46 @@ enum class LinearOperand : uint8_t {
   kNormRowSums,   // f32 [out]: a folded LayerNorm's weight row sums (fuse_norm_linear)
   kNormScale,     // f32 [in]: a folded norm's gamma, multiplied into x (fuse_norm_linear)
   kRows,          // i64/i32 [r]: y [r, out] is the Linear of x[rows] (fuse_gather_linear)
+  kInputScale,    // f32 [1]: W8A8 — x's static per-tensor int8 scale s (calibrated), see below
 };
-inline constexpr int kNumLinearOperands = 8;
-static_assert(static_cast<int>(LinearOperand::kRows) + 1 == kNumLinearOperands);
+inline constexpr int kNumLinearOperands = 9;
+static_assert(static_cast<int>(LinearOperand::kInputScale) + 1 == kNumLinearOperands);
 constexpr size_t slot(LinearOperand o) { return static_cast<size_t>(o); }
+
+// A quantized input (LinearOperand::kInputScale, an i8 weight with its per-channel scales): the
+// product reads x as int8, one static scale s for the whole tensor (calibrated: threshold / 127),
+// every step the same. Defined in f32 so that every kernel quantizes bit for bit alike:
+//   inv = s > 0 ? 1 / s : 0;  v = x · inv, a NaN taken as 0, clamped to [-127, 127];
+//   q = v rounded to the nearest integer, ties to even;
+//   y = epilogue((Σ_i q[i] · w[o][i]) · s · scale[o] + bias[o]),
+// the integer sum exact (kernels accumulate in int32), the rest of the epilogue (activation)
+// as for any Linear. quantize_input() is the quantization, for kernels and tests alike.
+inline int8_t quantize_input(float x, float inv_scale) {
+  float v = x * inv_scale;
+  if (v != v) v = 0.0f;  // NaN
+  v = v < -127.0f ? -127.0f : (v > 127.0f ? 127.0f : v);
+  return static_cast<int8_t>(std::nearbyint(v));
+}
+// The inverse scale kernels multiply by (0 for a scale of 0: a tensor that was always 0).
+inline float input_inv_scale(float scale) { return scale > 0.0f ? 1.0f / scale : 0.0f; }
 std::string_view linear_operand_name(LinearOperand o);  // "bias", "residual", ...
 
 // What a node asks of its kernel beyond its registry key (op, dtypes, device, ISA): the extras
 // fused into it. Mostly a Linear's; a LayerNorm may gather its rows too (fuse_embedding_norm).
 enum class Extra : uint8_t {
-  kBias,           // LinearOperand::kBias
-  kWeightScales,   // LinearOperand::kWeightScales (the i8 weight's dequantization)
-  kActivation,     // LinearEpilogue::activation
-  kResidual,       // LinearOperand::kResidual
-  kLayerNormFold,  // LinearEpilogue::norm == kLayerNorm, with LinearOperand::kNormRowSums
-  kRmsNormFold,    // LinearEpilogue::norm == kRmsNorm
-  kNormScale,      // LinearOperand::kNormScale
-  kGatheredRows,   // LinearOperand::kRows; a LayerNorm's rows input
-  kWidenedOutput,  // LinearEpilogue::widen
+  kBias,            // LinearOperand::kBias
+  kWeightScales,    // LinearOperand::kWeightScales (the i8 weight's dequantization)
+  kActivation,      // LinearEpilogue::activation
+  kResidual,        // LinearOperand::kResidual
+  kLayerNormFold,   // LinearEpilogue::norm == kLayerNorm, with LinearOperand::kNormRowSums
+  kRmsNormFold,     // LinearEpilogue::norm == kRmsNorm
+  kNormScale,       // LinearOperand::kNormScale
+  kGatheredRows,    // LinearOperand::kRows; a LayerNorm's rows input
+  kWidenedOutput,   // LinearEpilogue::widen
+  kQuantizedInput,  // LinearOperand::kInputScale (W8A8: x quantized to int8 with a static scale)
 };
-inline constexpr int kNumExtras = 9;
-static_assert(static_cast<int>(Extra::kWidenedOutput) + 1 == kNumExtras);
+inline constexpr int kNumExtras = 10;
+static_assert(static_cast<int>(Extra::kQuantizedInput) + 1 == kNumExtras);
 // "bias", "fused residual", "folded input norm (layer norm)", ... as refusals name them.
 std::string_view extra_name(Extra e);
 

@@ -69,6 +69,10 @@ struct ModelIR {
   // tokenizer is made again, so that bytes cut or swapped behind the checksum cannot load a smaller
   // tokenizer without a word.
   int64_t tokenizer_pieces = 0;
+  // checkpoint_digest (io/safetensors.h) of the checkpoint the model was imported from: its
+  // content, which calibration caches are checked against. Empty for plans written before kiln
+  // recorded it.
+  std::string weights_digest;
   std::string prompt_template = "{prompt}";
   ShapeProfile profile;
   Device device = Device::kCpu;

@@ -1,6 +1,7 @@
 #include "io/safetensors.h"
 
 #include "io/atomic_file.h"
+#include "io/hash.h"
 
 #include "io/json_util.h"
 
@@ -432,6 +433,32 @@ void write_safetensors(const std::string& path, const std::map<std::string, Tens
                        }});
   }
   write_safetensors_streaming(path, sources, metadata, nullptr);
+}
+
+std::string checkpoint_digest(const Checkpoint& checkpoint) {
+  constexpr size_t kPiece = size_t{64} << 20;
+  Hash64 h;
+  auto add = [&](const void* data, size_t bytes) {
+    const uint64_t size = bytes;
+    h.update(&size, sizeof size);
+    h.update(data, bytes);
+  };
+  for (const auto& [name, t] : checkpoint.tensors()) {
+    add(name.data(), name.size());
+    const std::string_view dtype = dtype_name(t.dtype());
+    add(dtype.data(), dtype.size());
+    add(t.shape().data(), t.shape().size() * sizeof(int64_t));
+    const char* p = static_cast<const char*>(t.raw());
+    const size_t bytes = t.nbytes();
+    const uint64_t size = bytes;
+    h.update(&size, sizeof size);
+    for (size_t done = 0; done < bytes; done += kPiece) {
+      const size_t n = std::min(kPiece, bytes - done);
+      h.update(p + done, n);
+      if (t.file_backed()) release_file_pages(p + done, n);
+    }
+  }
+  return hash_hex(h.digest());
 }
 
 }  // namespace kiln

@@ -49,6 +49,12 @@ class Checkpoint {
   std::map<std::string, Tensor> tensors_;
 };
 
+// 16 hex digits over every tensor of the checkpoint, in name order: its name, dtype, shape and
+// bytes (the files' names and layout do not count: a resharded copy has the same digest). What
+// names a checkpoint's content (calibration caches are checked against it). Reads every byte
+// once, releasing the pages as it goes.
+std::string checkpoint_digest(const Checkpoint& checkpoint);
+
 // A tensor to write without holding it in memory: `fill(first, count, dst)` produces elements
 // [first, first + count) of it in its dtype (count is a whole number of blocks).
 struct TensorSource {

@@ -3,10 +3,13 @@
 // weight matrices stored in the plan's type (bf16, f16, or int8 with per-output-channel f32
 // scales), every other weight f32 with the reason recorded for `kiln inspect`. Activations,
 // norms, softmax, accumulation and the KV cache stay f32: only weight storage (the bytes a decode
-// step streams) gets narrower. Narrow-activation devices (CUDA) go to narrow_graph.cc.
+// step streams) gets narrower — except in int8 (W8A8) plans, whose quantized Linears read their
+// f32 input as int8 with a calibrated scale (an input-scale operand each). Narrow-activation
+// devices (CUDA) go to narrow_graph.cc.
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <map>
 
 #include "core/half.h"
 #include "passes/pass.h"
@@ -121,6 +124,34 @@ int store_weights(Graph& graph, const PrecisionPlan& plan, const Logger& log) {
   return converted;
 }
 
+// W8A8: each Linear the plan quantizes reads its calibrated input scale, a weight [1] of its own
+// (LinearOperand::kInputScale). By node name: storing the weights may insert Casts. Returns
+// the Linears given one.
+int attach_input_scales(Graph& graph, const PrecisionPlan& plan, const std::string& source,
+                        const Logger& log) {
+  std::map<std::string, float> scale_of;
+  int kept = 0;
+  for (size_t i = 0; i < plan.input_scale.size(); ++i) {
+    if (plan.input_scale[i] >= 0.0f) scale_of[graph.nodes[i].name] = plan.input_scale[i];
+    kept += !plan.input_why[i].empty();
+  }
+  int quantized = 0;
+  for (size_t i = 0; i < graph.nodes.size(); ++i) {
+    const auto it = scale_of.find(graph.nodes[i].name);
+    if (graph.nodes[i].op != OpKind::kLinear || it == scale_of.end()) continue;
+    const int id = graph.add_weight(graph.nodes[i].name + ".input_scale",
+                                    Tensor::from_vector<float>({it->second}, {1}));
+    set_linear_operand(graph.nodes[i], LinearOperand::kInputScale, id);
+    ++quantized;
+  }
+  if (quantized > 0 || kept > 0)
+    log.info(
+        "assign_precision[{}]: {} Linears read int8 inputs (W8A8, static scales from {}); {} "
+        "keep f32 inputs (kiln inspect --layers says why)",
+        graph.name, quantized, source, kept);
+  return quantized;
+}
+
 }  // namespace
 
 int assign_precision(Graph& graph, const PrecisionSupport& support, const PrecisionOptions& options,
@@ -142,6 +173,8 @@ int assign_precision(Graph& graph, const PrecisionSupport& support, const Precis
       note(graph.nodes[i].name, {}, plan.node_why[i]);
       ++wide;
     }
+  for (size_t i = 0; i < graph.nodes.size(); ++i)
+    if (!plan.input_why[i].empty()) note(graph.nodes[i].name, {}, plan.input_why[i]);
   const bool narrow_activations = support.activation != DType::kF32;
   if (!narrow_activations)
     for (size_t id = 0; id < graph.values.size(); ++id)
@@ -149,7 +182,10 @@ int assign_precision(Graph& graph, const PrecisionSupport& support, const Precis
   if (wide > 0)
     log.info("assign_precision[{}]: {} nodes compute in f32 (kiln inspect --layers says why)",
              graph.name, wide);
-  return narrow_activations ? narrow_graph(graph, plan, log) : store_weights(graph, plan, log);
+  if (narrow_activations) return narrow_graph(graph, plan, log);
+  const int stored = store_weights(graph, plan, log);
+  if (support.calibrated_inputs) attach_input_scales(graph, plan, options.calibration_source, log);
+  return stored;
 }
 
 }  // namespace kiln

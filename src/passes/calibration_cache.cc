@@ -19,7 +19,8 @@ namespace kiln {
 namespace {
 
 constexpr const char* kMagic = "kiln-calibration-cache";
-constexpr int kVersion = 1;
+constexpr int kVersion = 1;          // scales only
+constexpr int kSmoothedVersion = 2;  // and SmoothQuant's factors
 
 bool has_space(const std::string& s) {
   return std::any_of(s.begin(), s.end(),
@@ -55,6 +56,10 @@ std::vector<std::string> calibrated_tensors(const ModelIR& model) {
 }
 
 std::string calibration_fingerprint(const ModelIR& model) {
+  KILN_CHECK_USAGE(!model.weights_digest.empty(),
+                   "the model records no digest of its checkpoint's weights (a plan written "
+                   "before kiln recorded one), so a calibration cannot name it: rebuild the plan "
+                   "with this kiln's kiln build");
   Hash64 h;
   auto add = [&](const std::string& s) {
     const uint64_t size = s.size();
@@ -63,6 +68,7 @@ std::string calibration_fingerprint(const ModelIR& model) {
   };
   add(model.source_config_json);
   add(model.tokenizer_bytes);
+  add(model.weights_digest);  // the checkpoint's content: same shapes, other weights differ
   std::set<std::string> seen;
   for (const Graph& g : model.graphs)
     for (const Node& n : g.nodes) {
@@ -82,8 +88,25 @@ void write_calibration_cache(const std::string& path, const CalibrationCache& ca
   KILN_CHECK(!cache.model.empty() && !has_space(cache.model) && !cache.method.empty() &&
                  !has_space(cache.method),
              "calibration cache {}: the model fingerprint and method must be words", path);
-  std::string text =
-      fmt::format("{} {} model={} method={}\n", kMagic, kVersion, cache.model, cache.method);
+  const bool smoothed = !cache.smoothing.empty();
+  KILN_CHECK(smoothed == (cache.smoothquant_alpha > 0.0) && cache.smoothquant_alpha <= 1.0,
+             "calibration cache {}: SmoothQuant alpha {} with {} smoothed tensors", path,
+             cache.smoothquant_alpha, cache.smoothing.size());
+  std::string text = fmt::format("{} {} model={} method={}", kMagic,
+                                 smoothed ? kSmoothedVersion : kVersion, cache.model, cache.method);
+  text += smoothed ? fmt::format(" smoothquant={}\n", cache.smoothquant_alpha) : "\n";
+  for (const auto& [name, factors] : cache.smoothing) {
+    KILN_CHECK(!name.empty() && !has_space(name) && !factors.empty(),
+               "calibration cache {}: smoothed tensor '{}' is unnamed or has no factors", path,
+               name);
+    text += "smooth " + name;
+    for (float f : factors) {
+      KILN_CHECK(std::isfinite(f) && f > 0.0f,
+                 "calibration cache {}: smoothed tensor {} has factor {}", path, name, f);
+      text += fmt::format(" {}", f);
+    }
+    text += "\n";
+  }
   for (const auto& [name, scale] : cache.scales) {
     KILN_CHECK(!name.empty() && !has_space(name),
                "calibration cache {}: tensor name '{}' is empty or holds whitespace", path, name);
@@ -114,27 +137,60 @@ CalibrationCache read_calibration_cache(const std::string& path) {
     if (line.find_first_not_of(" \t") == std::string::npos) continue;
     std::istringstream words(line);
     if (!header) {
-      std::string magic, model, method, rest;
+      std::string magic, model, method, smooth, rest;
       int version = 0;
       words >> magic >> version >> model >> method;
       KILN_CHECK(magic == kMagic,
                  "{}:{}: not a kiln calibration cache (the first line should start with '{}')",
                  path, lineno, kMagic);
-      KILN_CHECK(version == kVersion, "{}:{}: calibration cache version {}; this kiln reads {}",
-                 path, lineno, version, kVersion);
-      KILN_CHECK(
-          model.rfind("model=", 0) == 0 && method.rfind("method=", 0) == 0 && !(words >> rest),
-          "{}:{}: expected '{} {} model=FINGERPRINT method=METHOD'", path, lineno, kMagic,
-          kVersion);
+      KILN_CHECK(version == kVersion || version == kSmoothedVersion,
+                 "{}:{}: calibration cache version {}; this kiln reads {} and {}", path, lineno,
+                 version, kVersion, kSmoothedVersion);
+      const bool smoothed = version == kSmoothedVersion;
+      if (smoothed) words >> smooth;
+      KILN_CHECK(model.rfind("model=", 0) == 0 && method.rfind("method=", 0) == 0 &&
+                     (!smoothed || smooth.rfind("smoothquant=", 0) == 0) && !(words >> rest),
+                 "{}:{}: expected '{} {} model=FINGERPRINT method=METHOD{}'", path, lineno, kMagic,
+                 version, smoothed ? " smoothquant=ALPHA" : "");
       cache.model = model.substr(6);
       cache.method = method.substr(7);
       KILN_CHECK(!cache.model.empty() && !cache.method.empty(),
                  "{}:{}: the model fingerprint or the method is empty", path, lineno);
+      if (smoothed) {
+        const std::string alpha = smooth.substr(12);
+        const auto [end, err] =
+            std::from_chars(alpha.data(), alpha.data() + alpha.size(), cache.smoothquant_alpha);
+        KILN_CHECK(err == std::errc() && end == alpha.data() + alpha.size() &&
+                       cache.smoothquant_alpha > 0.0 && cache.smoothquant_alpha <= 1.0,
+                   "{}:{}: smoothquant={} is not a number in (0, 1]", path, lineno, alpha);
+      }
       header = true;
       continue;
     }
     std::string name, scale_text, rest;
-    words >> name >> scale_text;
+    words >> name;
+    if (name == "smooth") {
+      KILN_CHECK(cache.smoothquant_alpha > 0.0,
+                 "{}:{}: a 'smooth' line in a cache without smoothquant= in its header", path,
+                 lineno);
+      std::string tensor, f;
+      words >> tensor;
+      std::vector<float> factors;
+      while (words >> f) {
+        float v = 0.0f;
+        const auto [end, err] = std::from_chars(f.data(), f.data() + f.size(), v);
+        KILN_CHECK(err == std::errc() && end == f.data() + f.size() && std::isfinite(v) && v > 0.0f,
+                   "{}:{}: smoothed tensor {}: factor '{}' is not a finite positive number", path,
+                   lineno, tensor, f);
+        factors.push_back(v);
+      }
+      KILN_CHECK(!tensor.empty() && !factors.empty(),
+                 "{}:{}: expected 'smooth TENSOR F0 F1 ...', got '{}'", path, lineno, line);
+      KILN_CHECK(cache.smoothing.emplace(tensor, std::move(factors)).second,
+                 "{}:{}: smoothed tensor {} is listed twice", path, lineno, tensor);
+      continue;
+    }
+    words >> scale_text;
     KILN_CHECK(!scale_text.empty() && !(words >> rest), "{}:{}: expected 'TENSOR SCALE', got '{}'",
                path, lineno, line);
     float scale = 0.0f;
@@ -149,6 +205,9 @@ CalibrationCache read_calibration_cache(const std::string& path) {
   }
   KILN_CHECK(!in.bad(), "cannot read calibration cache {}: {}", path, std::strerror(errno));
   KILN_CHECK(header, "calibration cache {} is empty (expected a '{}' header line)", path, kMagic);
+  KILN_CHECK(cache.smoothquant_alpha == 0.0 || !cache.smoothing.empty(),
+             "calibration cache {}: smoothquant={} but no 'smooth' lines", path,
+             cache.smoothquant_alpha);
   return cache;
 }
 
@@ -169,6 +228,11 @@ void check_calibration_cache(const CalibrationCache& cache, const std::string& s
                    "calibration cache {} does not match the model's tensors:{}{}", source,
                    missing.empty() ? "" : " missing " + first_few(missing) + ";",
                    extra.empty() ? "" : " not in the model " + first_few(extra) + ";");
+  std::vector<std::string> stray;
+  for (const auto& [name, factors] : cache.smoothing)
+    if (!wanted.contains(name)) stray.push_back(name);
+  KILN_CHECK_USAGE(stray.empty(), "calibration cache {} smooths tensors the model lacks: {}",
+                   source, first_few(stray));
 }
 
 }  // namespace kiln

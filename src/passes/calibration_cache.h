@@ -5,11 +5,11 @@
 //   decoder/decoder.block.0.layer.0.SelfAttention.attn 0.026299354
 //   ...
 //
-// The header names the model (calibration_fingerprint: which tensors a model calibrates and
-// their shapes, its config and tokenizer) and the method; then one line per calibrated tensor:
-// its name (graph/value, no whitespace) and its int8 scale as the shortest decimal that reads
-// back as the same float. A cache that does not match the model it is used for is refused,
-// naming what differs.
+// The header names the model (calibration_fingerprint: its checkpoint's content, which tensors
+// it calibrates and their shapes, its config and tokenizer) and the method; then one line per
+// calibrated tensor: its name (graph/value, no whitespace) and its int8 scale as the shortest
+// decimal that reads back as the same float. A cache that does not match the model it is used for
+// is refused, naming what differs.
 #pragma once
 
 #include <map>
@@ -24,6 +24,13 @@ struct CalibrationCache {
   std::string model;   // calibration_fingerprint of the model it was made for (16 hex digits)
   std::string method;  // calibration_method_name
   std::map<std::string, float> scales;  // tensor name -> scale
+  // SmoothQuant (kiln build --smoothquant ALPHA; passes/smooth_quant.h): its alpha (0: none)
+  // and, per smoothed tensor, the factor of each channel (its last dimension) that the tensor
+  // is divided by — folded into the norm that makes it — and its readers' weight columns are
+  // multiplied by. `scales` are then the smoothed tensors' scales. Written as version 2 of the
+  // format: `smoothquant=ALPHA` in the header, and `smooth TENSOR F0 F1 ...` lines.
+  double smoothquant_alpha = 0.0;
+  std::map<std::string, std::vector<float>> smoothing;
   bool operator==(const CalibrationCache&) const = default;
 };
 
@@ -33,8 +40,10 @@ struct CalibrationCache {
 std::vector<std::string> calibrated_tensors(const ModelIR& model);
 // The name calibrated_tensors gives value `value` of `graph`.
 std::string calibrated_tensor_name(const Graph& graph, int value);
-// 16 hex digits identifying the model for its cache: its source config and tokenizer, and
-// every calibrated tensor's name, type and shape.
+// 16 hex digits identifying the model for its cache: its source config and tokenizer, its
+// checkpoint's content (ModelIR::weights_digest: a model of the same shapes with other weights
+// differs), and every calibrated tensor's name and shape. A usage error for a model without a
+// weights digest (a plan written before kiln recorded one).
 std::string calibration_fingerprint(const ModelIR& model);
 
 // Written atomically (io/atomic_file.h); throws naming `path`.

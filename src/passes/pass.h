@@ -3,12 +3,14 @@
 #pragma once
 
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "core/logging.h"
 #include "graph/linear.h"
 #include "graph/model_ir.h"
+#include "passes/calibration_cache.h"
 
 namespace kiln {
 
@@ -25,7 +27,28 @@ struct PrecisionOptions {
   // Linear and Embedding nodes (by name, as `kiln inspect --layers` lists them) that compute
   // and store their weights in f32 whatever the precision.
   std::vector<std::string> keep_float;
+  // Precisions with calibrated inputs (int8, W8A8: PrecisionSupport::calibrated_inputs): the
+  // calibration whose scales the quantized Linears' inputs take, and what it came from (the
+  // errors name it). check_calibration refuses one made for another model.
+  std::optional<CalibrationCache> calibration;
+  std::string calibration_source;
+  // SmoothQuant factors to fold in (passes/smooth_quant.h: apply_smoothing) in a build without a
+  // calibration: the smoothed fp32 model a SmoothQuant calibration runs. An int8 build takes
+  // them from its calibration (CalibrationCache::smoothing) instead.
+  std::map<std::string, std::vector<float>> smoothing;
 };
+
+// A usage error for a build of a precision with calibrated inputs (int8) without a calibration,
+// saying what to pass, and for a calibration given to any other precision.
+void require_calibration(Device device, Precision precision, const PrecisionOptions& options);
+// require_calibration, then refuses a cache that does not match `model` (calibration_cache.h:
+// another model, or other tensors). Run on the graphs as the precision pass sees them, which
+// are the float plan's (what calibration ran).
+void check_calibration(const ModelIR& model, const PrecisionOptions& options);
+// Folds SmoothQuant's factors (the calibration's, or PrecisionOptions::smoothing) into every
+// graph (passes/smooth_quant.h); nothing without any. After check_calibration, before the
+// precision pass.
+void apply_smoothing(ModelIR& model, const PrecisionOptions& options, const Logger& log);
 
 // The precision pass, for every device: gives each node its weight and activation types from
 // `support` (core/target.h's row for the plan's device and precision), the graph's structure and

@@ -1,9 +1,42 @@
 #include "graph/verifier.h"
 #include "passes/pass.h"
+#include "passes/smooth_quant.h"
 
 namespace kiln {
 
+void require_calibration(Device device, Precision precision, const PrecisionOptions& options) {
+  if (!precision_support(device, precision).calibrated_inputs) {
+    KILN_CHECK_USAGE(!options.calibration,
+                     "a calibration ({}) is for --precision int8 plans, not {}",
+                     options.calibration_source, precision_name(precision));
+    return;
+  }
+  KILN_CHECK_USAGE(options.calibration.has_value(),
+                   "--precision {} quantizes every Linear's input to int8 with a calibrated "
+                   "scale, so it needs calibration data: pass --calib FILE.jsonl (a few hundred "
+                   "representative prompts, one JSON string or {{\"prompt\": ...}} per line) or "
+                   "--calib-cache FILE (written by kiln calibrate or an earlier --calib build)",
+                   precision_name(precision));
+}
+
+void check_calibration(const ModelIR& model, const PrecisionOptions& options) {
+  require_calibration(model.device, model.precision, options);
+  if (!options.calibration) return;
+  check_calibration_cache(*options.calibration, options.calibration_source,
+                          calibration_fingerprint(model), calibrated_tensors(model));
+}
+
+void apply_smoothing(ModelIR& model, const PrecisionOptions& options, const Logger& log) {
+  KILN_CHECK(options.smoothing.empty() || !options.calibration,
+             "SmoothQuant factors come from the calibration or from the build, not both");
+  const auto& factors = options.calibration ? options.calibration->smoothing : options.smoothing;
+  if (factors.empty()) return;
+  for (Graph& g : model.graphs) apply_smoothing(g, factors, options.keep_float, log);
+}
+
 void optimize_model(ModelIR& model, const PassOptions& options, const Logger& log) {
+  // The passes before the precision pass, on every graph: the graphs they leave are the float
+  // plan's, whose Linear inputs a calibration observed (check_calibration compares them).
   for (Graph& g : model.graphs) {
     // The Casts whose readers keep_narrow_weights rewires to the narrow weights go before
     // folding: fold_constants would otherwise widen each of them (the checkpoint in f32).
@@ -24,6 +57,10 @@ void optimize_model(ModelIR& model, const PassOptions& options, const Logger& lo
       fuse_qkv(g, log);
       fuse_gate_up(g, log);
     }
+  }
+  check_calibration(model, options.precision);
+  apply_smoothing(model, options.precision, log);
+  for (Graph& g : model.graphs) {
     assign_precision(g, precision_support(model.device, model.precision), options.precision,
                      &model.precision_notes, log);
     if (model.device == Device::kCuda) {

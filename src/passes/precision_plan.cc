@@ -10,6 +10,11 @@
 //   activation function's output.
 // On both, a Linear the caller asks to keep in float (PrecisionOptions::keep_float), or whose
 // matrix the type cannot hold, stays f32.
+// int8 (W8A8, the CPU): every Linear with an i8 weight also reads its input as int8, with the
+// calibrated per-tensor scale of that input (PrecisionOptions::calibration), except the logits
+// Linear, which keeps an f32 input (int8 weights as int8-weight plans): the final choice of each
+// token reads its output. Norms, softmax, attention and the residual adds compute in f32 as in
+// every CPU plan; Embedding tables are int8 with per-row scales (a gather: nothing to quantize).
 #include "passes/precision_plan.h"
 
 #include <algorithm>
@@ -78,6 +83,10 @@ constexpr std::string_view kFfnOutputWhy =
     "T5's FFN output projection (it reads the activation and writes the f32 residual stream): "
     "f32 as HuggingFace's _keep_in_fp32_modules keeps it";
 constexpr std::string_view kRequestedWhy = "kept in float as the build asked";
+constexpr std::string_view kLogitsWhy =
+    "the logits Linear: int8 weights with an f32 input (as int8-weight plans) — every token is "
+    "chosen from its output, and one static scale for the final norm's output would clip or "
+    "coarsen what decides it";
 
 // fp16 T5: the nodes of the f32 residual stream, with why.
 void mark_residual_stream(const Graph& g, PrecisionPlan* plan) {
@@ -99,7 +108,51 @@ void mark_residual_stream(const Graph& g, PrecisionPlan* plan) {
   }
 }
 
+// W8A8: which Linears read their input as int8 (a calibrated scale from the cache) and why the
+// others keep an f32 input. After the weights are decided: only an i8 weight makes an int8 product.
+void plan_input_scales(const Graph& g, const PrecisionOptions& options, PrecisionPlan* plan) {
+  KILN_CHECK(options.calibration.has_value(),
+             "graph '{}': {} plans quantize Linear inputs with calibrated scales, and the build "
+             "has no calibration",
+             g.name, precision_name(plan->support->precision));
+  const CalibrationCache& cache = *options.calibration;
+  const int logits = logits_linear(g);
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    const Node& n = g.nodes[i];
+    if (n.op != OpKind::kLinear || plan->wide[i]) continue;
+    const int x = linear_operand(n, LinearOperand::kX);
+    const int w = linear_operand(n, LinearOperand::kWeight);
+    if (static_cast<int>(i) == logits) {
+      plan->input_why[i] = std::string(kLogitsWhy);
+      continue;
+    }
+    if (plan->weight[w] != DType::kI8) {
+      plan->input_why[i] = fmt::format(
+          "input kept f32: its weight stays {} ({})", dtype_name(plan->weight[w]),
+          plan->weight_why[w].empty() ? "not an f32 weight matrix" : plan->weight_why[w]);
+      continue;
+    }
+    const std::string name = calibrated_tensor_name(g, x);
+    const auto it = cache.scales.find(name);
+    KILN_CHECK_USAGE(it != cache.scales.end(),
+                     "calibration {} has no scale for {} (the input of {})",
+                     options.calibration_source, name, n.name);
+    plan->input_scale[i] = it->second;
+  }
+}
+
 }  // namespace
+
+int logits_linear(const Graph& g) {
+  for (int out : g.outputs) {
+    if (g.values[out].name != "logits") continue;
+    int producer = g.values[out].producer;
+    while (producer >= 0 && g.nodes[producer].op == OpKind::kCast)
+      producer = g.values[g.nodes[producer].inputs[0]].producer;
+    if (producer >= 0 && g.nodes[producer].op == OpKind::kLinear) return producer;
+  }
+  return -1;
+}
 
 std::string narrowing_refused(const Tensor& w, DType to) {
   if (w.dtype() == to) return {};
@@ -134,6 +187,8 @@ PrecisionPlan plan_precision(const Graph& g, const PrecisionSupport& support,
   plan.node_why.assign(g.nodes.size(), {});
   plan.weight.resize(g.values.size());
   plan.weight_why.assign(g.values.size(), {});
+  plan.input_scale.assign(g.nodes.size(), -1.0f);
+  plan.input_why.assign(g.nodes.size(), {});
   for (size_t id = 0; id < g.values.size(); ++id) plan.weight[id] = g.values[id].dtype;
   const bool narrow_activations = support.activation != DType::kF32;
   std::vector<std::vector<Use>> uses(g.values.size());
@@ -217,6 +272,7 @@ PrecisionPlan plan_precision(const Graph& g, const PrecisionSupport& support,
     }
     plan.weight[id] = support.matrix;
   }
+  if (support.calibrated_inputs) plan_input_scales(g, options, &plan);
   return plan;
 }
 

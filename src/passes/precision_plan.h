@@ -24,9 +24,18 @@ struct PrecisionPlan {
   // readers (activations: unused).
   std::vector<DType> weight;
   std::vector<std::string> weight_why;
+  // Precisions with calibrated inputs (W8A8), per node: a Linear's calibrated input scale
+  // (it reads x as int8), or negative when its input stays f32, then with the reason in
+  // input_why (empty for nodes that are no Linear, and for Linears kept wide: node_why says).
+  std::vector<float> input_scale;
+  std::vector<std::string> input_why;
   // Matrices kept wider because the type cannot hold them (the build log warns).
   std::vector<std::string> warnings;
 };
+
+// The Linear that computes the decoder's logits (the graph contract's `logits` output, through
+// any Cast), or -1.
+int logits_linear(const Graph& graph);
 
 PrecisionPlan plan_precision(const Graph& graph, const PrecisionSupport& support,
                              const PrecisionOptions& options);

@@ -113,6 +113,7 @@ void write_plan(const std::string& path, const ModelIR& model, const PlanBuildIn
       {"blobs", blob_table},
   };
   if (!model.target.empty()) header["target"] = model.target;
+  if (!model.weights_digest.empty()) header["weights_digest"] = model.weights_digest;
   const std::string header_text = header.dump();
   const size_t data_start = align_up(kPlanFixedHeader + header_text.size());
   const uint64_t checksum =
@@ -221,6 +222,9 @@ ModelIR read_plan(const std::string& path, const Logger& log) {
              n.at("reason").get<std::string>(), n.value("node", std::string())});
     // Plans written before targets were recorded run anywhere their device does.
     if (h.contains("target")) model.target = h.at("target").get<std::string>();
+    // Plans written before the digest was recorded have none (they cannot be calibrated).
+    if (h.contains("weights_digest"))
+      model.weights_digest = h.at("weights_digest").get<std::string>();
     model.desc = desc_from_json(h.at("model"), path + " (model)");
     model.profile = profile_from_json(h.at("profile"), path + " (profile)");
     model.source_config_json = h.at("source_config").dump(2);

@@ -23,8 +23,8 @@ expect_exit 2 "unknown flag" -- "$KILN" run --no-such-flag
 expect_exit 2 "unknown subcommand" -- "$KILN" frobnicate
 expect_exit 2 "--onnx not built" -- "$KILN" build --onnx m.onnx -o x.plan
 expect_in "$TMP/err" "ONNX" "--onnx explains"
-expect_exit 2 "--precision int8 not built" -- "$KILN" build --model "$FIXTURES/t5-tiny" --precision int8 -o "$TMP/x.plan"
-expect_in "$TMP/err" "int8-weight" "--precision explains"
+expect_exit 2 "--precision int8 without calibration" -- "$KILN" build --model "$FIXTURES/t5-tiny" --precision int8 -o "$TMP/x.plan"
+expect_in "$TMP/err" "--calib FILE.jsonl" "--precision int8 says what to pass"
 
 # --- issue 36, item 4: messages that fit the command; --help says what kiln is today ---
 expect_exit 2 "inspect of two plans" -- "$KILN" inspect a.plan b.plan

@@ -2,7 +2,7 @@
 # `kiln build --precision fp16|bf16|int8-weight` on both fixture models: task accuracy on the dev
 # set (kiln eval) within one point of the fp32 plan's, smaller plan files, inspect showing each
 # layer's precision and what stayed f32 and why, bench counting the weights at their stored
-# precision, and int8 (activations) refused with a clear message.
+# precision, and int8 (activations) without calibration refused with a clear message.
 source "$(dirname "$0")/lib.bash"
 
 DEV="$FIXTURES/data/dev.jsonl"
@@ -91,10 +91,15 @@ print(s)
 assert 0.5 < s["bf16"] / s["fp32"] < 0.6 and 0.25 < s["int8-weight"] / s["fp32"] < 0.35, s
 PY
 
-# int8 activations are not built: a usage error naming what is.
+# int8 activations need calibration data: a usage error saying what to pass (tests/cli/int8.sh
+# builds them); cuda refuses int8, naming what it runs.
 expect_exit 2 "build int8" -- "$KILN" build --model "$FIXTURES/t5-tiny" --precision int8 -o "$TMP/int8.plan"
-expect_in "$TMP/err" "int8-weight" "the int8 refusal names int8-weight"
+expect_in "$TMP/err" "--calib FILE.jsonl" "the int8 refusal says to pass --calib"
+expect_in "$TMP/err" "--calib-cache" "the int8 refusal names --calib-cache"
 [ -e "$TMP/int8.plan" ] && fail "a refused build left a plan behind"
+expect_exit 2 "build int8 cuda" -- "$KILN" build --model "$FIXTURES/t5-tiny" --device cuda \
+  --precision int8 --calib "$FIXTURES/data/calib.jsonl" -o "$TMP/int8.plan"
+grep -qE "fp32, fp16 and bf16|built without CUDA" "$TMP/err" || fail "cuda int8: $(cat "$TMP/err")"
 expect_exit 2 "build fp8" -- "$KILN" build --model "$FIXTURES/t5-tiny" --precision fp8 -o "$TMP/fp8.plan"
 expect_in "$TMP/err" "unknown precision" "an unknown precision is named"
 

@@ -13,6 +13,7 @@
 #include "backend/backend.h"
 #include "backend/cuda_info.h"
 #include "builder/builder.h"
+#include "builder/calibration_runner.h"
 #include "graph/builder.h"
 #include "graph/verifier.h"
 #include "model_runner.h"
@@ -52,7 +53,7 @@ TEST(PrecisionSupportTable, CoversEveryPairAndDecidesTheRefusals) {
     }
     EXPECT_EQ(supported_precision_names(d), names);
   }
-  EXPECT_EQ(supported_precision_names(Device::kCpu), "fp32, fp16, bf16, int8-weight");
+  EXPECT_EQ(supported_precision_names(Device::kCpu), "fp32, fp16, bf16, int8, int8-weight");
   EXPECT_EQ(supported_precision_names(Device::kCuda), "fp32, fp16, bf16");
   // A second GPU runs what the first runs: the table is by device kind, not ordinal.
   const PrecisionSupport& second = precision_support(Device(Device::kCuda, 1), Precision::kFp16);
@@ -62,15 +63,22 @@ TEST(PrecisionSupportTable, CoversEveryPairAndDecidesTheRefusals) {
 }
 
 // Every CPU precision the table supports builds both fixtures into plans whose every node has
-// a kernel on this machine's CPU backend.
+// a kernel on this machine's CPU backend (int8 from a calibration on a few prompts).
 TEST(PrecisionSupportTable, EverySupportedCpuPrecisionHasKernelsForEveryNode) {
   Context ctx(ContextOptions{LogLevel::kError, 1});
   auto backend = make_backend(ctx, Device::kCpu);
+  std::vector<CalibrationPrompt> prompts = read_calibration_prompts(fixture("data/calib.jsonl"));
+  prompts.resize(8);
   for (Precision p : kAllPrecisions) {
     if (!precision_support(Device::kCpu, p).supported) continue;
     for (const char* model : {"t5-tiny", "bloom-tiny"}) {
       BuildOptions o;
       o.precision = p;
+      if (precision_support(Device::kCpu, p).calibrated_inputs) {
+        o.precision_options.calibration = calibrate_checkpoint(ctx, fixture(model), o, prompts, {},
+                                                               parse_calibration_method("minmax"));
+        o.precision_options.calibration_source = "test";
+      }
       const ModelIR m = build_model(fixture(model), o, kQuiet);
       for (const Graph& g : m.graphs)
         for (const Node& n : g.nodes)

@@ -176,7 +176,7 @@ Runner add_bench(CLI::App& app) {
       "prefill tokens/s, peak memory, and % of the memory-bandwidth roofline (bytes read per\n"
       "decode step / step time / the machine's read bandwidth, measured here by kiln). On the\n"
       "CPU also the prompt step against oneDNN: oneDNN's matmul timed on the prompt's Linear\n"
-      "shapes in the same run (bf16 for bf16 plans, u8 x s8 for int8-weight plans, f32\n"
+      "shapes in the same run (bf16 for bf16 plans, u8 x s8 for int8-weight and int8 plans, f32\n"
       "otherwise), and that time as a % of the\n"
       "time to first token (100 %: the whole prefill takes what oneDNN's GEMMs alone take).\n"
       "Prompts of --input-len tokens; exactly --output-len new tokens (EOS ignored). The\n"
@@ -361,11 +361,11 @@ Runner add_bench(CLI::App& app) {
     if (!gpu) {
       // After every configuration ran (the reference's buffers stay out of their peak memory):
       // each distinct Linear shape of the prompt step timed once in oneDNN, in the GEMM of the
-      // plan's kind (bf16 for bf16 plans, int8 = u8 x s8 for int8-weight plans, else f32). A type
-      // oneDNN has no implementation of on this CPU (bf16 without AVX-512), or only its reference
-      // code, is replaced by f32, and the output says so; should f32 be missing too, the column
-      // is n/a. The measured results are printed either way.
-      // Empty when every shape was timed in `type`; else why it was not.
+      // plan's kind (bf16 for bf16 plans, int8 = u8 x s8 for int8-weight and int8 plans, else f32).
+      // A type oneDNN has no implementation of on this CPU (bf16 without AVX-512), or only its
+      // reference code, is replaced by f32, and the output says so; should f32 be missing too, the
+      // column is n/a. The measured results are printed either way. Empty when every shape was
+      // timed in `type`; else why it was not.
       auto reference = [&](LibraryGemmType type) -> std::string {
         const char* name = library_gemm_type_name(type);
         std::map<LinearShape, double> ms_of;
@@ -399,9 +399,11 @@ Runner add_bench(CLI::App& app) {
         }
         return {};
       };
-      const LibraryGemmType type = ir.precision == Precision::kBf16         ? LibraryGemmType::kBf16
-                                   : ir.precision == Precision::kInt8Weight ? LibraryGemmType::kInt8
-                                                                            : LibraryGemmType::kF32;
+      const LibraryGemmType type =
+          ir.precision == Precision::kBf16 ? LibraryGemmType::kBf16
+          : ir.precision == Precision::kInt8Weight || ir.precision == Precision::kInt8
+              ? LibraryGemmType::kInt8
+              : LibraryGemmType::kF32;
       std::string why = reference(type);
       if (!why.empty() && type != LibraryGemmType::kF32) {
         const std::string why_f32 = reference(LibraryGemmType::kF32);

@@ -8,6 +8,7 @@
 #include <optional>
 
 #include "backend/backend.h"
+#include "builder/calibration_runner.h"
 #include "commands.h"
 #include "io/atomic_file.h"
 #include "plan/plan.h"
@@ -103,7 +104,10 @@ Runner add_build(CLI::App& app) {
   struct Opts {
     std::string model, onnx, output, device = "cpu", precision = "fp32", prompt_template;
     std::vector<std::string> profiles;
-    std::string calib;
+    std::string calib, calib_cache, calib_method = "entropy";
+    int calib_batch = 8;
+    double smoothquant = 0.0;
+    int64_t calib_tokens = 8;
     int64_t max_input_tokens = 0, max_step_tokens = 0;
     bool tf32 = false, no_tune = false;
   };
@@ -119,6 +123,16 @@ Runner add_build(CLI::App& app) {
       "  kiln build --model models/bloom-tiny --prompt-template \"{prompt} =\" -o bloom.plan\n"
       "  kiln build --model models/t5-tiny --precision bf16 -o t5-bf16.plan\n"
       "  kiln build --model models/bloom-tiny --device cuda --precision fp16 -o bloom-gpu.plan\n"
+      "  kiln build --model models/t5-tiny --precision int8 --calib calib.jsonl --calib-cache "
+      "t5.calib -o t5-w8a8.plan\n"
+      "  kiln build --model models/t5-tiny --precision int8 --calib-cache t5.calib -o "
+      "t5-w8a8.plan\n"
+      "int8 (W8A8, cpu) quantizes every Linear's input to int8 with a static scale calibrated on\n"
+      "--calib prompts: the fp32 model runs over them first (encoder and decoder, decoding\n"
+      "--calib-tokens tokens greedily) and records each input's range; --calib-cache writes\n"
+      "those scales, and given alone rebuilds from them without running the prompts.\n"
+      "--smoothquant ALPHA first migrates outlier channels of the norms' outputs into the\n"
+      "Linear weights (SmoothQuant, folded into the norms), then calibrates the smoothed model.\n"
       "On a GPU, a cuda build times each Linear's kernel variants (kiln's GEMV, cuBLASLt's\n"
       "algorithms) at the plan's row counts and stores the fastest (--no-tune skips it).");
   cmd->add_option("--model", o->model,
@@ -130,8 +144,9 @@ Runner add_build(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--precision", o->precision,
                   "cpu: fp32, bf16, fp16, or int8-weight (weight storage; activations, norms and "
-                  "accumulation stay fp32). cuda: fp32, fp16 or bf16 (weights and activations; "
-                  "fp32 accumulation). int8 activations: not built yet")
+                  "accumulation stay fp32), or int8 (W8A8: int8 weights and calibrated int8 "
+                  "Linear inputs; needs --calib or --calib-cache). cuda: fp32, fp16 or bf16 "
+                  "(weights and activations; fp32 accumulation)")
       ->capture_default_str();
   cmd->add_option("--prompt-template", o->prompt_template,
                   "default template stored in the plan: every {prompt} is replaced by the "
@@ -152,12 +167,33 @@ Runner add_build(CLI::App& app) {
                 "cuda plans: skip timing kernel variants on this GPU (faster build; kernels are "
                 "then chosen by heuristics when the plan loads)");
   one_value(cmd->add_option("--profile", o->profiles, "shape profiles (not built yet)"));
-  cmd->add_option("--calib", o->calib, "INT8 calibration prompts (not built yet)");
+  one_value(cmd->add_option("--calib", o->calib,
+                            "--precision int8: calibration prompts, JSON lines (a string or "
+                            "{\"text\"|\"prompt\": ...} per line); a few hundred representative "
+                            "ones"));
+  one_value(cmd->add_option("--calib-method", o->calib_method,
+                            "with --calib: entropy (TensorRT's KL threshold, default), minmax or "
+                            "percentile:P (e.g. percentile:99.99)"));
+  one_value(cmd->add_option("--calib-cache", o->calib_cache,
+                            "--precision int8: with --calib, write the calibrated scales here; "
+                            "alone, build from this cache without running calibration (a cache "
+                            "made for another model is refused)"));
+  in_range(cmd->add_option("--calib-batch", o->calib_batch,
+                           "with --calib: prompts run together (default 8)"),
+           1, 4096);
+  cmd->add_option("--smoothquant", o->smoothquant,
+                  "with --calib: SmoothQuant's alpha in (0, 1] (0.5 a good start for BLOOM): each "
+                  "norm-fed Linear input's outlier channels migrate into the weights before "
+                  "quantizing (the cache records the factors)")
+      ->check(CLI::Range(0.0, 1.0));
+  in_range(cmd->add_option("--calib-tokens", o->calib_tokens,
+                           "with --calib: greedy tokens generated per prompt, so that decode "
+                           "steps are calibrated too (default 8)"),
+           1, 1024);
   return [o](const GlobalOptions& g) {
     KILN_CHECK_USAGE(o->onnx.empty(), "--onnx: the ONNX frontend is not built yet; use --model");
     KILN_CHECK_USAGE(!o->model.empty(), "--model HF_DIR is required");
     KILN_CHECK_USAGE(o->profiles.empty(), "--profile: shape profiles are not built yet");
-    KILN_CHECK_USAGE(o->calib.empty(), "--calib: INT8 calibration is not built yet");
     BuildOptions bo;
     KILN_CHECK_USAGE(parse_device(o->device, &bo.device), "--device {}: unknown device (known: {})",
                      o->device, device_names());
@@ -171,6 +207,28 @@ Runner add_build(CLI::App& app) {
         "--prompt-template '{}': the template must contain {{prompt}} (where the "
         "prompt goes), e.g. \"{{prompt}} =\"",
         o->prompt_template);
+    // Calibration: only for precisions that quantize Linear inputs, every file checked before
+    // anything is built (prompts line by line, a cache read and parsed).
+    const bool calibrated = precision_support(bo.device, bo.precision).calibrated_inputs;
+    KILN_CHECK_USAGE(calibrated || (o->calib.empty() && o->calib_cache.empty()),
+                     "--calib and --calib-cache calibrate int8 (W8A8) plans; --precision {} "
+                     "quantizes no activations and takes no calibration",
+                     o->precision);
+    KILN_CHECK_USAGE(o->smoothquant == 0.0 || !o->calib.empty(),
+                     "--smoothquant {} smooths while calibrating: give --calib FILE.jsonl too (a "
+                     "cache made with --smoothquant carries its factors to --calib-cache builds)",
+                     o->smoothquant);
+    const CalibrationMethodSpec method = parse_calibration_method(o->calib_method);
+    std::vector<CalibrationPrompt> prompts;
+    if (!o->calib.empty()) prompts = read_calibration_prompts(o->calib);
+    if (!o->calib_cache.empty()) {
+      if (o->calib.empty()) {
+        bo.precision_options.calibration = read_calibration_cache(o->calib_cache);
+        bo.precision_options.calibration_source = o->calib_cache;
+      } else {
+        AtomicFileWriter::check_target(o->calib_cache, "--calib-cache");
+      }
+    }
     check_model_dir(o->model, "--model");
     AtomicFileWriter::check_target(o->output, "-o");
     check_output_is_not_an_input(o->output, o->model);
@@ -189,6 +247,30 @@ Runner add_build(CLI::App& app) {
     // The weights the passes make wait in a temporary file beside the plan (it needs that room
     // anyway), not in memory.
     bo.spill_dir = std::filesystem::absolute(o->output).parent_path().string();
+    if (!o->calib.empty()) {
+      CalibrationRunOptions run;
+      run.batch = o->calib_batch;
+      run.new_tokens = o->calib_tokens;
+      // Its own status lines: building the fp32 model, then the prompts' progress.
+      CalibrationCache cache =
+          calibrate_checkpoint(*ctx, o->model, bo, prompts, run, method, nullptr, o->smoothquant);
+      if (!o->calib_cache.empty()) {
+        write_calibration_cache(o->calib_cache, cache);
+        ctx->log().info("wrote calibration cache {} ({} scales, {})", o->calib_cache,
+                        cache.scales.size(), cache.method);
+      }
+      bo.precision_options.calibration = std::move(cache);
+      bo.precision_options.calibration_source = "--calib " + o->calib;
+    } else if (bo.precision_options.calibration) {
+      if (o->calib_method != "entropy")
+        ctx->log().warn(
+            "--calib-method has no effect without --calib: the cache {} was made "
+            "with {}",
+            o->calib_cache, bo.precision_options.calibration->method);
+      ctx->log().info("calibration: {} scales from {} ({}), no prompts run",
+                      bo.precision_options.calibration->scales.size(), o->calib_cache,
+                      bo.precision_options.calibration->method);
+    }
     ModelIR model;
     {
       Activity activity(ctx->log(), "building " + o->model);

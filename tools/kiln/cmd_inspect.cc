@@ -31,8 +31,12 @@ nlohmann::json precision_summary(const Graph& gr, const std::vector<PrecisionNot
     const Value& w = gr.values[n.inputs[n.op == OpKind::kLinear ? 1 : 0]];
     // A Linear computes in its input's type (a widened output is rounded there first); an
     // Embedding gathers rows of its table's.
-    const DType compute =
-        n.op == OpKind::kLinear ? gr.values[n.inputs[0]].dtype : gr.values[n.outputs[0]].dtype;
+    std::string compute(dtype_name(n.op == OpKind::kLinear ? gr.values[n.inputs[0]].dtype
+                                                           : gr.values[n.outputs[0]].dtype));
+    // A W8A8 Linear reads its input as int8, with the calibrated scale it holds.
+    const int input_scale =
+        n.op == OpKind::kLinear ? linear_operand(n, LinearOperand::kInputScale) : -1;
+    if (input_scale >= 0) compute = "i8";
     std::string why = why_node.count(n.name) ? why_node[n.name] : "";
     if (why.empty() && why_weight.count(w.name)) why = why_weight[w.name];
     std::string dtype(dtype_name(w.dtype));
@@ -44,9 +48,12 @@ nlohmann::json precision_summary(const Graph& gr, const std::vector<PrecisionNot
                       {"op", op_name(n.op)},
                       {"weight", w.name},
                       {"dtype", dtype},
-                      {"compute", dtype_name(compute)},
+                      {"compute", compute},
                       {"layout", layout},
                       {"why", why}});
+    if (input_scale >= 0)
+      layers.back()["input_scale"] =
+          gr.values[static_cast<size_t>(input_scale)].data.to_f32().data<float>()[0];
   }
   // (reason, "weights" | "nodes") -> names
   std::map<std::pair<std::string, std::string>, std::vector<std::string>> by_reason;
@@ -98,7 +105,8 @@ nlohmann::json graph_summary(const Graph& gr, const ShapeProfile& profile) {
 void print_precision(const nlohmann::json& p, bool every_layer) {
   std::map<std::string, int> counts;  // "Linear bf16" -> layers
   for (const auto& l : p["layers"])
-    ++counts[l["op"].get<std::string>() + " " + l["dtype"].get<std::string>()];
+    ++counts[l["op"].get<std::string>() + " " + l["dtype"].get<std::string>() +
+             (l.contains("input_scale") ? " × i8 input" : "")];
   std::string line;
   for (const auto& [what, count] : counts)
     line += fmt::format("{}{}×{}", line.empty() ? "" : ", ", what, count);

@@ -179,7 +179,7 @@ class CpuBackend final : public Backend {
   std::unique_ptr<KvStorage> create_kv_storage(const KvGeometry& geometry) override {
     return std::make_unique<CpuKvStorage>(geometry);
   }
-  // bf16 and int8-weight plans keep their KV cache in bf16 (attention widens the rows as it
+  // bf16, int8-weight and int8 plans keep their KV cache in bf16 (attention widens the rows as it
   // reads them and accumulates in f32): batched decode reads each sequence's cache from memory
   // every step, and at 16 sequences of bloom-560m that was a third of the step in f32.
   TokenSelector& token_selector() override { return selector_; }
@@ -198,7 +198,8 @@ class CpuBackend final : public Backend {
     };
   }
   DType kv_cache_dtype(DType compute, Precision precision) const override {
-    const bool narrow = precision == Precision::kBf16 || precision == Precision::kInt8Weight;
+    const bool narrow = precision == Precision::kBf16 || precision == Precision::kInt8Weight ||
+                        precision == Precision::kInt8;
     return compute == DType::kF32 && narrow ? DType::kBF16 : compute;
   }
 

@@ -29,6 +29,11 @@ KernelFactory packed_bf16_dot_linear_factory();
 // quantized to int8 once per row (a scale per group of 128), integer sums (vpdpbusd), then the
 // groups' and the weight's scales.
 KernelFactory packed_int8_dot_linear_factory();
+// W8A8 Linears (an input scale: graph/linear.h), i8 weights × int8 inputs with a static scale:
+// AVX512-VNNI dot products over whole rows (kernels_vnni.cc), and for the AVX-512 family without
+// them, the int8 input levels as f32 through the packed f32 FMAs (kernels_w8a8.cc).
+KernelFactory packed_w8a8_vnni_linear_factory();
+KernelFactory packed_w8a8_fma_linear_factory();
 void linear_avx2(const Node&, std::span<const Tensor>, std::span<Tensor>, const KernelEnv&);
 // Weights narrower than the activations (kernels_lowp.cc): f32 in, f32 out, f32 accumulation.
 void linear_bf16_avx2(const Node&, std::span<const Tensor>, std::span<Tensor>, const KernelEnv&);
@@ -37,6 +42,9 @@ void linear_i8_avx2(const Node&, std::span<const Tensor>, std::span<Tensor>, con
 // The same for i8 weights below the prefill's row count, in AVX2 integer dot products
 // (kernels_lowp_int8.cc): each activation row quantized to int16 once, exact integer sums.
 void linear_i8_dot_avx2(const Node&, std::span<const Tensor>, std::span<Tensor>, const KernelEnv&);
+// W8A8 in the same AVX2 integer dot products, every row quantized with the static input scale
+// (int16 lanes holding int8 levels: vpmaddwd's pair sums cannot saturate).
+void linear_w8a8_avx2(const Node&, std::span<const Tensor>, std::span<Tensor>, const KernelEnv&);
 void embedding_narrow(const Node&, std::span<const Tensor>, std::span<Tensor>, const KernelEnv&);
 void gather_rows(const Node&, std::span<const Tensor>, std::span<Tensor>, const KernelEnv&);
 void add(const Node&, std::span<const Tensor>, std::span<Tensor>, const KernelEnv&);

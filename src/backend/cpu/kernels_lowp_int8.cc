@@ -20,6 +20,12 @@
 //
 // Batch invariance: a row's quantization depends on that row alone and its integer sums are
 // exact, so every output is bitwise the same alone or in any batch, in any tile, on any thread.
+//
+// W8A8 (--precision int8, linear_w8a8_avx2) runs the same tiles at every row count, prefill
+// included, on int8 levels from the static input scale (graph/linear.h: quantize_input) held in
+// int16 lanes: vpmaddwd's pair sums (at most 2 · 127 · 127) are exact, where vpmaddubsw's u8 × s8
+// pairs (up to 2 · 255 · 127) would saturate int16. y = f32(Σ q · w) · s · scale[o] + bias[o],
+// up to the bias the AVX512-VNNI family's numbers bit for bit.
 #include <immintrin.h>
 
 #include <algorithm>
@@ -134,31 +140,34 @@ void tile_i8(const int16_t* const* q, const int8_t* const w[4], int64_t k, bool 
       for (int f = 0; f < 4; ++f) totals[t][f] += int32_t{q[t][i]} * int32_t{w[f][i]};
 }
 
-}  // namespace
+// x [k] f32 -> q [kp] int16 (zero past k): each element's int8 value with the static scale
+// (graph/linear.h: quantize_input), eight lanes at a time.
+void quantize_row_static(const float* x, int64_t k, float inv, int16_t* q, int64_t kp) {
+  const __m256 vinv = _mm256_set1_ps(inv);
+  const __m256 lo = _mm256_set1_ps(-127.f), hi = _mm256_set1_ps(127.f);
+  auto levels = [&](const float* p) {
+    __m256 v = _mm256_mul_ps(_mm256_loadu_ps(p), vinv);
+    v = _mm256_and_ps(v, _mm256_cmp_ps(v, v, _CMP_ORD_Q));  // NaN -> 0
+    return _mm256_cvtps_epi32(_mm256_max_ps(_mm256_min_ps(v, hi), lo));
+  };
+  int64_t i = 0;
+  for (; i + 16 <= k; i += 16) {
+    const __m256i p =
+        _mm256_permute4x64_epi64(_mm256_packs_epi32(levels(x + i), levels(x + i + 8)), 0xD8);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + i), p);
+  }
+  for (; i < k; ++i) q[i] = quantize_input(x[i], inv);
+  for (; i < kp; ++i) q[i] = 0;
+}
 
-// x [n, k] f32, w [m, k] i8, bias [m] (optional), scales [m] -> [n, m] (+ fused activation)
-void linear_i8_dot_avx2(const Node& node, std::span<const Tensor> in, std::span<Tensor> out,
-                        const KernelEnv& env) {
-  const Tensor& x = in[0];
-  const Tensor& w = in[1];
-  const float* bias = in.size() > 2 && in[2].defined() ? in[2].data<float>() : nullptr;
-  const float* scales = in.size() > 3 && in[3].defined() ? in[3].data<float>() : nullptr;
-  KILN_CHECK(x.dtype() == DType::kF32 && out[0].dtype() == DType::kF32,
-             "node '{}': this cpu Linear takes and returns f32 activations", node.name);
-  KILN_CHECK(w.dtype() == DType::kI8 && scales != nullptr,
-             "node '{}': an i8 weight needs its scales, and only an i8 weight has them", node.name);
+// Rows of int16 activations q [n, kp] (each row's integer sums times row_scale[t]) × w [m, k]
+// i8 -> y [n, m] = f32(Σ q · w) · row_scale[t] · scales[o] + bias[o], then the activation.
+void dot_quantized_rows(const Node& node, const int16_t* q, const float* row_scale, int64_t n,
+                        int64_t kp, const Tensor& w, const float* scales, const float* bias,
+                        float* yp, const KernelEnv& env) {
   const int64_t k = w.dim(1), m = w.dim(0);
-  const int64_t n = x.numel() / k;
-  const int64_t kp = (k + 15) / 16 * 16;
-  const float* xp = x.data<float>();
   const int8_t* wp = w.data<int8_t>();
-  float* yp = out[0].data<float>();
   const std::optional<Activation> act = node.attr<LinearAttrs>().epilogue.activation;
-
-  std::vector<int16_t> q(static_cast<size_t>(n * kp));
-  std::vector<float> row_scale(static_cast<size_t>(n));
-  for (int64_t t = 0; t < n; ++t) row_scale[t] = quantize_row(xp + t * k, k, q.data() + t * kp, kp);
-
   const int64_t blocks = (m + kBlock - 1) / kBlock;
   env.pool.parallel_for(blocks, 1, [&](int64_t b0, int64_t b1) {
     int64_t totals[2][4];
@@ -171,7 +180,7 @@ void linear_i8_dot_avx2(const Node& node, std::span<const Tensor> in, std::span<
         const int64_t live = std::min<int64_t>(4, o1 - o);
         for (int64_t t = 0; t < n;) {
           const int tn = t + 1 < n ? 2 : 1;
-          const int16_t* qs[2] = {q.data() + t * kp, q.data() + (t + tn - 1) * kp};
+          const int16_t* qs[2] = {q + t * kp, q + (t + tn - 1) * kp};
           if (tn == 2)
             tile_i8<2>(qs, rows, k, t == 0, totals);
           else
@@ -187,6 +196,63 @@ void linear_i8_dot_avx2(const Node& node, std::span<const Tensor> in, std::span<
           apply_activation(*act, yp + t * m + o0, yp + t * m + o0, o1 - o0);
     }
   });
+}
+
+}  // namespace
+
+// x [n, k] f32, w [m, k] i8, bias [m] (optional), scales [m] -> [n, m] (+ fused activation)
+void linear_i8_dot_avx2(const Node& node, std::span<const Tensor> in, std::span<Tensor> out,
+                        const KernelEnv& env) {
+  const Tensor& x = in[0];
+  const Tensor& w = in[1];
+  const float* bias = in.size() > 2 && in[2].defined() ? in[2].data<float>() : nullptr;
+  const float* scales = in.size() > 3 && in[3].defined() ? in[3].data<float>() : nullptr;
+  KILN_CHECK(x.dtype() == DType::kF32 && out[0].dtype() == DType::kF32,
+             "node '{}': this cpu Linear takes and returns f32 activations", node.name);
+  KILN_CHECK(w.dtype() == DType::kI8 && scales != nullptr,
+             "node '{}': an i8 weight needs its scales, and only an i8 weight has them", node.name);
+  const int64_t k = w.dim(1);
+  const int64_t n = x.numel() / k;
+  const int64_t kp = (k + 15) / 16 * 16;
+  const float* xp = x.data<float>();
+  std::vector<int16_t> q(static_cast<size_t>(n * kp));
+  std::vector<float> row_scale(static_cast<size_t>(n));
+  for (int64_t t = 0; t < n; ++t) row_scale[t] = quantize_row(xp + t * k, k, q.data() + t * kp, kp);
+  dot_quantized_rows(node, q.data(), row_scale.data(), n, kp, w, scales, bias, out[0].data<float>(),
+                     env);
+}
+
+// x [n, k] f32, w [m, k] i8, bias [m] (optional), scales [m], input scale [1] -> [n, m]
+// (+ fused activation): W8A8, every row quantized with the static input scale s, so
+// y = f32(Σ q · w) · s · scale[o] + bias[o], the integer sums exact.
+void linear_w8a8_avx2(const Node& node, std::span<const Tensor> in, std::span<Tensor> out,
+                      const KernelEnv& env) {
+  const Tensor& x = *linear_input(in, LinearOperand::kX);
+  const Tensor& w = *linear_input(in, LinearOperand::kWeight);
+  const Tensor* bias = linear_input(in, LinearOperand::kBias);
+  const Tensor* scales = linear_input(in, LinearOperand::kWeightScales);
+  const Tensor* input_scale = linear_input(in, LinearOperand::kInputScale);
+  KILN_CHECK(x.dtype() == DType::kF32 && out[0].dtype() == DType::kF32,
+             "node '{}': this cpu Linear takes and returns f32 activations", node.name);
+  KILN_CHECK(w.dtype() == DType::kI8 && scales != nullptr && input_scale != nullptr,
+             "node '{}': a W8A8 Linear needs an i8 weight, its scales and its input scale",
+             node.name);
+  const float s = input_scale->data<float>()[0];
+  KILN_CHECK(std::isfinite(s) && s >= 0.0f,
+             "node '{}': the input scale is {}, not a finite non-negative number", node.name, s);
+  const int64_t k = w.dim(1);
+  const int64_t n = x.numel() / k;
+  const int64_t kp = (k + 15) / 16 * 16;
+  const float* xp = x.data<float>();
+  const float inv = input_inv_scale(s);
+  std::vector<int16_t> q(static_cast<size_t>(n * kp));
+  const std::vector<float> row_scale(static_cast<size_t>(n), s);
+  env.pool.parallel_for(n, 16, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t)
+      quantize_row_static(xp + t * k, k, inv, q.data() + t * kp, kp);
+  });
+  dot_quantized_rows(node, q.data(), row_scale.data(), n, kp, w, scales->data<float>(),
+                     bias != nullptr ? bias->data<float>() : nullptr, out[0].data<float>(), env);
 }
 
 }  // namespace kiln::cpu

@@ -260,7 +260,8 @@ KILN_TARGET_AVX512_BF16 void narrow_tile_pairs(const uint32_t* x, int64_t ldx, c
 // of row t at dst[ip·rows + t]; an odd k's last pair is (x, 0)). Each value is rounded on its
 // own, so a row's pairs do not depend on the other rows.
 KILN_TARGET_AVX512_BF16 void round_rows_to_pairs(const float* x, int64_t k, int64_t rows,
-                                                 uint32_t* dst, GroupQuant* /*groups*/) {
+                                                 uint32_t* dst, GroupQuant* /*groups*/,
+                                                 float /*scale*/) {
   alignas(64) uint32_t words[16];
   for (int64_t t = 0; t < rows; ++t) {
     const float* xr = x + t * k;

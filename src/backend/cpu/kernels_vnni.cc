@@ -29,6 +29,13 @@
 // thread; alone (one row) it takes the f32 FMAs and differs in the last digits of the int8
 // activation rounding.
 //
+// W8A8 (--precision int8: an input scale, graph/linear.h) runs the same tiles with one static
+// scale for the whole input, calibrated at build time: each row quantized by the definition
+// (quantize_input), its integer sums taken over whole rows (groups of kStaticGroup elements, one
+// for every model here) and dequantized once in the epilogue, f32(Σ) · s · scale[o] + bias[o].
+// Every row count, a single row included, takes these tiles (W8a8VnniLinear), so a row's result
+// is bitwise the same alone and in any batch.
+//
 // Layout: a panel16 line of an i8 panel holds elements i .. i+3 (i a multiple of 4) of its 16
 // outputs, byte 16u + j = w[o0 + j][i + u]; vpdpbusd wants output j's four bytes side by side in
 // lane j (byte 4j + u). One vpermb (AVX512-VBMI) per line reorders it in registers, as the bf16
@@ -36,6 +43,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cmath>
 #include <memory>
 #include <optional>
 #include <type_traits>
@@ -92,6 +100,13 @@ KILN_TARGET_AVX512_VNNI __attribute__((always_inline)) inline void quad_step(
 
 constexpr int64_t kGroup = 128;  // activation elements per quantization group
 constexpr int64_t kGroupQuads = kGroup / 4;
+// W8A8 (one static scale for every element): the integer sums run over whole rows, converted to
+// f32 once per kStaticGroup elements so that no int32 lane overflows: a lane adds at most
+// kStaticGroup products of |q| <= 127 and u <= 255 (1.06e9 < 2^31). Rows up to that long (every
+// model here) are one group: y = f32(Σ q · w) · s · scale[o] + bias[o], exactly the definition
+// (graph/linear.h).
+constexpr int64_t kStaticGroup = 32768;
+constexpr int64_t kStaticGroupQuads = kStaticGroup / 4;
 
 // A group's integer sums into the f32 sums: the shift taken off, × the group's scale.
 template <int T, int P>
@@ -112,7 +127,7 @@ KILN_TARGET_AVX512_VNNI __attribute__((always_inline)) inline void add_group(
 // Rows [0, T) of x as interleaved quads (quad iq of row t at x[iq·ldx + t]) × P full panels
 // starting at output o. k need not be a multiple of 4: the last, partial line is loaded with its
 // missing elements zero.
-template <int T, int P>
+template <int T, int P, int64_t GroupQuads>
 KILN_TARGET_AVX512_VNNI void tile_quads(const uint32_t* x, int64_t ldx, const int8_t* w,
                                         const int8_t* next, int64_t k, int64_t o,
                                         const Epilogue& e) {
@@ -129,13 +144,13 @@ KILN_TARGET_AVX512_VNNI void tile_quads(const uint32_t* x, int64_t ldx, const in
   // group of panels (as the other tiles do), or repeat this line without one. Tiles of many rows
   // spend longer on each line and need the longer distance.
   constexpr int64_t kAhead = (T >= 4 ? kDotPrefetchBytes : kPrefetchBytes) / 64;
-  for (int64_t g = 0, q0 = 0; q0 < steps; ++g, q0 += kGroupQuads) {
+  for (int64_t g = 0, q0 = 0; q0 < steps; ++g, q0 += GroupQuads) {
     __m512i acc[T][P];
 #pragma GCC unroll 16
     for (int t = 0; t < T; ++t)
 #pragma GCC unroll 16
       for (int p = 0; p < P; ++p) acc[t][p] = _mm512_setzero_si512();
-    const int64_t q1 = std::min(steps, q0 + kGroupQuads);
+    const int64_t q1 = std::min(steps, q0 + GroupQuads);
     for (int64_t iq = q0; iq < q1; ++iq) {
       const int64_t ahead = iq + kAhead;
       const int8_t* line = ahead < quads     ? w + ahead * 4 * kPanelRows
@@ -153,7 +168,7 @@ KILN_TARGET_AVX512_VNNI void tile_quads(const uint32_t* x, int64_t ldx, const in
 
 // The last, narrower panel: `width` < 16 outputs stored `width` apart, gathered quad by quad
 // into a full line; the same groups and sums per output.
-template <int T>
+template <int T, int64_t GroupQuads>
 KILN_TARGET_AVX512_VNNI void narrow_tile_quads(const uint32_t* x, int64_t ldx, const int8_t* w,
                                                int64_t k, int64_t o, int64_t width,
                                                const Epilogue& e) {
@@ -161,10 +176,10 @@ KILN_TARGET_AVX512_VNNI void narrow_tile_quads(const uint32_t* x, int64_t ldx, c
   for (int t = 0; t < T; ++t) sum[t][0] = _mm512_setzero_ps();
   alignas(64) uint8_t wide[4 * kPanelRows] = {};
   const int64_t steps = (k + 3) / 4;
-  for (int64_t g = 0, q0 = 0; q0 < steps; ++g, q0 += kGroupQuads) {
+  for (int64_t g = 0, q0 = 0; q0 < steps; ++g, q0 += GroupQuads) {
     __m512i acc[T][1];
     for (int t = 0; t < T; ++t) acc[t][0] = _mm512_setzero_si512();
-    for (int64_t iq = q0; iq < std::min(steps, q0 + kGroupQuads); ++iq) {
+    for (int64_t iq = q0; iq < std::min(steps, q0 + GroupQuads); ++iq) {
       for (int64_t j = 0; j < width; ++j)
         for (int64_t u = 0; u < 4; ++u) {
           const int64_t i = 4 * iq + u;  // past k: a zero weight (u = 128) against q = 0
@@ -187,7 +202,8 @@ KILN_TARGET_AVX512_VNNI void narrow_tile_quads(const uint32_t* x, int64_t ldx, c
 // whose scales and shifts go to groups[t·ceil(k / kGroup) + g]. A row's bytes and groups depend
 // on that row alone.
 KILN_TARGET_AVX512_VNNI void quantize_rows_to_quads(const float* x, int64_t k, int64_t rows,
-                                                    uint32_t* dst, GroupQuant* groups) {
+                                                    uint32_t* dst, GroupQuant* groups,
+                                                    float /*scale*/) {
   const int64_t per_row = (k + kGroup - 1) / kGroup;
   alignas(16) uint32_t words[4];
   for (int64_t t = 0; t < rows; ++t) {
@@ -218,33 +234,67 @@ KILN_TARGET_AVX512_VNNI void quantize_rows_to_quads(const float* x, int64_t k, i
   }
 }
 
-template <int T, int P>
+// Rows [0, rows) of x [rows, k] quantized with the static scale s (graph/linear.h:
+// quantize_input, sixteen lanes at a time) into dst as quantize_rows_to_quads lays them out, in
+// groups of kStaticGroup elements, each recorded with the scale s and its shift.
+KILN_TARGET_AVX512_VNNI void quantize_rows_static_to_quads(const float* x, int64_t k, int64_t rows,
+                                                           uint32_t* dst, GroupQuant* groups,
+                                                           float scale) {
+  const int64_t per_row = (k + kStaticGroup - 1) / kStaticGroup;
+  const __m512 inv = _mm512_set1_ps(input_inv_scale(scale));
+  const __m512 lo = _mm512_set1_ps(-127.f), hi = _mm512_set1_ps(127.f);
+  alignas(16) uint32_t words[4];
+  for (int64_t t = 0; t < rows; ++t) {
+    const float* xr = x + t * k;
+    for (int64_t g0 = 0; g0 < k; g0 += kStaticGroup) {
+      const int64_t g1 = std::min(k, g0 + kStaticGroup);
+      __m512i total = _mm512_setzero_si512();
+      for (int64_t i = g0; i < g1; i += 16) {
+        const int64_t left = std::min<int64_t>(g1 - i, 16);
+        const __mmask16 m = _cvtu32_mask16(left >= 16 ? 0xffffu : (1u << left) - 1);
+        __m512 v = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, xr + i), inv);
+        v = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(v, v, _CMP_ORD_Q), v);  // NaN -> 0
+        // Clamped, then rounded to nearest even (the default MXCSR mode).
+        const __m512i q = _mm512_cvtps_epi32(_mm512_max_ps(_mm512_min_ps(v, hi), lo));
+        total = _mm512_add_epi32(total, q);
+        _mm_store_si128(reinterpret_cast<__m128i*>(words), _mm512_cvtepi32_epi8(q));
+        for (int64_t w = 0; w < (left + 3) / 4; ++w) dst[(i / 4 + w) * rows + t] = words[w];
+      }
+      groups[t * per_row + g0 / kStaticGroup] = {scale, 128 * _mm512_reduce_add_epi32(total)};
+    }
+  }
+}
+
+template <int T, int P, int64_t GroupQuads>
 constexpr TileSet<uint32_t, int8_t>::Full pick_tile() {
   if constexpr (T * P + P + 2 <= 32)  // accumulators, weights, a broadcast and the permutation
-    return tile_quads<T, P>;
+    return tile_quads<T, P, GroupQuads>;
   else
     return nullptr;
 }
 
-template <int T>
+template <int T, int64_t G>
 constexpr void fill_row(TileSet<uint32_t, int8_t>& s) {
-  s.full[T][0] = pick_tile<T, kPanelChoices[0]>();
-  s.full[T][1] = pick_tile<T, kPanelChoices[1]>();
-  s.full[T][2] = pick_tile<T, kPanelChoices[2]>();
-  s.full[T][3] = pick_tile<T, kPanelChoices[3]>();
-  s.full[T][4] = pick_tile<T, kPanelChoices[4]>();
-  s.full[T][5] = pick_tile<T, kPanelChoices[5]>();
-  s.narrow[T] = narrow_tile_quads<T>;
+  s.full[T][0] = pick_tile<T, kPanelChoices[0], G>();
+  s.full[T][1] = pick_tile<T, kPanelChoices[1], G>();
+  s.full[T][2] = pick_tile<T, kPanelChoices[2], G>();
+  s.full[T][3] = pick_tile<T, kPanelChoices[3], G>();
+  s.full[T][4] = pick_tile<T, kPanelChoices[4], G>();
+  s.full[T][5] = pick_tile<T, kPanelChoices[5], G>();
+  s.narrow[T] = narrow_tile_quads<T, G>;
 }
 
-template <int... T>
+template <int64_t G, int... T>
 constexpr TileSet<uint32_t, int8_t> make_tiles(std::integer_sequence<int, T...>) {
   TileSet<uint32_t, int8_t> s{};
-  (fill_row<T + 1>(s), ...);
+  (fill_row<T + 1, G>(s), ...);
   return s;
 }
+// Dynamic groups of 128 (int8-weight plans) and static whole rows (W8A8).
 constexpr TileSet<uint32_t, int8_t> kQuadTiles =
-    make_tiles(std::make_integer_sequence<int, kMaxTileRows>{});
+    make_tiles<kGroupQuads>(std::make_integer_sequence<int, kMaxTileRows>{});
+constexpr TileSet<uint32_t, int8_t> kStaticQuadTiles =
+    make_tiles<kStaticGroupQuads>(std::make_integer_sequence<int, kMaxTileRows>{});
 
 // Rows from which a call takes the int8 dot products; a single row (batch-1 decode) keeps the f32
 // FMAs. Measured (bloom-560m int8-weight, batch 1, kiln bench N = 100, three interleaved rounds
@@ -328,10 +378,87 @@ class VnniLinear final : public Kernel {
   std::unique_ptr<Kernel> single_row_;
 };
 
+// W8A8 (an input scale): every row, a single one too, quantized with the static scale and summed
+// in int8 dot products (batch-1 decode included: no f32 path, so a row's result is bitwise the
+// same alone and in any batch).
+class W8a8VnniLinear final : public Kernel {
+ public:
+  explicit W8a8VnniLinear(const Node& node) : node_(node) {}
+
+  void prepare(const Graph& graph) override {
+    x_shape_ = graph.values[node_.inputs[0]].shape;
+    weight_ = panel16_weight(graph, node_);
+    KILN_CHECK(weight_.dtype() == DType::kI8,
+               "node '{}': the AVX512-VNNI W8A8 Linear takes i8 weights, not {}", node_.name,
+               dtype_name(weight_.dtype()));
+  }
+
+  // The quantized rows (ceil(k / 4) words each) and their groups.
+  int64_t workspace_bytes(const Bindings& bindings) const override {
+    const Shape shape = resolve_shape(x_shape_, bindings);
+    int64_t elems = 1;
+    for (int64_t d : shape) elems *= d;
+    const int64_t k = shape.empty() ? 1 : std::max<int64_t>(shape.back(), 1);
+    return elems / k *
+           ((k + 3) / 4 * static_cast<int64_t>(sizeof(uint32_t)) +
+            (k + kStaticGroup - 1) / kStaticGroup * static_cast<int64_t>(sizeof(GroupQuant)));
+  }
+
+  void run(const KernelArgs& args) override {
+    KILN_CHECK(args.pool != nullptr, "cpu kernel '{}' without a thread pool", node_.name);
+    const Tensor& x = *linear_input(args.in, LinearOperand::kX);
+    const Tensor* bias = linear_input(args.in, LinearOperand::kBias);
+    const Tensor* scales = linear_input(args.in, LinearOperand::kWeightScales);
+    const Tensor* input_scale = linear_input(args.in, LinearOperand::kInputScale);
+    KILN_CHECK(x.dtype() == DType::kF32 && args.out[0].dtype() == DType::kF32,
+               "node '{}': the cpu Linear takes and returns f32 activations", node_.name);
+    KILN_CHECK(weight_.defined(), "node '{}': run before prepare", node_.name);
+    KILN_CHECK(scales != nullptr && input_scale != nullptr,
+               "node '{}': a W8A8 Linear needs its weight scales and its input scale", node_.name);
+    const float s = input_scale->data<float>()[0];
+    KILN_CHECK(std::isfinite(s) && s >= 0.0f,
+               "node '{}': the input scale is {}, not a finite non-negative number", node_.name, s);
+    const int64_t m = weight_.dim(0), k = weight_.dim(1);
+    KILN_CHECK(x.numel() % k == 0, "node '{}': input of {} elements is not rows of {}", node_.name,
+               x.numel(), k);
+    const int64_t n = x.numel() / k, quads = (k + 3) / 4,
+                  per_row = (k + kStaticGroup - 1) / kStaticGroup;
+    if (n == 0) return;
+    std::vector<uint32_t> own;  // callers without a workspace (micro-benchmarks)
+    std::vector<GroupQuant> own_groups;
+    uint32_t* xt;
+    GroupQuant* groups;
+    if (args.scratch != nullptr) {
+      xt = static_cast<uint32_t*>(args.scratch);
+      groups = static_cast<GroupQuant*>(static_cast<void*>(xt + n * quads));
+    } else {
+      own.resize(static_cast<size_t>(n * quads));
+      own_groups.resize(static_cast<size_t>(n * per_row));
+      xt = own.data();
+      groups = own_groups.data();
+    }
+    const Epilogue e{args.out[0].data<float>(), m, scales->data<float>(),
+                     bias != nullptr ? bias->data<float>() : nullptr};
+    const Staging<uint32_t> staging{quantize_rows_static_to_quads, quads, groups, per_row, s};
+    run_packed_linear(x.data<float>(), n, k, static_cast<const int8_t*>(weight_.raw()), m, e,
+                      node_.attr<LinearAttrs>().epilogue.activation, xt, staging, kStaticQuadTiles,
+                      *args.pool);
+  }
+
+ private:
+  const Node& node_;
+  SymShape x_shape_;
+  Tensor weight_;  // panel16: the plan's mapping, or packed here
+};
+
 }  // namespace
 
 KernelFactory packed_int8_dot_linear_factory() {
   return [](const Node& n) { return std::make_unique<VnniLinear>(n); };
+}
+
+KernelFactory packed_w8a8_vnni_linear_factory() {
+  return [](const Node& n) { return std::make_unique<W8a8VnniLinear>(n); };
 }
 
 }  // namespace kiln::cpu

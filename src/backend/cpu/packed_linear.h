@@ -174,15 +174,18 @@ class GroupQueue {
 };
 
 // How a family reads its activation rows. `stage` null: f32 rows, interleaved into xt when
-// there are several (a single row is read in place). Otherwise stage(x, k, rows, dst, groups)
-// converts `rows` rows of x [rows, k] into dst, `per_row` X a row, interleaved (element i of row
-// t at dst[i·rows + t]), and may record `groups_per_row` quantization groups a row.
+// there are several (a single row is read in place). Otherwise stage(x, k, rows, dst, groups,
+// scale) converts `rows` rows of x [rows, k] into dst, `per_row` X a row, interleaved (element i
+// of row t at dst[i·rows + t]), and may record `groups_per_row` quantization groups a row;
+// `scale` is a static quantization scale (W8A8's input scale), 0 for families without one.
 template <class X>
 struct Staging {
-  void (*stage)(const float* x, int64_t k, int64_t rows, X* dst, GroupQuant* groups) = nullptr;
+  void (*stage)(const float* x, int64_t k, int64_t rows, X* dst, GroupQuant* groups,
+                float scale) = nullptr;
   int64_t per_row = 0;           // X per row in xt
   GroupQuant* groups = nullptr;  // [n · groups_per_row] when the family quantizes
   int64_t groups_per_row = 0;
+  float scale = 0.0f;
 };
 
 // x [n, k], w [m, k] packed, y [n, m]: rows in tiles of up to kMaxTileRows, spread evenly; each
@@ -206,7 +209,8 @@ void run_packed_linear(const float* xp, int64_t n, int64_t k, const W* wp, int64
       if (staged) {
         staging.stage(
             xp + t0 * k, k, rows, dst,
-            staging.groups != nullptr ? staging.groups + t0 * staging.groups_per_row : nullptr);
+            staging.groups != nullptr ? staging.groups + t0 * staging.groups_per_row : nullptr,
+            staging.scale);
       } else if constexpr (std::is_same_v<X, float>) {
         for (int64_t t = 0; t < rows; ++t)
           for (int64_t i = 0; i < k; ++i) dst[i * rows + t] = xp[(t0 + t) * k + i];

@@ -49,6 +49,10 @@ ExtraSet linear_extras(DType weight) {
   const ExtraSet plain{Extra::kBias, Extra::kActivation};
   return weight == DType::kI8 ? plain.with(Extra::kWeightScales) : plain;
 }
+// W8A8 Linears: an i8 weight's, and the int8 input. Registered after each family's i8-weight
+// kernel, so that a node without an input scale keeps that one (the registry gives a node the
+// first entry of its key that implements what it needs).
+const ExtraSet kW8a8Extras = linear_extras(DType::kI8).with(Extra::kQuantizedInput);
 
 }  // namespace
 
@@ -63,12 +67,17 @@ void register_kernels(KernelRegistry& r) {
          linear_extras(DType::kF16));
   add_fn(r, OpKind::kLinear, f32, DType::kI8, base, "avx2 i8-weight linear", linear_i8_avx2,
          linear_extras(DType::kI8));
+  add_fn(r, OpKind::kLinear, f32, DType::kI8, base, "avx2 w8a8 linear (int8 × int8, vpmaddwd)",
+         linear_w8a8_avx2, kW8a8Extras);
   // AVX-512: one register-blocked kernel over panel16-packed weights for every weight dtype
   // and number of rows (kernels_packed.cc).
   for (DType w : {f32, DType::kBF16, DType::kF16, DType::kI8})
     r.add(KernelKey{OpKind::kLinear, f32, w, Device::kCpu, Isa::kAvx512},
           fmt::format("avx512 packed {}-weight linear", dtype_name(w)), packed_linear_factory(w),
           linear_extras(w));
+  r.add(KernelKey{OpKind::kLinear, f32, DType::kI8, Device::kCpu, Isa::kAvx512},
+        "avx512 packed w8a8 linear (int8 levels in f32 FMAs)", packed_w8a8_fma_linear_factory(),
+        kW8a8Extras);
   // AVX512-BF16: bf16 weights in dot products of bf16 pairs; every other kernel is AVX-512's.
   r.add(KernelKey{OpKind::kLinear, f32, DType::kBF16, Device::kCpu, Isa::kAvx512Bf16},
         "avx512-bf16 packed bf16-weight linear (vdpbf16ps)", packed_bf16_dot_linear_factory(),
@@ -77,6 +86,9 @@ void register_kernels(KernelRegistry& r) {
   r.add(KernelKey{OpKind::kLinear, f32, DType::kI8, Device::kCpu, Isa::kAvx512Vnni},
         "avx512-vnni packed i8-weight linear (vpdpbusd)", packed_int8_dot_linear_factory(),
         linear_extras(DType::kI8));
+  r.add(KernelKey{OpKind::kLinear, f32, DType::kI8, Device::kCpu, Isa::kAvx512Vnni},
+        "avx512-vnni packed w8a8 linear (vpdpbusd, static input scale)",
+        packed_w8a8_vnni_linear_factory(), kW8a8Extras);
   add_fn(r, OpKind::kEmbedding, DType::kBF16, DType::kBF16, base, "bf16 embedding gather",
          embedding_narrow);
   add_fn(r, OpKind::kEmbedding, DType::kF16, DType::kF16, base, "f16 embedding gather",

@@ -65,7 +65,8 @@ void embedding(const Node& node, const KernelArgs& args) {
 }
 
 // x [n, in], w [out, in], bias [out] (optional), scales [out] (i8 weights) ->
-// act(x (w * scales)^T + bias) [n, out].
+// act(x (w * scales)^T + bias) [n, out]; with an input scale s [1] (W8A8), x's int8 values q
+// in place of x: act(s · q (w * scales)^T + bias).
 // A folded input norm (LinearEpilogue::norm) scales each row's products by the row's 1 / std (or
 // 1 / rms) after subtracting its mean times the weight's row sums (LayerNorm), with x times the
 // norm's scale where the Linear has one (LinearOperand::kNormScale).
@@ -81,12 +82,26 @@ void linear(const Node& node, const KernelArgs& args) {
   const Tensor* norm_scale = operand(LinearOperand::kNormScale);
   // With rows, output row t is the Linear of x's row rows[t].
   const Tensor* rows = operand(LinearOperand::kRows);
+  // W8A8: x read as int8 with one static scale (graph/linear.h: quantize_input), the sum of
+  // integer products exact in double, then × the scale.
+  const Tensor* input_scale = operand(LinearOperand::kInputScale);
   Tensor& y = args.out[0];
   const int64_t in = w.dim(1), out = w.dim(0), x_rows = x.numel() / in;
   const int64_t n = rows != nullptr ? rows->numel() : x_rows;
   // The type the Linear computes in: its output's, or its input's when widened to f32.
   const DType out_type = e.widen ? x.dtype() : y.dtype();
-  const std::vector<double> xs = load(x), ws = load(w);
+  std::vector<double> xs = load(x);
+  const std::vector<double> ws = load(w);
+  double x_scale = 1.0;
+  if (input_scale != nullptr) {
+    const float s = input_scale->data<float>()[0];
+    KILN_CHECK(std::isfinite(s) && s >= 0.0f,
+               "node '{}': the input scale is {}, not a finite non-negative number", node.name, s);
+    const float inv = input_inv_scale(s);
+    const float* xf = x.data<float>();
+    for (size_t i = 0; i < xs.size(); ++i) xs[i] = quantize_input(xf[i], inv);
+    x_scale = s;
+  }
   const std::vector<double> gamma =
       norm_scale != nullptr ? load(*norm_scale) : std::vector<double>(in, 1.0);
   for (int64_t t = 0; t < n; ++t) {
@@ -108,6 +123,7 @@ void linear(const Node& node, const KernelArgs& args) {
         if (*e.norm == InputNorm::kLayerNorm) acc -= mean * at(*row_sums, o);
         acc *= inv;
       }
+      if (input_scale != nullptr) acc *= x_scale;
       if (scales != nullptr) acc *= at(*scales, o);
       if (bias != nullptr) acc += at(*bias, o);
       if (e.activation) acc = activation(*e.activation, round_to(out_type, acc));

@@ -28,7 +28,9 @@ ModelIR import_hf_model(const std::string& dir, const Logger& log) {
   model.tokenizer_bytes = tok->source_bytes();
   model.tokenizer_pieces = tok->vocab_size();
   const Checkpoint ckpt = Checkpoint::open_dir(dir);
-  log.info("checkpoint: {} tensors in {} file(s)", ckpt.tensors().size(), ckpt.files().size());
+  model.weights_digest = checkpoint_digest(ckpt);
+  log.info("checkpoint: {} tensors in {} file(s), digest {}", ckpt.tensors().size(),
+           ckpt.files().size(), model.weights_digest);
   switch (config.arch) {
     case Architecture::kT5:
       model.graphs = build_t5_graphs(config.t5(), ckpt, log);
