@@ -60,8 +60,8 @@ TEST(Tensor, ConversionsOfAMappedTensorAreChunkedAndExact) {
   const Tensor f32 = mapped.to_f32();
   const DTypeTraits& h = dtype_traits(DType::kF16);
   const DTypeTraits& b = dtype_traits(DType::kBF16);
-  for (int64_t i : {int64_t{0}, int64_t{1} << 20, (int64_t{1} << 20) - 1, (int64_t{1} << 21) + 5,
-                    n - 1}) {
+  for (int64_t i :
+       {int64_t{0}, int64_t{1} << 20, (int64_t{1} << 20) - 1, (int64_t{1} << 21) + 5, n - 1}) {
     float one = 0.0f;
     h.to_float(static_cast<const uint16_t*>(f16.raw()) + i, &one, 1);
     EXPECT_EQ(f32.data<float>()[i], one) << i;
