@@ -24,18 +24,9 @@ serve_model() {  # preset synth-dtype precision
   "$KILN" build --model "$dir" --device cuda --precision "$prec" --max-input-tokens 512 \
     --max-step-tokens 8192 -o "$plan" >>"$LOG" 2>&1 || { echo "build $preset failed" | tee -a "$LOG"; return; }
   # The server: from the exec to a 200 from /v2/health/ready.
-  local t0 t1 url=""
-  t0=$(date +%s%N)
-  "$KILN" serve --plan "$plan" --name m --http-port 0 --grpc-port -1 --metrics-port 0 \
-    --max-batch 64 --http-threads 256 >"$OUT/serve-$preset.out" 2>"$OUT/serve-$preset.err" &
-  local pid=$!
-  for _ in $(seq 1 2000); do
-    [ -z "$url" ] && url=$(sed -n 's|^kiln serve: HTTP on \(http://[^ ]*\).*|\1|p' "$OUT/serve-$preset.out")
-    [ -n "$url" ] && [ "$(curl -s -o /dev/null -w '%{http_code}' "$url/v2/health/ready")" = 200 ] && break
-    sleep 0.005
-  done
-  t1=$(date +%s%N)
-  echo "{\"preset\": \"$preset\", \"ready_ms\": $(((t1 - t0) / 1000000))}" | tee "$OUT/ready-$preset.json" | tee -a "$LOG"
+  start_server "$preset" "$plan" || { echo "serve $preset failed" | tee -a "$LOG"; return; }
+  local url=$SERVER_URL
+  echo "{\"preset\": \"$preset\", \"ready_ms\": $SERVER_READY_MS}" | tee "$OUT/ready-$preset.json" | tee -a "$LOG"
   "$KILN" perf --url "$url" --model m --prompt-len 28 --output-len 100 --ignore-eos --stream \
     --concurrency 16,64 --duration "$DUR" --warmup 3 --json >"$OUT/perf-$preset.json" 2>>"$LOG" ||
     echo "perf $preset failed" | tee -a "$LOG"
@@ -45,11 +36,8 @@ serve_model() {  # preset synth-dtype precision
     --ignore-eos --stream --concurrency 64 --duration "$DUR" --warmup 3 --json \
     >"$OUT/perf-kserve-$preset.json" 2>>"$LOG" || echo "perf kserve $preset failed" | tee -a "$LOG"
   curl -s "${url%%/v2*}" >/dev/null
-  local metrics
-  metrics=$(sed -n 's|^kiln serve: metrics on \(http://[^ ]*\).*|\1|p' "$OUT/serve-$preset.out")
-  [ -n "$metrics" ] && curl -s "$metrics" >"$OUT/metrics-$preset.txt"
-  kill -TERM "$pid"
-  wait "$pid"
+  [ -n "$METRICS_URL" ] && curl -s "$METRICS_URL" >"$OUT/metrics-$preset.txt"
+  stop_server
   echo "serve $preset exit $?" | tee -a "$LOG"
   tail -5 "$OUT/serve-$preset.err" | tee -a "$LOG"
   # The bench decodes from prompts of the served prompts' mean length (from the metrics: the

@@ -28,30 +28,22 @@ echo "prefill of 100-token prompts" | tee -a "$LOG"
 "$KILN" bench --plan "$plan" --input-len 100 --output-len 1 --runs 3 --sweep batch=1,4,16,64 \
   --json 2>>"$LOG" | tee -a "$LOG"
 serve() {  # label, then environment assignments for the server
-  local label=$1 url="" metrics pid
+  local label=$1
   shift
-  env "$@" "$KILN" serve --plan "$plan" --name m --http-port 0 --grpc-port -1 --metrics-port 0 \
-    --max-batch 64 --http-threads 256 >"$OUT/serve.out" 2>"$OUT/serve-$label.err" &
-  pid=$!
-  for _ in $(seq 1 2000); do
-    [ -z "$url" ] && url=$(sed -n 's|^kiln serve: HTTP on \(http://[^ ]*\).*|\1|p' "$OUT/serve.out")
-    [ -n "$url" ] && [ "$(curl -s -o /dev/null -w '%{http_code}' "$url/v2/health/ready")" = 200 ] && break
-    sleep 0.005
-  done
-  metrics=$(sed -n 's|^kiln serve: metrics on \(http://[^ ]*\).*|\1|p' "$OUT/serve.out")
+  start_server "$label" "$plan" "$@" || return
+  local url=$SERVER_URL metrics=$METRICS_URL
   echo "serve $label ($*)" | tee -a "$LOG"
   "$KILN" perf --url "$url" --model m --prompt-len 28 --output-len 100 --ignore-eos --stream \
     --concurrency 64 --duration "$DUR" --warmup 2 2>&1 | tee -a "$LOG"
   curl -s "$metrics" | grep -E '^(nv_inference_exec_count|kiln_steps_run_ahead_total|kiln_engine_busy_seconds_total|kiln_output_tokens_total|kiln_input_tokens_total|kiln_batch_size_(sum|count))' |
     sed "s/^/$label /" | tee -a "$LOG"
-  kill -TERM "$pid"
-  wait "$pid"
-  # Per token count: steps, GPU ms and wall ms per step; then totals for graph-sized steps
-  # (<= 64 tokens) and the larger, eager ones (prompts joining).
+  stop_server
+  # Per token count: steps, GPU ms and wall ms per step; then totals for decode-sized steps
+  # (<= 64 tokens) and the larger ones (prompts joining).
   grep -E "cuda step profile" "$OUT/serve-$label.err" |
     sed -n 's/.*: \([0-9]*\) steps of \([0-9]*\) tokens: \([0-9.]*\) ms per step on the GPU, \([0-9.]*\) ms.*/\1 \2 \3 \4/p' |
     sort -k2 -n | tee -a "$LOG" |
-    awk '{k = ($2 <= 64) ? "graph" : "eager"; n[k] += $1; g[k] += $1 * $3; w[k] += $1 * $4; t[k] += $1 * $2}
+    awk '{k = ($2 <= 64) ? "decode" : "joined"; n[k] += $1; g[k] += $1 * $3; w[k] += $1 * $4; t[k] += $1 * $2}
          END {for (k in n) printf "%s steps: %d, tokens/step %.1f, GPU %.3f ms/step, wall %.3f ms/step, GPU total %.0f ms\n", k, n[k], t[k] / n[k], g[k] / n[k], w[k] / n[k], g[k]}' |
     tee -a "$LOG"
 }

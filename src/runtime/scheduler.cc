@@ -106,6 +106,11 @@ Scheduler::Scheduler(CompiledModel& model, SchedulerOptions options)
         "KILN_JOIN_HOLD_STEPS={}: give a number of steps, 0 to 999", hold);
     options_.join_hold_steps = std::atoi(hold);
   }
+  if (const char* v = std::getenv("KILN_ENCODE_AHEAD")) {
+    KILN_CHECK_USAGE(std::string_view(v) == "0" || std::string_view(v) == "1",
+                     "KILN_ENCODE_AHEAD={}: give 1 or 0", v);
+    options_.encode_ahead = std::string_view(v) == "1";
+  }
   const char* env = std::getenv("KILN_RUN_AHEAD");
   run_ahead_ = options_.run_ahead == RunAhead::kOn ||
                (options_.run_ahead == RunAhead::kAuto && model_.backend().runs_ahead() &&
@@ -617,11 +622,15 @@ std::vector<GenerationEvent> Scheduler::step() {
   std::erase_if(running_, [](const std::unique_ptr<Request>& r) { return !r || r->done; });
   if (batch.empty()) return events;
 
-  // Behind an unchecked encoder the step is read at once (its read makes the encoder's check).
+  // Behind an unchecked encoder the step is read at once (its read makes the encoder's check,
+  // and a failure is isolated below), unless encoders run ahead: then the step may be left
+  // unread like a queued step that requests joined, its read checks the encoder too, and a
+  // failure there fails the step's requests (step_unread).
   const bool behind_encoder = !unchecked_cross_.empty();
   try {
-    run_decoder(batch, true, !behind_encoder && can_leave_unread(batch), behind_encoder);
-    unchecked_cross_.clear();
+    run_decoder(batch, true, (!behind_encoder || options_.encode_ahead) && can_leave_unread(batch),
+                behind_encoder);
+    if (!unread_) unchecked_cross_.clear();
     for (Request* r : batch)
       for (Beam& b : r->beams) b.kv.commit(b.scheduled);
     // Left unread: the next step() queues the step after it, then reads it.

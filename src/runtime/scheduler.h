@@ -43,13 +43,13 @@ using RequestId = int64_t;
 // execute() returns before the step has run (CUDA), the device then has the next step queued while
 // the host reads tokens, emits events and plans: no gap between steps. The batch changes without a
 // gap: requests that ended leave (their rows are dropped), greedy prompts that fit join with
-// their whole prompt (decoder-only models; an encoder-decoder request joins in a step planned
-// after a read). A request that stops (EOS) while the next step is queued wastes that step's
-// row. kAuto: on where the backend
-// runs_ahead(), unless the environment sets KILN_RUN_AHEAD=0 (A/B runs); kOn: on any backend
-// (tests of the schedule on the CPU, where it changes the order of the work, not its amount).
-// While a step is unread its tokens live in the backend's argmax buffer and its results in the
-// executor's workspace: one scheduler at a time steps a compiled model (as the workspaces
+// their whole prompt (with SchedulerOptions::encode_ahead, an encoder-decoder request's encoder
+// queued just before the step it joins; otherwise it joins in a step planned after a read). A
+// request that stops (EOS) while the next step is queued wastes that step's row. kAuto: on where
+// the backend runs_ahead(), unless the environment sets KILN_RUN_AHEAD=0 (A/B runs); kOn: on any
+// backend (tests of the schedule on the CPU, where it changes the order of the work, not its
+// amount). While a step is unread its tokens live in the backend's argmax buffer and its results in
+// the executor's workspace: one scheduler at a time steps a compiled model (as the workspaces
 // already require).
 enum class RunAhead { kAuto, kOn, kOff };
 
@@ -67,6 +67,12 @@ struct SchedulerOptions {
   // long).
   // KILN_JOIN_HOLD_STEPS=N sets it (A/B runs); 0: every arrival joins the next step.
   int join_hold_steps = 4;
+  // Run-ahead, encoder-decoder models: a greedy arrival joins a queued step, its encoder queued
+  // on the device just before that step (its check is the queued step's read, and bad data an
+  // encoder reports then fails that step's requests instead of being isolated to its own).
+  // Off by default (KILN_ENCODE_AHEAD=1 turns it on for A/B runs): an arrival waits for a
+  // planned step, which reads the step before it and isolates an encoder's failure.
+  bool encode_ahead = false;
 };
 
 struct GenerationEvent {
@@ -165,7 +171,8 @@ class Scheduler {
   struct AheadPlan {
     std::vector<std::pair<Request*, int64_t>> carry;
     std::vector<Request*> joins;
-    bool holds_back = false;  // a waiting request that needs a planned step waits one more
+    std::vector<Request*> encode;  // joins whose encoder runs first (encoder-decoder)
+    bool holds_back = false;       // a waiting request that needs a planned step waits one more
   };
   int held_back_ = 0;  // queued steps in a row that held a waiting request back
   bool can_leave_unread(const std::vector<Request*>& batch) const;

@@ -40,11 +40,12 @@ bool Scheduler::can_leave_unread(const std::vector<Request*>& batch) const {
 // - every running request is in the unread step (one left out waits for a planned step);
 // - waiting requests join in order while they are plain greedy, their prompt fits the step's
 //   token budget and the batch and the KV cache have room; one that needs a planned step (not
-//   plain greedy, over the budget, or encoder-decoder: its encoder runs first), with room in
-//   the batch, stops the run-ahead after SchedulerOptions::join_hold_steps queued steps (the
-//   arrivals of those steps join the same planned step; it admits them, or refuses one with
-//   the reason); prompts that would make the step longer than a decode step are held back as
-//   long, then join together;
+//   plain greedy, over the budget, or encoder-decoder without SchedulerOptions::encode_ahead),
+//   with room in the batch, stops the run-ahead after SchedulerOptions::join_hold_steps queued
+//   steps (the arrivals of those steps join the same planned step; it admits them, or refuses
+//   one with the reason); prompts that would make the step (or, encoder-decoder, the encoder
+//   step queued before it) longer than the backend replays are held back as long, then join
+//   together;
 // - the KV cache has a block for every new position.
 std::optional<Scheduler::AheadPlan> Scheduler::plan_ahead(
     const std::vector<Request*>& batch) const {
@@ -68,13 +69,17 @@ std::optional<Scheduler::AheadPlan> Scheduler::plan_ahead(
   const int64_t replayed = model_.backend().replayed_step_tokens();
   int64_t seqs = static_cast<int64_t>(plan.carry.size());
   int64_t tokens = seqs;
+  int64_t encoded = 0;  // prompt tokens of the encoder step queued first (encoder-decoder)
+  const bool enc_dec = model_.desc().encoder_decoder;
   for (const auto& w : waiting_) {
-    const Request& r = *w;
+    Request& r = *w;
     if (seqs + r.params.num_beams > options_.max_batch) break;  // it waits for room either way
     const Beam& b = r.beams.front();
     const int64_t need = b.kv.blocks_needed(blocks_, b.pending());
-    if (model_.desc().encoder_decoder || !plain_greedy(r.params, r.beams.size()) ||
+    const int64_t encode = enc_dec && !r.cross ? static_cast<int64_t>(r.prompt.size()) : 0;
+    if ((enc_dec && !options_.encode_ahead) || !plain_greedy(r.params, r.beams.size()) ||
         tokens + b.pending() > options_.max_step_tokens ||
+        encoded + encode > options_.max_step_tokens ||
         (blocks_.budget() > 0 && need > blocks_.budget())) {
       // It needs a planned step: a few steps more gather the requests that arrive meanwhile
       // into it (one gap for several arrivals), then it comes.
@@ -84,15 +89,18 @@ std::optional<Scheduler::AheadPlan> Scheduler::plan_ahead(
     }
     // A prompt that makes the step too long for the backend's replayed steps waits for others
     // to join with it.
-    if (replayed > 0 && tokens + b.pending() > replayed && held_back_ < options_.join_hold_steps) {
+    if (replayed > 0 && (tokens + b.pending() > replayed || encoded + encode > replayed) &&
+        held_back_ < options_.join_hold_steps) {
       plan.holds_back = true;
       break;
     }
     // One block per sequence kept for its next token, as admit() keeps.
     if (blocks + need + seqs > blocks_.available()) break;
     plan.joins.push_back(w.get());
+    if (encode > 0) plan.encode.push_back(w.get());
     blocks += need;
     tokens += b.pending();
+    encoded += encode;
     ++seqs;
   }
   {
@@ -120,11 +128,14 @@ void Scheduler::launch_ahead(const AheadPlan& plan, const Tensor& tokens) {
     keep.push_back(row);
     rows_.push_back(static_cast<int64_t>(keep.size()) - 1);
   }
+  // Encoder-decoder arrivals: their encoder step first, on the device's queue behind the unread
+  // step (unchecked: the queued step's read checks it).
+  if (!plan.encode.empty()) encode_batch(plan.encode, false);
   for (Request* r : plan.joins) {
     Beam& b = r->beams.front();
     const int64_t n = b.pending();
     b.kv.prepare_append(blocks_, n, &layout_.copies);
-    layout_.add_sequence(n, b.kv.length(), b.kv.blocks(), nullptr);
+    layout_.add_sequence(n, b.kv.length(), b.kv.blocks(), r->cross.get());
     tail.insert(tail.end(), b.seq.begin() + b.kv.length(), b.seq.end());
     rows_.push_back(static_cast<int64_t>(keep.size() + tail.size()) - 1);
   }
@@ -186,9 +197,20 @@ bool Scheduler::step_unread(std::vector<GenerationEvent>& events) {
   }
   row_argmax_.assign(unread.requests.size(), -1);  // one row a request (plain greedy)
   row_topk_.assign(unread.requests.size(), 0);
+  // The read checks what the device ran before the unread step's argmax: the encoders of the
+  // requests that joined it among them.
+  auto checked = [&](const std::vector<Request*>& requests) {
+    std::erase_if(unchecked_cross_, [&](RequestId id) {
+      return std::any_of(requests.begin(), requests.end(),
+                         [id](const Request* r) { return r != nullptr && r->id == id; });
+    });
+  };
   try {
     selector_.finish_argmax_rows(row_argmax_);
+    checked(batch);
   } catch (const std::exception& e) {
+    checked(batch);
+    if (plan) checked(plan->joins);
     // The device found bad data in the unread step (or one before it). Its requests fail, and
     // those that joined the step queued behind it (it ran on their tokens).
     for (Request* r : batch)

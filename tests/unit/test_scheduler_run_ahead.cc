@@ -224,10 +224,11 @@ TEST_P(RunAhead, PreemptionUnderAKvBudget) {
 }
 
 // Serving traffic: greedy requests arrive one a step while others end at their length limits
-// and at EOS. A decoder-only model's batch changes without a planned step: every step after the
-// first is queued behind an unread one (the ended requests' rows dropped, the new prompts
-// joined); an encoder-decoder model's arrivals each need a planned step (the encoder first).
-// The tokens are those of reading every step.
+// and at EOS. The batch changes without a planned step: every step after the first is queued
+// behind an unread one (the ended requests' rows dropped, the new prompts joined, an
+// encoder-decoder model's encoder queued just before the step they join). Without
+// encode_ahead, an encoder-decoder model's arrivals need planned steps. The tokens are those of
+// reading every step.
 TEST_P(RunAhead, RequestsJoinAndLeaveWithoutAPlannedStep) {
   const char* texts[] = {"reverse: suvogi", "add: 456 + 95", "copy: vica vica vica vica",
                          "sort: f r t d e", "upper: lubu",   "count: fo va wa"};
@@ -239,13 +240,43 @@ TEST_P(RunAhead, RequestsJoinAndLeaveWithoutAPlannedStep) {
   }
   int64_t ahead = 0, steps = 0;
   const auto want = drive(options(false), jobs);
-  const auto got = drive(options(true), jobs, &ahead, &steps);
+  SchedulerOptions encode_ahead = options(true);
+  encode_ahead.encode_ahead = true;
+  const auto got = drive(encode_ahead, jobs, &ahead, &steps);
   expect_same(got, want);
-  if (t5()) {
-    EXPECT_GT(ahead, 0);
-  } else {
-    EXPECT_EQ(ahead, steps - 1) << "every step after the first is queued behind an unread one";
+  EXPECT_EQ(ahead, steps - 1) << "every step after the first is queued behind an unread one";
+  if (!t5()) return;
+  expect_same(drive(options(true), jobs, &ahead, &steps), want);
+  EXPECT_GT(ahead, 0);
+  EXPECT_LT(ahead, steps - 1) << "arrivals need planned steps without encode_ahead";
+}
+
+// Long prompts (over 64 tokens) join a decoding batch, the same arrivals three times over: on
+// CUDA the steps they join are replayed from graphs (captured the second time a step shape runs,
+// replayed the third), and every round gives the tokens of the first (whose steps ran kernel by
+// kernel) and of reading every step.
+TEST_P(RunAhead, LongPromptsJoiningTheSameWayEachRound) {
+  std::string long_text = "copy:";
+  for (int i = 0; i < 24; ++i) long_text += i % 2 ? " vica" : " suvo";
+  ASSERT_GT(prompt(long_text).size(), 64u);
+  const char* texts[] = {"reverse: suvogi", "add: 456 + 95", "sort: f r t d e"};
+  std::vector<Job> round;
+  for (int i = 0; i < 6; ++i) {
+    GenerationParams p = greedy(4 + 2 * i);
+    p.ignore_eos = true;
+    round.push_back({i % 2 ? long_text : texts[i / 2], p, i});
   }
+  std::vector<Job> jobs;
+  for (int r = 0; r < 3; ++r)
+    for (Job j : round) {
+      j.submit_at += 40 * r;  // each round starts after the one before it has ended
+      jobs.push_back(j);
+    }
+  const auto want = drive(options(false), jobs);
+  const auto got = drive(options(true), jobs);
+  expect_same(got, want);
+  for (size_t j = round.size(); j < jobs.size(); ++j)
+    EXPECT_EQ(got[j].ids, got[j % round.size()].ids) << "job " << j << " against the first round";
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, RunAhead,

@@ -166,10 +166,9 @@ class AttentionKernel final : public CudaKernel {
     p.sms = ctx_.device().multiprocessors;
     p.warps_forced = ctx_.options().attention_warps;
     p.key_bound = static_cast<int64_t>(ctx_.uploads().step_key_bucket()) * kKeyBucketSize;
-    // The tiled kernel's grid has a block per 64 rows of the longest sequence for each sequence.
-    // A replayed graph keeps it: graphs hold steps of at most 64 tokens, whose sequences all fit
-    // one such block, so the grid depends on the step's shape only.
-    static_assert(CudaExecutor::kMaxGraphTokens <= 64);
+    // The tiled kernel's grid has a block per tiled_rows rows of the longest sequence for each
+    // sequence: a replayed graph keeps it, so that count is part of the graph's key
+    // (CudaExecutor::GraphKey::row_tiles).
     p.longest_seq = ctx_.uploads().step_longest_rows();
     launch_attention(p, ctx_.kernel_stream());
   }

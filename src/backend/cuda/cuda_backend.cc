@@ -69,7 +69,7 @@ class CudaBackend final : public Backend {
   std::vector<BackendOption> options() const override { return cuda_->options().describe(); }
   bool runs_ahead() const override { return true; }
   int64_t replayed_step_tokens() const override {
-    return cuda_->options().graphs ? CudaExecutor::kMaxGraphTokens : 0;
+    return cuda_->options().graphs ? cuda_->options().graph_tokens : 0;
   }
   void wait() override { cuda_->checks().synchronize(); }
 

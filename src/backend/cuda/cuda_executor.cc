@@ -155,7 +155,16 @@ void CudaExecutor::observe(size_t n, const Tensor& value) {
 }
 
 void CudaExecutor::run_graph(const GraphKey& key, char* scratch, const StepContext* step) {
-  StepGraph& g = graphs_[key];
+  auto found = graphs_.find(key);
+  if (found == graphs_.end()) {
+    if (captured_ >= kMaxGraphs) {
+      // Shapes enough: this one stays eager (counted in graphs_ no more).
+      run_nodes(scratch, step);
+      return;
+    }
+    found = graphs_.emplace(key, StepGraph{}).first;
+  }
+  StepGraph& g = found->second;
   if (g.exec == nullptr && g.runs++ == 0) {
     // The first run is eager: kernels make their lazy state (cuBLASLt plans) outside a capture.
     run_nodes(scratch, step);
@@ -192,6 +201,11 @@ void CudaExecutor::run_graph(const GraphKey& key, char* scratch, const StepConte
       run_nodes(scratch, step);
       return;
     }
+    if (++captured_ == kMaxGraphs)
+      ctx_.host().log().info(
+          "graph '{}': {} step shapes captured as CUDA graphs; steps of other shapes run "
+          "kernel by kernel",
+          graph_.name, kMaxGraphs);
     ctx_.host().log().debug("graph '{}': captured a CUDA graph for {} tokens, {} sequences",
                             graph_.name, key.tokens, key.seqs);
   }
@@ -240,6 +254,10 @@ CudaExecutor::GraphKey CudaExecutor::graph_key(int64_t tokens, const StepContext
         warps_follow_keys(tokens * min_heads_, ctx_.device().multiprocessors,
                           ctx_.options().attention_warps))
       key.key_bucket = ctx_.uploads().step_key_bucket();
+    // The tiled kernel's grid has a block per tiled_rows rows of the longest sequence for each
+    // sequence (decode steps: one).
+    const int64_t rows = ctx_.options().tiled_rows;
+    key.row_tiles = static_cast<int>((ctx_.uploads().step_longest_rows() + rows - 1) / rows);
     key.step_buffer = ctx_.uploads().step_buffer();
     // The checks the attention kernels make on the host, which a replay skips.
     for (int s = 0; s < layout.num_seqs() && cross_layers_ > 0; ++s) {
@@ -289,7 +307,7 @@ std::span<const Tensor> CudaExecutor::execute(std::span<const Tensor> inputs,
   // host's launch gaps; ncu gives kernel-only times).
   // So does observing (values are copied out between the kernels).
   const bool graphed = ctx_.options().graphs && !graphs_off_ && events_.empty() &&
-                       !observer_.active() && shape.tokens <= kMaxGraphTokens;
+                       !observer_.active() && shape.tokens <= ctx_.options().graph_tokens;
   char* staged = stage_host_inputs(inputs);
   {
     // The next step waits on this event before reusing the staging. It is recorded when this

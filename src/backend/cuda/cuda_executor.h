@@ -6,14 +6,16 @@
 // drained and any bad data a kernel reported becomes a kiln::Error. Outputs are device tensors,
 // valid until the next execute().
 //
-// Steps of up to kMaxGraphTokens tokens (decode steps) are replayed from CUDA graphs: the second
-// time a step of the same shape runs (same token and sequence counts, same device layout buffer
-// and KV storage), its kernels are captured into a graph, and from then on the step is one
-// graph launch instead of a launch per node (the longest key count's class and, at a block per
-// SM or fewer, its bucket of 64 are part of the shape: the split and the block size of the decode
-// attention follow them). Everything a replay reads that changes per step
-// (inputs, the step's layout, the KV block tables) lives at fixed device addresses, and the
-// host-side checks the kernels would make are made here before each replay.
+// Steps of up to CudaOptions::graph_tokens tokens (decode steps, and the steps prompts join
+// while the batch decodes) are replayed from CUDA graphs: the second time a step of the same
+// shape runs (same token and sequence counts, same device layout buffer and KV storage), its
+// kernels are captured into a graph, and from then on the step is one graph launch instead of a
+// launch per node (the longest key count's class and, at a block per SM or fewer, its bucket of
+// 64 are part of the shape: the split and the block size of the decode attention follow them;
+// so is the longest sequence's count of tiled-attention row blocks). At most kMaxGraphs shapes
+// are captured per executor; steps of other shapes then run eagerly. Everything a replay reads that
+// changes per step (inputs, the step's layout, the KV block tables) lives at fixed device
+// addresses, and the host-side checks the kernels would make are made here before each replay.
 #pragma once
 
 #include <map>
@@ -26,8 +28,8 @@ namespace kiln::cuda {
 
 class CudaExecutor final : public Executable {
  public:
-  // Steps of at most this many tokens are captured and replayed as CUDA graphs.
-  static constexpr int64_t kMaxGraphTokens = 64;
+  // The most step shapes captured (each graph holds a launch per node).
+  static constexpr size_t kMaxGraphs = 512;
   CudaExecutor(const Graph& graph, const ShapeProfile& profile, CudaContext& ctx,
                std::vector<std::unique_ptr<Kernel>> kernels, std::vector<std::string> names);
   ~CudaExecutor() override;
@@ -61,6 +63,7 @@ class CudaExecutor final : public Executable {
     int cross_layers = 0;
     int key_class = 0;   // split-sequence attention's launch shape depends on it
     int key_bucket = 0;  // and the warp kernel's block size at a block per SM or fewer
+    int row_tiles = 0;   // the tiled kernel's grid: row blocks of the longest sequence
     const void* step_buffer = nullptr;
     const void* kv_blocks = nullptr;
     int64_t kv_capacity = 0;
@@ -103,6 +106,7 @@ class CudaExecutor final : public Executable {
   // Copies node n's observed value to the host and reports it (waits for the stream).
   void observe(size_t n, const Tensor& value);
   std::map<GraphKey, StepGraph> graphs_;
+  size_t captured_ = 0;      // graphs_ entries with a graph
   bool graphs_off_ = false;  // a capture failed: eager from then on
   // Profiling (CudaOptions::profile, kKernels): an event before every node and after the last, and
   // the milliseconds each kernel name took over every step; the wall time of whole steps.

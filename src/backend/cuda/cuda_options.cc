@@ -64,6 +64,8 @@ std::string_view profile_name(CudaOptions::Profile p) {
 CudaOptions CudaOptions::from_environment() {
   CudaOptions o;
   on_unless_zero("KILN_CUDA_GRAPHS", &o.graphs);
+  number("KILN_CUDA_GRAPH_TOKENS", 1, 4096, "the most tokens of a step replayed from a CUDA graph",
+         &o.graph_tokens);
   on_unless_zero("KILN_CUDA_GEMV", &o.gemv);
   on_unless_zero("KILN_CUDA_GEMV_NORM", &o.gemv_norm);
   on_unless_zero("KILN_CUDA_SPLIT", &o.splits);
@@ -110,6 +112,8 @@ std::vector<BackendOption> CudaOptions::describe() const {
   auto warps = [](int n) { return n == 0 ? std::string("auto") : std::to_string(n); };
   return {
       {"KILN_CUDA_GRAPHS", on_off(graphs), "decode steps replayed from CUDA graphs"},
+      {"KILN_CUDA_GRAPH_TOKENS", std::to_string(graph_tokens),
+       "most tokens of a step replayed from a graph"},
       {"KILN_CUDA_GEMV", on_off(gemv), "few-row Linears on kiln's GEMV"},
       {"KILN_CUDA_GEMV_NORM", on_off(gemv_norm), "a Linear's input norm folded into the GEMV"},
       {"KILN_CUDA_SPLIT", on_off(splits), "decode attention split along the keys"},

@@ -15,6 +15,10 @@ struct CudaOptions {
   // KILN_CUDA_GRAPHS=0: decode steps are launched kernel by kernel instead of replayed from a
   // captured CUDA graph.
   bool graphs = true;
+  // KILN_CUDA_GRAPH_TOKENS=N: steps of at most N tokens are replayed from CUDA graphs (decode
+  // steps, and the steps that prompts join while the batch decodes); longer ones (prompts alone)
+  // launch kernel by kernel.
+  int graph_tokens = 256;
   // KILN_CUDA_GEMV=0: few-row Linears run on cuBLASLt instead of kiln's GEMV (the skinny GEMM's
   // rows are still skinny_rows').
   bool gemv = true;
