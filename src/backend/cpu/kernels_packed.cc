@@ -409,6 +409,7 @@ KernelFactory packed_linear_factory(DType weight) {
     case DType::kI64:
     case DType::kF8E4M3:
     case DType::kF8E5M2:
+    case DType::kI4:  // kernels_int4.cc: its own layout
       break;
   }
   KILN_FAIL("no packed avx512 Linear for {} weights", dtype_name(weight));
