@@ -145,10 +145,7 @@ KILN_TARGET_AVX512_VNNI void tile_q4(const uint32_t* x, int64_t ldx, const uint8
       for (int p = 0; p < P; ++p) acc[t][p] = _mm512_setzero_si512();
     const int64_t b1 = std::min(blocks, b0 + kBlocksPerGroup);
     for (int64_t b = b0; b < b1; ++b) {
-      const int64_t ahead = b + kAhead;
-      const uint8_t* line = ahead < blocks    ? w + ahead * kLine
-                            : next != nullptr ? next + (ahead - blocks) * kLine
-                                              : w + b * kLine;
+      const uint8_t* line = line_ahead(w, next, b, blocks, kAhead, kLine);
       for (int p = 0; p < P; ++p)
         _mm_prefetch(reinterpret_cast<const char*>(line + p * panel), _MM_HINT_T0);
       block_step<D, T, P>(acc, x, ldx, w, panel, kLine, b, all);
@@ -182,39 +179,28 @@ KILN_TARGET_AVX512_VNNI void narrow_tile_q4(const uint32_t* x, int64_t ldx, cons
   store_narrow<T>(out, o, width, e);
 }
 
-using Q4Tiles = TileSet<uint32_t, uint8_t>;
-
-template <class D, int T, int P>
-constexpr Q4Tiles::Full pick_tile() {
-  if constexpr (T * P + P + 2 <= 32)  // accumulators, weights, a broadcast and the masks
-    return tile_q4<D, T, P>;
-  else
-    return nullptr;
-}
-
-template <class D, int T>
-constexpr void fill_row(Q4Tiles& s) {
-  s.full[T][0] = pick_tile<D, T, kPanelChoices[0]>();
-  s.full[T][1] = pick_tile<D, T, kPanelChoices[1]>();
-  s.full[T][2] = pick_tile<D, T, kPanelChoices[2]>();
-  s.full[T][3] = pick_tile<D, T, kPanelChoices[3]>();
-  s.full[T][4] = pick_tile<D, T, kPanelChoices[4]>();
-  s.full[T][5] = pick_tile<D, T, kPanelChoices[5]>();
-  s.narrow[T] = narrow_tile_q4<D, T>;
-}
-
 // Bytes of a panel16q4 row (k rounded up to whole blocks of 8, two a byte).
 constexpr int64_t q4_row_bytes(int64_t k) { return (k + 7) / 8 * 4; }
 
-template <class D, int... T>
-constexpr Q4Tiles make_tiles(std::integer_sequence<int, T...>) {
-  Q4Tiles s{};
-  (fill_row<D, T + 1>(s), ...);
-  s.row_units = q4_row_bytes;
-  return s;
-}
 template <class D>
-constexpr Q4Tiles kQ4Tiles = make_tiles<D>(std::make_integer_sequence<int, kMaxTileRows>{});
+struct Q4Tiles {
+  using X = uint32_t;
+  using W = uint8_t;
+  template <int T, int P>
+  static constexpr TileSet<X, W>::Full full() {
+    if constexpr (T * P + P + 2 <= 32)  // accumulators, weights, a broadcast and the masks
+      return tile_q4<D, T, P>;
+    else
+      return nullptr;
+  }
+  template <int T>
+  static constexpr TileSet<X, W>::Narrow narrow() {
+    return narrow_tile_q4<D, T>;
+  }
+  static constexpr int64_t (*row_units)(int64_t) = q4_row_bytes;
+};
+template <class D>
+constexpr TileSet<uint32_t, uint8_t> kQ4Tiles = tile_set<Q4Tiles<D>>();
 
 // The node's i4 weight in panel16q4: the plan's mapping, or packed here once (a plain plan, one
 // built in memory, or a width that plans store plain) as an i4 [n, k8] tensor.

@@ -151,10 +151,7 @@ KILN_TARGET_AVX512_VNNI void tile_quads(const uint32_t* x, int64_t ldx, const in
       for (int p = 0; p < P; ++p) acc[t][p] = _mm512_setzero_si512();
     const int64_t q1 = std::min(steps, q0 + GroupQuads);
     for (int64_t iq = q0; iq < q1; ++iq) {
-      const int64_t ahead = iq + kAhead;
-      const int8_t* line = ahead < quads     ? w + ahead * 4 * kPanelRows
-                           : next != nullptr ? next + (ahead - quads) * 4 * kPanelRows
-                                             : w + iq * 4 * kPanelRows;
+      const int8_t* line = line_ahead(w, next, iq, quads, kAhead, 4 * kPanelRows);
       for (int p = 0; p < P; ++p)
         _mm_prefetch(reinterpret_cast<const char*>(line + p * panel), _MM_HINT_T0);
       quad_step<T, P>(acc, x, ldx, w, panel, iq, perm, flip,
@@ -227,36 +224,26 @@ KILN_TARGET_AVX512_VNNI void quantize_rows_static_to_quads(const float* x, int64
   }
 }
 
-template <int T, int P, int64_t GroupQuads>
-constexpr TileSet<uint32_t, int8_t>::Full pick_tile() {
-  if constexpr (T * P + P + 2 <= 32)  // accumulators, weights, a broadcast and the permutation
-    return tile_quads<T, P, GroupQuads>;
-  else
-    return nullptr;
-}
-
-template <int T, int64_t G>
-constexpr void fill_row(TileSet<uint32_t, int8_t>& s) {
-  s.full[T][0] = pick_tile<T, kPanelChoices[0], G>();
-  s.full[T][1] = pick_tile<T, kPanelChoices[1], G>();
-  s.full[T][2] = pick_tile<T, kPanelChoices[2], G>();
-  s.full[T][3] = pick_tile<T, kPanelChoices[3], G>();
-  s.full[T][4] = pick_tile<T, kPanelChoices[4], G>();
-  s.full[T][5] = pick_tile<T, kPanelChoices[5], G>();
-  s.narrow[T] = narrow_tile_quads<T, G>;
-}
-
-template <int64_t G, int... T>
-constexpr TileSet<uint32_t, int8_t> make_tiles(std::integer_sequence<int, T...>) {
-  TileSet<uint32_t, int8_t> s{};
-  (fill_row<T + 1, G>(s), ...);
-  return s;
-}
+// The tiles of groups of GroupQuads quads.
+template <int64_t GroupQuads>
+struct QuadTiles {
+  using X = uint32_t;
+  using W = int8_t;
+  template <int T, int P>
+  static constexpr TileSet<X, W>::Full full() {
+    if constexpr (T * P + P + 2 <= 32)  // accumulators, weights, a broadcast and the permutation
+      return tile_quads<T, P, GroupQuads>;
+    else
+      return nullptr;
+  }
+  template <int T>
+  static constexpr TileSet<X, W>::Narrow narrow() {
+    return narrow_tile_quads<T, GroupQuads>;
+  }
+};
 // Dynamic groups of 128 (int8-weight plans) and static whole rows (W8A8).
-constexpr TileSet<uint32_t, int8_t> kQuadTiles =
-    make_tiles<kGroupQuads>(std::make_integer_sequence<int, kMaxTileRows>{});
-constexpr TileSet<uint32_t, int8_t> kStaticQuadTiles =
-    make_tiles<kStaticGroupQuads>(std::make_integer_sequence<int, kMaxTileRows>{});
+constexpr TileSet<uint32_t, int8_t> kQuadTiles = tile_set<QuadTiles<kGroupQuads>>();
+constexpr TileSet<uint32_t, int8_t> kStaticQuadTiles = tile_set<QuadTiles<kStaticGroupQuads>>();
 
 // Rows from which a call takes the int8 dot products; a single row (batch-1 decode) keeps the f32
 // FMAs. Measured (bloom-560m int8-weight, batch 1, kiln bench N = 100, three interleaved rounds

@@ -227,6 +227,38 @@ struct TileSet {
   int64_t (*row_units)(int64_t k) = nullptr;
 };
 
+// A family's TileSet from its tiles: Family::full<T, P>() for T rows × P panels (null where the
+// tile does not fit the registers: run_packed_linear calls only T × panels_for(T), and single
+// panels), Family::narrow<T>(), and Family::row_units where the family has one.
+template <class Family, int R, int... C>
+constexpr void fill_tile_row(TileSet<typename Family::X, typename Family::W>& s,
+                             std::integer_sequence<int, C...>) {
+  ((s.full[R][C] = Family::template full<R, kPanelChoices[C]>()), ...);
+  s.narrow[R] = Family::template narrow<R>();
+}
+template <class Family, int... R>
+constexpr TileSet<typename Family::X, typename Family::W> make_tile_set(
+    std::integer_sequence<int, R...>) {
+  TileSet<typename Family::X, typename Family::W> s{};
+  (fill_tile_row<Family, R + 1>(s, std::make_integer_sequence<int, kNumPanelChoices>{}), ...);
+  if constexpr (requires { Family::row_units; }) s.row_units = Family::row_units;
+  return s;
+}
+template <class Family>
+constexpr TileSet<typename Family::X, typename Family::W> tile_set() {
+  return make_tile_set<Family>(std::make_integer_sequence<int, kMaxTileRows>{});
+}
+
+// The line a dot-product tile requests at step `step` of the `steps` it takes through each panel
+// (one `line`-unit line of every panel a step): `ahead` steps on, then on into `next` (the
+// thread's next group of panels), or this step's own line when there is none.
+template <class W>
+inline const W* line_ahead(const W* w, const W* next, int64_t step, int64_t steps, int64_t ahead,
+                           int64_t line) {
+  const int64_t a = step + ahead;
+  return a < steps ? w + a * line : next != nullptr ? next + (a - steps) * line : w + step * line;
+}
+
 // The groups of panels of one call, handed to the pool's threads: each thread owns an equal
 // contiguous range and takes groups from its front (one stream through memory); a thread whose
 // range is empty takes the last group of another thread's range. On this shared VM the two
