@@ -1,6 +1,8 @@
 #include "core/dtype.h"
 
+#include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstring>
 #include <string>
 
@@ -57,6 +59,27 @@ void f8_e5m2_from_float(const float* src, void* dst, size_t n) {
   for (size_t i = 0; i < n; ++i) d[i] = float_to_fp8_e5m2(src[i]);
 }
 
+// Two's-complement nibbles, two a byte (low nibble first); from float: rounded to nearest
+// (ties to even) and clamped to [-8, 7].
+void i4_to_float(const void* src, float* dst, size_t n) {
+  const auto* s = static_cast<const uint8_t*>(src);
+  for (size_t i = 0; i < n; ++i) {
+    const int nibble = (s[i / 2] >> (4 * (i % 2))) & 0xF;
+    dst[i] = static_cast<float>(nibble >= 8 ? nibble - 16 : nibble);
+  }
+}
+void i4_from_float(const float* src, void* dst, size_t n) {
+  auto* d = static_cast<uint8_t*>(dst);
+  for (size_t i = 0; i < n; i += 2) {
+    uint8_t byte = 0;
+    for (size_t u = 0; u < 2; ++u) {
+      const float v = std::nearbyint(std::clamp(src[i + u], -8.0f, 7.0f));
+      byte |= static_cast<uint8_t>((static_cast<int>(v) & 0xF) << (4 * u));
+    }
+    d[i / 2] = byte;
+  }
+}
+
 // Indexed by DType; the static_asserts below keep the order honest.
 constexpr std::array<DTypeTraits, kNumDTypes> kTraits = {{
     {DType::kF32, "f32", "F32", 1, 4, true, f32_to_float, f32_from_float},
@@ -70,6 +93,9 @@ constexpr std::array<DTypeTraits, kNumDTypes> kTraits = {{
     // alone would load a wrong model without a word, so such checkpoints stay refused.
     {DType::kF8E4M3, "f8_e4m3", "", 1, 1, true, f8_e4m3_to_float, f8_e4m3_from_float},
     {DType::kF8E5M2, "f8_e5m2", "", 1, 1, true, f8_e5m2_to_float, f8_e5m2_from_float},
+    // No safetensors name: checkpoints do not store kiln's int4 layout (its group scales are a
+    // tensor of their own); int4 weights come from quantizing at build time.
+    {DType::kI4, "i4", "", 2, 1, false, i4_to_float, i4_from_float},
 }};
 
 constexpr bool traits_in_order() {

@@ -12,8 +12,12 @@ namespace kiln {
 
 // kF8E4M3, kF8E5M2: OCP's 8-bit floats (core/fp8.h: their encodings, and how conversions from
 // float saturate: E4M3 to ±448, E5M2 not, to ±inf).
-enum class DType : uint8_t { kF32, kF16, kBF16, kI8, kI32, kI64, kF8E4M3, kF8E5M2 };
-inline constexpr int kNumDTypes = 8;
+// kI4: signed 4-bit integers in [-8, 7] (two's complement), two a byte: element 2j in the low
+// nibble of byte j, element 2j + 1 in its high nibble (int4-weight plans' Linear weights, with
+// group-wise scales: graph/linear.h). A block is two elements, so a row of an odd length does not
+// end on a byte: such tensors have an even number of elements.
+enum class DType : uint8_t { kF32, kF16, kBF16, kI8, kI32, kI64, kF8E4M3, kF8E5M2, kI4 };
+inline constexpr int kNumDTypes = 9;
 
 struct DTypeTraits {
   DType dtype;

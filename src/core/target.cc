@@ -32,6 +32,8 @@ std::string_view precision_name(Precision precision) {
       return "int8";
     case Precision::kInt8Weight:
       return "int8-weight";
+    case Precision::kInt4Weight:
+      return "int4-weight";
   }
   return "?";
 }
@@ -55,7 +57,7 @@ bool parse_precision(std::string_view name, Precision* out) {
 }
 
 std::string_view device_names() { return "cpu, cuda"; }
-std::string_view precision_names() { return "fp32, fp16, bf16, int8, int8-weight"; }
+std::string_view precision_names() { return "fp32, fp16, bf16, int8, int8-weight, int4-weight"; }
 
 namespace {
 
@@ -71,11 +73,14 @@ constexpr PrecisionSupport kSupport[] = {
     {Device::kCpu, Precision::kBf16, true, DType::kBF16, DType::kF32, false, false, {}},
     {Device::kCpu, Precision::kInt8, true, DType::kI8, DType::kF32, true, true, {}},
     {Device::kCpu, Precision::kInt8Weight, true, DType::kI8, DType::kF32, true, false, {}},
+    {Device::kCpu, Precision::kInt4Weight, true, DType::kI4, DType::kF32, true, false, {}},
     {Device::kCuda, Precision::kFp32, true, DType::kF32, DType::kF32, false, false, {}},
     {Device::kCuda, Precision::kFp16, true, DType::kF16, DType::kF16, false, false, {}},
     {Device::kCuda, Precision::kBf16, true, DType::kBF16, DType::kBF16, false, false, {}},
     {Device::kCuda, Precision::kInt8, false, DType::kI8, DType::kF16, true, true, kNoW8A8Cuda},
     {Device::kCuda, Precision::kInt8Weight, false, DType::kI8, DType::kF16, true, false,
+     kCudaFloatOnly},
+    {Device::kCuda, Precision::kInt4Weight, false, DType::kI4, DType::kF16, true, false,
      kCudaFloatOnly},
 };
 

@@ -36,9 +36,11 @@ enum class Precision : uint8_t {
   kBf16,        // bf16 weights; norms, softmax and accumulation in fp32
   kInt8,        // int8 weights and activations (calibrated)
   kInt8Weight,  // int8 weights with per-channel scales, fp32 activations
+  kInt4Weight,  // int4 weights with fp16 scales per group of 128 inputs, fp32 activations
 };
-inline constexpr Precision kAllPrecisions[] = {Precision::kFp32, Precision::kFp16, Precision::kBf16,
-                                               Precision::kInt8, Precision::kInt8Weight};
+inline constexpr Precision kAllPrecisions[] = {Precision::kFp32,       Precision::kFp16,
+                                               Precision::kBf16,       Precision::kInt8,
+                                               Precision::kInt8Weight, Precision::kInt4Weight};
 
 std::string_view device_name(Device device);           // "cpu", "cuda" (the kind's name)
 std::string device_label(Device device);               // "cpu", "cuda:1" (with a GPU's ordinal)
@@ -53,7 +55,9 @@ std::string_view precision_names();
 // How a device runs a precision: the type its weight matrices (Linear weights, Embedding tables)
 // are stored in, the type activations flow in between nodes (the CPU keeps f32 activations and
 // narrows only weight storage; CUDA computes fp16/bf16 plans in that type), whether matrices carry
-// per-output-channel f32 scales, and why not when the device does not run it. Whether a device
+// per-output-channel f32 scales, and why not when the device does not run it. int4-weight stores
+// Linear weights as i4 with group scales (graph/linear.h) and every other matrix as int8-weight
+// does (`matrix` is i4; the precision pass says which matrices stay i8, and why). Whether a device
 // is present (a CUDA build, a GPU) is the backend's to say (backend/backend.h).
 struct PrecisionSupport {
   Device device;

@@ -33,7 +33,7 @@ std::string_view extra_name(Extra e) {
     case Extra::kBias:
       return "bias";
     case Extra::kWeightScales:
-      return "per-channel weight scales";
+      return "weight scales (per channel, or per group for i4)";
     case Extra::kActivation:
       return "fused activation";
     case Extra::kResidual:
@@ -157,14 +157,17 @@ std::vector<ValueType> infer_linear(const Graph& g, const Node& n) {
     expect_rank(n, b, 1);
     expect_dim(n, b, 0, w.shape[0]);
   }
-  // Quantized weights carry their scales: an i8 weight has one f32 scale per output channel;
-  // float weights have none.
+  // Quantized weights carry their scales: an i8 weight has one f32 scale per output channel, an
+  // i4 weight one f16 scale per output channel and group of kInt4Group inputs; float weights
+  // have none.
   const bool per_channel = w.dtype == DType::kI8;
-  KILN_CHECK(per_channel == d.has(LinearOperand::kWeightScales),
+  const bool grouped = w.dtype == DType::kI4;
+  KILN_CHECK((per_channel || grouped) == d.has(LinearOperand::kWeightScales),
              "node '{}' (Linear): weight '{}' is {}: {}", n.name, w.name, dtype_name(w.dtype),
              per_channel ? "an i8 weight needs its per-output-channel scales (input 3)"
-                         : "only i8 weights take a scales input");
-  KILN_CHECK(dtype_traits(w.dtype).is_float || per_channel,
+             : grouped   ? "an i4 weight needs its group scales (input 3)"
+                         : "only i8 and i4 weights take a scales input");
+  KILN_CHECK(dtype_traits(w.dtype).is_float || per_channel || grouped,
              "node '{}' (Linear): weight '{}' of type {} cannot be a Linear weight", n.name, w.name,
              dtype_name(w.dtype));
   if (per_channel) {
@@ -173,6 +176,19 @@ std::vector<ValueType> infer_linear(const Graph& g, const Node& n) {
                s.name);
     expect_rank(n, s, 1);
     expect_dim(n, s, 0, w.shape[0]);
+  }
+  if (grouped) {
+    const Value& s = operand(LinearOperand::kWeightScales);
+    KILN_CHECK(!w.shape[1].is_symbolic() && w.shape[1].value % 2 == 0,
+               "node '{}' (Linear): i4 weight '{}' {} needs an even input dimension (two "
+               "elements a byte)",
+               n.name, w.name, sym_shape_str(w.shape));
+    KILN_CHECK(s.dtype == DType::kF16,
+               "node '{}' (Linear): group scales '{}' of i4 weight '{}' must be f16, not {}",
+               n.name, s.name, w.name, dtype_name(s.dtype));
+    expect_rank(n, s, 2);
+    expect_dim(n, s, 0, w.shape[0]);
+    expect_dim(n, s, 1, Dim::of(int4_groups(w.shape[1].value)));
   }
   if (d.has(LinearOperand::kInputScale)) {
     // W8A8: the product is int8 × int8, so the weight is i8 (with its scales) and x is f32, the
@@ -206,8 +222,9 @@ std::vector<ValueType> infer_linear(const Graph& g, const Node& n) {
     const bool layer = *e.norm == InputNorm::kLayerNorm;
     KILN_CHECK(e.norm_eps >= 0.0, "node '{}' (Linear): negative norm epsilon {}", n.name,
                e.norm_eps);
-    KILN_CHECK(!per_channel, "node '{}' (Linear): a folded {} needs float weights, not i8", n.name,
-               input_norm_name(*e.norm));
+    KILN_CHECK(!per_channel && !grouped,
+               "node '{}' (Linear): a folded {} needs float weights, not {}", n.name,
+               input_norm_name(*e.norm), dtype_name(w.dtype));
     KILN_CHECK(d.has(LinearOperand::kNormRowSums) == layer,
                "node '{}' (Linear): a folded {} takes {}", n.name, input_norm_name(*e.norm),
                layer ? "the weight's row sums" : "no row sums");

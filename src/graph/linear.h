@@ -30,9 +30,10 @@ namespace kiln {
 // left out).
 enum class LinearOperand : uint8_t {
   kX,             // [n, in] float: the input (with kRows, a table of rows to gather from)
-  kWeight,        // [out, in] float, or i8 with kWeightScales
+  kWeight,        // [out, in] float, or i8 / i4 with kWeightScales
   kBias,          // [out], added after the scales
-  kWeightScales,  // f32 [out]: an i8 weight's per-output-channel scales (required with i8)
+  kWeightScales,  // an i8 weight's f32 [out] per-output-channel scales, or an i4 weight's f16
+                  // [out, int4_groups(in)] group scales (required with i8 and i4), see below
   kResidual,      // [n, out] of y's type: added last, after rounding (fuse_linear_residual)
   kNormRowSums,   // f32 [out]: a folded LayerNorm's weight row sums (fuse_norm_linear)
   kNormScale,     // f32 [in]: a folded norm's gamma, multiplied into x (fuse_norm_linear)
@@ -59,6 +60,15 @@ inline int8_t quantize_input(float x, float inv_scale) {
 }
 // The inverse scale kernels multiply by (0 for a scale of 0: a tensor that was always 0).
 inline float input_inv_scale(float scale) { return scale > 0.0f ? 1.0f / scale : 0.0f; }
+
+// An i4 weight (int4-weight plans): q [out, in] i4 (core/dtype.h; `in` even, so that every row
+// starts on a byte) with f16 scales [out, int4_groups(in)], one per output channel and group of
+// kInt4Group consecutive inputs (the last group shorter when in is not a multiple):
+//   w[o][i] = q[o][i] · f32(scale[o][i / kInt4Group]),   q in [-8, 7],
+// and the Linear is x · wᵀ on those values (+ bias, activation). Symmetric (no zero point);
+// passes/quantize_weights.h makes them.
+inline constexpr int64_t kInt4Group = 128;
+constexpr int64_t int4_groups(int64_t in) { return (in + kInt4Group - 1) / kInt4Group; }
 std::string_view linear_operand_name(LinearOperand o);  // "bias", "residual", ...
 
 // What a node asks of its kernel beyond its registry key (op, dtypes, device, ISA): the extras

@@ -1,7 +1,8 @@
 // The precision pass: one entry point for every device (pass.h: assign_precision). The decisions
 // come from precision_plan.cc; this file carries them out on f32-activation devices (the CPU):
-// weight matrices stored in the plan's type (bf16, f16, or int8 with per-output-channel f32
-// scales), every other weight f32 with the reason recorded for `kiln inspect`. Activations,
+// weight matrices stored in the plan's type (bf16, f16, int8 with per-output-channel f32
+// scales, or int4 with f16 group scales and int8 where the plan keeps it: quantize_weights.h),
+// every other weight f32 with the reason recorded for `kiln inspect`. Activations,
 // norms, softmax, accumulation and the KV cache stay f32: only weight storage (the bytes a decode
 // step streams) gets narrower — except in int8 (W8A8) plans, whose quantized Linears read their
 // f32 input as int8 with a calibrated scale (an input-scale operand each). Narrow-activation
@@ -14,6 +15,7 @@
 #include "core/half.h"
 #include "passes/pass.h"
 #include "passes/precision_plan.h"
+#include "passes/quantize_weights.h"
 
 namespace kiln {
 namespace {
@@ -24,54 +26,37 @@ struct Use {
   size_t slot;
 };
 
-// Symmetric int8 per row: scale = max|row| / 127, q = round(w / scale) in [-127, 127]. An
-// all-zero row gets scale 0 (its outputs are exactly 0, as they were).
-void quantize_rows(const Tensor& w, Tensor* q, Tensor* scales) {
-  const int64_t rows = w.dim(0), cols = w.dim(1);
-  *q = Tensor::empty(DType::kI8, w.shape());
-  *scales = Tensor::empty(DType::kF32, {rows});
-  const float* src = w.data<float>();
-  int8_t* dst = q->data<int8_t>();
-  float* s = scales->data<float>();
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* row = src + r * cols;
-    float amax = 0.0f;
-    for (int64_t i = 0; i < cols; ++i) amax = std::max(amax, std::fabs(row[i]));
-    const float scale = amax / 127.0f;
-    const float inv = scale > 0.0f ? 1.0f / scale : 0.0f;
-    for (int64_t i = 0; i < cols; ++i)
-      dst[r * cols + i] =
-          static_cast<int8_t>(std::clamp(std::nearbyint(row[i] * inv), -127.0f, 127.0f));
-    s[r] = scale;
-  }
-}
-
 // Stores each weight as the plan says: f32 weights become the plan's matrix type (int8 with
-// scales, or narrow with a Cast after each Embedding of a narrow table). Returns the matrices
-// converted.
+// per-row scales, int4 with group scales, or narrow with a Cast after each Embedding of a narrow
+// table); an int4-weight plan stores the matrices it keeps at int8 as int8-weight does. The
+// scales are a weight of their own, input 3 of a Linear and input 2 of an Embedding. Returns
+// the matrices converted.
 int store_weights(Graph& graph, const PrecisionPlan& plan, const Logger& log) {
-  const DType to = plan.support->matrix;
   std::vector<std::vector<Use>> uses(graph.values.size());
   for (size_t i = 0; i < graph.nodes.size(); ++i)
     for (size_t s = 0; s < graph.nodes[i].inputs.size(); ++s)
       if (graph.nodes[i].inputs[s] >= 0)
         uses[graph.nodes[i].inputs[s]].push_back({static_cast<int>(i), s});
-  int converted = 0;
+  std::map<DType, int> converted;
   int64_t bytes_before = 0, bytes_after = 0;
   const size_t num_values = graph.values.size();  // scales are appended below
   for (size_t id = 0; id < num_values; ++id) {
     if (graph.values[id].kind != ValueKind::kWeight || uses[id].empty() ||
         graph.values[id].dtype != DType::kF32 || plan.weight[id] == DType::kF32)
       continue;
+    const DType to = plan.weight[id];
     bytes_before += static_cast<int64_t>(graph.values[id].data.nbytes());
-    if (to == DType::kI8) {
+    if (to == DType::kI8 || to == DType::kI4) {
       Tensor q, scales;
-      quantize_rows(graph.values[id].data, &q, &scales);
+      if (to == DType::kI8)
+        quantize_rows_int8(graph.values[id].data, &q, &scales);
+      else
+        quantize_groups_int4(graph.values[id].data, &q, &scales);
       bytes_after += static_cast<int64_t>(scales.nbytes());
       const int scales_id = graph.add_weight(graph.values[id].name + ".scales", std::move(scales));
       graph.set_weight_data(static_cast<int>(id), std::move(q));
       Value& v = graph.values[id];
-      v.dtype = DType::kI8;
+      v.dtype = to;
       for (const Use& u : uses[id]) {
         Node& n = graph.nodes[u.node];
         const size_t scale_slot = n.op == OpKind::kLinear ? 3 : 2;
@@ -112,16 +97,24 @@ int store_weights(Graph& graph, const PrecisionPlan& plan, const Logger& log) {
       }
     }
     bytes_after += static_cast<int64_t>(graph.values[id].data.nbytes());
-    ++converted;
+    ++converted[to];
   }
-  if (converted > 0)
+  int total = 0;
+  std::string stored;
+  for (const auto& [type, count] : converted) {
+    total += count;
+    stored += fmt::format("{}{} as {}{}", stored.empty() ? "" : ", ", count, dtype_name(type),
+                          type == DType::kI8   ? " with per-row f32 scales"
+                          : type == DType::kI4 ? " with f16 scales per group of 128"
+                                               : "");
+  }
+  if (total > 0)
     log.info(
-        "assign_precision[{}]: {} weight matrices stored as {}{} ({:.1f} MiB → {:.1f} MiB); "
-        "norms, biases and position tables stay f32",
-        graph.name, converted, dtype_name(to), to == DType::kI8 ? " with per-row f32 scales" : "",
-        static_cast<double>(bytes_before) / (1 << 20),
+        "assign_precision[{}]: {} weight matrices stored ({}; {:.1f} MiB → {:.1f} MiB); norms, "
+        "biases and position tables stay f32",
+        graph.name, total, stored, static_cast<double>(bytes_before) / (1 << 20),
         static_cast<double>(bytes_after) / (1 << 20));
-  return converted;
+  return total;
 }
 
 // W8A8: each Linear the plan quantizes reads its calibrated input scale, a weight [1] of its own

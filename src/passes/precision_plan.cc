@@ -15,12 +15,18 @@
 // Linear, which keeps an f32 input (int8 weights as int8-weight plans): the final choice of each
 // token reads its output. Norms, softmax, attention and the residual adds compute in f32 as in
 // every CPU plan; Embedding tables are int8 with per-row scales (a gather: nothing to quantize).
+// int4-weight (the CPU): Linear weights are int4 with f16 group scales, except the matrices it
+// keeps as int8-weight stores them (int8 per row), each with its reason: the logits Linear's
+// (every token is chosen from its output), Embedding tables (a gather; BLOOM's tied lm_head is
+// one) and matrices int4 cannot hold (an odd input dimension, a scale beyond fp16).
 #include "passes/precision_plan.h"
 
 #include <algorithm>
 #include <cmath>
 #include <set>
 #include <vector>
+
+#include "passes/quantize_weights.h"
 
 namespace kiln {
 namespace {
@@ -87,6 +93,25 @@ constexpr std::string_view kLogitsWhy =
     "the logits Linear: int8 weights with an f32 input (as int8-weight plans) — every token is "
     "chosen from its output, and one static scale for the final norm's output would clip or "
     "coarsen what decides it";
+
+constexpr std::string_view kInt4LogitsWhy =
+    "int8 as int8-weight plans store it: the logits Linear chooses every token, and int4's "
+    "16 levels a group move the top logits the most";
+constexpr std::string_view kInt4TableWhy =
+    "int8 as int8-weight plans store it: an Embedding table (a gather of one row a token, no "
+    "int4 kernel)";
+
+// int4-weight: why a matrix that int4 would take stays int8 (empty: it becomes int4).
+std::string int4_kept_int8(const Graph& g, const Value& v, const std::vector<Use>& uses) {
+  const int logits = logits_linear(g);
+  for (const Use& u : uses) {
+    if (g.nodes[u.node].op == OpKind::kEmbedding) return std::string(kInt4TableWhy);
+    if (u.node == logits) return std::string(kInt4LogitsWhy);
+  }
+  if (std::string why = int4_refused(v.data); !why.empty())
+    return "int8 as int8-weight plans store it: " + why;
+  return {};
+}
 
 // fp16 T5: the nodes of the f32 residual stream, with why.
 void mark_residual_stream(const Graph& g, PrecisionPlan* plan) {
@@ -271,6 +296,11 @@ PrecisionPlan plan_precision(const Graph& g, const PrecisionSupport& support,
       continue;
     }
     plan.weight[id] = support.matrix;
+    if (support.matrix == DType::kI4)
+      if (std::string why = int4_kept_int8(g, v, uses[id]); !why.empty()) {
+        plan.weight[id] = DType::kI8;
+        plan.weight_why[id] = std::move(why);
+      }
   }
   if (support.calibrated_inputs) plan_input_scales(g, options, &plan);
   return plan;

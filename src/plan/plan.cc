@@ -253,12 +253,18 @@ ModelIR read_plan(const std::string& path, const Logger& log) {
       KILN_CHECK(off <= data_size && bytes <= data_size - off,
                  "{}: truncated plan (weight blob {} at {}+{} past the end of {} data bytes)", path,
                  blobs.size(), off, bytes, data_size);
-      size_t expect = dtype_bytes(dtype, 1);
+      // Elements first, then bytes: a block type (i4: two elements a byte) holds whole blocks.
+      size_t elems = 1;
       for (int64_t d : shape) {
-        KILN_CHECK(expect <= SIZE_MAX / static_cast<size_t>(d), "{}: blob {} shape overflows", path,
-                   blobs.size());
-        expect *= static_cast<size_t>(d);
+        KILN_CHECK(elems <= (SIZE_MAX / 8) / static_cast<size_t>(d), "{}: blob {} shape overflows",
+                   path, blobs.size());
+        elems *= static_cast<size_t>(d);
       }
+      const DTypeTraits& traits = dtype_traits(dtype);
+      KILN_CHECK(elems % static_cast<size_t>(traits.block_elems) == 0,
+                 "{}: blob {} is {} {}, which is not a whole number of {}-element blocks", path,
+                 blobs.size(), dtype_name(dtype), shape_str(shape), traits.block_elems);
+      const size_t expect = dtype_bytes(dtype, elems);
       KILN_CHECK(expect == bytes, "{}: blob {} holds {} bytes but {} {} needs {}", path,
                  blobs.size(), bytes, dtype_name(dtype), shape_str(shape), expect);
       const std::string blob_name = path + " blob " + std::to_string(blobs.size());

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# `kiln build --precision fp16|bf16|int8-weight` on both fixture models: task accuracy on the dev
-# set (kiln eval) within one point of the fp32 plan's, smaller plan files, inspect showing each
+# `kiln build --precision fp16|bf16|int8-weight|int4-weight` on both fixture models: task accuracy
+# on the dev set (kiln eval) within one point of the fp32 plan's (two for int4-weight, issue 40's
+# bound for 4-bit weights), smaller plan files, inspect showing each
 # layer's precision and what stayed f32 and why, bench counting the weights at their stored
 # precision, and int8 (activations) without calibration refused with a clear message.
 source "$(dirname "$0")/lib.bash"
@@ -9,7 +10,7 @@ DEV="$FIXTURES/data/dev.jsonl"
 for model in t5 bloom; do
   opts=()
   [ "$model" = bloom ] && opts=(--prompt-template "{prompt} =")
-  for p in fp32 fp16 bf16 int8-weight; do
+  for p in fp32 fp16 bf16 int8-weight int4-weight; do
     plan="$TMP/$model-$p.plan"
     expect_exit 0 "build $model $p" -- "$KILN" build --model "$FIXTURES/$model-tiny" "${opts[@]}" \
       --precision "$p" -o "$plan" || continue
@@ -21,14 +22,16 @@ for model in t5 bloom; do
 import json, os, sys
 tmp, model = sys.argv[1:3]
 acc = {p: json.load(open(f"{tmp}/{model}-{p}.eval.json"))["overall"]
-       for p in ["fp32", "fp16", "bf16", "int8-weight"]}
+       for p in ["fp32", "fp16", "bf16", "int8-weight", "int4-weight"]}
 size = {p: os.path.getsize(f"{tmp}/{model}-{p}.plan") for p in acc}
 for p in acc:
     print(f"{model} {p}: dev accuracy {acc[p]:.4f}  plan {size[p]} bytes ({size[p] / size['fp32']:.3f} of fp32)")
-    # Within one point (0.01) of fp32 on the 600-row dev set.
-    assert abs(acc[p] - acc["fp32"]) <= 0.01, (p, acc)
+    # Within one point (0.01) of fp32 on the 600-row dev set; two (0.02) for 4-bit weights.
+    assert abs(acc[p] - acc["fp32"]) <= (0.02 if p == "int4-weight" else 0.01), (p, acc)
 assert size["fp16"] < 0.56 * size["fp32"] and size["bf16"] < 0.56 * size["fp32"], size
 assert size["int8-weight"] < 0.31 * size["fp32"], size
+# Linear weights at half int8's bytes (embeddings and the logits Linear stay int8).
+assert size["int4-weight"] < 0.75 * size["int8-weight"], size
 PY
 done
 
@@ -42,6 +45,9 @@ expect_exit 0 "inspect int8 --layers" -- "$KILN" inspect "$TMP/bloom-int8-weight
 expect_in "$TMP/out" "h.0.self_attention.query_key_value" "--layers lists every layer"
 expect_in "$TMP/out" "i8 (per-channel f32 scales)" "--layers shows int8 layers with their scales"
 expect_in "$TMP/out" "Linear bias" "inspect says why biases stayed f32"
+expect_exit 0 "inspect int4 --layers" -- "$KILN" inspect "$TMP/t5-int4-weight.plan" --layers
+expect_in "$TMP/out" "i4 (f16 scales per group of 128)" "--layers shows int4 layers with their scales"
+expect_in "$TMP/out" "the logits Linear chooses every token" "--layers says why the logits Linear stays int8"
 expect_exit 0 "inspect --json" -- "$KILN" inspect "$TMP/bloom-fp16.plan" --json
 python3 - "$TMP/out" <<'PY' || fail "inspect --json precision"
 import json, sys

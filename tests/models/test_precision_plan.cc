@@ -40,7 +40,9 @@ TEST(PrecisionSupportTable, CoversEveryPairAndDecidesTheRefusals) {
       } else {
         EXPECT_NE(s.matrix, DType::kF32) << precision_name(p);
       }
-      EXPECT_EQ(s.channel_scales, s.matrix == DType::kI8) << precision_name(p);
+      // Quantized matrices carry scales (per channel for i8, per group for i4).
+      EXPECT_EQ(s.channel_scales, s.matrix == DType::kI8 || s.matrix == DType::kI4)
+          << precision_name(p);
       if (s.supported) names += (names.empty() ? "" : ", ") + std::string(precision_name(p));
       // The builder's and the CLI's refusal is the table's (where the device is built in).
       if (d == Device::kCpu || query_cuda().compiled) {
@@ -53,7 +55,8 @@ TEST(PrecisionSupportTable, CoversEveryPairAndDecidesTheRefusals) {
     }
     EXPECT_EQ(supported_precision_names(d), names);
   }
-  EXPECT_EQ(supported_precision_names(Device::kCpu), "fp32, fp16, bf16, int8, int8-weight");
+  EXPECT_EQ(supported_precision_names(Device::kCpu),
+            "fp32, fp16, bf16, int8, int8-weight, int4-weight");
   EXPECT_EQ(supported_precision_names(Device::kCuda), "fp32, fp16, bf16");
   // A second GPU runs what the first runs: the table is by device kind, not ordinal.
   const PrecisionSupport& second = precision_support(Device(Device::kCuda, 1), Precision::kFp16);

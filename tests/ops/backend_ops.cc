@@ -1,6 +1,7 @@
 // The op harness's machinery: backends under test, data, running scenarios, comparisons.
 #include "backend_ops.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -114,9 +115,26 @@ float round_value(DType dtype, float f) {
     case DType::kI64:
     case DType::kF8E4M3:  // no op case runs in fp8 yet
     case DType::kF8E5M2:
+    case DType::kI4:
       break;
   }
   KILN_FAIL("round_value: the op cases run in f32, f16 or bf16, not {}", dtype_name(dtype));
+}
+
+Tensor quantize_rows_to_int8(const Tensor& x) {
+  constexpr int64_t kGroup = 128;
+  Tensor r = x.clone();
+  const int64_t k = x.dim(x.rank() - 1), n = x.numel() / k;
+  for (int64_t t = 0; t < n; ++t)
+    for (int64_t g0 = 0; g0 < k; g0 += kGroup) {
+      float* group = r.data<float>() + t * k + g0;
+      const int64_t len = std::min(kGroup, k - g0);
+      float amax = 0.f;
+      for (int64_t i = 0; i < len; ++i) amax = std::max(amax, std::fabs(group[i]));
+      const float inv = amax > 0.f ? 127.f / amax : 0.f, scale = amax / 127.f;
+      for (int64_t i = 0; i < len; ++i) group[i] = std::nearbyint(group[i] * inv) * scale;
+    }
+  return r;
 }
 
 Tensor make_tensor(DType dtype, const std::vector<float>& v, const Shape& shape) {
@@ -139,6 +157,7 @@ Tensor make_tensor(DType dtype, const std::vector<float>& v, const Shape& shape)
       case DType::kI64:
       case DType::kF8E4M3:
       case DType::kF8E5M2:
+      case DType::kI4:
         KILN_FAIL("make_tensor: {} is not a narrow float type", dtype_name(dtype));
     }
   }
@@ -160,8 +179,14 @@ double value_at(const Tensor& t, int64_t i) {
     case DType::kI64:
       return static_cast<double>(t.data<int64_t>()[i]);
     case DType::kF8E4M3:
-    case DType::kF8E5M2: {
+    case DType::kF8E5M2:
+    case DType::kI4: {
       float f;  // core/fp8.h's decoding, tested against OCP's definitions in test_dtype.cc
+      if (t.dtype() == DType::kI4) {
+        float pair[2];
+        dtype_traits(t.dtype()).to_float(static_cast<const uint8_t*>(t.raw()) + i / 2, pair, 2);
+        return pair[i % 2];
+      }
       dtype_traits(t.dtype()).to_float(static_cast<const uint8_t*>(t.raw()) + i, &f, 1);
       return f;
     }
@@ -255,6 +280,7 @@ double dtype_tolerance(DType dtype) {
     case DType::kI64:
     case DType::kF8E4M3:
     case DType::kF8E5M2:
+    case DType::kI4:
       break;
   }
   return 0.0;

@@ -64,6 +64,12 @@ class Gen {
   DType values_;
   std::mt19937 rng_;
 };
+// Each row of x [n, k] as the int8 dot products of int8-weight and int4-weight Linears see it
+// (backend/cpu/packed_linear.h: quantize_rows_to_quads), in groups of 128 elements (the last one
+// shorter): q = x · (127 / max|group|) rounded to the nearest integer (ties to even), times
+// max|group| / 127; a group of zeros stays zero.
+Tensor quantize_rows_to_int8(const Tensor& x);
+
 // Float tensor construction and reading, through tests/ops/f16_reference.h for narrow types.
 Tensor make_tensor(DType dtype, const std::vector<float>& v, const Shape& shape);
 double value_at(const Tensor& t, int64_t i);

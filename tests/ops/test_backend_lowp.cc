@@ -34,28 +34,6 @@ Tensor round_to_bf16(const Tensor& x) {
   return r;
 }
 
-// Each row of x [n, k] as the int8 dot products see it, in groups of 128 elements (the last one
-// shorter): q = x · (127 / max|group|) rounded to the nearest integer (ties to even), times
-// max|group| / 127; a group of zeros stays zero.
-Tensor quantize_rows_to_int8(const Tensor& x) {
-  constexpr int64_t kGroup = 128;
-  Tensor r = x.clone();
-  const int64_t k = x.dim(x.rank() - 1), n = x.numel() / k;
-  for (int64_t t = 0; t < n; ++t)
-    for (int64_t g0 = 0; g0 < k; g0 += kGroup) {
-      float* group = r.data<float>() + t * k + g0;
-      const int64_t len = std::min(kGroup, k - g0);
-      float amax = 0.f;
-      for (int64_t i = 0; i < len; ++i) amax = std::max(amax, std::fabs(group[i]));
-      const float inv = amax > 0.f ? 127.f / amax : 0.f, scale = amax / 127.f;
-      for (int64_t i = 0; i < len; ++i) {
-        const float q = std::nearbyint(group[i] * inv);
-        group[i] = q * scale;
-      }
-    }
-  return r;
-}
-
 // Each row of x [n, k] as the AVX2 int8-weight Linear sees it below its prefill's row count
 // (kernels_lowp_int8.cc): one scale a row, q = x · (32767 / max|row|) rounded to the nearest
 // integer (ties to even), times max|row| / 32767.

@@ -399,11 +399,12 @@ Runner add_bench(CLI::App& app) {
         }
         return {};
       };
-      const LibraryGemmType type =
-          ir.precision == Precision::kBf16 ? LibraryGemmType::kBf16
-          : ir.precision == Precision::kInt8Weight || ir.precision == Precision::kInt8
-              ? LibraryGemmType::kInt8
-              : LibraryGemmType::kF32;
+      const LibraryGemmType type = ir.precision == Precision::kBf16 ? LibraryGemmType::kBf16
+                                   : ir.precision == Precision::kInt8Weight ||
+                                           ir.precision == Precision::kInt8 ||
+                                           ir.precision == Precision::kInt4Weight
+                                       ? LibraryGemmType::kInt8
+                                       : LibraryGemmType::kF32;
       std::string why = reference(type);
       if (!why.empty() && type != LibraryGemmType::kF32) {
         const std::string why_f32 = reference(LibraryGemmType::kF32);

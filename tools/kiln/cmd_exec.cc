@@ -42,6 +42,7 @@ OnnxElemType input_elem_type(DType dtype, OnnxElemType want) {
                                                                          : OnnxElemType::kInt8;
     case DType::kF8E4M3:
     case DType::kF8E5M2:
+    case DType::kI4:
       break;
   }
   return OnnxElemType::kUndefined;

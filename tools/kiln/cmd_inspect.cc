@@ -42,6 +42,7 @@ nlohmann::json precision_summary(const Graph& gr, const std::vector<PrecisionNot
     std::string dtype(dtype_name(w.dtype));
     if (w.dtype == DType::kI8)
       dtype += n.op == OpKind::kLinear ? " (per-channel f32 scales)" : " (per-row f32 scales)";
+    if (w.dtype == DType::kI4) dtype += " (f16 scales per group of 128)";
     const std::string layout =
         w.layout.plain() ? "plain" : w.layout.packing + " for " + w.layout.target;
     layers.push_back({{"layer", n.name},

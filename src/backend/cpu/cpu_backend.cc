@@ -179,9 +179,9 @@ class CpuBackend final : public Backend {
   std::unique_ptr<KvStorage> create_kv_storage(const KvGeometry& geometry) override {
     return std::make_unique<CpuKvStorage>(geometry);
   }
-  // bf16, int8-weight and int8 plans keep their KV cache in bf16 (attention widens the rows as it
-  // reads them and accumulates in f32): batched decode reads each sequence's cache from memory
-  // every step, and at 16 sequences of bloom-560m that was a third of the step in f32.
+  // bf16, int8-weight, int4-weight and int8 plans keep their KV cache in bf16 (attention widens the
+  // rows as it reads them and accumulates in f32): batched decode reads each sequence's cache from
+  // memory every step, and at 16 sequences of bloom-560m that was a third of the step in f32.
   TokenSelector& token_selector() override { return selector_; }
   // The context's CPU switches (core/context.h: read once from the environment).
   std::vector<BackendOption> options() const override {
@@ -192,23 +192,25 @@ class CpuBackend final : public Backend {
         {"KILN_CPU_BF16_DOT", on_off(ctx_.cpu_bf16_dot()),
          "bf16-weight Linears in AVX512-BF16 dot products"},
         {"KILN_CPU_INT8_DOT", on_off(ctx_.cpu_int8_dot()),
-         "i8-weight Linears in AVX512-VNNI dot products"},
+         "i8- and i4-weight Linears in AVX512-VNNI dot products"},
         {"KILN_CPU_PROFILE", ctx_.options().cpu_profile.value_or(false) ? "1" : "0",
          "time every kernel, logged per class"},
     };
   }
   DType kv_cache_dtype(DType compute, Precision precision) const override {
     const bool narrow = precision == Precision::kBf16 || precision == Precision::kInt8Weight ||
-                        precision == Precision::kInt8;
+                        precision == Precision::kInt8 || precision == Precision::kInt4Weight;
     return compute == DType::kF32 && narrow ? DType::kBF16 : compute;
   }
 
  private:
-  // The registry key of a node's kernel: the context's family, and for i8-weight Linears the
-  // VNNI dot products where the context asks for them (independent of the bf16 choice).
+  // The registry key of a node's kernel: the context's family, and for i8- and i4-weight
+  // Linears the VNNI dot products where the context asks for them (independent of the bf16
+  // choice).
   KernelKey key_of(const Graph& graph, const Node& node) const {
     KernelKey key = kernel_key(graph, node, Device::kCpu, kernel_isa_);
-    if (int8_dot_ && key.op == OpKind::kLinear && key.weight == DType::kI8)
+    if (int8_dot_ && key.op == OpKind::kLinear &&
+        (key.weight == DType::kI8 || key.weight == DType::kI4))
       key.isa = Isa::kAvx512Vnni;
     return key;
   }

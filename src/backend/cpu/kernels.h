@@ -34,6 +34,10 @@ KernelFactory packed_int8_dot_linear_factory();
 // them, the int8 input levels as f32 through the packed f32 FMAs (kernels_w8a8.cc).
 KernelFactory packed_w8a8_vnni_linear_factory();
 KernelFactory packed_w8a8_fma_linear_factory();
+// int4-weight Linears (kernels_int4.cc): i4 weights in panel16q4 with f16 group scales,
+// activations quantized to int8 in groups of 128, integer dot products — vpdpbusd (`vnni`) or
+// vpmaddubsw + vpmaddwd (AVX512-BW), the same integers.
+KernelFactory packed_int4_linear_factory(bool vnni);
 void linear_avx2(const Node&, std::span<const Tensor>, std::span<Tensor>, const KernelEnv&);
 // Weights narrower than the activations (kernels_lowp.cc): f32 in, f32 out, f32 accumulation.
 void linear_bf16_avx2(const Node&, std::span<const Tensor>, std::span<Tensor>, const KernelEnv&);
@@ -45,6 +49,9 @@ void linear_i8_dot_avx2(const Node&, std::span<const Tensor>, std::span<Tensor>,
 // W8A8 in the same AVX2 integer dot products, every row quantized with the static input scale
 // (int16 lanes holding int8 levels: vpmaddwd's pair sums cannot saturate).
 void linear_w8a8_avx2(const Node&, std::span<const Tensor>, std::span<Tensor>, const KernelEnv&);
+// int4-weight in AVX2 integer dot products over plain i4 weights (kernels_int4_avx2.cc), the
+// AVX-512 family's numbers up to f32 summation order.
+void linear_i4_avx2(const Node&, std::span<const Tensor>, std::span<Tensor>, const KernelEnv&);
 void embedding_narrow(const Node&, std::span<const Tensor>, std::span<Tensor>, const KernelEnv&);
 void gather_rows(const Node&, std::span<const Tensor>, std::span<Tensor>, const KernelEnv&);
 void add(const Node&, std::span<const Tensor>, std::span<Tensor>, const KernelEnv&);

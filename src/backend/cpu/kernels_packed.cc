@@ -280,44 +280,34 @@ KILN_TARGET_AVX512_BF16 void round_rows_to_pairs(const float* x, int64_t k, int6
   }
 }
 
-template <class W>
-using TilesOf = TileSet<typename W::X, typename W::T>;
-
-template <class W, int T, int P>
-constexpr typename TilesOf<W>::Full pick_tile() {
-  if constexpr (std::is_same_v<W, Bf16DotW>) {
-    if constexpr (T * P + P + 2 <= 32)  // ... and the pair permutation
-      return tile_pairs<T, P>;
-    else
+// The tiles of weight type Weight (Bf16DotW: its pair tiles).
+template <class Weight>
+struct PackedTiles {
+  using X = typename Weight::X;
+  using W = typename Weight::T;
+  template <int T, int P>
+  static constexpr typename TileSet<X, W>::Full full() {
+    if constexpr (std::is_same_v<Weight, Bf16DotW>) {
+      if constexpr (T * P + P + 2 <= 32)  // ... and the pair permutation
+        return tile_pairs<T, P>;
+      else
+        return nullptr;
+    } else if constexpr (T * P + P + 1 <= 32) {  // accumulators, weights and a broadcast
+      return tile<Weight, T, P>;
+    } else {
       return nullptr;
-  } else if constexpr (T * P + P + 1 <= 32)  // accumulators, weights and a broadcast in registers
-    return tile<W, T, P>;
-  else
-    return nullptr;
-}
-
-template <class W, int T>
-constexpr void fill_row(TilesOf<W>& s) {
-  s.full[T][0] = pick_tile<W, T, kPanelChoices[0]>();
-  s.full[T][1] = pick_tile<W, T, kPanelChoices[1]>();
-  s.full[T][2] = pick_tile<W, T, kPanelChoices[2]>();
-  s.full[T][3] = pick_tile<W, T, kPanelChoices[3]>();
-  s.full[T][4] = pick_tile<W, T, kPanelChoices[4]>();
-  s.full[T][5] = pick_tile<W, T, kPanelChoices[5]>();
-  if constexpr (std::is_same_v<W, Bf16DotW>)
-    s.narrow[T] = narrow_tile_pairs<T>;
-  else
-    s.narrow[T] = narrow_tile<W, T>;
-}
-
-template <class W, int... T>
-constexpr TilesOf<W> make_tiles(std::integer_sequence<int, T...>) {
-  TilesOf<W> s{};
-  (fill_row<W, T + 1>(s), ...);
-  return s;
-}
+    }
+  }
+  template <int T>
+  static constexpr typename TileSet<X, W>::Narrow narrow() {
+    if constexpr (std::is_same_v<Weight, Bf16DotW>)
+      return narrow_tile_pairs<T>;
+    else
+      return narrow_tile<Weight, T>;
+  }
+};
 template <class W>
-constexpr TilesOf<W> kTiles = make_tiles<W>(std::make_integer_sequence<int, kMaxTileRows>{});
+constexpr TileSet<typename W::X, typename W::T> kTiles = tile_set<PackedTiles<W>>();
 
 // The kernel object: finds (or makes) the packed weights once, then runs run_packed_linear.
 template <class W>
@@ -409,6 +399,7 @@ KernelFactory packed_linear_factory(DType weight) {
     case DType::kI64:
     case DType::kF8E4M3:
     case DType::kF8E5M2:
+    case DType::kI4:  // kernels_int4.cc: its own layout
       break;
   }
   KILN_FAIL("no packed avx512 Linear for {} weights", dtype_name(weight));

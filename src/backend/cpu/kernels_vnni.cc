@@ -2,7 +2,7 @@
 // into each s32 lane) over the same panel16-packed i8 weights the f32 kernel reads, so a plan
 // packed for avx512 runs either way and the choice is the context's (cpu_int8_dot).
 //
-// Activations are quantized on the fly, each row in groups of kGroup = 128 elements: a group's
+// Activations are quantized on the fly, each row in groups of kActGroup = 128 elements: a group's
 // scale a = max|x| / 127 over the group, q = x · (127 / max|x|) rounded to nearest even (s8).
 // vpdpbusd multiplies unsigned by signed bytes, so the weights take the unsigned side as
 // u = w + 128 (one xor per line, in registers) and each group's sum carries 128 · Σ q, which the
@@ -98,8 +98,7 @@ KILN_TARGET_AVX512_VNNI __attribute__((always_inline)) inline void quad_step(
   }
 }
 
-constexpr int64_t kGroup = 128;  // activation elements per quantization group
-constexpr int64_t kGroupQuads = kGroup / 4;
+constexpr int64_t kGroupQuads = kActGroup / 4;
 // W8A8 (one static scale for every element): the integer sums run over whole rows, converted to
 // f32 once per kStaticGroup elements so that no int32 lane overflows: a lane adds at most
 // kStaticGroup products of |q| <= 127 and u <= 255 (1.06e9 < 2^31). Rows up to that long (every
@@ -152,10 +151,7 @@ KILN_TARGET_AVX512_VNNI void tile_quads(const uint32_t* x, int64_t ldx, const in
       for (int p = 0; p < P; ++p) acc[t][p] = _mm512_setzero_si512();
     const int64_t q1 = std::min(steps, q0 + GroupQuads);
     for (int64_t iq = q0; iq < q1; ++iq) {
-      const int64_t ahead = iq + kAhead;
-      const int8_t* line = ahead < quads     ? w + ahead * 4 * kPanelRows
-                           : next != nullptr ? next + (ahead - quads) * 4 * kPanelRows
-                                             : w + iq * 4 * kPanelRows;
+      const int8_t* line = line_ahead(w, next, iq, quads, kAhead, 4 * kPanelRows);
       for (int p = 0; p < P; ++p)
         _mm_prefetch(reinterpret_cast<const char*>(line + p * panel), _MM_HINT_T0);
       quad_step<T, P>(acc, x, ldx, w, panel, iq, perm, flip,
@@ -197,43 +193,6 @@ KILN_TARGET_AVX512_VNNI void narrow_tile_quads(const uint32_t* x, int64_t ldx, c
   store_narrow<T>(out, o, width, e);
 }
 
-// Rows [0, rows) of x [rows, k] quantized into dst as interleaved quads of s8 (quad iq of row t
-// at dst[iq·rows + t]; a partial last quad is padded with zeros), in groups of kGroup elements
-// whose scales and shifts go to groups[t·ceil(k / kGroup) + g]. A row's bytes and groups depend
-// on that row alone.
-KILN_TARGET_AVX512_VNNI void quantize_rows_to_quads(const float* x, int64_t k, int64_t rows,
-                                                    uint32_t* dst, GroupQuant* groups,
-                                                    float /*scale*/) {
-  const int64_t per_row = (k + kGroup - 1) / kGroup;
-  alignas(16) uint32_t words[4];
-  for (int64_t t = 0; t < rows; ++t) {
-    const float* xr = x + t * k;
-    for (int64_t g0 = 0; g0 < k; g0 += kGroup) {
-      const int64_t g1 = std::min(k, g0 + kGroup);
-      __m512 top = _mm512_setzero_ps();
-      for (int64_t i = g0; i < g1; i += 16) {
-        const __mmask16 m = _cvtu32_mask16(g1 - i >= 16 ? 0xffffu : (1u << (g1 - i)) - 1);
-        top = _mm512_max_ps(top, _mm512_abs_ps(_mm512_maskz_loadu_ps(m, xr + i)));
-      }
-      const float amax = _mm512_reduce_max_ps(top);
-      // An all-zero group: every q is 0 and it adds nothing.
-      const __m512 inv = _mm512_set1_ps(amax > 0.f ? 127.f / amax : 0.f);
-      __m512i total = _mm512_setzero_si512();
-      for (int64_t i = g0; i < g1; i += 16) {
-        const int64_t left = std::min<int64_t>(g1 - i, 16);
-        const __mmask16 m = _cvtu32_mask16(left >= 16 ? 0xffffu : (1u << left) - 1);
-        // Round to nearest even (the default MXCSR mode), then saturate: |x · inv| <= 127 up to
-        // the product's rounding, which can only reach 127.00002 and rounds back to 127.
-        const __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_maskz_loadu_ps(m, xr + i), inv));
-        total = _mm512_add_epi32(total, q);
-        _mm_store_si128(reinterpret_cast<__m128i*>(words), _mm512_cvtsepi32_epi8(q));
-        for (int64_t w = 0; w < (left + 3) / 4; ++w) dst[(i / 4 + w) * rows + t] = words[w];
-      }
-      groups[t * per_row + g0 / kGroup] = {amax / 127.f, 128 * _mm512_reduce_add_epi32(total)};
-    }
-  }
-}
-
 // Rows [0, rows) of x [rows, k] quantized with the static scale s (graph/linear.h:
 // quantize_input, sixteen lanes at a time) into dst as quantize_rows_to_quads lays them out, in
 // groups of kStaticGroup elements, each recorded with the scale s and its shift.
@@ -265,36 +224,26 @@ KILN_TARGET_AVX512_VNNI void quantize_rows_static_to_quads(const float* x, int64
   }
 }
 
-template <int T, int P, int64_t GroupQuads>
-constexpr TileSet<uint32_t, int8_t>::Full pick_tile() {
-  if constexpr (T * P + P + 2 <= 32)  // accumulators, weights, a broadcast and the permutation
-    return tile_quads<T, P, GroupQuads>;
-  else
-    return nullptr;
-}
-
-template <int T, int64_t G>
-constexpr void fill_row(TileSet<uint32_t, int8_t>& s) {
-  s.full[T][0] = pick_tile<T, kPanelChoices[0], G>();
-  s.full[T][1] = pick_tile<T, kPanelChoices[1], G>();
-  s.full[T][2] = pick_tile<T, kPanelChoices[2], G>();
-  s.full[T][3] = pick_tile<T, kPanelChoices[3], G>();
-  s.full[T][4] = pick_tile<T, kPanelChoices[4], G>();
-  s.full[T][5] = pick_tile<T, kPanelChoices[5], G>();
-  s.narrow[T] = narrow_tile_quads<T, G>;
-}
-
-template <int64_t G, int... T>
-constexpr TileSet<uint32_t, int8_t> make_tiles(std::integer_sequence<int, T...>) {
-  TileSet<uint32_t, int8_t> s{};
-  (fill_row<T + 1, G>(s), ...);
-  return s;
-}
+// The tiles of groups of GroupQuads quads.
+template <int64_t GroupQuads>
+struct QuadTiles {
+  using X = uint32_t;
+  using W = int8_t;
+  template <int T, int P>
+  static constexpr TileSet<X, W>::Full full() {
+    if constexpr (T * P + P + 2 <= 32)  // accumulators, weights, a broadcast and the permutation
+      return tile_quads<T, P, GroupQuads>;
+    else
+      return nullptr;
+  }
+  template <int T>
+  static constexpr TileSet<X, W>::Narrow narrow() {
+    return narrow_tile_quads<T, GroupQuads>;
+  }
+};
 // Dynamic groups of 128 (int8-weight plans) and static whole rows (W8A8).
-constexpr TileSet<uint32_t, int8_t> kQuadTiles =
-    make_tiles<kGroupQuads>(std::make_integer_sequence<int, kMaxTileRows>{});
-constexpr TileSet<uint32_t, int8_t> kStaticQuadTiles =
-    make_tiles<kStaticGroupQuads>(std::make_integer_sequence<int, kMaxTileRows>{});
+constexpr TileSet<uint32_t, int8_t> kQuadTiles = tile_set<QuadTiles<kGroupQuads>>();
+constexpr TileSet<uint32_t, int8_t> kStaticQuadTiles = tile_set<QuadTiles<kStaticGroupQuads>>();
 
 // Rows from which a call takes the int8 dot products; a single row (batch-1 decode) keeps the f32
 // FMAs. Measured (bloom-560m int8-weight, batch 1, kiln bench N = 100, three interleaved rounds
@@ -324,14 +273,9 @@ class VnniLinear final : public Kernel {
 
   // The quantized rows (ceil(k / 4) words each) and their groups.
   int64_t workspace_bytes(const Bindings& bindings) const override {
-    const Shape shape = resolve_shape(x_shape_, bindings);
-    int64_t elems = 1;
-    for (int64_t d : shape) elems *= d;
-    const int64_t k = shape.empty() ? 1 : std::max<int64_t>(shape.back(), 1);
-    const int64_t rows = elems / k;
+    const auto [rows, k] = input_rows(x_shape_, bindings);
     return std::max(single_row_->workspace_bytes(bindings),
-                    rows * ((k + 3) / 4 * static_cast<int64_t>(sizeof(uint32_t)) +
-                            (k + kGroup - 1) / kGroup * static_cast<int64_t>(sizeof(GroupQuant))));
+                    quantized_rows_bytes(rows, (k + 3) / 4, (k + kActGroup - 1) / kActGroup));
   }
 
   void run(const KernelArgs& args) override {
@@ -348,26 +292,13 @@ class VnniLinear final : public Kernel {
     KILN_CHECK(x.numel() % k == 0, "node '{}': input of {} elements is not rows of {}", node_.name,
                x.numel(), k);
     if (x.numel() / k < kMinRows) return single_row_->run(args);
-    const int64_t n = x.numel() / k, quads = (k + 3) / 4, per_row = (k + kGroup - 1) / kGroup;
-    std::vector<uint32_t> own;  // callers without a workspace (micro-benchmarks)
-    std::vector<GroupQuant> own_groups;
-    uint32_t* xt;
-    GroupQuant* groups;
-    if (args.scratch != nullptr) {
-      // 64-byte aligned; the groups follow the quads (4-byte fields).
-      xt = static_cast<uint32_t*>(args.scratch);
-      groups = static_cast<GroupQuant*>(static_cast<void*>(xt + n * quads));
-    } else {
-      own.resize(static_cast<size_t>(n * quads));
-      own_groups.resize(static_cast<size_t>(n * per_row));
-      xt = own.data();
-      groups = own_groups.data();
-    }
+    const int64_t n = x.numel() / k, quads = (k + 3) / 4, per_row = (k + kActGroup - 1) / kActGroup;
+    const QuantizedRows rows(args.scratch, n, quads, per_row);
     const Epilogue e{args.out[0].data<float>(), m, scales, bias};
-    const Staging<uint32_t> staging{quantize_rows_to_quads, quads, groups, per_row};
+    const Staging<uint32_t> staging{quantize_rows_to_quads<128, 1>, quads, rows.groups(), per_row};
     run_packed_linear(x.data<float>(), n, k, static_cast<const int8_t*>(weight_.raw()), m, e,
-                      node_.attr<LinearAttrs>().epilogue.activation, xt, staging, kQuadTiles,
-                      *args.pool);
+                      node_.attr<LinearAttrs>().epilogue.activation, rows.words(), staging,
+                      kQuadTiles, *args.pool);
   }
 
  private:
@@ -395,13 +326,8 @@ class W8a8VnniLinear final : public Kernel {
 
   // The quantized rows (ceil(k / 4) words each) and their groups.
   int64_t workspace_bytes(const Bindings& bindings) const override {
-    const Shape shape = resolve_shape(x_shape_, bindings);
-    int64_t elems = 1;
-    for (int64_t d : shape) elems *= d;
-    const int64_t k = shape.empty() ? 1 : std::max<int64_t>(shape.back(), 1);
-    return elems / k *
-           ((k + 3) / 4 * static_cast<int64_t>(sizeof(uint32_t)) +
-            (k + kStaticGroup - 1) / kStaticGroup * static_cast<int64_t>(sizeof(GroupQuant)));
+    const auto [rows, k] = input_rows(x_shape_, bindings);
+    return quantized_rows_bytes(rows, (k + 3) / 4, (k + kStaticGroup - 1) / kStaticGroup);
   }
 
   void run(const KernelArgs& args) override {
@@ -424,25 +350,14 @@ class W8a8VnniLinear final : public Kernel {
     const int64_t n = x.numel() / k, quads = (k + 3) / 4,
                   per_row = (k + kStaticGroup - 1) / kStaticGroup;
     if (n == 0) return;
-    std::vector<uint32_t> own;  // callers without a workspace (micro-benchmarks)
-    std::vector<GroupQuant> own_groups;
-    uint32_t* xt;
-    GroupQuant* groups;
-    if (args.scratch != nullptr) {
-      xt = static_cast<uint32_t*>(args.scratch);
-      groups = static_cast<GroupQuant*>(static_cast<void*>(xt + n * quads));
-    } else {
-      own.resize(static_cast<size_t>(n * quads));
-      own_groups.resize(static_cast<size_t>(n * per_row));
-      xt = own.data();
-      groups = own_groups.data();
-    }
+    const QuantizedRows rows(args.scratch, n, quads, per_row);
     const Epilogue e{args.out[0].data<float>(), m, scales->data<float>(),
                      bias != nullptr ? bias->data<float>() : nullptr};
-    const Staging<uint32_t> staging{quantize_rows_static_to_quads, quads, groups, per_row, s};
+    const Staging<uint32_t> staging{quantize_rows_static_to_quads, quads, rows.groups(), per_row,
+                                    s};
     run_packed_linear(x.data<float>(), n, k, static_cast<const int8_t*>(weight_.raw()), m, e,
-                      node_.attr<LinearAttrs>().epilogue.activation, xt, staging, kStaticQuadTiles,
-                      *args.pool);
+                      node_.attr<LinearAttrs>().epilogue.activation, rows.words(), staging,
+                      kStaticQuadTiles, *args.pool);
   }
 
  private:

@@ -1,8 +1,9 @@
 // The machinery every AVX-512 Linear over panel16-packed weights shares (kernels_packed.cc: f32
-// FMAs and bf16 dot products; kernels_vnni.cc: int8 dot products): the epilogue a tile writes its
-// outputs through, the tile table, the queue of panel groups and the driver that stages the
-// activation rows and runs every row tile over each group of panels while its weights are in
-// cache. Internal to the CPU backend.
+// FMAs and bf16 dot products; kernels_vnni.cc: int8 dot products; kernels_int4.cc: i4 weights in
+// panel16q4): the epilogue a tile writes its outputs through, the tile table, the queue of panel
+// groups, the driver that stages the activation rows and runs every row tile over each group of
+// panels while its weights are in cache, and the dynamic int8 quantization of activation rows the
+// integer families share. Internal to the CPU backend.
 #pragma once
 
 #include <immintrin.h>
@@ -13,8 +14,10 @@
 #include <memory>
 #include <optional>
 #include <type_traits>
+#include <vector>
 
 #include "backend/cpu/vector_math.h"
+#include "backend/kernel.h"
 #include "core/tensor.h"
 #include "core/thread_pool.h"
 #include "graph/ir.h"
@@ -24,11 +27,107 @@ namespace kiln::cpu::packed {
 
 #define KILN_TARGET_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")))
 
-// One group of a quantized activation row (int8 dot products, kernels_vnni.cc): its scale, and
-// what the weights' +128 shift added to each of its sums (128 · Σ q over the group).
+// One group of a quantized activation row (int8 dot products, kernels_vnni.cc and
+// kernels_int4.cc): its scale, and what the weights' shift to unsigned added to each of its sums
+// (offset · Σ q over the group: 128 for i8 weights, 8 for i4).
 struct GroupQuant {
   float scale;
   int32_t shift;
+};
+
+// Activation elements per dynamic quantization group (int8-weight and int4-weight dot products).
+constexpr int64_t kActGroup = 128;
+
+// Rows [0, rows) of x [rows, k] quantized into dst as interleaved quads of s8 (quad iq of row t
+// at dst[iq·rows + t]; a partial last quad is padded with zeros, and then whole zero quads up to
+// a multiple of QuadMultiple), in groups of kActGroup elements whose scales and shifts (Offset ·
+// Σ q) go to groups[t·ceil(k / kActGroup) + g]. A group's scale a = max|x| / 127 over the group,
+// q = x · (127 / max|x|) rounded to nearest even. A row's bytes and groups depend on that row
+// alone.
+// GCC 12 reports the _mm512_undefined_* placeholders inside its own AVX-512 intrinsics as
+// "(maybe) uninitialized" once they inline here (a false positive).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+template <int32_t Offset, int64_t QuadMultiple>
+KILN_TARGET_AVX512 void quantize_rows_to_quads(const float* x, int64_t k, int64_t rows,
+                                               uint32_t* dst, GroupQuant* groups, float /*scale*/) {
+  const int64_t per_row = (k + kActGroup - 1) / kActGroup, quads = (k + 3) / 4;
+  const int64_t padded = (quads + QuadMultiple - 1) / QuadMultiple * QuadMultiple;
+  alignas(16) uint32_t words[4];
+  for (int64_t t = 0; t < rows; ++t) {
+    const float* xr = x + t * k;
+    for (int64_t g0 = 0; g0 < k; g0 += kActGroup) {
+      const int64_t g1 = std::min(k, g0 + kActGroup);
+      __m512 top = _mm512_setzero_ps();
+      for (int64_t i = g0; i < g1; i += 16) {
+        const __mmask16 m = _cvtu32_mask16(g1 - i >= 16 ? 0xffffu : (1u << (g1 - i)) - 1);
+        top = _mm512_max_ps(top, _mm512_abs_ps(_mm512_maskz_loadu_ps(m, xr + i)));
+      }
+      const float amax = _mm512_reduce_max_ps(top);
+      // An all-zero group: every q is 0 and it adds nothing.
+      const __m512 inv = _mm512_set1_ps(amax > 0.f ? 127.f / amax : 0.f);
+      __m512i total = _mm512_setzero_si512();
+      for (int64_t i = g0; i < g1; i += 16) {
+        const int64_t left = std::min<int64_t>(g1 - i, 16);
+        const __mmask16 m = _cvtu32_mask16(left >= 16 ? 0xffffu : (1u << left) - 1);
+        // Round to nearest even (the default MXCSR mode), then saturate: |x · inv| <= 127 up to
+        // the product's rounding, which can only reach 127.00002 and rounds back to 127.
+        const __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_maskz_loadu_ps(m, xr + i), inv));
+        total = _mm512_add_epi32(total, q);
+        _mm_store_si128(reinterpret_cast<__m128i*>(words), _mm512_cvtsepi32_epi8(q));
+        for (int64_t w = 0; w < (left + 3) / 4; ++w) dst[(i / 4 + w) * rows + t] = words[w];
+      }
+      groups[t * per_row + g0 / kActGroup] = {amax / 127.f,
+                                              Offset * _mm512_reduce_add_epi32(total)};
+    }
+    for (int64_t w = quads; w < padded; ++w) dst[w * rows + t] = 0;
+  }
+}
+#pragma GCC diagnostic pop
+
+// The workspace of a family that quantizes its rows: `rows` rows of `words` u32 each, then their
+// `groups_per_row` groups each.
+inline int64_t quantized_rows_bytes(int64_t rows, int64_t words, int64_t groups_per_row) {
+  return rows * (words * static_cast<int64_t>(sizeof(uint32_t)) +
+                 groups_per_row * static_cast<int64_t>(sizeof(GroupQuant)));
+}
+// The rows and width of a Linear's input [..., k] under `bindings`.
+struct InputRows {
+  int64_t rows, k;
+};
+inline InputRows input_rows(const SymShape& x_shape, const Bindings& bindings) {
+  const Shape shape = resolve_shape(x_shape, bindings);
+  int64_t elems = 1;
+  for (int64_t d : shape) elems *= d;
+  const int64_t k = shape.empty() ? 1 : std::max<int64_t>(shape.back(), 1);
+  return {elems / k, k};
+}
+// Where a call's quantized rows go: the kernel's workspace (64-byte aligned; the groups follow
+// the words), or buffers of its own for callers without one (micro-benchmarks).
+class QuantizedRows {
+ public:
+  QuantizedRows(void* scratch, int64_t rows, int64_t words, int64_t groups_per_row) {
+    if (scratch != nullptr) {
+      words_ = static_cast<uint32_t*>(scratch);
+      groups_ = static_cast<GroupQuant*>(static_cast<void*>(words_ + rows * words));
+      return;
+    }
+    own_.resize(static_cast<size_t>(rows * words));
+    own_groups_.resize(static_cast<size_t>(rows * groups_per_row));
+    words_ = own_.data();
+    groups_ = own_groups_.data();
+  }
+  QuantizedRows(const QuantizedRows&) = delete;
+  QuantizedRows& operator=(const QuantizedRows&) = delete;
+  uint32_t* words() const { return words_; }
+  GroupQuant* groups() const { return groups_; }
+
+ private:
+  uint32_t* words_ = nullptr;
+  GroupQuant* groups_ = nullptr;
+  std::vector<uint32_t> own_;
+  std::vector<GroupQuant> own_groups_;
 };
 
 // What a tile writes its outputs through: rows of y, and the per-output scales and bias.
@@ -40,6 +139,8 @@ struct Epilogue {
   // Int8 dot products only: the tile's rows' groups (group g of row t at groups[t·per_row + g]).
   const GroupQuant* groups = nullptr;
   int64_t groups_per_row = 0;
+  // i4 weights only: their f16 group scales [m, groups_per_row], panel16-packed.
+  const uint16_t* group_scales = nullptr;
 };
 
 KILN_TARGET_AVX512 inline __m512 finish(__m512 acc, const Epilogue& e, int64_t o) {
@@ -122,7 +223,41 @@ struct TileSet {
   using Narrow = void (*)(const X*, int64_t, const W*, int64_t, int64_t, int64_t, const Epilogue&);
   Full full[kMaxTileRows + 1][kNumPanelChoices];  // [rows][panel_choice(P)]
   Narrow narrow[kMaxTileRows + 1];
+  // W units a packed weight row of k elements takes (panels start 16 such rows apart); null: k.
+  int64_t (*row_units)(int64_t k) = nullptr;
 };
+
+// A family's TileSet from its tiles: Family::full<T, P>() for T rows × P panels (null where the
+// tile does not fit the registers: run_packed_linear calls only T × panels_for(T), and single
+// panels), Family::narrow<T>(), and Family::row_units where the family has one.
+template <class Family, int R, int... C>
+constexpr void fill_tile_row(TileSet<typename Family::X, typename Family::W>& s,
+                             std::integer_sequence<int, C...>) {
+  ((s.full[R][C] = Family::template full<R, kPanelChoices[C]>()), ...);
+  s.narrow[R] = Family::template narrow<R>();
+}
+template <class Family, int... R>
+constexpr TileSet<typename Family::X, typename Family::W> make_tile_set(
+    std::integer_sequence<int, R...>) {
+  TileSet<typename Family::X, typename Family::W> s{};
+  (fill_tile_row<Family, R + 1>(s, std::make_integer_sequence<int, kNumPanelChoices>{}), ...);
+  if constexpr (requires { Family::row_units; }) s.row_units = Family::row_units;
+  return s;
+}
+template <class Family>
+constexpr TileSet<typename Family::X, typename Family::W> tile_set() {
+  return make_tile_set<Family>(std::make_integer_sequence<int, kMaxTileRows>{});
+}
+
+// The line a dot-product tile requests at step `step` of the `steps` it takes through each panel
+// (one `line`-unit line of every panel a step): `ahead` steps on, then on into `next` (the
+// thread's next group of panels), or this step's own line when there is none.
+template <class W>
+inline const W* line_ahead(const W* w, const W* next, int64_t step, int64_t steps, int64_t ahead,
+                           int64_t line) {
+  const int64_t a = step + ahead;
+  return a < steps ? w + a * line : next != nullptr ? next + (a - steps) * line : w + step * line;
+}
 
 // The groups of panels of one call, handed to the pool's threads: each thread owns an equal
 // contiguous range and takes groups from its front (one stream through memory); a thread whose
@@ -219,6 +354,7 @@ void run_packed_linear(const float* xp, int64_t n, int64_t k, const W* wp, int64
   };
   if (n > 1 || staged) pool.parallel_for(row_tiles, 1, stage_tiles);  // one tile: inline
   const int group = panels_for(tile_rows);
+  const int64_t kw = tiles.row_units != nullptr ? tiles.row_units(k) : k;  // W units a row
   const int64_t panels = (m + kPanelRows - 1) / kPanelRows;
   const int64_t groups = (panels + group - 1) / group;
   GroupQueue queue(groups, pool.size());
@@ -228,7 +364,7 @@ void run_packed_linear(const float* xp, int64_t n, int64_t k, const W* wp, int64
         const int64_t p0 = g.group * group, p1 = std::min(panels, p0 + group);
         const bool whole = p1 - p0 == group && p1 * kPanelRows <= m;
         const W* next =
-            g.next >= 0 && g.next < groups ? wp + g.next * group * kPanelRows * k : nullptr;
+            g.next >= 0 && g.next < groups ? wp + g.next * group * kPanelRows * kw : nullptr;
         for (int64_t t = 0; t < n; t += tile_rows) {
           const int rows = static_cast<int>(std::min<int64_t>(tile_rows, n - t));
           const X* x;
@@ -247,7 +383,7 @@ void run_packed_linear(const float* xp, int64_t n, int64_t k, const W* wp, int64
           }
           if (whole) {
             // Later row tiles of this group find its weights in cache; the last one streams on.
-            tiles.full[rows][panel_choice(group)](x, ldx, wp + p0 * kPanelRows * k,
+            tiles.full[rows][panel_choice(group)](x, ldx, wp + p0 * kPanelRows * kw,
                                                   t + rows < n ? nullptr : next, k, p0 * kPanelRows,
                                                   et);
             continue;
@@ -255,9 +391,9 @@ void run_packed_linear(const float* xp, int64_t n, int64_t k, const W* wp, int64
           for (int64_t p = p0; p < p1; ++p) {
             const int64_t o = p * kPanelRows, width = std::min(kPanelRows, m - o);
             if (width == kPanelRows)
-              tiles.full[rows][0](x, ldx, wp + o * k, nullptr, k, o, et);
+              tiles.full[rows][0](x, ldx, wp + o * kw, nullptr, k, o, et);
             else
-              tiles.narrow[rows](x, ldx, wp + o * k, k, o, width, et);
+              tiles.narrow[rows](x, ldx, wp + o * kw, k, o, width, et);
           }
         }
         if (act) {

@@ -43,11 +43,11 @@ void add_fn(KernelRegistry& r, OpKind op, DType act, DType weight, Isa isa, cons
 }
 
 // What every CPU Linear implements around its product: bias and activation, and an i8 weight's
-// per-channel scales. The CUDA plans' fusions (residual, folded norm, gathered rows, widened
-// output) are not among them, so the CPU refuses such nodes by name.
+// per-channel scales or an i4 weight's group scales. The CUDA plans' fusions (residual, folded
+// norm, gathered rows, widened output) are not among them, so the CPU refuses such nodes by name.
 ExtraSet linear_extras(DType weight) {
   const ExtraSet plain{Extra::kBias, Extra::kActivation};
-  return weight == DType::kI8 ? plain.with(Extra::kWeightScales) : plain;
+  return weight == DType::kI8 || weight == DType::kI4 ? plain.with(Extra::kWeightScales) : plain;
 }
 // W8A8 Linears: an i8 weight's, and the int8 input. Registered after each family's i8-weight
 // kernel, so that a node without an input scale keeps that one (the registry gives a node the
@@ -69,6 +69,8 @@ void register_kernels(KernelRegistry& r) {
          linear_extras(DType::kI8));
   add_fn(r, OpKind::kLinear, f32, DType::kI8, base, "avx2 w8a8 linear (int8 × int8, vpmaddwd)",
          linear_w8a8_avx2, kW8a8Extras);
+  add_fn(r, OpKind::kLinear, f32, DType::kI4, base, "avx2 i4-weight linear (vpmaddubsw)",
+         linear_i4_avx2, linear_extras(DType::kI4));
   // AVX-512: one register-blocked kernel over panel16-packed weights for every weight dtype
   // and number of rows (kernels_packed.cc).
   for (DType w : {f32, DType::kBF16, DType::kF16, DType::kI8})
@@ -78,11 +80,17 @@ void register_kernels(KernelRegistry& r) {
   r.add(KernelKey{OpKind::kLinear, f32, DType::kI8, Device::kCpu, Isa::kAvx512},
         "avx512 packed w8a8 linear (int8 levels in f32 FMAs)", packed_w8a8_fma_linear_factory(),
         kW8a8Extras);
+  r.add(KernelKey{OpKind::kLinear, f32, DType::kI4, Device::kCpu, Isa::kAvx512},
+        "avx512 panel16q4 i4-weight linear (vpmaddubsw)", packed_int4_linear_factory(false),
+        linear_extras(DType::kI4));
   // AVX512-BF16: bf16 weights in dot products of bf16 pairs; every other kernel is AVX-512's.
   r.add(KernelKey{OpKind::kLinear, f32, DType::kBF16, Device::kCpu, Isa::kAvx512Bf16},
         "avx512-bf16 packed bf16-weight linear (vdpbf16ps)", packed_bf16_dot_linear_factory(),
         linear_extras(DType::kBF16));
-  // AVX512-VNNI: i8 weights in int8 dot products of per-row quantized activations.
+  // AVX512-VNNI: i8 and i4 weights in int8 dot products of per-row quantized activations.
+  r.add(KernelKey{OpKind::kLinear, f32, DType::kI4, Device::kCpu, Isa::kAvx512Vnni},
+        "avx512-vnni panel16q4 i4-weight linear (vpdpbusd)", packed_int4_linear_factory(true),
+        linear_extras(DType::kI4));
   r.add(KernelKey{OpKind::kLinear, f32, DType::kI8, Device::kCpu, Isa::kAvx512Vnni},
         "avx512-vnni packed i8-weight linear (vpdpbusd)", packed_int8_dot_linear_factory(),
         linear_extras(DType::kI8));

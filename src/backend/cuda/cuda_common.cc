@@ -53,6 +53,7 @@ FloatType float_type(DType dtype) {
     case DType::kI64:
     case DType::kF8E4M3:
     case DType::kF8E5M2:
+    case DType::kI4:
       break;
   }
   KILN_FAIL("the cuda kernels take f32, f16 or bf16 tensors, not {}", dtype_name(dtype));
@@ -84,6 +85,7 @@ IndexType index_type(DType dtype) {
     case DType::kI8:
     case DType::kF8E4M3:
     case DType::kF8E5M2:
+    case DType::kI4:
       break;
   }
   KILN_FAIL("the cuda kernels take i32 or i64 indices, not {}", dtype_name(dtype));

@@ -64,7 +64,8 @@ void embedding(const Node& node, const KernelArgs& args) {
   }
 }
 
-// x [n, in], w [out, in], bias [out] (optional), scales [out] (i8 weights) ->
+// x [n, in], w [out, in], bias [out] (optional), scales [out] (i8 weights) or [out, groups]
+// (i4 weights: each weight times its group's scale, graph/linear.h) ->
 // act(x (w * scales)^T + bias) [n, out]; with an input scale s [1] (W8A8), x's int8 values q
 // in place of x: act(s · q (w * scales)^T + bias).
 // A folded input norm (LinearEpilogue::norm) scales each row's products by the row's 1 / std (or
@@ -91,7 +92,14 @@ void linear(const Node& node, const KernelArgs& args) {
   // The type the Linear computes in: its output's, or its input's when widened to f32.
   const DType out_type = e.widen ? x.dtype() : y.dtype();
   std::vector<double> xs = load(x);
-  const std::vector<double> ws = load(w);
+  std::vector<double> ws = load(w);
+  if (w.dtype() == DType::kI4) {  // the group scales belong to the weight's definition
+    KILN_CHECK(scales != nullptr, "node '{}': an i4 weight needs its group scales", node.name);
+    const int64_t groups = scales->dim(1);
+    for (int64_t o = 0; o < out; ++o)
+      for (int64_t i = 0; i < in; ++i) ws[o * in + i] *= at(*scales, o * groups + i / kInt4Group);
+    scales = nullptr;
+  }
   double x_scale = 1.0;
   if (input_scale != nullptr) {
     const float s = input_scale->data<float>()[0];

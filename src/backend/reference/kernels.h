@@ -24,7 +24,8 @@ uint8_t f8_e4m3_from_double(double x);
 double f8_e5m2_to_double(uint8_t bits);
 uint8_t f8_e5m2_from_double(double x);
 
-// Element i of a float tensor (f32, f16 or bf16), or of an index tensor (i32, i64).
+// Element i of a float tensor (f32, f16 or bf16), of an index tensor (i32, i64), or of a
+// quantized weight (i8, i4: the integer).
 double element(const void* data, DType dtype, int64_t i);
 int64_t index_element(const Tensor& t, int64_t i);
 // Writes x rounded to `dtype` as element i.

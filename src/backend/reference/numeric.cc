@@ -141,6 +141,10 @@ double element(const void* data, DType dtype, int64_t i) {
       return f8_e4m3_to_double(static_cast<const uint8_t*>(data)[i]);
     case DType::kF8E5M2:
       return f8_e5m2_to_double(static_cast<const uint8_t*>(data)[i]);
+    case DType::kI4: {
+      const int nibble = (static_cast<const uint8_t*>(data)[i / 2] >> (4 * (i % 2))) & 0xF;
+      return nibble >= 8 ? nibble - 16 : nibble;
+    }
   }
   KILN_FAIL("reference: unknown dtype {}", static_cast<int>(dtype));
 }
@@ -157,6 +161,7 @@ int64_t index_element(const Tensor& t, int64_t i) {
     case DType::kI8:
     case DType::kF8E4M3:
     case DType::kF8E5M2:
+    case DType::kI4:
       break;
   }
   KILN_FAIL("reference: indices must be i32 or i64, not {}", dtype_name(t.dtype()));
@@ -182,6 +187,7 @@ void set_element(void* data, DType dtype, int64_t i, double x) {
     case DType::kI8:
     case DType::kI32:
     case DType::kI64:
+    case DType::kI4:
       break;
   }
   KILN_FAIL("reference kernels write float outputs, not {}", dtype_name(dtype));
@@ -202,6 +208,7 @@ double round_to(DType dtype, double x) {
     case DType::kI8:
     case DType::kI32:
     case DType::kI64:
+    case DType::kI4:
       break;
   }
   KILN_FAIL("reference: cannot round to {}", dtype_name(dtype));

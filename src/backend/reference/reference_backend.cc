@@ -150,10 +150,11 @@ void register_kernels(KernelRegistry& r) {
       for (DType weight : kFloatTypes)
         r.add(KernelKey{op.op, act, weight, Device::kCpu, Isa::kReference}, op.name,
               function_kernel(op.fn), ExtraSet::all());
-  // Quantized Linear weights: i8 with per-channel scales.
+  // Quantized Linear weights: i8 with per-channel scales, i4 with group scales.
   for (DType act : kFloatTypes)
-    r.add(KernelKey{OpKind::kLinear, act, DType::kI8, Device::kCpu, Isa::kReference},
-          "reference quantized linear", function_kernel(linear), ExtraSet::all());
+    for (DType weight : {DType::kI8, DType::kI4})
+      r.add(KernelKey{OpKind::kLinear, act, weight, Device::kCpu, Isa::kReference},
+            "reference quantized linear", function_kernel(linear), ExtraSet::all());
   // i8 embedding tables with per-row scales, gathered as f32 rows.
   r.add(KernelKey{OpKind::kEmbedding, DType::kF32, DType::kI8, Device::kCpu, Isa::kReference},
         "reference quantized embedding", function_kernel(embedding));

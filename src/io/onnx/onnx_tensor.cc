@@ -201,6 +201,7 @@ OnnxTensor decode_onnx_tensor(const onnx::TensorProto& proto, ExternalData& ext,
       break;
     case DType::kF8E4M3:
     case DType::kF8E5M2:
+    case DType::kI4:
       KILN_FAIL("{}: {}: no ONNX type maps to {}", ext.model_path, what, dtype_name(dtype));
   }
   return t;
