@@ -171,8 +171,7 @@ class Scheduler {
   struct AheadPlan {
     std::vector<std::pair<Request*, int64_t>> carry;
     std::vector<Request*> joins;
-    std::vector<Request*> encode;  // joins whose encoder runs first (encoder-decoder)
-    bool holds_back = false;       // a waiting request that needs a planned step waits one more
+    bool holds_back = false;  // a waiting request that needs a planned step waits one more
   };
   int held_back_ = 0;  // queued steps in a row that held a waiting request back
   bool can_leave_unread(const std::vector<Request*>& batch) const;

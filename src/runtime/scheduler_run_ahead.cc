@@ -97,7 +97,6 @@ std::optional<Scheduler::AheadPlan> Scheduler::plan_ahead(
     // One block per sequence kept for its next token, as admit() keeps.
     if (blocks + need + seqs > blocks_.available()) break;
     plan.joins.push_back(w.get());
-    if (encode > 0) plan.encode.push_back(w.get());
     blocks += need;
     tokens += b.pending();
     encoded += encode;
@@ -130,7 +129,12 @@ void Scheduler::launch_ahead(const AheadPlan& plan, const Tensor& tokens) {
   }
   // Encoder-decoder arrivals: their encoder step first, on the device's queue behind the unread
   // step (unchecked: the queued step's read checks it).
-  if (!plan.encode.empty()) encode_batch(plan.encode, false);
+  if (model_.desc().encoder_decoder) {
+    std::vector<Request*> encode;
+    for (Request* r : plan.joins)
+      if (!r->cross) encode.push_back(r);
+    if (!encode.empty()) encode_batch(encode, false);
+  }
   for (Request* r : plan.joins) {
     Beam& b = r->beams.front();
     const int64_t n = b.pending();
