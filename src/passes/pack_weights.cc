@@ -7,6 +7,7 @@
 #include <map>
 #include <optional>
 #include <set>
+#include <string>
 
 #include "graph/linear.h"
 #include "graph/packing.h"
@@ -69,6 +70,7 @@ int pack_weights(ModelIR& model, const Logger& log) {
       }
   int packed = 0;
   int64_t bytes = 0;
+  std::map<std::string, int> by_packing;  // what the log names
   for (Graph& g : model.graphs)
     for (Value& v : g.values) {
       if (v.kind != ValueKind::kWeight || !v.layout.plain()) continue;
@@ -88,11 +90,16 @@ int pack_weights(ModelIR& model, const Logger& log) {
       g.set_weight_data(static_cast<int>(&v - g.values.data()), std::move(out));
       v.layout = *r.layout;
       ++packed;
+      ++by_packing[v.layout.packing];
       bytes += static_cast<int64_t>(v.data.nbytes());
     }
   if (packed > 0) model.target = kPanel16Target;
-  log.info("pack_weights: {} weights ({:.1f} MiB) packed for {} ({} / {})", packed,
-           static_cast<double>(bytes) / (1 << 20), kPanel16Target, kPanel16, kPanel16Q4);
+  std::string as;
+  for (const auto& [packing, n] : by_packing)
+    as += fmt::format("{}{}{}", as.empty() ? "" : ", ", packing,
+                      by_packing.size() > 1 ? fmt::format(" ({})", n) : "");
+  log.info("pack_weights: {} Linear weights ({:.1f} MiB) packed as {} for {}", packed,
+           static_cast<double>(bytes) / (1 << 20), as.empty() ? "nothing" : as, kPanel16Target);
   return packed;
 }
 
