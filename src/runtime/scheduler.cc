@@ -106,6 +106,18 @@ Scheduler::Scheduler(CompiledModel& model, SchedulerOptions options)
         "KILN_JOIN_HOLD_STEPS={}: give a number of steps, 0 to 999", hold);
     options_.join_hold_steps = std::atoi(hold);
   }
+  if (const char* v = std::getenv("KILN_JOIN_PROMPT_TOKENS")) {
+    const std::string_view s(v);
+    KILN_CHECK_USAGE(
+        !s.empty() && s.size() <= 6 &&
+            std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; }) &&
+            std::atoll(v) >= 1,
+        "KILN_JOIN_PROMPT_TOKENS={}: give a number of tokens, 1 to 999999", v);
+    options_.join_prompt_tokens = std::atoll(v);
+  }
+  KILN_CHECK_USAGE(options_.join_prompt_tokens >= 1,
+                   "join_prompt_tokens {}: a queued step takes at least one prompt token",
+                   options_.join_prompt_tokens);
   if (const char* v = std::getenv("KILN_ENCODE_AHEAD")) {
     KILN_CHECK_USAGE(std::string_view(v) == "0" || std::string_view(v) == "1",
                      "KILN_ENCODE_AHEAD={}: give 1 or 0", v);
@@ -367,7 +379,12 @@ void Scheduler::run_decoder(const std::vector<Request*>& batch, bool apply_copie
   start_argmax(batch, &tokens);
   if (leave_unread && argmax_started_) {
     Unread u;
-    for (Request* r : batch) u.requests.push_back(r->id);
+    for (Request* r : batch) {
+      u.requests.push_back(r->id);
+      // Plain greedy: one beam. Its kv commits this step's tokens after this returns.
+      const Beam& b = r->beams.front();
+      u.emits.push_back(b.scheduled == b.pending() ? 1 : 0);
+    }
     u.tokens = std::move(tokens);
     unread_ = std::move(u);
     return;

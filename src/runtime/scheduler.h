@@ -67,6 +67,12 @@ struct SchedulerOptions {
   // long).
   // KILN_JOIN_HOLD_STEPS=N sets it (A/B runs); 0: every arrival joins the next step.
   int join_hold_steps = 4;
+  // Run-ahead: the prompt tokens a queued step takes beside its decoding rows, the chunks of
+  // prompts under way and of the prompts that join it together. A prompt longer than what is left
+  // joins in chunks over the queued steps after it (its first token comes with its last chunk):
+  // every stream in the batch waits for a step that prompts join, so this bounds how much longer
+  // than a decode step such a step is. KILN_JOIN_PROMPT_TOKENS=N sets it (A/B runs).
+  int64_t join_prompt_tokens = 64;
   // Run-ahead, encoder-decoder models: a greedy arrival joins a queued step, its encoder queued
   // on the device just before that step (its check is the queued step's read, and bad data an
   // encoder reports then fails that step's requests instead of being isolated to its own).
@@ -168,14 +174,20 @@ class Scheduler {
   // Run-ahead (scheduler_run_ahead.cc). The step queued behind the unread one: the unread step's
   // requests that go on, each with its row in the unread step's ids, and waiting requests that
   // join with their whole prompt.
+  // The unread step's requests whose prompt is not all in the cache go on with their next
+  // chunk (`chunks`, with `joins`: a prompt's part this step takes, in the order of the step's
+  // rows after the carried ones).
   struct AheadPlan {
     std::vector<std::pair<Request*, int64_t>> carry;
+    std::vector<Request*> continues;  // running requests prefilling their prompt in chunks
     std::vector<Request*> joins;
-    bool holds_back = false;  // a waiting request that needs a planned step waits one more
+    std::vector<int64_t> chunks;  // tokens each of continues, then each of joins, feeds
+    bool holds_back = false;      // a waiting request that needs a planned step waits one more
   };
   int held_back_ = 0;  // queued steps in a row that held a waiting request back
   bool can_leave_unread(const std::vector<Request*>& batch) const;
-  std::optional<AheadPlan> plan_ahead(const std::vector<Request*>& batch) const;
+  std::optional<AheadPlan> plan_ahead(const std::vector<Request*>& batch,
+                                      const std::vector<uint8_t>& emits) const;
   bool step_unread(std::vector<GenerationEvent>& events);
   void launch_ahead(const AheadPlan& plan, const Tensor& tokens);
   void advance(Request& r, std::vector<GenerationEvent>& events);
@@ -215,6 +227,7 @@ class Scheduler {
   // where the logits were.
   struct Unread {
     std::vector<RequestId> requests;
+    std::vector<uint8_t> emits;  // per request: its row is its next token (not a prompt chunk's)
     Tensor tokens;
   };
   std::optional<Unread> unread_;

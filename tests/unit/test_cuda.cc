@@ -42,7 +42,7 @@ TEST(Cuda, OptionsHaveDefaultsAndAreReadFromTheEnvironmentInOnePlace) {
   EXPECT_TRUE(plain.graphs && plain.gemv && plain.programmatic_launch && plain.defer_checks);
   EXPECT_EQ(plain.gemv_rows, defaults.gemv_rows);
   EXPECT_EQ(plain.skinny_rows, defaults.skinny_rows);
-  EXPECT_EQ(plain.graph_tokens, 64);
+  EXPECT_EQ(plain.graph_tokens, 256);
   EXPECT_EQ(plain.profile, cuda::CudaOptions::Profile::kOff);
   const std::vector<BackendOption> listed = plain.describe();
   EXPECT_EQ(listed.size(), 20u) << "every KILN_CUDA_* switch";
@@ -55,10 +55,10 @@ TEST(Cuda, OptionsHaveDefaultsAndAreReadFromTheEnvironmentInOnePlace) {
     const test::ScopedEnv rows("KILN_CUDA_GEMV_ROWS", "3");
     const test::ScopedEnv tiled("KILN_CUDA_TILED", "always");
     const test::ScopedEnv profile("KILN_CUDA_PROFILE", "steps");
-    const test::ScopedEnv graph_tokens("KILN_CUDA_GRAPH_TOKENS", "256");
+    const test::ScopedEnv graph_tokens("KILN_CUDA_GRAPH_TOKENS", "128");
     const cuda::CudaOptions set = cuda::CudaOptions::from_environment();
     EXPECT_FALSE(set.graphs);
-    EXPECT_EQ(set.graph_tokens, 256);
+    EXPECT_EQ(set.graph_tokens, 128);
     EXPECT_EQ(set.gemv_rows, 3);
     EXPECT_EQ(set.tiled_attention, cuda::TiledAttention::kAlways);
     EXPECT_EQ(set.profile, cuda::CudaOptions::Profile::kSteps);

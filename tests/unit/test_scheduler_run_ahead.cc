@@ -279,6 +279,47 @@ TEST_P(RunAhead, LongPromptsJoiningTheSameWayEachRound) {
     EXPECT_EQ(got[j].ids, got[j % round.size()].ids) << "job " << j << " against the first round";
 }
 
+// Prompts longer than what a queued step takes join a decoding batch in chunks, every chunk in a
+// queued step (none waits for a planned one): under a step budget of 16 tokens (a prompt over it
+// used to need a planned step), and under a run-ahead limit of 4 prompt tokens a step beside the
+// plan's step budget (more steps than without it: no step takes a whole long prompt). The tokens
+// are those of reading every step.
+TEST_P(RunAhead, LongPromptsJoinInChunksOfTheStepLimit) {
+  std::string long_text = "copy:";
+  for (int i = 0; i < 24; ++i) long_text += i % 2 ? " vica" : " suvo";
+  ASSERT_GT(prompt(long_text).size(), 40u);
+  const char* texts[] = {"reverse: suvogi", "add: 456 + 95", "sort: f r t d e"};
+  std::vector<Job> jobs;
+  for (int i = 0; i < 7; ++i) {
+    GenerationParams p = greedy(6 + 3 * i);
+    p.ignore_eos = true;
+    jobs.push_back({i % 2 ? long_text : texts[i / 2 % 3], p, i < 2 ? 0 : 2 * i});
+  }
+  SchedulerOptions base = options(false);
+  base.max_step_tokens = 16;
+  const auto want = drive(base, jobs);
+  SchedulerOptions ahead = options(true);
+  ahead.max_step_tokens = 16;
+  ahead.encode_ahead = true;
+  int64_t queued = 0, steps = 0;
+  if (!t5()) {
+    // An encoder-decoder prompt is encoded whole: over 16 tokens it needs a planned step.
+    expect_same(drive(ahead, jobs, &queued, &steps), want);
+    EXPECT_EQ(queued, steps - 1) << "every chunk joins a queued step";
+  }
+  ahead = options(true);
+  ahead.encode_ahead = true;
+  int64_t wide = 0;
+  expect_same(drive(ahead, jobs, &queued, &wide), want);
+  EXPECT_EQ(queued, wide - 1);
+  ahead.join_prompt_tokens = 4;
+  expect_same(drive(ahead, jobs, &queued, &steps), want);
+  EXPECT_EQ(queued, steps - 1);
+  if (!t5()) {
+    EXPECT_GT(steps, wide) << "the long prompts join in chunks of at most 4 tokens";
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Models, RunAhead,
                          testing::Values(Case{"t5-tiny", Device::kCpu},
                                          Case{"bloom-tiny", Device::kCpu},

@@ -16,9 +16,9 @@ struct CudaOptions {
   // captured CUDA graph.
   bool graphs = true;
   // KILN_CUDA_GRAPH_TOKENS=N: steps of at most N tokens are replayed from CUDA graphs (decode
-  // steps, and with N above the batch the steps prompts join while the batch decodes); longer
-  // ones launch kernel by kernel. 64 until 256 is measured on the GPU (bench/serve/ab.sh).
-  int graph_tokens = 64;
+  // steps, and the steps prompts join while the batch decodes: up to the batch plus the
+  // scheduler's join_prompt_tokens); longer ones launch kernel by kernel.
+  int graph_tokens = 256;
   // KILN_CUDA_GEMV=0: few-row Linears run on cuBLASLt instead of kiln's GEMV (the skinny GEMM's
   // rows are still skinny_rows').
   bool gemv = true;
