@@ -61,10 +61,10 @@ struct SchedulerOptions {
   RunAhead run_ahead = RunAhead::kAuto;
   // Run-ahead: queued steps in a row that a waiting request may be held back, so that the
   // arrivals of those steps join one step together: a request that needs a planned step (an
-  // encoder-decoder prompt, sampling, a prompt over the step's budget), and prompts that would
-  // make a queued step longer than the backend replays (Backend::replayed_step_tokens: on CUDA
-  // a longer step is launched kernel by kernel, not replayed from a graph, and takes ~1.6x as
-  // long).
+  // encoder-decoder prompt without encode_ahead, sampling, beams), and encoder-decoder prompts
+  // whose encoder step would be longer than the backend replays (Backend::replayed_step_tokens:
+  // on CUDA a longer step is launched kernel by kernel, not replayed from a graph). Decoder
+  // prompts are not held back: they join in chunks (join_prompt_tokens).
   // KILN_JOIN_HOLD_STEPS=N sets it (A/B runs); 0: every arrival joins the next step.
   int join_hold_steps = 4;
   // Run-ahead: the prompt tokens a queued step takes beside its decoding rows, the chunks of
