@@ -9,6 +9,8 @@
 #include <cstring>
 #include <vector>
 
+#include "core/f32_chunks.h"
+
 namespace kiln {
 
 int64_t shape_numel(const Shape& shape) {
@@ -132,28 +134,13 @@ namespace {
 // done: converting a mapped 7B embedding table costs its output, not an f32 copy of the whole
 // table beside all of the source's pages.
 void convert_chunked(const Tensor& src, Tensor& out) {
-  const DTypeTraits& from = dtype_traits(src.dtype());
   const DTypeTraits& to = dtype_traits(out.dtype());
-  const size_t n = static_cast<size_t>(src.numel());
-  const size_t step = size_t{1} << 20;  // a multiple of every block size
-  std::vector<float> buffer(
-      src.dtype() == DType::kF32 || out.dtype() == DType::kF32 ? 0 : std::min(n, step));
-  const char* s = static_cast<const char*>(src.raw());
   char* d = static_cast<char*>(out.raw());
-  for (size_t i = 0; i < n; i += step) {
-    const size_t m = std::min(step, n - i);
-    const char* sp = s + dtype_bytes(src.dtype(), i);
-    char* dp = d + dtype_bytes(out.dtype(), i);
-    if (out.dtype() == DType::kF32) {
-      from.to_float(sp, reinterpret_cast<float*>(dp), m);
-    } else if (src.dtype() == DType::kF32) {
-      to.from_float(reinterpret_cast<const float*>(sp), dp, m);
-    } else {
-      from.to_float(sp, buffer.data(), m);
-      to.from_float(buffer.data(), dp, m);
-    }
-    if (src.file_backed()) release_file_pages(sp, dtype_bytes(src.dtype(), m));
-  }
+  // A multiple of every block size.
+  for_each_f32_chunk(src, size_t{1} << 20, [&](const float* values, size_t first, size_t n) {
+    to.from_float(values, d + dtype_bytes(out.dtype(), first), n);
+    return true;
+  });
 }
 
 }  // namespace

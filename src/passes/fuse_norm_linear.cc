@@ -21,6 +21,7 @@
 #include <cmath>
 #include <vector>
 
+#include "core/f32_chunks.h"
 #include "passes/pass.h"
 
 namespace kiln {
@@ -57,9 +58,9 @@ struct Folded {
   bool finite = true;
 };
 
-// Streams the weight in chunks of rows (about 16 MiB of f32 each), so that a build's memory is
-// the folded copy, not an f32 one of the whole weight (a 7B model's tied lm_head is 4 GB in
-// f32); each chunk's pages of a mapped weight are given back as it is done.
+// Streams the weight in chunks of rows (about 16 MiB of f32 each, core/f32_chunks.h), so that a
+// build's memory is the folded copy, not an f32 one of the whole weight (a 7B model's tied
+// lm_head is 4 GB in f32); each chunk's pages of a mapped weight are given back as it is done.
 Folded fold(const Graph& g, const Node& lin, const std::vector<float>& gamma,
             const std::vector<float>& beta, bool layer, bool shared) {
   const LinearDesc d = describe_linear(lin);
@@ -86,34 +87,31 @@ Folded fold(const Graph& g, const Node& lin, const std::vector<float>& gamma,
       std::copy(b.data<float>(), b.data<float>() + out, bias.begin());
     }
   }
-  const int64_t chunk = std::max<int64_t>(1, (int64_t{4} << 20) / in);
-  std::vector<float> wf(static_cast<size_t>(std::min(chunk, out) * in));
-  std::vector<float> sf(shared ? 0 : wf.size());
-  for (int64_t o0 = 0; o0 < out; o0 += chunk) {
-    const int64_t rows = std::min(chunk, out - o0);
-    const size_t n = static_cast<size_t>(rows * in);
-    traits.to_float(static_cast<const char*>(w.raw()) + static_cast<size_t>(o0) * row_bytes,
-                    wf.data(), n);
-    if (!shared) {
-      for (int64_t r = 0; r < rows; ++r)
-        for (int64_t i = 0; i < in; ++i) sf[r * in + i] = wf[r * in + i] * gamma[i];
-      char* dst = static_cast<char*>(f.weight.raw()) + static_cast<size_t>(o0) * row_bytes;
-      traits.from_float(sf.data(), dst, n);
-      traits.to_float(dst, sf.data(), n);  // as stored: the row sums are of these values
-      f.finite = f.finite && std::all_of(sf.begin(), sf.begin() + static_cast<int64_t>(n),
-                                         [](float v) { return std::isfinite(v); });
-    }
-    for (int64_t r = 0; layer && r < rows; ++r) {
-      double sum = 0.0, b = bias[o0 + r];
-      for (int64_t i = 0; i < in; ++i) {
-        sum += shared ? wf[r * in + i] * gamma[i] : sf[r * in + i];
-        b += static_cast<double>(wf[r * in + i]) * beta[i];
-      }
-      sums[o0 + r] = static_cast<float>(sum);
-      bias[o0 + r] = static_cast<float>(b);
-    }
-    w.slice_rows(o0, o0 + rows).release_pages();
-  }
+  const int64_t chunk = std::max<int64_t>(1, (int64_t{4} << 20) / in);  // rows
+  std::vector<float> sf(shared ? 0 : static_cast<size_t>(std::min(chunk, out) * in));
+  for_each_f32_chunk(
+      w, static_cast<size_t>(chunk * in), [&](const float* wf, size_t first, size_t n) {
+        const int64_t o0 = static_cast<int64_t>(first) / in, rows = static_cast<int64_t>(n) / in;
+        if (!shared) {
+          for (int64_t r = 0; r < rows; ++r)
+            for (int64_t i = 0; i < in; ++i) sf[r * in + i] = wf[r * in + i] * gamma[i];
+          char* dst = static_cast<char*>(f.weight.raw()) + static_cast<size_t>(o0) * row_bytes;
+          traits.from_float(sf.data(), dst, n);
+          traits.to_float(dst, sf.data(), n);  // as stored: the row sums are of these values
+          f.finite = f.finite && std::all_of(sf.begin(), sf.begin() + static_cast<int64_t>(n),
+                                             [](float v) { return std::isfinite(v); });
+        }
+        for (int64_t r = 0; layer && r < rows; ++r) {
+          double sum = 0.0, b = bias[o0 + r];
+          for (int64_t i = 0; i < in; ++i) {
+            sum += shared ? wf[r * in + i] * gamma[i] : sf[r * in + i];
+            b += static_cast<double>(wf[r * in + i]) * beta[i];
+          }
+          sums[o0 + r] = static_cast<float>(sum);
+          bias[o0 + r] = static_cast<float>(b);
+        }
+        return true;
+      });
   if (!layer) return f;
   f.bias = Tensor::from_vector(bias, {out}).to(has_bias ? g.values[bias_id].dtype : wv.dtype);
   const Tensor back = f.bias.to_f32();

@@ -26,6 +26,7 @@
 #include <set>
 #include <vector>
 
+#include "core/f32_chunks.h"
 #include "passes/quantize_weights.h"
 
 namespace kiln {
@@ -181,24 +182,18 @@ int logits_linear(const Graph& g) {
 
 std::string narrowing_refused(const Tensor& w, DType to) {
   if (w.dtype() == to) return {};
-  KILN_CHECK(w.is_contiguous(), "narrowing_refused: a non-contiguous weight");
-  // A chunk at a time, each chunk's pages of a mapped (spilled) weight given back once read: the
-  // scan of a 7B model's weights is not 7B weights of resident memory.
-  const DTypeTraits& traits = dtype_traits(w.dtype());
-  const size_t n = static_cast<size_t>(w.numel()), step = size_t{1} << 20;
-  std::vector<float> buffer(std::min(n, step));
-  const char* base = static_cast<const char*>(w.raw());
+  // A chunk at a time (core/f32_chunks.h): the scan of a 7B model's weights is not 7B weights of
+  // resident memory.
   float amax = 0.0f;
-  for (size_t i = 0; i < n; i += step) {
-    const size_t m = std::min(step, n - i);
-    const char* chunk = base + dtype_bytes(w.dtype(), i);
-    traits.to_float(chunk, buffer.data(), m);
-    if (w.file_backed()) release_file_pages(chunk, dtype_bytes(w.dtype(), m));
-    for (size_t j = 0; j < m; ++j) {
-      if (!std::isfinite(buffer[j])) return "holds a non-finite value";
-      amax = std::max(amax, std::fabs(buffer[j]));
-    }
-  }
+  const bool finite =
+      for_each_f32_chunk(w, size_t{1} << 20, [&](const float* values, size_t, size_t n) {
+        for (size_t j = 0; j < n; ++j) {
+          if (!std::isfinite(values[j])) return false;
+          amax = std::max(amax, std::fabs(values[j]));
+        }
+        return true;
+      });
+  if (!finite) return "holds a non-finite value";
   if (to == DType::kF16 && amax > 65504.0f)
     return fmt::format("max |w| = {:g} exceeds fp16's largest finite value 65504", amax);
   return {};

@@ -7,6 +7,7 @@
 #include <fstream>
 #include <vector>
 
+#include "core/f32_chunks.h"
 #include "core/tensor.h"
 #include "io/mmap_file.h"
 
@@ -79,6 +80,43 @@ TEST(Tensor, ConversionsOfAMappedTensorAreChunkedAndExact) {
               static_cast<const uint16_t*>(f16.raw())[i])
         << i;
   }
+}
+
+// for_each_f32_chunk: consecutive chunks, the last one shorter, the values those of to_f32; an
+// f32 tensor's values are the tensor itself; a visitor that returns false stops the walk.
+TEST(F32Chunks, ChunksCoverTheTensorInOrderAsF32) {
+  std::vector<float> values(1000);
+  for (size_t i = 0; i < values.size(); ++i) values[i] = static_cast<float>(i) * 0.25f - 7.0f;
+  const Tensor f32 = Tensor::from_vector(values, {10, 100});
+  const Tensor bf16 = f32.to(DType::kBF16);
+  const Tensor widened = bf16.to_f32();
+  std::vector<size_t> firsts, counts;
+  std::vector<float> seen;
+  EXPECT_TRUE(for_each_f32_chunk(bf16, 300, [&](const float* v, size_t first, size_t n) {
+    firsts.push_back(first);
+    counts.push_back(n);
+    seen.insert(seen.end(), v, v + n);
+    return true;
+  }));
+  EXPECT_EQ(firsts, (std::vector<size_t>{0, 300, 600, 900}));
+  EXPECT_EQ(counts, (std::vector<size_t>{300, 300, 300, 100}));
+  ASSERT_EQ(seen.size(), values.size());
+  for (size_t i = 0; i < seen.size(); ++i) ASSERT_EQ(seen[i], widened.data<float>()[i]) << i;
+  const float* first_values = nullptr;
+  int calls = 0;
+  EXPECT_FALSE(for_each_f32_chunk(f32, 400, [&](const float* v, size_t, size_t) {
+    if (calls++ == 0) first_values = v;
+    return calls < 2;
+  }));
+  EXPECT_EQ(calls, 2) << "the walk stops where the visitor says";
+  EXPECT_EQ(first_values, f32.data<float>()) << "an f32 tensor is read in place";
+}
+
+TEST(F32Chunks, BadInputEmptyChunksAndChunksThatSplitABlockAreRefused) {
+  const Tensor i4 = Tensor::empty(DType::kI4, {4, 8});
+  const auto visit = [](const float*, size_t, size_t) { return true; };
+  EXPECT_THROW(for_each_f32_chunk(i4, 3, visit), std::exception);
+  EXPECT_THROW(for_each_f32_chunk(Tensor::empty(DType::kF32, {4}), 0, visit), std::exception);
 }
 
 }  // namespace
