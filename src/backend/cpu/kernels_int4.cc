@@ -209,14 +209,10 @@ Tensor panel16q4_weight(const Graph& graph, const Node& node) {
   KILN_CHECK(w.kind == ValueKind::kWeight && w.data.defined() && w.data.rank() == 2 &&
                  w.dtype == DType::kI4,
              "node '{}': the avx512 int4 Linear needs a constant 2-d i4 weight", node.name);
-  if (w.layout == panel16q4_layout()) return w.data;
-  KILN_CHECK(w.layout.plain(), "node '{}': weight '{}' is packed as {} for {}", node.name, w.name,
-             w.layout.packing, w.layout.target);
-  const Tensor plain = w.data.is_contiguous() ? w.data : w.data.clone();
-  const int64_t n = plain.dim(0), k = plain.dim(1);
-  Tensor out = Tensor::empty(DType::kI4, {n, (k + 7) / 8 * 8});
-  pack_panel16q4(plain.raw(), out.raw(), n, k);
-  return out;
+  const int64_t n = w.data.dim(0), k = w.data.dim(1);
+  return packed_or_pack(
+      node, w, panel16q4_layout(), DType::kI4, {n, (k + 7) / 8 * 8},
+      [&](const Tensor& plain, Tensor& out) { pack_panel16q4(plain.raw(), out.raw(), n, k); });
 }
 
 // The node's f16 group scales [n, groups] in panel16: the plan's, or packed here once.
@@ -228,13 +224,10 @@ Tensor panel16_group_scales(const Graph& graph, const Node& node) {
                  s.dtype == DType::kF16,
              "node '{}': the group scales '{}' of an i4 weight must be a constant f16 matrix",
              node.name, s.name);
-  if (s.layout == panel16_layout()) return s.data;
-  KILN_CHECK(s.layout.plain(), "node '{}': scales '{}' are packed as {} for {}", node.name, s.name,
-             s.layout.packing, s.layout.target);
-  const Tensor plain = s.data.is_contiguous() ? s.data : s.data.clone();
-  Tensor out = Tensor::empty(DType::kF16, plain.shape());
-  pack_panel16(plain.raw(), out.raw(), plain.dim(0), plain.dim(1), sizeof(uint16_t));
-  return out;
+  return packed_or_pack(
+      node, s, panel16_layout(), DType::kF16, s.data.shape(), [](const Tensor& plain, Tensor& out) {
+        pack_panel16(plain.raw(), out.raw(), plain.dim(0), plain.dim(1), sizeof(uint16_t));
+      });
 }
 
 template <class D>

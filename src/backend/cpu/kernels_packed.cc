@@ -373,14 +373,11 @@ Tensor panel16_weight(const Graph& graph, const Node& node) {
   const Value& w = graph.values[node.inputs[1]];
   KILN_CHECK(w.kind == ValueKind::kWeight && w.data.defined() && w.data.rank() == 2,
              "node '{}': the avx512 Linear needs a constant 2-d weight", node.name);
-  if (w.layout == panel16_layout()) return w.data;
-  KILN_CHECK(w.layout.plain(), "node '{}': weight '{}' is packed as {} for {}", node.name, w.name,
-             w.layout.packing, w.layout.target);
-  // A plain plan (built without packing, or in memory): pack once here.
-  const Tensor plain = w.data.is_contiguous() ? w.data : w.data.clone();
-  Tensor out = Tensor::empty(plain.dtype(), plain.shape());
-  pack_panel16(plain.raw(), out.raw(), plain.dim(0), plain.dim(1), dtype_bytes(plain.dtype(), 1));
-  return out;
+  return packed_or_pack(node, w, panel16_layout(), w.data.dtype(), w.data.shape(),
+                        [](const Tensor& plain, Tensor& out) {
+                          pack_panel16(plain.raw(), out.raw(), plain.dim(0), plain.dim(1),
+                                       dtype_bytes(plain.dtype(), 1));
+                        });
 }
 
 }  // namespace packed

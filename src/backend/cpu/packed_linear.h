@@ -212,6 +212,21 @@ constexpr int panel_choice(int panels) {
                        : 5;
 }
 
+// A constant operand `v` of `node` in `layout`: the plan's mapping when it is stored so already,
+// else packed here once (a plain plan, or one built in memory): pack(plain, out) fills `out`, a
+// new tensor of `dtype` and `shape`, from v's data made contiguous.
+template <class Pack>
+Tensor packed_or_pack(const Node& node, const Value& v, const WeightLayout& layout, DType dtype,
+                      const Shape& shape, Pack&& pack) {
+  if (v.layout == layout) return v.data;
+  KILN_CHECK(v.layout.plain(), "node '{}': '{}' is packed as {} for {}", node.name, v.name,
+             v.layout.packing, v.layout.target);
+  const Tensor plain = v.data.is_contiguous() ? v.data : v.data.clone();
+  Tensor out = Tensor::empty(dtype, shape);
+  pack(plain, out);
+  return out;
+}
+
 // The panel16 form of a Linear node's weight (input 1): the plan's mapping when it is packed
 // already, else packed here once (a plain plan, or one built in memory).
 Tensor panel16_weight(const Graph& graph, const Node& node);
