@@ -59,6 +59,12 @@ class RunAhead : public testing::TestWithParam<Case> {
   std::vector<int64_t> prompt(const std::string& text) {
     return model_->tokenizer().encode(t5() ? text : text + " =");
   }
+  // A prompt of over 64 tokens for both fixtures.
+  static std::string long_copy_text() {
+    std::string text = "copy:";
+    for (int i = 0; i < 24; ++i) text += i % 2 ? " vica" : " suvo";
+    return text;
+  }
   static GenerationParams greedy(int64_t n) {
     GenerationParams p;
     p.max_new_tokens = n;
@@ -256,8 +262,7 @@ TEST_P(RunAhead, RequestsJoinAndLeaveWithoutAPlannedStep) {
 // replayed the third), and every round gives the tokens of the first (whose steps ran kernel by
 // kernel) and of reading every step.
 TEST_P(RunAhead, LongPromptsJoiningTheSameWayEachRound) {
-  std::string long_text = "copy:";
-  for (int i = 0; i < 24; ++i) long_text += i % 2 ? " vica" : " suvo";
+  const std::string long_text = long_copy_text();
   ASSERT_GT(prompt(long_text).size(), 64u);
   const char* texts[] = {"reverse: suvogi", "add: 456 + 95", "sort: f r t d e"};
   std::vector<Job> round;
@@ -285,8 +290,7 @@ TEST_P(RunAhead, LongPromptsJoiningTheSameWayEachRound) {
 // plan's step budget (more steps than without it: no step takes a whole long prompt). The tokens
 // are those of reading every step.
 TEST_P(RunAhead, LongPromptsJoinInChunksOfTheStepLimit) {
-  std::string long_text = "copy:";
-  for (int i = 0; i < 24; ++i) long_text += i % 2 ? " vica" : " suvo";
+  const std::string long_text = long_copy_text();
   ASSERT_GT(prompt(long_text).size(), 40u);
   const char* texts[] = {"reverse: suvogi", "add: 456 + 95", "sort: f r t d e"};
   std::vector<Job> jobs;
