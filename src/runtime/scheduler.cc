@@ -123,6 +123,14 @@ Scheduler::Scheduler(CompiledModel& model, SchedulerOptions options)
                      "KILN_ENCODE_AHEAD={}: give 1 or 0", v);
     options_.encode_ahead = std::string_view(v) == "1";
   }
+  if (const char* v = std::getenv("KILN_ENCODE_GATHER_STEPS")) {
+    const std::string_view s(v);
+    KILN_CHECK_USAGE(
+        !s.empty() && s.size() <= 3 &&
+            std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; }),
+        "KILN_ENCODE_GATHER_STEPS={}: give a number of steps, 0 to 999", v);
+    options_.encode_gather_steps = std::atoi(v);
+  }
   const char* env = std::getenv("KILN_RUN_AHEAD");
   run_ahead_ = options_.run_ahead == RunAhead::kOn ||
                (options_.run_ahead == RunAhead::kAuto && model_.backend().runs_ahead() &&

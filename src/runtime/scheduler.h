@@ -79,6 +79,11 @@ struct SchedulerOptions {
   // Off by default (KILN_ENCODE_AHEAD=1 turns it on for A/B runs): an arrival waits for a
   // planned step, which reads the step before it and isolates an encoder's failure.
   bool encode_ahead = false;
+  // With encode_ahead: queued steps in a row that encoder-decoder arrivals wait, so that those
+  // that arrive meanwhile share one encoder step (an encoder step of a few tokens costs about as
+  // much as one of a few hundred: its time is the launches of its layers). 0: each joins the
+  // next queued step. KILN_ENCODE_GATHER_STEPS=N sets it (A/B runs).
+  int encode_gather_steps = 0;
 };
 
 struct GenerationEvent {

@@ -111,8 +111,12 @@ std::optional<Scheduler::AheadPlan> Scheduler::plan_ahead(const std::vector<Requ
       plan.holds_back = true;
       break;
     }
-    // An encoder step too long for the backend's replayed steps waits for others to join with
-    // it.
+    // Arrivals gather for one encoder step (encode_gather_steps); an encoder step too long for
+    // the backend's replayed steps waits for others to join with it.
+    if (encode > 0 && held_back_ < options_.encode_gather_steps) {
+      plan.holds_back = true;
+      break;
+    }
     if (replayed > 0 && encoded + encode > replayed && held_back_ < options_.join_hold_steps) {
       plan.holds_back = true;
       break;
