@@ -1,5 +1,6 @@
 #include <sys/mman.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -168,7 +169,7 @@ size_t part_start(std::span<const size_t> row_bytes, size_t p, size_t rows) {
 
 void HostRowGroups::fill(size_t part, const Tensor& source) {
   KILN_CHECK(part < row_shapes_.size(), "HostRowGroups: part {} of {}", part, row_shapes_.size());
-  Shape expect{bounds_.back()};
+  Shape expect{std::max(bounds_.back(), source.rank() > 0 ? source.dim(0) : 0)};
   expect.insert(expect.end(), row_shapes_[part].begin(), row_shapes_[part].end());
   KILN_CHECK(source.device() == Device::kCpu && source.shape() == expect &&
                  (source.dtype() == as_ || source.dtype() == DType::kF32),

@@ -68,8 +68,8 @@ class HostRowGroups {
  public:
   HostRowGroups(Allocator& allocator, std::vector<Shape> row_shapes,
                 std::span<const int64_t> row_bounds, DType as);
-  // Copies `source` (host, [row_bounds.back(), row_shapes[part]...], `as` or f32) into every
-  // group's part `part`.
+  // Copies `source` (host, [rows, row_shapes[part]...], `as` or f32) into every group's part
+  // `part`; rows past row_bounds.back() (a step's padding) are not copied.
   void fill(size_t part, const Tensor& source);
   // out[g][p]: group g's part p; throws naming a part not filled.
   std::vector<std::vector<Tensor>> take();

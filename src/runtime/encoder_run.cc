@@ -48,12 +48,17 @@ std::vector<std::shared_ptr<CrossKv>> run_encoder(Executable& encoder, const Gra
                                                   const EncoderIo& io, Backend& backend,
                                                   Precision precision,
                                                   std::span<const Tensor> inputs, StepContext step,
-                                                  Tensor* hidden, Allocator* cross_memory) {
+                                                  Tensor* hidden, Allocator* cross_memory,
+                                                  int sequences) {
   KILN_CHECK(
       step.layout != nullptr && !io.cross_k.empty() && io.cross_k.size() == io.cross_v.size(),
       "run_encoder: needs the step's layout and each layer's cross K/V outputs");
-  const std::vector<int64_t> bounds(step.layout->token_begin.begin(),
-                                    step.layout->token_begin.end());
+  const int seqs = step.layout->num_seqs();
+  KILN_CHECK(sequences <= seqs, "run_encoder: cross K/V for {} of the step's {} sequences",
+             sequences, seqs);
+  const std::vector<int64_t> bounds(
+      step.layout->token_begin.begin(),
+      step.layout->token_begin.begin() + (sequences < 0 ? seqs : sequences) + 1);
   // The parts in each sequence's buffer: every layer's K, then its V.
   std::vector<int> parts;
   for (size_t l = 0; l < io.cross_k.size(); ++l) {

@@ -27,12 +27,11 @@ struct EncoderIo {
 // share a workspace buffer; otherwise they are all copied after the step, in one call (CUDA: one
 // launch). The buffers come from `cross_memory` where given (the scheduler's pool of host
 // chunks), else from the backend's allocator. With `hidden`, also a host copy of the encoder's
-// output states.
-std::vector<std::shared_ptr<CrossKv>> run_encoder(Executable& encoder, const Graph& graph,
-                                                  const EncoderIo& io, Backend& backend,
-                                                  Precision precision,
-                                                  std::span<const Tensor> inputs, StepContext step,
-                                                  Tensor* hidden = nullptr,
-                                                  Allocator* cross_memory = nullptr);
+// output states. With `sequences`, only the first that many sequences of the layout get cross
+// K/V (the ones after them pad the step to a shape the backend replays).
+std::vector<std::shared_ptr<CrossKv>> run_encoder(
+    Executable& encoder, const Graph& graph, const EncoderIo& io, Backend& backend,
+    Precision precision, std::span<const Tensor> inputs, StepContext step, Tensor* hidden = nullptr,
+    Allocator* cross_memory = nullptr, int sequences = -1);
 
 }  // namespace kiln

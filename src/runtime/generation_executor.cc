@@ -471,6 +471,7 @@ void GenerationExecutor::publish(int64_t step_us) {
   counters_.steps = scheduler_.steps();
   counters_.preemptions = scheduler_.preemptions();
   counters_.steps_ahead = scheduler_.steps_ahead();
+  counters_.encoder_steps = scheduler_.encoder_steps();
   counters_.running = static_cast<int64_t>(scheduler_.running());
   counters_.kv_blocks_used = scheduler_.kv_blocks_in_use();
   counters_.kv_bytes_allocated = scheduler_.kv_bytes_allocated();

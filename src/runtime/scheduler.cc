@@ -59,6 +59,20 @@ GenerationParams default_generation_params(const ModelDesc& desc) {
 
 namespace {
 
+// The whole number environment variable `name` holds (within [least, most]), or `fallback`
+// where it is not set; a usage error naming the variable otherwise.
+int64_t env_count(const char* name, const char* what, int64_t least, int64_t most,
+                  int64_t fallback) {
+  const char* v = std::getenv(name);
+  if (v == nullptr) return fallback;
+  const std::string_view s(v);
+  const bool digits = !s.empty() && s.size() <= 9 &&
+                      std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
+  const int64_t n = digits ? std::atoll(v) : -1;
+  KILN_CHECK_USAGE(n >= least && n <= most, "{}={}: give {} ({}..{})", name, v, what, least, most);
+  return n;
+}
+
 KvGeometry geometry_of(CompiledModel& m, int block_size) {
   KvGeometry g;
   g.layers = m.desc().cache_layers;
@@ -98,39 +112,20 @@ Scheduler::Scheduler(CompiledModel& model, SchedulerOptions options)
   eos_ids_ = model_.desc().eos_token_ids;
   if (model_.desc().encoder_decoder && model_.backend().allocator().device() == Device::kCpu)
     cross_pool_ = std::make_unique<PoolAllocator>(model_.backend().allocator());
-  if (const char* hold = std::getenv("KILN_JOIN_HOLD_STEPS")) {
-    const std::string_view s(hold);
-    KILN_CHECK_USAGE(
-        !s.empty() && s.size() <= 3 &&
-            std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; }),
-        "KILN_JOIN_HOLD_STEPS={}: give a number of steps, 0 to 999", hold);
-    options_.join_hold_steps = std::atoi(hold);
-  }
-  if (const char* v = std::getenv("KILN_JOIN_PROMPT_TOKENS")) {
-    const std::string_view s(v);
-    KILN_CHECK_USAGE(
-        !s.empty() && s.size() <= 6 &&
-            std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; }) &&
-            std::atoll(v) >= 1,
-        "KILN_JOIN_PROMPT_TOKENS={}: give a number of tokens, 1 to 999999", v);
-    options_.join_prompt_tokens = std::atoll(v);
-  }
+  // The environment's A/B settings of the run-ahead (documented with SchedulerOptions).
+  options_.join_hold_steps = static_cast<int>(
+      env_count("KILN_JOIN_HOLD_STEPS", "a number of steps", 0, 999, options_.join_hold_steps));
+  options_.join_prompt_tokens = env_count("KILN_JOIN_PROMPT_TOKENS", "a number of tokens", 1,
+                                          999999, options_.join_prompt_tokens);
   KILN_CHECK_USAGE(options_.join_prompt_tokens >= 1,
                    "join_prompt_tokens {}: a queued step takes at least one prompt token",
                    options_.join_prompt_tokens);
-  if (const char* v = std::getenv("KILN_ENCODE_AHEAD")) {
-    KILN_CHECK_USAGE(std::string_view(v) == "0" || std::string_view(v) == "1",
-                     "KILN_ENCODE_AHEAD={}: give 1 or 0", v);
-    options_.encode_ahead = std::string_view(v) == "1";
-  }
-  if (const char* v = std::getenv("KILN_ENCODE_GATHER_STEPS")) {
-    const std::string_view s(v);
-    KILN_CHECK_USAGE(
-        !s.empty() && s.size() <= 3 &&
-            std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; }),
-        "KILN_ENCODE_GATHER_STEPS={}: give a number of steps, 0 to 999", v);
-    options_.encode_gather_steps = std::atoi(v);
-  }
+  options_.encode_ahead =
+      env_count("KILN_ENCODE_AHEAD", "1 (on) or 0 (off)", 0, 1, options_.encode_ahead) == 1;
+  options_.encode_gather_steps = static_cast<int>(env_count(
+      "KILN_ENCODE_GATHER_STEPS", "a number of steps", 0, 999, options_.encode_gather_steps));
+  options_.encode_pad_tokens = env_count("KILN_ENCODE_PAD_TOKENS", "a number of tokens", 0, 9999,
+                                         options_.encode_pad_tokens);
   const char* env = std::getenv("KILN_RUN_AHEAD");
   run_ahead_ = options_.run_ahead == RunAhead::kOn ||
                (options_.run_ahead == RunAhead::kAuto && model_.backend().runs_ahead() &&

@@ -84,6 +84,11 @@ struct SchedulerOptions {
   // much as one of a few hundred: its time is the launches of its layers). 0: each joins the
   // next queued step. KILN_ENCODE_GATHER_STEPS=N sets it (A/B runs).
   int encode_gather_steps = 0;
+  // On a backend that replays steps (Backend::replayed_step_tokens), encoder steps are padded to
+  // a multiple of this many tokens (a sequence of pad tokens whose outputs are dropped), so that
+  // they repeat a few shapes that replay from CUDA graphs instead of a shape per sum of prompt
+  // lengths launched kernel by kernel. 0: no padding. KILN_ENCODE_PAD_TOKENS=N sets it (A/B).
+  int64_t encode_pad_tokens = 32;
 };
 
 struct GenerationEvent {
@@ -118,6 +123,8 @@ class Scheduler {
   bool runs_ahead() const { return run_ahead_; }
   // Decode steps that were queued behind an unread one.
   int64_t steps_ahead() const { return steps_ahead_; }
+  // Encoder steps run (encoder-decoder models), retries of a failed one included.
+  int64_t encoder_steps() const { return encoder_steps_; }
 
   // Convenience: submits all, steps until done, results in prompt order; prompt i samples
   // from derive_seed(params.seed, i). A failed request throws naming its index.
@@ -227,6 +234,7 @@ class Scheduler {
   int64_t steps_ = 0;
   int64_t preemptions_ = 0;
   int64_t steps_ahead_ = 0;
+  int64_t encoder_steps_ = 0;
   bool run_ahead_ = false;
   // A decode step whose tokens are not read yet: its requests in row order, and its argmax ids
   // where the logits were.

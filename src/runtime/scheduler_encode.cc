@@ -64,6 +64,21 @@ void Scheduler::encode_batch(const std::vector<Request*>& batch, bool checked) {
     layout.add_sequence(static_cast<int64_t>(r->prompt.size()), 0, {}, nullptr);
     ids.insert(ids.end(), r->prompt.begin(), r->prompt.end());
   }
+  // On a backend that replays steps of a shape it has seen, the step is padded to a multiple of
+  // encode_pad_tokens with a sequence of its own (its outputs are not kept): encoder steps then
+  // repeat a few shapes instead of one per sum of prompt lengths.
+  const int64_t replayed = model_.backend().replayed_step_tokens();
+  const int64_t tokens = static_cast<int64_t>(ids.size());
+  const int64_t pad = options_.encode_pad_tokens;
+  if (pad > 0 && replayed > 0 && tokens % pad != 0 &&
+      static_cast<int64_t>(batch.size()) < model_.model().profile.max_batch) {
+    const int64_t padded =
+        std::min({(tokens + pad - 1) / pad * pad, replayed, options_.max_step_tokens});
+    if (padded > tokens) {
+      layout.add_sequence(padded - tokens, 0, {}, nullptr);
+      ids.resize(static_cast<size_t>(padded), model_.desc().pad_token_id);
+    }
+  }
   const Graph& graph = model_.model().graph(kEncoderGraph);
   std::vector<Tensor> inputs(graph.inputs.size());
   inputs[io.input_ids] = Tensor::from_vector(ids, {static_cast<int64_t>(ids.size())});
@@ -71,7 +86,8 @@ void Scheduler::encode_batch(const std::vector<Request*>& batch, bool checked) {
   step.read_on_device = run_ahead_ && !checked;
   std::vector<std::shared_ptr<CrossKv>> cross =
       run_encoder(model_.encoder(), graph, io, model_.backend(), model_.model().precision, inputs,
-                  step, nullptr, cross_pool_.get());
+                  step, nullptr, cross_pool_.get(), static_cast<int>(batch.size()));
+  ++encoder_steps_;
   for (size_t i = 0; i < batch.size(); ++i) batch[i]->cross = std::move(cross[i]);
   if (step.read_on_device)
     for (const Request* r : batch) unchecked_cross_.push_back(r->id);

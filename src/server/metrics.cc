@@ -143,6 +143,10 @@ std::string render_model_metrics(const std::vector<ModelMetrics>& models) {
             "Decoder steps queued before the tokens of the step before them were read (no host "
             "gap between the two; of nv_inference_exec_count)",
             [](M m) { return m.stats.steps_ahead; });
+  per_model(out, models, "kiln_encoder_steps_total", MetricType::kCounter,
+            "Encoder steps run (encoder-decoder models): the prompts that joined between two of "
+            "them shared one",
+            [](M m) { return m.stats.encoder_steps; });
   per_model(out, models, "kiln_input_tokens_total", MetricType::kCounter,
             "Prompt tokens of finished requests", [](M m) { return m.stats.input_tokens; });
   per_model(out, models, "kiln_output_tokens_total", MetricType::kCounter,

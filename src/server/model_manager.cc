@@ -74,6 +74,7 @@ ExecutorStats LoadedModel::stats() const {
     total.steps += s.steps;
     total.preemptions += s.preemptions;
     total.steps_ahead += s.steps_ahead;
+    total.encoder_steps += s.encoder_steps;
     total.last_batch += s.last_batch;
     total.success += s.success;
     total.cancelled += s.cancelled;

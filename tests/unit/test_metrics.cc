@@ -153,6 +153,7 @@ ModelMetrics made_up_model(const std::string& name, int64_t version) {
   s.kv_bytes_allocated = 1 << 20;
   s.preemptions = 1;
   s.steps_ahead = 7;
+  s.encoder_steps = 5;
   s.busy_us = 1500000;
   s.ttft_seconds = Histogram({0.01, 0.1, 1});
   for (double v : {0.005, 0.05, 0.06, 0.5, 3.0}) s.ttft_seconds.observe(v);
@@ -202,6 +203,7 @@ TEST(MetricsExposition, ModelPageHasTritonsNamesLabelsAndTypes) {
   EXPECT_EQ(value_of(page, "kiln_kv_cache_bytes", l), "1048576");
   EXPECT_EQ(value_of(page, "kiln_preemptions_total", l), "1");
   EXPECT_EQ(value_of(page, "kiln_steps_run_ahead_total", l), "7");
+  EXPECT_EQ(value_of(page, "kiln_encoder_steps_total", l), "5");
   EXPECT_EQ(value_of(page, "kiln_input_tokens_total", l), "70");
   EXPECT_EQ(value_of(page, "kiln_output_tokens_total", l), "90");
   EXPECT_EQ(value_of(page, "kiln_engine_busy_seconds_total", l), "1.5");

@@ -11,6 +11,8 @@
 #include <algorithm>
 #include <map>
 #include <memory>
+#include <utility>
+#include <vector>
 
 #include "../models/parity_util.h"
 #include "builder/builder.h"
@@ -28,6 +30,10 @@ class DeferringBackend final : public Backend {
   void fail_encoder_steps(int n) { failures_ = n; }
   int injected() const { return injected_; }
   int encoder_steps() const { return encoder_steps_; }
+  // Plays a backend that replays steps of up to `tokens` tokens (CUDA's graphs).
+  void set_replayed(int64_t tokens) { replayed_ = tokens; }
+  // The tokens and sequences of every encoder step so far.
+  const std::vector<std::pair<int64_t, int>>& encoder_shapes() const { return encoder_shapes_; }
 
   // What a CUDA read or wait does first: a pending report is thrown (and cleared).
   void throw_pending() {
@@ -55,6 +61,7 @@ class DeferringBackend final : public Backend {
   }
   TokenSelector& token_selector() override { return selector_; }
   bool runs_ahead() const override { return true; }
+  int64_t replayed_step_tokens() const override { return replayed_; }
   void wait() override { throw_pending(); }
 
  private:
@@ -84,6 +91,8 @@ class DeferringBackend final : public Backend {
                                     const StepContext* step) override {
       const bool encoder = step != nullptr && step->kv == nullptr;
       owner_.encoder_steps_ += encoder;
+      if (encoder)
+        owner_.encoder_shapes_.emplace_back(step->layout->total_tokens(), step->layout->num_seqs());
       if (step == nullptr || !step->behind_unread) owner_.throw_pending();
       const bool inject = encoder && owner_.failures_ > 0;
       // The bad data is real: every output (the cross K/V) is garbage, so that a request run on
@@ -132,6 +141,8 @@ class DeferringBackend final : public Backend {
   int failures_ = 0;
   int injected_ = 0;
   int encoder_steps_ = 0;
+  int64_t replayed_ = 0;
+  std::vector<std::pair<int64_t, int>> encoder_shapes_;
   std::string pending_;
 };
 
@@ -223,6 +234,47 @@ TEST_F(EncoderCheck, AnEarlierBatchOfTheSameStepIsCheckedAndRedone) {
     EXPECT_TRUE(got[i].error.empty()) << "request " << i << ": " << got[i].error;
     EXPECT_EQ(got[i].ids, clean[i].ids) << "request " << i;
   }
+}
+
+// Where the backend replays steps of a shape it has seen (CUDA's graphs), encoder steps are
+// padded to a multiple of SchedulerOptions::encode_pad_tokens with a sequence of pad tokens whose
+// outputs are dropped: the requests get the tokens of unpadded steps, and the padded step's
+// failure is isolated as any other.
+TEST_F(EncoderCheck, EncoderStepsArePaddedToReplayedShapes) {
+  int64_t prompt_tokens = 0;
+  for (const std::string& p : prompts_)
+    prompt_tokens += static_cast<int64_t>(model_->tokenizer().encode(p).size());
+  ASSERT_NE(prompt_tokens % 32, 0) << "the test needs prompts that a 32-token bucket pads";
+  backend_->set_replayed(256);
+  SchedulerOptions unpadded;
+  unpadded.encode_pad_tokens = 0;
+  const std::vector<Outcome> clean = run(prompts_, unpadded);
+  ASSERT_EQ(backend_->encoder_shapes().size(), 1u);
+  EXPECT_EQ(backend_->encoder_shapes()[0], std::make_pair(prompt_tokens, 3));
+
+  const std::vector<Outcome> padded = run(prompts_);
+  ASSERT_EQ(backend_->encoder_shapes().size(), 2u);
+  EXPECT_EQ(backend_->encoder_shapes()[1], std::make_pair((prompt_tokens + 31) / 32 * 32, 4))
+      << "one sequence of pad tokens up to the next multiple of 32";
+  for (size_t i = 0; i < padded.size(); ++i) {
+    EXPECT_TRUE(padded[i].error.empty()) << padded[i].error;
+    EXPECT_EQ(padded[i].ids, clean[i].ids) << "request " << i;
+  }
+  // The padded step fails its deferred check: each request is encoded again alone (padded too)
+  // and gets a clean run's tokens.
+  backend_->fail_encoder_steps(1);
+  const std::vector<Outcome> retried = run(prompts_);
+  for (size_t i = 0; i < retried.size(); ++i) {
+    EXPECT_TRUE(retried[i].error.empty()) << retried[i].error;
+    EXPECT_EQ(retried[i].ids, clean[i].ids) << "request " << i;
+  }
+  for (size_t k = 2; k < backend_->encoder_shapes().size(); ++k)
+    EXPECT_EQ(backend_->encoder_shapes()[k].first % 32, 0) << "encoder step " << k;
+
+  // A backend that replays nothing gets steps of the prompts' tokens.
+  backend_->set_replayed(0);
+  run(prompts_);
+  EXPECT_EQ(backend_->encoder_shapes().back(), std::make_pair(prompt_tokens, 3));
 }
 
 }  // namespace

@@ -77,7 +77,8 @@ class RunAhead : public testing::TestWithParam<Case> {
   }
   // Runs the jobs; every event is checked (one finished event per request, no errors).
   std::vector<Outcome> drive(SchedulerOptions o, const std::vector<Job>& jobs,
-                             int64_t* steps_ahead = nullptr, int64_t* steps = nullptr) {
+                             int64_t* steps_ahead = nullptr, int64_t* steps = nullptr,
+                             int64_t* encoder_steps = nullptr) {
     Scheduler s(*model_, o);
     std::map<RequestId, size_t> index;
     std::vector<Outcome> out(jobs.size());
@@ -108,6 +109,7 @@ class RunAhead : public testing::TestWithParam<Case> {
     EXPECT_EQ(s.kv_blocks_in_use(), 0);
     if (steps_ahead != nullptr) *steps_ahead = s.steps_ahead();
     if (steps != nullptr) *steps = s.steps();
+    if (encoder_steps != nullptr) *encoder_steps = s.encoder_steps();
     return out;
   }
   void expect_same(const std::vector<Outcome>& got, const std::vector<Outcome>& want) {
@@ -255,6 +257,31 @@ TEST_P(RunAhead, RequestsJoinAndLeaveWithoutAPlannedStep) {
   expect_same(drive(options(true), jobs, &ahead, &steps), want);
   EXPECT_GT(ahead, 0);
   EXPECT_LT(ahead, steps - 1) << "arrivals need planned steps without encode_ahead";
+}
+
+// Encoder-decoder arrivals under encode_ahead with encode_gather_steps: the arrivals of a few
+// queued steps wait and share one encoder step (its cost is mostly its launches, whatever its
+// tokens), still without a planned step. The tokens are those of reading every step.
+TEST_P(RunAhead, ArrivalsGatherForOneEncoderStep) {
+  if (!t5()) GTEST_SKIP() << "a decoder-only model has no encoder step";
+  const char* texts[] = {"reverse: suvogi", "add: 456 + 95", "copy: vica vica vica vica",
+                         "sort: f r t d e", "upper: lubu",   "count: fo va wa"};
+  std::vector<Job> jobs;
+  for (int i = 0; i < 12; ++i) {
+    GenerationParams p = greedy(6 + (i * 5) % 11);
+    p.ignore_eos = true;
+    jobs.push_back({texts[i % 6], p, i < 2 ? 0 : i});
+  }
+  const auto want = drive(options(false), jobs);
+  SchedulerOptions o = options(true);
+  o.encode_ahead = true;
+  int64_t ahead = 0, steps = 0, each = 0, gathered = 0;
+  expect_same(drive(o, jobs, &ahead, &steps, &each), want);
+  EXPECT_EQ(ahead, steps - 1);
+  o.encode_gather_steps = 3;
+  expect_same(drive(o, jobs, &ahead, &steps, &gathered), want);
+  EXPECT_EQ(ahead, steps - 1) << "gathering needs no planned step";
+  EXPECT_LT(gathered, each) << "arrivals of several steps share an encoder step";
 }
 
 // Long prompts (over 64 tokens) join a decoding batch, the same arrivals three times over: on
