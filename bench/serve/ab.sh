@@ -35,8 +35,9 @@ for round in $(seq "$rounds"); do
       grep -E "concurrency|first token|inter-token|error" | tee -a "$LOG"
     curl -s "$METRICS_URL" |
       awk -v l="$label" '/^kiln_batch_size_sum/ {s = $NF} /^kiln_batch_size_count/ {c = $NF}
-        /^kiln_steps_run_ahead_total/ {a = $NF}
-        END {if (c > 0) printf "%s: %.1f rows a step over %d steps, %d run ahead\n", l, s / c, c, a}' |
+        /^kiln_steps_run_ahead_total/ {a = $NF} /^kiln_encoder_steps_total/ {e = $NF}
+        /^nv_inference_request_success/ {n += $NF}
+        END {if (c > 0) printf "%s: %.1f rows a step over %d steps, %d run ahead, %d encoder steps for %d requests\n", l, s / c, c, a, e, n}' |
       tee -a "$LOG"
     stop_server
   done
