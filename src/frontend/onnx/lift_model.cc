@@ -36,8 +36,8 @@ Assembly::Assembly(const PatternGraph& graph, const LiftResult& l, std::string w
     : g(graph), lifted(l), what(std::move(w)) {}
 
 void Assembly::fail(const std::string& step, const std::string& reason) const {
-  std::string text = fmt::format("{}: the graph does not lift into a {} model: {}: {}",
-                                 g.graph().path(), what, step, reason);
+  std::string text = fmt::format("{}: the graph does not lift into a {}: {}: {}", g.graph().path(),
+                                 what, step, reason);
   if (!lifted.failures.empty()) {
     text += "\npatterns that did not match:";
     for (const PatternFailure& f : lifted.failures)
