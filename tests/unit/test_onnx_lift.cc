@@ -9,12 +9,16 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <fstream>
+#include <sstream>
 
 #include "builder/builder.h"
 #include "frontend/onnx/import_graph.h"
+#include "frontend/onnx/lift_ops.h"
 #include "frontend/onnx/onnx_frontend.h"
 #include "frontend/onnx/run_import_graph.h"
 #include "io/safetensors.h"
+#include "onnx_test_models.h"
 #include "runtime/forward.h"
 #include "runtime/scheduler.h"
 
@@ -202,6 +206,82 @@ TEST_F(OnnxLift, T5PlanMatchesInterpreterAndOnnxruntime) {
   report("t5 encoder states, plan vs onnxruntime", h_ort);
   report("t5 decoder logits, plan vs interpreter", l_interp);
   report("t5 decoder logits, plan vs onnxruntime", l_ort);
+}
+
+// bloom.onnx with every LayerNormalization node written as torch exports LayerNorm before
+// opset 17: ReduceMean, Sub, Pow, ReduceMean, Add eps, Sqrt, Div, Mul scale, Add bias.
+std::string bloom_with_decomposed_layer_norms(const std::string& dir, int* replaced) {
+  std::ifstream in(kOnnxDir + "/bloom.onnx", std::ios::binary);
+  std::stringstream bytes;
+  bytes << in.rdbuf();
+  ::onnx::ModelProto m;
+  EXPECT_TRUE(m.ParseFromString(bytes.str()));
+  ::onnx::GraphProto* g = m.mutable_graph();
+  const auto nodes = g->node();
+  g->clear_node();
+  *replaced = 0;
+  for (const ::onnx::NodeProto& n : nodes) {
+    if (n.op_type() != "LayerNormalization") {
+      *g->add_node() = n;
+      continue;
+    }
+    float eps = 1e-5f;
+    for (const auto& a : n.attribute())
+      if (a.name() == "epsilon") eps = a.f();
+    const std::string p = n.name() + "/decomposed/", x = n.input(0);
+    onnx_test::add_raw_float(g, p + "two", {}, {2.0f});
+    onnx_test::add_raw_float(g, p + "eps", {}, {eps});
+    auto mean = [&](const std::string& name, const std::string& from, const std::string& to) {
+      auto* r = onnx_test::add_node(g, "ReduceMean", p + name, {from}, {to});
+      auto* axes = r->add_attribute();
+      axes->set_name("axes");
+      axes->set_type(::onnx::AttributeProto::INTS);
+      axes->add_ints(-1);
+    };
+    mean("mean", x, p + "mean");
+    onnx_test::add_node(g, "Sub", p + "sub", {x, p + "mean"}, {p + "d"});
+    onnx_test::add_node(g, "Pow", p + "pow", {p + "d", p + "two"}, {p + "d2"});
+    mean("var", p + "d2", p + "var");
+    onnx_test::add_node(g, "Add", p + "add_eps", {p + "var", p + "eps"}, {p + "ve"});
+    onnx_test::add_node(g, "Sqrt", p + "sqrt", {p + "ve"}, {p + "s"});
+    onnx_test::add_node(g, "Div", p + "div", {p + "d", p + "s"}, {p + "n"});
+    onnx_test::add_node(g, "Mul", p + "scale", {p + "n", n.input(1)}, {p + "m"});
+    onnx_test::add_node(g, "Add", p + "bias", {p + "m", n.input(2)}, {n.output(0)});
+    ++*replaced;
+  }
+  return onnx_test::write_model(m, dir + "/bloom_decomposed.onnx");
+}
+
+TEST_F(OnnxLift, DecomposedLayerNormsLift) {
+  int replaced = 0;
+  const std::string path = bloom_with_decomposed_layer_norms(onnx_test::test_dir(), &replaced);
+  ASSERT_EQ(replaced, 6);
+  const ImportGraph graph = ImportGraph::build(read_onnx_model(path));
+  const PatternGraph pattern(graph, lift_probe_shapes(graph));
+  const LiftResult lifted = lift_import_graph(pattern, ctx_.log());
+  int norms = 0;
+  for (const LiftedOp& op : lifted.ops) norms += op.kind == LiftedKind::kLayerNorm ? 1 : 0;
+  EXPECT_EQ(norms, replaced);
+  const auto engine = std::make_unique<CompiledModel>(
+      ctx_, build_model_from_onnx({path}, kBloomTokenizer, BuildOptions{}, ctx_.log()));
+  const Tensor& ids = fx("bloom.in.input_ids");
+  const Tensor& mask = fx("bloom.in.attention_mask");
+  const std::vector<float> interp =
+      run_import_graph(graph,
+                       {{"input_ids", ImportTensor::from_tensor(OnnxElemType::kInt64, ids)},
+                        {"attention_mask", ImportTensor::from_tensor(OnnxElemType::kInt64, mask)}})
+          .at("logits")
+          .to_floats();
+  const std::vector<float> ort = floats(fx("bloom.out.logits"));
+  const int64_t s = ids.dim(1), vocab = engine->desc().vocab_size;
+  Error_ vs_interp, vs_ort;
+  for (int64_t r = 0; r < ids.dim(0); ++r) {
+    const Forward f = run_forward(*engine, {}, real_tokens(ids, mask, r), false);
+    accumulate(vs_interp, interp, s, vocab, r, positions_of(mask, r), f.logits);
+    accumulate(vs_ort, ort, s, vocab, r, positions_of(mask, r), f.logits);
+  }
+  report("bloom (decomposed norms) logits, plan vs interpreter", vs_interp);
+  report("bloom (decomposed norms) logits, plan vs onnxruntime", vs_ort);
 }
 
 // Greedy ids of re-running the whole BLOOM export on the sequence so far, every step.

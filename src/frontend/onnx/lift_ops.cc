@@ -29,6 +29,21 @@ double max_diff(const std::vector<float>& a, const std::vector<float>& b) {
   return m;
 }
 
+// Whether a ReduceMean node averages over the last axis of `x` only (axes attribute up to opset
+// 17, an input from 18).
+bool reduces_last_axis(const PatternGraph& g, const ImportNode& mean, int x) {
+  std::vector<int64_t> axes;
+  if (const OnnxAttribute* a = mean.find_attribute("axes")) axes = a->ints;
+  if (mean.inputs.size() > 1 && mean.inputs[1] >= 0) {
+    const ImportTensor* t = g.constant(mean.inputs[1]);
+    if (!t) return false;
+    axes = t->to_int64s();
+  }
+  const std::optional<Shape> shape = g.probe_shape(x);
+  if (axes.size() != 1 || !shape) return false;
+  return axes[0] == -1 || axes[0] == static_cast<int64_t>(shape->size()) - 1;
+}
+
 struct Lifter {
   const PatternGraph& g;
   const Logger& log;
@@ -115,6 +130,97 @@ struct Lifter {
     }
   }
 
+  // torch's LayerNorm before opset 17: d = x - mean(x); d / sqrt(mean(d^2) + eps) * w [+ b].
+  void layer_norm_decompositions() {
+    for (int n : g.graph().order()) {
+      const ImportNode& mean = g.node(n);
+      if (mean.op_type != "ReduceMean" || covered(n)) continue;
+      const int x = g.through_casts(mean.inputs[0]);
+      int sub = -1;
+      for (int u : g.users(mean.outputs[0])) {
+        const ImportNode& node = g.node(u);
+        if (node.op_type == "Sub" && node.inputs[1] == mean.outputs[0] &&
+            g.through_casts(node.inputs[0]) == x)
+          sub = u;
+      }
+      if (sub < 0) continue;  // not a mean subtraction
+      const int d = g.node(sub).outputs[0];
+      auto step = [&](int v, std::string_view op) { return v >= 0 ? g.sole_user(v, op) : -1; };
+      const int pow = step(d, "Pow");
+      const int var = pow >= 0 && g.scalar(g.node(pow).inputs[1]) == 2.0
+                          ? step(g.node(pow).outputs[0], "ReduceMean")
+                          : -1;
+      const int add = var >= 0 ? step(g.node(var).outputs[0], "Add") : -1;
+      const int add_in = add >= 0 ? g.non_constant_input(add) : -1;
+      const std::optional<double> eps =
+          add_in >= 0 ? g.scalar(g.node(add).inputs[1 - add_in]) : std::nullopt;
+      const int sqrt = eps ? step(g.node(add).outputs[0], "Sqrt") : -1;
+      const int div = step(sqrt >= 0 ? g.node(sqrt).outputs[0] : -1, "Div");
+      if (div < 0 || g.through_casts(g.node(div).inputs[0]) != d) {
+        fail("layer_norm", mean, "x - mean(x) is not divided by sqrt(mean((x - mean(x))^2) + eps)");
+        continue;
+      }
+      if (!reduces_last_axis(g, mean, x) || !reduces_last_axis(g, g.node(var), d)) {
+        fail("layer_norm", mean, "the means are not over the last axis");
+        continue;
+      }
+      const int mul = step(g.node(div).outputs[0], "Mul");
+      const int mul_in = mul >= 0 ? g.non_constant_input(mul) : -1;
+      const ImportTensor* w = mul_in >= 0 ? g.constant(g.node(mul).inputs[1 - mul_in]) : nullptr;
+      if (!w || w->rank() != 1) {
+        fail("layer_norm", mean, "the normalized value is not multiplied by a 1-D weight");
+        continue;
+      }
+      int out = g.node(mul).outputs[0];
+      const ImportTensor* b = nullptr;
+      const int bias = g.sole_user(out, "Add");
+      if (bias >= 0 && g.non_constant_input(bias) >= 0) {
+        const ImportTensor* c = g.constant(g.node(bias).inputs[1 - g.non_constant_input(bias)]);
+        if (c && c->rank() == 1 && c->dim(0) == w->dim(0)) {
+          b = c;
+          out = g.node(bias).outputs[0];
+        }
+      }
+      const std::vector<int> nodes = g.region(x, out);
+      if (nodes.empty() || !g.region_is_closed(nodes, out, x)) {
+        fail("layer_norm", mean, "values inside the norm are read elsewhere");
+        continue;
+      }
+      const int64_t dim = w->dim(0);
+      const ImportTensor probe = probe_values(3, dim, 2.0f);
+      std::vector<float> got;
+      try {
+        got = g.run_region(nodes, x, probe, out).to_floats();
+      } catch (const Error& e) {
+        fail("layer_norm", mean, e.what());
+        continue;
+      }
+      const std::vector<float> px = probe.to_floats(), pw = w->to_floats();
+      const std::vector<float> pb = b ? b->to_floats() : std::vector<float>(pw.size(), 0.0f);
+      std::vector<float> want(px.size());
+      for (int64_t row = 0; row < 3; ++row) {
+        double mu = 0, var_sum = 0;
+        for (int64_t i = 0; i < dim; ++i) mu += px[row * dim + i];
+        mu /= double(dim);
+        for (int64_t i = 0; i < dim; ++i)
+          var_sum += (px[row * dim + i] - mu) * (px[row * dim + i] - mu);
+        const double inv = 1.0 / std::sqrt(var_sum / double(dim) + *eps);
+        for (int64_t i = 0; i < dim; ++i)
+          want[row * dim + i] = static_cast<float>((px[row * dim + i] - mu) * inv * pw[i] + pb[i]);
+      }
+      if (max_diff(got, want) > 1e-4) {
+        fail("layer_norm", mean,
+             "the subgraph does not compute (x - mean) / sqrt(var + eps) * w + b");
+        continue;
+      }
+      LiftedOp op{LiftedKind::kLayerNorm, mean.name, x, out, nodes};
+      op.weight = kiln_tensor(*w);
+      if (b) op.bias = kiln_tensor(*b);
+      op.eps = *eps;
+      record(std::move(op));
+    }
+  }
+
   // T5LayerNorm: x * 1/sqrt(mean(x^2) + eps) * w (or x / sqrt(...) * w).
   void rms_norms() {
     for (int n : g.graph().order()) {
@@ -129,6 +235,10 @@ struct Lifter {
           other >= 0 ? g.scalar(g.node(add).inputs[1 - other]) : std::nullopt;
       if (!eps) {
         fail("rms_norm", pow, "mean(x^2) is not followed by + eps");
+        continue;
+      }
+      if (!reduces_last_axis(g, g.node(mean), x)) {
+        fail("rms_norm", pow, "the mean is not over the last axis");
         continue;
       }
       const int sqrt = g.sole_user(g.node(add).outputs[0], "Sqrt");
@@ -352,6 +462,7 @@ LiftResult lift_import_graph(const PatternGraph& g, const Logger& log) {
   l.embeddings();
   l.linears();
   l.layer_norms();
+  l.layer_norm_decompositions();
   l.rms_norms();
   l.gelus();
   l.attentions();

@@ -5,7 +5,9 @@
 //
 //   embedding   Gather(table [vocab, d] constant, ids)
 //   linear      MatMul(x, W [in, out] constant) [+ Add(b [out] constant)]
-//   layer_norm  LayerNormalization(x, scale, bias) with constant scale and bias
+//   layer_norm  LayerNormalization(x, scale, bias) with constant scale and bias, or torch's
+//               decomposition before opset 17 (x - mean, its mean square, + eps, Sqrt, Div, Mul,
+//               Add), checked on probe data
 //   rms_norm    x * 1/sqrt(ReduceMean(x^2) + eps) * w (T5LayerNorm), checked on probe data
 //   gelu        tanh or erf GELU decompositions anchored on their Tanh / Erf, checked on probe
 //               data against the formula
