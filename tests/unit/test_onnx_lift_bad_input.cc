@@ -130,6 +130,14 @@ TEST(OnnxLiftBadInput, GraphWithoutAModel) {
                {"does not lift into a BLOOM causal LM", "no graph input named 'input_ids'"});
 }
 
+TEST(OnnxLiftBadInput, NodeWithoutItsInputs) {
+  ::onnx::ModelProto m = onnx_test::tiny_model();
+  for (auto& n : *m.mutable_graph()->mutable_node())
+    if (n.name() == "bias") n.mutable_input()->RemoveLast();
+  const std::string path = onnx_test::write_model(m, test_dir() + "/t.onnx");
+  expect_error([&] { build({path}, kBloomTokenizer); }, {"node 'bias' (Add)"});
+}
+
 TEST(OnnxLiftBadInput, T5EncoderAloneIsNotBloom) {
   expect_error([&] { build({kOnnxDir + "/t5_encoder.onnx"}, kBloomTokenizer); },
                {"does not lift into a BLOOM causal LM", "embedding norm"});

@@ -44,6 +44,30 @@ bool reduces_last_axis(const PatternGraph& g, const ImportNode& mean, int x) {
   return axes[0] == -1 || axes[0] == static_cast<int64_t>(shape->size()) - 1;
 }
 
+// Lifting reads nodes' inputs and first output by position: a node of an op it reads must
+// have them (the interpreter would refuse it too, but only when it runs).
+void check_arity(const ImportGraph& graph) {
+  static const std::map<std::string_view, size_t> kRequiredInputs = {
+      {"Add", 2},        {"Sub", 2},     {"Mul", 2},       {"Div", 2},
+      {"Pow", 2},        {"MatMul", 2},  {"Gather", 2},    {"LayerNormalization", 2},
+      {"ReduceMean", 1}, {"Softmax", 1}, {"Sqrt", 1},      {"Tanh", 1},
+      {"Erf", 1},        {"Cast", 1},    {"Identity", 1},  {"Reshape", 2},
+      {"Transpose", 1},  {"Squeeze", 1}, {"Unsqueeze", 1}, {"Relu", 1},
+      {"Log", 1},        {"Neg", 1},     {"CumSum", 2}};
+  for (const ImportNode& node : graph.nodes()) {
+    if (!node.domain.empty()) continue;
+    const auto it = kRequiredInputs.find(node.op_type);
+    if (it == kRequiredInputs.end()) continue;
+    bool ok = node.inputs.size() >= it->second && !node.outputs.empty() && node.outputs[0] >= 0;
+    for (size_t i = 0; ok && i < it->second; ++i) ok = node.inputs[i] >= 0;
+    KILN_CHECK(ok,
+               "{}: node '{}' ({}) has {} input(s) and {} output(s); {} needs {} input(s) and "
+               "an output",
+               graph.path(), node.name, node.op_type, node.inputs.size(), node.outputs.size(),
+               node.op_type, it->second);
+  }
+}
+
 struct Lifter {
   const PatternGraph& g;
   const Logger& log;
@@ -457,6 +481,7 @@ int LiftResult::op_computing(int value) const {
 }
 
 LiftResult lift_import_graph(const PatternGraph& g, const Logger& log) {
+  check_arity(g.graph());
   Lifter l{g, log, {}};
   l.r.op_of_node.assign(g.graph().nodes().size(), -1);
   l.embeddings();
@@ -467,7 +492,8 @@ LiftResult lift_import_graph(const PatternGraph& g, const Logger& log) {
   l.gelus();
   l.attentions();
   for (int n : g.graph().order()) {
-    if (l.r.op_of_node[n] >= 0) continue;
+    // (A Constant of no elements folds to no data: still a constant.)
+    if (l.r.op_of_node[n] >= 0 || g.node(n).op_type == "Constant") continue;
     bool constant = true;
     for (int o : g.node(n).outputs) constant = constant && (o < 0 || g.constant(o));
     if (!constant) l.r.generic_nodes.push_back(n);
