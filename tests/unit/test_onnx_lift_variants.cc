@@ -1,0 +1,131 @@
+// Lifting variants made from the fixture exports through the protobuf API, each checked against
+// the ONNX interpreter running the same modified file: a BLOOM export whose lm_head is not the
+// embedding (lifted as its own weight, not tied), and a T5 decoder that scales its output by
+// d_model^-0.5 before lm_head (HF's tied T5) — the lifted config must follow the graph.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "onnx_lift_util.h"
+#include "onnx_test_models.h"
+
+namespace kiln {
+namespace {
+
+using namespace lift_test;  // NOLINT: the helpers of this test family
+
+::onnx::ModelProto load(const std::string& file) {
+  std::ifstream in(kOnnxDir + "/" + file, std::ios::binary);
+  std::stringstream bytes;
+  bytes << in.rdbuf();
+  ::onnx::ModelProto m;
+  EXPECT_TRUE(m.ParseFromString(bytes.str()));
+  return m;
+}
+
+// The node computing the graph output `name`.
+::onnx::NodeProto* producer_of(::onnx::ModelProto& m, const std::string& name) {
+  for (auto& n : *m.mutable_graph()->mutable_node())
+    for (const std::string& o : n.output())
+      if (o == name) return &n;
+  return nullptr;
+}
+
+class OnnxLiftVariants : public ::testing::Test {
+ protected:
+  Context ctx_{ContextOptions{LogLevel::kWarning, 2}};
+};
+
+TEST_F(OnnxLiftVariants, BloomLmHeadOfItsOwn) {
+  ::onnx::ModelProto m = load("bloom.onnx");
+  ::onnx::NodeProto* head = producer_of(m, "logits");
+  ASSERT_NE(head, nullptr);
+  ASSERT_EQ(head->op_type(), "MatMul");
+  int changed = 0;
+  for (auto& t : *m.mutable_graph()->mutable_initializer()) {
+    if (t.name() != head->input(1)) continue;
+    ASSERT_FALSE(t.raw_data().empty());
+    std::string raw = t.raw_data();
+    std::vector<float> w(raw.size() / sizeof(float));
+    std::memcpy(w.data(), raw.data(), raw.size());
+    for (size_t i = 0; i < w.size(); ++i) w[i] = w[i] * 1.5f + 0.01f * static_cast<float>(i % 7);
+    t.set_raw_data(std::string(reinterpret_cast<const char*>(w.data()), raw.size()));
+    ++changed;
+  }
+  ASSERT_EQ(changed, 1) << "lm_head's weight is an initializer";
+  const std::string path = onnx_test::write_model(m, onnx_test::test_dir() + "/bloom.onnx");
+  const ModelIR model = build_model_from_onnx({path}, kBloomTokenizer, BuildOptions{}, ctx_.log());
+  EXPECT_FALSE(nlohmann::json::parse(model.source_config_json).at("tie_word_embeddings"))
+      << model.source_config_json;
+  CompiledModel engine(ctx_, model);
+  const ImportGraph graph = ImportGraph::build(read_onnx_model(path));
+  const Tensor& ids = fx("bloom.in.input_ids");
+  const Tensor& mask = fx("bloom.in.attention_mask");
+  const std::vector<float> interp =
+      run_import_graph(graph,
+                       {{"input_ids", ImportTensor::from_tensor(OnnxElemType::kInt64, ids)},
+                        {"attention_mask", ImportTensor::from_tensor(OnnxElemType::kInt64, mask)}})
+          .at("logits")
+          .to_floats();
+  Error_ e;
+  for (int64_t r = 0; r < ids.dim(0); ++r)
+    accumulate(e, interp, ids.dim(1), engine.desc().vocab_size, r, positions_of(mask, r),
+               run_forward(engine, {}, real_tokens(ids, mask, r), false).logits);
+  report("bloom with its own lm_head, plan vs interpreter", e);
+}
+
+TEST_F(OnnxLiftVariants, T5DecoderOutputScaled) {
+  ::onnx::ModelProto m = load("t5_decoder.onnx");
+  const int64_t d_model = fx("t5_encoder.out.last_hidden_state").dim(2);
+  auto* g = m.mutable_graph();
+  const auto nodes = g->node();
+  g->clear_node();
+  int inserted = 0;
+  onnx_test::add_raw_float(g, "kiln_test.output_scale", {},
+                           {static_cast<float>(1.0 / std::sqrt(static_cast<double>(d_model)))});
+  for (const ::onnx::NodeProto& n : nodes) {
+    ::onnx::NodeProto copy = n;
+    if (n.output_size() == 1 && n.output(0) == "logits") {
+      onnx_test::add_node(g, "Mul", "kiln_test.scale_output",
+                          {n.input(0), "kiln_test.output_scale"}, {"kiln_test.scaled"});
+      copy.set_input(0, "kiln_test.scaled");
+      ++inserted;
+    }
+    *g->add_node() = copy;
+  }
+  ASSERT_EQ(inserted, 1);
+  const std::string dir = onnx_test::test_dir();
+  const std::string path = onnx_test::write_model(m, dir + "/t5_decoder.onnx");
+  const ModelIR model = build_model_from_onnx({kOnnxDir + "/t5_encoder.onnx", path}, kT5Tokenizer,
+                                              BuildOptions{}, ctx_.log());
+  EXPECT_TRUE(nlohmann::json::parse(model.source_config_json).at("scale_decoder_outputs"))
+      << model.source_config_json;
+  CompiledModel engine(ctx_, model);
+  const ImportGraph dec = ImportGraph::build(read_onnx_model(path));
+  std::map<std::string, ImportTensor> in;
+  for (const char* name : {"input_ids", "encoder_hidden_states", "encoder_attention_mask"}) {
+    const Tensor& t = fx(std::string("t5_decoder.in.") + name);
+    in[name] = ImportTensor::from_tensor(
+        t.dtype() == DType::kF32 ? OnnxElemType::kFloat : OnnxElemType::kInt64, t);
+  }
+  const std::vector<float> interp = run_import_graph(dec, in).at("logits").to_floats();
+  const Tensor& ids = fx("t5_encoder.in.input_ids");
+  const Tensor& mask = fx("t5_encoder.in.attention_mask");
+  const Tensor& dec_ids = fx("t5_decoder.in.input_ids");
+  const int64_t t = dec_ids.dim(1);
+  std::vector<int64_t> all(static_cast<size_t>(t));
+  for (int64_t i = 0; i < t; ++i) all[i] = i;
+  Error_ e;
+  for (int64_t r = 0; r < ids.dim(0); ++r) {
+    const std::vector<int64_t> row(dec_ids.data<int64_t>() + r * t,
+                                   dec_ids.data<int64_t>() + (r + 1) * t);
+    accumulate(e, interp, t, engine.desc().vocab_size, r, all,
+               run_forward(engine, real_tokens(ids, mask, r), row, false).logits);
+  }
+  report("t5 with a scaled decoder output, plan vs interpreter", e);
+}
+
+}  // namespace
+}  // namespace kiln
