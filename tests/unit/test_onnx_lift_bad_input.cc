@@ -172,5 +172,19 @@ TEST(OnnxLiftBadInput, OnnxArguments) {
   expect_error([&] { resolve_onnx_sources({dir}); }, {"encoder_model.onnx"}, ErrorKind::kUsage);
 }
 
+TEST(OnnxLiftBadInput, OptimumFolder) {
+  namespace fs = std::filesystem;
+  const fs::path dir = test_dir();
+  fs::create_symlink(kOnnxDir + "/t5_encoder.onnx", dir / "encoder_model.onnx");
+  fs::create_symlink(kOnnxDir + "/t5_decoder.onnx", dir / "decoder_model.onnx");
+  EXPECT_EQ(resolve_onnx_sources({dir.string()}),
+            (std::vector<std::string>{(dir / "encoder_model.onnx").string(),
+                                      (dir / "decoder_model.onnx").string()}));
+  const Logger quiet(LogLevel::kSilent);
+  EXPECT_TRUE(build_model_from_onnx(resolve_onnx_sources({dir.string()}), kT5Tokenizer,
+                                    BuildOptions{}, quiet)
+                  .desc.encoder_decoder);
+}
+
 }  // namespace
 }  // namespace kiln

@@ -17,7 +17,16 @@ LiftedFile lift_onnx_file(const std::string& path, const Logger& log) {
   f.model = std::make_unique<OnnxModel>(read_onnx_model(path));
   f.graph = std::make_unique<ImportGraph>(ImportGraph::build(*f.model));
   check_supported_ops(*f.graph);
-  f.pattern = std::make_unique<PatternGraph>(*f.graph, lift_probe_shapes(*f.graph));
+  const std::map<std::string, Shape> probe = lift_probe_shapes(*f.graph);
+  try {
+    f.pattern = std::make_unique<PatternGraph>(*f.graph, probe);
+  } catch (const Error& e) {
+    std::string shapes;
+    for (const auto& [name, shape] : probe)
+      shapes += fmt::format("{}{} {}", shapes.empty() ? "" : ", ", name, shape_str(shape));
+    KILN_FAIL("{}: lifting folds the graph for probe inputs ({}), which failed: {}", path, shapes,
+              e.what());
+  }
   f.lifted = lift_import_graph(*f.pattern, log);
   return f;
 }
