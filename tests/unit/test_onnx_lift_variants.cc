@@ -76,6 +76,27 @@ TEST_F(OnnxLiftVariants, BloomLmHeadOfItsOwn) {
   report("bloom with its own lm_head, plan vs interpreter", e);
 }
 
+// Exporters with use_cache add outputs (present key/values) beside the logits: the plan keeps
+// its own cache, so they are left out.
+TEST_F(OnnxLiftVariants, ExtraOutputsAreLeftOut) {
+  ::onnx::ModelProto m = load("bloom.onnx");
+  ::onnx::NodeProto* head = producer_of(m, "logits");
+  ASSERT_NE(head, nullptr);
+  onnx_test::set_value_info(m.mutable_graph()->add_output(), head->input(0),
+                            ::onnx::TensorProto::FLOAT, {"batch", "seq", 32});
+  const std::string path = onnx_test::write_model(m, onnx_test::test_dir() + "/bloom.onnx");
+  const ModelIR model = build_model_from_onnx({path}, kBloomTokenizer, BuildOptions{}, ctx_.log());
+  EXPECT_FALSE(model.desc.encoder_decoder);
+  // Without an output named logits, two outputs are ambiguous.
+  for (auto& o : *m.mutable_graph()->mutable_output())
+    if (o.name() == "logits") o.set_name("scores");
+  head->set_output(0, "scores");
+  const std::string renamed = onnx_test::write_model(m, onnx_test::test_dir() + "/renamed.onnx");
+  onnx_test::expect_error(
+      [&] { build_model_from_onnx({renamed}, kBloomTokenizer, BuildOptions{}, ctx_.log()); },
+      {"no output named 'logits' among 'scores',"});
+}
+
 TEST_F(OnnxLiftVariants, T5DecoderOutputScaled) {
   ::onnx::ModelProto m = load("t5_decoder.onnx");
   const int64_t d_model = fx("t5_encoder.out.last_hidden_state").dim(2);

@@ -21,9 +21,7 @@ bool same_values(const Tensor& a, const Tensor& b) {
 LiftedModel assemble_bloom(const PatternGraph& g, const LiftResult& lifted, const Logger& log) {
   Assembly as(g, lifted, "BLOOM causal LM");
   const ImportGraph& graph = g.graph();
-  if (graph.outputs().size() != 1)
-    as.fail("outputs",
-            fmt::format("{} graph outputs, expected one (the logits)", graph.outputs().size()));
+  const int logits = as.model_output("logits");
   const int ids = graph.find_value("input_ids");
   if (ids < 0 || graph.values()[ids].kind != ImportValueKind::kInput)
     as.fail("inputs", "no graph input named 'input_ids'");
@@ -123,15 +121,15 @@ LiftedModel assemble_bloom(const PatternGraph& g, const LiftResult& lifted, cons
   t["ln_f.bias"] = ln_f.bias;
   const LiftedOp& head = as.op_reading(ln_f.output, LiftedKind::kLinear, "lm_head");
   if (head.bias.defined()) as.fail("lm_head", "lm_head has a bias");
-  if (g.through_casts(graph.outputs()[0]) != g.through_casts(head.output))
-    as.fail("lm_head", fmt::format("lm_head's output is not the graph output '{}'",
-                                   g.value_name(graph.outputs()[0])));
+  if (g.through_casts(logits) != g.through_casts(head.output))
+    as.fail("lm_head",
+            fmt::format("lm_head's output is not the graph output '{}'", g.value_name(logits)));
   if (head.weight.shape() != emb.weight.shape())
     as.fail("lm_head", fmt::format("lm_head is {}, the embedding {}",
                                    shape_str(head.weight.shape()), shape_str(emb.weight.shape())));
   cfg.tie_word_embeddings = same_values(head.weight, emb.weight);
   if (!cfg.tie_word_embeddings) t["lm_head.weight"] = head.weight;
-  as.check_all_lifted(graph.outputs()[0]);
+  as.check_all_lifted(logits);
 
   m.notes.push_back(
       fmt::format("BLOOM: {} layers, hidden {}, {} heads, vocab {}, LayerNorm eps {:g}, lm_head {}",

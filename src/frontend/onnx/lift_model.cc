@@ -79,6 +79,16 @@ int Assembly::add_of(int a, int b, const std::string& step) {
   return g.node(n).outputs[0];
 }
 
+int Assembly::model_output(const std::string& name) {
+  const std::vector<int>& outputs = g.graph().outputs();
+  for (int v : outputs)
+    if (g.value_name(v) == name) return v;
+  if (outputs.size() == 1) return outputs[0];
+  std::vector<std::string> names;
+  for (int v : outputs) names.push_back("'" + g.value_name(v) + "'");
+  fail("outputs", fmt::format("no output named '{}' among {}", name, fmt::join(names, ", ")));
+}
+
 void Assembly::check_all_lifted(int output) const {
   std::set<int> used(used_nodes.begin(), used_nodes.end());
   std::vector<std::string> left;

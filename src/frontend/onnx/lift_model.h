@@ -46,6 +46,9 @@ class Assembly {
   int add_of(int a, int b, const std::string& step);
   // The other input of an Add reading `a`, -1 if none.
   int add_partner(int a, int* add_node) const;
+  // The graph output the model computes: the one named `name`, or the only output. Other
+  // outputs (an exporter's present key/values) are not needed: kiln keeps its own cache.
+  int model_output(const std::string& name);
   // Throws listing the nodes `output` depends on that no lifted op or used Add covers.
   void check_all_lifted(int output) const;
   [[noreturn]] void fail(const std::string& step, const std::string& what) const;

@@ -206,10 +206,8 @@ LiftedModel assemble_t5(const PatternGraph& eg, const LiftResult& el, const Patt
   auto& t = m.tensors;
   Assembly enc(eg, el, "T5 encoder");
   Assembly dec(dg, dl, "T5 decoder");
-  for (Assembly* as : {&enc, &dec})
-    if (as->g.graph().outputs().size() != 1)
-      as->fail("outputs",
-               fmt::format("{} graph outputs, expected one", as->g.graph().outputs().size()));
+  const int enc_output = enc.model_output("last_hidden_state");
+  const int dec_output = dec.model_output("logits");
   const int enc_ids = eg.graph().find_value("input_ids");
   const int dec_ids = dg.graph().find_value("input_ids");
   const int states = dg.graph().find_value("encoder_hidden_states");
@@ -227,9 +225,9 @@ LiftedModel assemble_t5(const PatternGraph& eg, const LiftResult& el, const Patt
   T5Stack es{enc, cfg, t, "encoder"};
   int64_t enc_layers = 0, dec_layers = 0;
   const int enc_out = es.blocks(e_emb.output, -1, &enc_layers);
-  if (eg.through_casts(eg.graph().outputs()[0]) != eg.through_casts(enc_out))
+  if (eg.through_casts(enc_output) != eg.through_casts(enc_out))
     enc.fail("output", "the final norm's output is not the graph output");
-  enc.check_all_lifted(eg.graph().outputs()[0]);
+  enc.check_all_lifted(enc_output);
   cfg.num_layers = enc_layers;
 
   const double eps = cfg.layer_norm_epsilon;
@@ -255,11 +253,11 @@ LiftedModel assemble_t5(const PatternGraph& eg, const LiftResult& el, const Patt
   }
   const LiftedOp& head = dec.op_reading(head_in, LiftedKind::kLinear, "lm_head");
   if (head.bias.defined()) dec.fail("lm_head", "lm_head has a bias");
-  if (dg.through_casts(dg.graph().outputs()[0]) != dg.through_casts(head.output))
+  if (dg.through_casts(dec_output) != dg.through_casts(head.output))
     dec.fail("lm_head", "lm_head's output is not the graph output");
   cfg.tie_word_embeddings = same_values(head.weight, e_emb.weight);
   if (!cfg.tie_word_embeddings) t["lm_head.weight"] = head.weight;
-  dec.check_all_lifted(dg.graph().outputs()[0]);
+  dec.check_all_lifted(dec_output);
 
   m.notes.push_back(fmt::format(
       "T5: {}+{} layers, d_model {}, {} heads x {}, d_ff {} ({}{}), {} buckets / max distance "
