@@ -148,5 +148,75 @@ TEST_F(OnnxLiftVariants, T5DecoderOutputScaled) {
   report("t5 with a scaled decoder output, plan vs interpreter", e);
 }
 
+// The T5 export with T5 v1.0's FFN: wo(relu(wi x)) instead of wo(gelu(wi_0 x) * wi_1 x).
+std::string t5_with_relu_ffn(const std::string& file, const std::string& dir, int* replaced) {
+  ::onnx::ModelProto m = load(file);
+  auto* g = m.mutable_graph();
+  const auto nodes = g->node();
+  g->clear_node();
+  for (const ::onnx::NodeProto& n : nodes) {
+    const std::string& name = n.name();
+    const size_t at = name.find("/DenseReluDense/");
+    if (at == std::string::npos) {
+      *g->add_node() = n;
+      continue;
+    }
+    const std::string prefix = name.substr(0, at) + "/DenseReluDense/";
+    const std::string rest = name.substr(prefix.size());
+    if (rest.starts_with("act/") || rest.starts_with("wi_1/") || rest == "Mul") continue;
+    ::onnx::NodeProto copy = n;
+    if (rest.starts_with("wo/") && n.op_type() == "MatMul") copy.set_input(0, prefix + "relu");
+    *g->add_node() = copy;
+    if (rest.starts_with("wi_0/") && n.op_type() == "MatMul") {
+      onnx_test::add_node(g, "Relu", prefix + "relu", {n.output(0)}, {prefix + "relu"});
+      ++*replaced;
+    }
+  }
+  return onnx_test::write_model(m, dir + "/" + file);
+}
+
+TEST_F(OnnxLiftVariants, T5ReluFeedForward) {
+  const std::string dir = onnx_test::test_dir();
+  int replaced = 0;
+  const std::string enc_path = t5_with_relu_ffn("t5_encoder.onnx", dir, &replaced);
+  const std::string dec_path = t5_with_relu_ffn("t5_decoder.onnx", dir, &replaced);
+  ASSERT_EQ(replaced, 4) << "two FFNs in each stack";
+  const ModelIR model =
+      build_model_from_onnx({enc_path, dec_path}, kT5Tokenizer, BuildOptions{}, ctx_.log());
+  const nlohmann::json cfg = nlohmann::json::parse(model.source_config_json);
+  EXPECT_EQ(cfg.at("feed_forward_proj"), "relu") << model.source_config_json;
+  CompiledModel engine(ctx_, model);
+  const ImportGraph enc = ImportGraph::build(read_onnx_model(enc_path));
+  const ImportGraph dec = ImportGraph::build(read_onnx_model(dec_path));
+  const Tensor& ids = fx("t5_encoder.in.input_ids");
+  const Tensor& mask = fx("t5_encoder.in.attention_mask");
+  const Tensor& dec_ids = fx("t5_decoder.in.input_ids");
+  const ImportTensor states =
+      run_import_graph(enc,
+                       {{"input_ids", ImportTensor::from_tensor(OnnxElemType::kInt64, ids)},
+                        {"attention_mask", ImportTensor::from_tensor(OnnxElemType::kInt64, mask)}})
+          .at("last_hidden_state");
+  const std::vector<float> logits =
+      run_import_graph(
+          dec, {{"input_ids", ImportTensor::from_tensor(OnnxElemType::kInt64, dec_ids)},
+                {"encoder_hidden_states", states},
+                {"encoder_attention_mask", ImportTensor::from_tensor(OnnxElemType::kInt64, mask)}})
+          .at("logits")
+          .to_floats();
+  const int64_t s = ids.dim(1), t = dec_ids.dim(1);
+  std::vector<int64_t> all(static_cast<size_t>(t));
+  for (int64_t i = 0; i < t; ++i) all[i] = i;
+  Error_ h, l;
+  for (int64_t r = 0; r < ids.dim(0); ++r) {
+    const std::vector<int64_t> row(dec_ids.data<int64_t>() + r * t,
+                                   dec_ids.data<int64_t>() + (r + 1) * t);
+    const Forward f = run_forward(engine, real_tokens(ids, mask, r), row, false);
+    accumulate(h, states.to_floats(), s, states.dim(2), r, positions_of(mask, r), f.encoder_hidden);
+    accumulate(l, logits, t, engine.desc().vocab_size, r, all, f.logits);
+  }
+  report("t5 with a relu FFN, encoder states, plan vs interpreter", h);
+  report("t5 with a relu FFN, logits, plan vs interpreter", l);
+}
+
 }  // namespace
 }  // namespace kiln
