@@ -180,6 +180,11 @@ TEST(OnnxLiftBadInput, OptimumFolder) {
   EXPECT_EQ(resolve_onnx_sources({dir.string()}),
             (std::vector<std::string>{(dir / "encoder_model.onnx").string(),
                                       (dir / "decoder_model.onnx").string()}));
+  const fs::path causal = dir / "causal";
+  fs::create_directories(causal);
+  fs::create_symlink(kOnnxDir + "/bloom.onnx", causal / "decoder_model.onnx");
+  EXPECT_EQ(resolve_onnx_sources({causal.string()}),
+            (std::vector<std::string>{(causal / "decoder_model.onnx").string()}));
   const Logger quiet(LogLevel::kSilent);
   EXPECT_TRUE(build_model_from_onnx(resolve_onnx_sources({dir.string()}), kT5Tokenizer,
                                     BuildOptions{}, quiet)

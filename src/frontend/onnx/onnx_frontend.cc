@@ -41,10 +41,14 @@ std::vector<std::string> resolve_onnx_sources(const std::vector<std::string>& ar
     const fs::path dir(args[0]);
     if (fs::exists(dir / "encoder_model.onnx", ec) && fs::exists(dir / "decoder_model.onnx", ec))
       return {(dir / "encoder_model.onnx").string(), (dir / "decoder_model.onnx").string()};
-    if (fs::exists(dir / "model.onnx", ec)) return {(dir / "model.onnx").string()};
+    // A decoder-only export: optimum's model.onnx, or decoder_model.onnx (the one without
+    // past inputs) of its older layout.
+    for (const char* name : {"model.onnx", "decoder_model.onnx"})
+      if (fs::exists(dir / name, ec)) return {(dir / name).string()};
     KILN_CHECK_USAGE(false,
                      "--onnx {}: the folder has neither encoder_model.onnx and "
-                     "decoder_model.onnx (optimum's T5 export) nor model.onnx",
+                     "decoder_model.onnx (optimum's T5 export) nor model.onnx or "
+                     "decoder_model.onnx (a causal LM)",
                      args[0]);
   }
   for (const std::string& a : args)

@@ -29,7 +29,8 @@ LiftedFile lift_onnx_file(const std::string& path, const Logger& log);
 
 // The files of `--onnx` arguments: one or two files, or one folder holding optimum's
 // encoder_model.onnx and decoder_model.onnx (decoder_with_past_model.onnx is not needed: kiln
-// keeps its own KV cache) or a single model.onnx. Usage errors name what is missing.
+// keeps its own KV cache), or a causal LM's model.onnx or decoder_model.onnx. Usage errors name
+// what is missing.
 std::vector<std::string> resolve_onnx_sources(const std::vector<std::string>& args);
 
 // Lifts and assembles the exports and builds the model's graphs (before any pass), with the
