@@ -222,7 +222,9 @@ bool lift_attention(const PatternGraph& g, const LiftResult& lifted, int softmax
     return fail(fmt::format("the scores {} do not hold {} heads", shape_str(*sm_shape), heads));
   // The first batch row's [heads, sq, sk] (every row is the same without padding).
   auto at = [&](int64_t h, int64_t i, int64_t j) { return bias[(h * sq + i) * sk + j]; };
-  constexpr float kMasked = -1e4f;
+  // Masks add the type's lowest value (HF today) or -10000 (older exports); position biases
+  // stay far above either.
+  constexpr float kMasked = -5e3f;
   bool causal = true, full = true;
   for (int64_t h = 0; h < heads; ++h)
     for (int64_t i = 0; i < sq; ++i)
@@ -247,10 +249,8 @@ bool lift_attention(const PatternGraph& g, const LiftResult& lifted, int softmax
       for (int64_t j = 0; j < sk; ++j)
         if (visible(i, j) && at(h, i, j) != 0.0f) zero = false;
   int table_node = -1;
-  bool has_cumsum = false;
   for (int u : g.upstream_nodes(sm.inputs[0])) {
     const ImportNode& node = g.node(u);
-    if (node.op_type == "CumSum") has_cumsum = true;
     if (node.op_type == "Gather") {
       const ImportTensor* t = g.constant(node.inputs[0]);
       if (t && t->rank() == 2 && t->dim(1) == heads && is_float_type(t->type())) table_node = u;
@@ -286,10 +286,11 @@ bool lift_attention(const PatternGraph& g, const LiftResult& lifted, int softmax
                 "bucket {} of '{}' ({})",
                 h, i, j, at(h, i, j), b, gather.name, table[b * heads + h]));
         }
-  } else if (has_cumsum) {
+  } else {
+    // Whatever computes the key positions (BLOOM: cumsum(mask) - 1), the added term must be
+    // ALiBi's: per head, slope times key position, rows differing by a constant.
     a.bias = PositionBias::kAlibi;
     a.slopes = alibi_slopes(a.num_heads);
-    // BLOOM adds slope * key position (from cumsum(mask) - 1); rows differ by a constant.
     for (int64_t h = 0; h < heads; ++h)
       for (int64_t i = 0; i < sq; ++i)
         for (int64_t j = 0; j < sk; ++j) {
@@ -301,8 +302,6 @@ bool lift_attention(const PatternGraph& g, const LiftResult& lifted, int softmax
                             "ALiBi's {} (slope {})",
                             h, i, j, at(h, i, j) - at(h, i, 0), want, a.slopes[h]));
         }
-  } else {
-    return fail("its additive scores term is neither T5's relative bias nor ALiBi");
   }
 
   *op = LiftedOp{LiftedKind::kAttention, sm.name, a.q, out, {}};
