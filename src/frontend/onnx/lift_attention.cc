@@ -207,8 +207,11 @@ bool lift_attention(const PatternGraph& g, const LiftResult& lifted, int softmax
 
   // The additive terms on probe data: scores zero (projections bound to zeros), no padding.
   std::map<int, ImportTensor> zeros;
-  for (int s : {a.q, a.k, a.v})
-    if (!zeros.count(s)) zeros[s] = ImportTensor::zeros(OnnxElemType::kFloat, *g.probe_shape(s));
+  for (int s : {a.q, a.k, a.v}) {
+    const std::optional<Shape> shape = g.probe_shape(s);
+    if (!shape) return fail(fmt::format("the shape of '{}' is not known", g.value_name(s)));
+    if (!zeros.count(s)) zeros[s] = ImportTensor::zeros(g.probe_type(s), *shape);
+  }
   std::vector<float> bias;
   try {
     bias = g.evaluate(sm.inputs[0], zeros).to_floats();

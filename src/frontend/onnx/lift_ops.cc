@@ -22,6 +22,16 @@ ImportTensor probe_values(int64_t rows, int64_t cols, float range) {
   return ImportTensor::from_vector(OnnxElemType::kFloat, {rows, cols}, v);
 }
 
+// The probe in `x`'s element type (float16/bfloat16 exports compute in it), and how close a
+// subgraph's result must then be to the formula's.
+ImportTensor probe_as(const PatternGraph& g, int x, const ImportTensor& probe) {
+  const OnnxElemType type = g.probe_type(x);
+  return is_half_type(type) ? probe.narrowed(type) : probe;
+}
+double tolerance(const PatternGraph& g, int x, double fp32) {
+  return is_half_type(g.probe_type(x)) ? 3e-2 : fp32;
+}
+
 double max_diff(const std::vector<float>& a, const std::vector<float>& b) {
   if (a.size() != b.size()) return INFINITY;
   double m = 0;
@@ -211,7 +221,7 @@ struct Lifter {
         continue;
       }
       const int64_t dim = w->dim(0);
-      const ImportTensor probe = probe_values(3, dim, 2.0f);
+      const ImportTensor probe = probe_as(g, x, probe_values(3, dim, 2.0f));
       std::vector<float> got;
       try {
         got = g.run_region(nodes, x, probe, out).to_floats();
@@ -232,7 +242,7 @@ struct Lifter {
         for (int64_t i = 0; i < dim; ++i)
           want[row * dim + i] = static_cast<float>((px[row * dim + i] - mu) * inv * pw[i] + pb[i]);
       }
-      if (max_diff(got, want) > 1e-4) {
+      if (max_diff(got, want) > tolerance(g, x, 1e-4)) {
         fail("layer_norm", mean,
              "the subgraph does not compute (x - mean) / sqrt(var + eps) * w + b");
         continue;
@@ -301,7 +311,7 @@ struct Lifter {
       }
       // The matched subgraph must compute RMSNorm: run it on probe rows.
       const int64_t d = w->dim(0);
-      const ImportTensor probe = probe_values(3, d, 2.0f);
+      const ImportTensor probe = probe_as(g, x, probe_values(3, d, 2.0f));
       const std::vector<float> got = g.run_region(nodes, x, probe, out).to_floats();
       const std::vector<float> px = probe.to_floats(), pw = w->to_floats();
       std::vector<float> want(px.size());
@@ -312,7 +322,7 @@ struct Lifter {
         for (int64_t i = 0; i < d; ++i)
           want[row * d + i] = static_cast<float>(px[row * d + i] * inv * pw[i]);
       }
-      if (max_diff(got, want) > 1e-4) {
+      if (max_diff(got, want) > tolerance(g, x, 1e-4)) {
         fail("rms_norm", pow, "the subgraph does not compute x / sqrt(mean(x^2) + eps) * w");
         continue;
       }
@@ -377,7 +387,9 @@ struct Lifter {
       }
       std::vector<float> px;
       for (int i = 0; i <= 48; ++i) px.push_back(-6.0f + 0.25f * static_cast<float>(i));
-      const ImportTensor probe = ImportTensor::from_vector(OnnxElemType::kFloat, {49}, px);
+      const ImportTensor probe =
+          probe_as(g, x, ImportTensor::from_vector(OnnxElemType::kFloat, {49}, px));
+      px = probe.to_floats();
       std::vector<float> got;
       try {
         got = g.run_region(nodes, x, probe, out).to_floats();
@@ -393,15 +405,19 @@ struct Lifter {
         erf_gelu.push_back(static_cast<float>(0.5 * d * (1.0 + std::erf(d / std::sqrt(2.0)))));
       }
       LiftedOp op{LiftedKind::kGelu, anchor.name, x, out, nodes};
-      if (max_diff(got, tanh_gelu) <= 1e-5) {
+      const double tol = tolerance(g, x, 1e-5);
+      // fp32: the two formulas differ by up to 1e-3, far beyond the tolerance; half types round
+      // both alike, so the nearer one is the activation.
+      const double to_tanh = max_diff(got, tanh_gelu), to_erf = max_diff(got, erf_gelu);
+      if (to_tanh <= tol && to_tanh <= to_erf) {
         op.activation = Activation::kGeluTanh;
-      } else if (max_diff(got, erf_gelu) <= 1e-5) {
+      } else if (to_erf <= tol) {
         op.activation = Activation::kGeluExact;
       } else {
         fail("gelu", anchor,
              fmt::format("the subgraph computes neither tanh GELU (max difference {:.3g}) nor "
                          "erf GELU ({:.3g})",
-                         max_diff(got, tanh_gelu), max_diff(got, erf_gelu)));
+                         to_tanh, to_erf));
         continue;
       }
       record(std::move(op));

@@ -110,6 +110,10 @@ std::optional<Shape> PatternGraph::probe_shape(int v) const {
   return probe_.known[v].shape();
 }
 
+OnnxElemType PatternGraph::probe_type(int v) const {
+  return v >= 0 && probe_.known[v].has_shape() ? probe_.known[v].type() : OnnxElemType::kUndefined;
+}
+
 std::vector<int> PatternGraph::upstream_nodes(int v) const {
   std::vector<bool> seen(graph_.nodes().size(), false);
   std::vector<int> stack, out;

@@ -60,6 +60,8 @@ class PatternGraph {
 
   // The probe fold's shape of `v` (empty optional when unknown).
   std::optional<Shape> probe_shape(int v) const;
+  // Its element type there (kUndefined when unknown).
+  OnnxElemType probe_type(int v) const;
 
   // Non-constant nodes that `v` depends on (its producer and theirs, transitively).
   std::vector<int> upstream_nodes(int v) const;
