@@ -5,6 +5,7 @@
 // FFN → residual; final RMSNorm; the decoder's lm_head (optionally after d_model^-0.5).
 #include <cmath>
 #include <cstring>
+#include <tuple>
 
 #include "frontend/onnx/lift_model.h"
 
@@ -23,6 +24,7 @@ struct T5Stack {
   std::map<std::string, Tensor>& t;
   const std::string stack;  // "encoder" / "decoder"
   int table = -1;           // block 0's relative-bias table (value)
+  bool& ffn_seen;           // an FFN (of either stack) set the config's FFN fields
 
   const LiftedOp& norm(int x, const std::string& step, const std::string& name) {
     const LiftedOp& ln = as.op_reading(x, LiftedKind::kRmsNorm, step);
@@ -99,6 +101,8 @@ struct T5Stack {
     return o.output;
   }
 
+  std::tuple<bool, Activation, int64_t>& first_ffn;
+
   int ffn(int h, const std::string& prefix, const std::string& step) {
     // Gated: act(wi_0 h) * (wi_1 h); else act(wi h). GELU is lifted; ReLU is one node.
     std::vector<const LiftedOp*> ins;
@@ -149,6 +153,13 @@ struct T5Stack {
       break;
     }
     if (hidden < 0) as.fail(step, "no FFN projection followed by GELU or ReLU reads the norm");
+    const auto shape = std::make_tuple(cfg.gated_ffn, cfg.ffn_activation, cfg.d_ff);
+    if (ffn_seen && shape != first_ffn)
+      as.fail(step,
+              "the feed-forward differs from the first block's (activation, gating or "
+              "width)");
+    ffn_seen = true;
+    first_ffn = shape;
     const LiftedOp& wo = as.op_reading(hidden, LiftedKind::kLinear, step + " wo");
     if (wo.bias.defined()) as.fail(step, "T5's wo has no bias");
     t[prefix + ".wo.weight"] = wo.weight;
@@ -222,7 +233,9 @@ LiftedModel assemble_t5(const PatternGraph& eg, const LiftResult& el, const Patt
   cfg.d_model = e_emb.weight.dim(1);
   t["shared.weight"] = e_emb.weight;
 
-  T5Stack es{enc, cfg, t, "encoder"};
+  bool ffn_seen = false;
+  std::tuple<bool, Activation, int64_t> first_ffn;
+  T5Stack es{enc, cfg, t, "encoder", -1, ffn_seen, first_ffn};
   int64_t enc_layers = 0, dec_layers = 0;
   const int enc_out = es.blocks(e_emb.output, -1, &enc_layers);
   if (eg.through_casts(enc_output) != eg.through_casts(enc_out))
@@ -231,7 +244,7 @@ LiftedModel assemble_t5(const PatternGraph& eg, const LiftResult& el, const Patt
   cfg.num_layers = enc_layers;
 
   const double eps = cfg.layer_norm_epsilon;
-  T5Stack ds{dec, cfg, t, "decoder"};
+  T5Stack ds{dec, cfg, t, "decoder", -1, ffn_seen, first_ffn};
   const int dec_out = ds.blocks(d_emb.output, states, &dec_layers);
   if (cfg.layer_norm_epsilon != eps)
     dec.fail("norms", "the decoder's epsilon is not the encoder's");
