@@ -15,6 +15,11 @@ PatternGraph::PatternGraph(const ImportGraph& graph,
       constants_(fold_import_graph(graph)),
       probe_(fold_import_graph(graph, probe_shapes, /*keep_all_data=*/true)),
       users_(graph.values().size()) {
+  // The probe fold's data is read for what the inputs' sizes determine (positions, masks);
+  // constants are the first fold's (folded fp16 -> fp32 weight casts are not kept twice).
+  for (size_t v = 0; v < probe_.known.size(); ++v)
+    if (probe_.known[v].has_data() && constants_.known[v].has_data())
+      probe_.known[v] = ImportTensor::shape_only(probe_.known[v].type(), probe_.known[v].shape());
   for (int n : graph.order())
     for (int v : graph.nodes()[n].inputs)
       if (v >= 0 && (users_[v].empty() || users_[v].back() != n)) users_[v].push_back(n);
