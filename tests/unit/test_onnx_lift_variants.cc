@@ -4,6 +4,7 @@
 // d_model^-0.5 before lm_head (HF's tied T5) — the lifted config must follow the graph.
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -146,6 +147,67 @@ TEST_F(OnnxLiftVariants, T5DecoderOutputScaled) {
                run_forward(engine, real_tokens(ids, mask, r), row, false).logits);
   }
   report("t5 with a scaled decoder output, plan vs interpreter", e);
+}
+
+// BLOOM's QKV split as Slice + Squeeze (as other exporters write fused_qkv[..., i, :]) instead
+// of TorchScript's Gather.
+TEST_F(OnnxLiftVariants, BloomQkvSplitBySlice) {
+  ::onnx::ModelProto m = load("bloom.onnx");
+  auto* g = m.mutable_graph();
+  const auto nodes = g->node();
+  g->clear_node();
+  int replaced = 0;
+  auto ints = [&](const std::string& name, int64_t v) {
+    auto* t = g->add_initializer();
+    t->set_name(name);
+    t->set_data_type(::onnx::TensorProto::INT64);
+    t->add_dims(1);
+    t->add_int64_data(v);
+  };
+  for (const ::onnx::NodeProto& n : nodes) {
+    bool on_axis3 = false;
+    for (const auto& a : n.attribute()) on_axis3 = on_axis3 || (a.name() == "axis" && a.i() == 3);
+    if (n.op_type() != "Gather" || !on_axis3 ||
+        n.name().find("self_attention") == std::string::npos) {
+      *g->add_node() = n;
+      continue;
+    }
+    // The index is a Constant node's scalar; find its value.
+    int64_t index = -1;
+    for (const ::onnx::NodeProto& c : nodes)
+      if (c.op_type() == "Constant" && c.output(0) == n.input(1)) {
+        const ::onnx::TensorProto& t = c.attribute(0).t();
+        ASSERT_EQ(t.data_type(), ::onnx::TensorProto::INT64);
+        std::memcpy(&index, t.raw_data().data(), sizeof index);
+      }
+    ASSERT_GE(index, 0) << n.name();
+    const std::string p = n.name() + "/as_slice/";
+    ints(p + "start", index);
+    ints(p + "end", index + 1);
+    ints(p + "axes", 3);
+    onnx_test::add_node(g, "Slice", p + "slice", {n.input(0), p + "start", p + "end", p + "axes"},
+                        {p + "sliced"});
+    onnx_test::add_node(g, "Squeeze", p + "squeeze", {p + "sliced", p + "axes"}, {n.output(0)});
+    ++replaced;
+  }
+  ASSERT_EQ(replaced, 6) << "q, k and v of two layers";
+  const std::string path = onnx_test::write_model(m, onnx_test::test_dir() + "/bloom.onnx");
+  CompiledModel engine(ctx_,
+                       build_model_from_onnx({path}, kBloomTokenizer, BuildOptions{}, ctx_.log()));
+  const ImportGraph graph = ImportGraph::build(read_onnx_model(path));
+  const Tensor& ids = fx("bloom.in.input_ids");
+  const Tensor& mask = fx("bloom.in.attention_mask");
+  const std::vector<float> interp =
+      run_import_graph(graph,
+                       {{"input_ids", ImportTensor::from_tensor(OnnxElemType::kInt64, ids)},
+                        {"attention_mask", ImportTensor::from_tensor(OnnxElemType::kInt64, mask)}})
+          .at("logits")
+          .to_floats();
+  Error_ e;
+  for (int64_t r = 0; r < ids.dim(0); ++r)
+    accumulate(e, interp, ids.dim(1), engine.desc().vocab_size, r, positions_of(mask, r),
+               run_forward(engine, {}, real_tokens(ids, mask, r), false).logits);
+  report("bloom with the QKV split by Slice, plan vs interpreter", e);
 }
 
 // The T5 export with T5 v1.0's FFN: wo(relu(wi x)) instead of wo(gelu(wi_0 x) * wi_1 x).

@@ -54,18 +54,34 @@ Walk walk_to_projection(const PatternGraph& g, const LiftResult& lifted, int v) 
       }
       w.factor *= node.op_type == "Mul" ? c : 1.0 / c;
       v = node.inputs[in];
-    } else if (node.op_type == "Gather" && g.scalar(node.inputs[1]) && w.split < 0) {
-      const OnnxAttribute* axis = node.find_attribute("axis");
+    } else if ((node.op_type == "Gather" || node.op_type == "Slice") && w.split < 0) {
+      // BLOOM's fused_qkv.view(b, s, heads, 3, head_dim)[..., i, :]: a Gather of index i on
+      // axis 3 (TorchScript), or a Slice [i, i + 1) on axis 3 before a Squeeze.
+      int64_t axis = 0, index = -1;
+      if (node.op_type == "Gather") {
+        const OnnxAttribute* a = node.find_attribute("axis");
+        axis = a ? a->i : 0;
+        if (const std::optional<double> i = g.scalar(node.inputs[1])) index = std::llround(*i);
+      } else if (node.inputs.size() >= 4 && node.inputs[3] >= 0) {
+        const std::optional<double> start = g.scalar(node.inputs[1]),
+                                    end = g.scalar(node.inputs[2]), ax = g.scalar(node.inputs[3]);
+        const std::optional<double> step =
+            node.inputs.size() > 4 && node.inputs[4] >= 0 ? g.scalar(node.inputs[4]) : 1.0;
+        if (start && end && ax && step == 1.0 && *end == *start + 1) {
+          axis = std::llround(*ax);
+          index = std::llround(*start);
+        }
+      }
       const std::optional<Shape> shape = g.probe_shape(node.inputs[0]);
-      const int64_t a = axis ? axis->i : 0;
-      if (!shape || shape->size() != 5 || (a != 3 && a != -2) || (*shape)[3] != 3) {
+      if (index < 0 || index > 2 || !shape || shape->size() != 5 || (axis != 3 && axis != -2) ||
+          (*shape)[3] != 3) {
         w.problem = fmt::format(
-            "node '{}' splits the fused QKV projection in a layout other than BLOOM's "
+            "node '{}' ({}) is not a split of a fused QKV projection in BLOOM's layout "
             "[batch, seq, heads, 3, head_dim]",
-            node.name);
+            node.name, node.op_type);
         return w;
       }
-      w.split = static_cast<int>(*g.scalar(node.inputs[1]));
+      w.split = static_cast<int>(index);
       v = node.inputs[0];
     } else {
       w.problem = fmt::format(
