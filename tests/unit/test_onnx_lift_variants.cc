@@ -6,6 +6,7 @@
 
 #include <cstring>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -208,6 +209,53 @@ TEST_F(OnnxLiftVariants, BloomQkvSplitBySlice) {
     accumulate(e, interp, ids.dim(1), engine.desc().vocab_size, r, positions_of(mask, r),
                run_forward(engine, {}, real_tokens(ids, mask, r), false).logits);
   report("bloom with the QKV split by Slice, plan vs interpreter", e);
+}
+
+// The attention mask as Where(keep, scores, lowest) on the scores (masked_fill, as older BLOOM
+// code wrote it) instead of adding Where(keep, 0, lowest).
+TEST_F(OnnxLiftVariants, MaskAsWhereOnTheScores) {
+  ::onnx::ModelProto m = load("bloom.onnx");
+  auto* g = m.mutable_graph();
+  std::map<std::string, const ::onnx::NodeProto*> where_of;  // output -> Where node
+  const auto nodes = g->node();
+  for (const ::onnx::NodeProto& n : nodes)
+    if (n.op_type() == "Where") where_of[n.output(0)] = &n;
+  g->clear_node();
+  int replaced = 0;
+  for (const ::onnx::NodeProto& n : nodes) {
+    const auto it = n.op_type() == "Add" ? where_of.find(n.input(1)) : where_of.end();
+    if (it == where_of.end() || n.name().find("self_attention") == std::string::npos) {
+      *g->add_node() = n;
+      continue;
+    }
+    const ::onnx::NodeProto& mask = *it->second;  // Where(keep, 0, lowest)
+    onnx_test::add_node(g, "Where", n.name() + "/as_where",
+                        {mask.input(0), n.input(0), mask.input(2)}, {n.output(0)});
+    ++replaced;
+  }
+  ASSERT_EQ(replaced, 2) << "one masked addition per layer";
+  const std::string path = onnx_test::write_model(m, onnx_test::test_dir() + "/bloom.onnx");
+  CompiledModel engine(ctx_,
+                       build_model_from_onnx({path}, kBloomTokenizer, BuildOptions{}, ctx_.log()));
+  const ImportGraph graph = ImportGraph::build(read_onnx_model(path));
+  const Tensor& ids = fx("bloom.in.input_ids");
+  const Tensor& mask = fx("bloom.in.attention_mask");
+  const std::vector<float> interp =
+      run_import_graph(graph,
+                       {{"input_ids", ImportTensor::from_tensor(OnnxElemType::kInt64, ids)},
+                        {"attention_mask", ImportTensor::from_tensor(OnnxElemType::kInt64, mask)}})
+          .at("logits")
+          .to_floats();
+  const std::vector<float> ort = floats(fx("bloom.out.logits"));
+  Error_ vs_interp, vs_ort;
+  for (int64_t r = 0; r < ids.dim(0); ++r) {
+    const Tensor logits = run_forward(engine, {}, real_tokens(ids, mask, r), false).logits;
+    accumulate(vs_interp, interp, ids.dim(1), engine.desc().vocab_size, r, positions_of(mask, r),
+               logits);
+    accumulate(vs_ort, ort, ids.dim(1), engine.desc().vocab_size, r, positions_of(mask, r), logits);
+  }
+  report("bloom with the mask as Where, plan vs interpreter", vs_interp);
+  report("bloom with the mask as Where, plan vs onnxruntime (same function)", vs_ort);
 }
 
 // The T5 export with T5 v1.0's FFN: wo(relu(wi x)) instead of wo(gelu(wi_0 x) * wi_1 x).

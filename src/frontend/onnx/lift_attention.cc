@@ -136,6 +136,15 @@ bool lift_attention(const PatternGraph& g, const LiftResult& lifted, int softmax
       if (scores_in < 0)
         return fail(fmt::format("node '{}' adds two terms without scores", node.name));
       v = node.inputs[scores_in];
+    } else if (node.op_type == "Where" && node.inputs.size() == 3) {
+      // A mask written as Where(keep, scores, fill): the fill is a constant, the scores the
+      // other branch (the mask itself is compared below with the added terms).
+      const bool first = g.scalar(node.inputs[1]).has_value();
+      const bool second = g.scalar(node.inputs[2]).has_value();
+      if (first == second)
+        return fail(fmt::format(
+            "node '{}' (Where) does not choose between the scores and a constant", node.name));
+      v = node.inputs[second ? 1 : 2];
     } else if ((node.op_type == "Mul" || node.op_type == "Div") && g.non_constant_input(n) >= 0 &&
                g.scalar(node.inputs[1 - g.non_constant_input(n)])) {
       const int in = g.non_constant_input(n);
@@ -147,7 +156,7 @@ bool lift_attention(const PatternGraph& g, const LiftResult& lifted, int softmax
     } else {
       return fail(
           fmt::format("node '{}' ({}) between the scores and the softmax is not an "
-                      "addition, constant factor or reshape",
+                      "addition, mask, constant factor or reshape",
                       node.name, node.op_type));
     }
   }
