@@ -4,12 +4,16 @@
 
 #include "backend/backend.h"
 #include "frontend/hf/frontend.h"
+#include "frontend/onnx/onnx_frontend.h"
 #include "io/weight_spill.h"
 #include "passes/pass.h"
 
 namespace kiln {
 
-ModelIR build_model(const std::string& hf_dir, const BuildOptions& options, const Logger& log) {
+namespace {
+
+// What every build checks before importing anything.
+void check_build_options(const BuildOptions& options) {
   const std::string why = target_unsupported_reason(options.device, options.precision);
   KILN_CHECK_USAGE(why.empty(), "--device {} --precision {}: {}", device_name(options.device),
                    precision_name(options.precision), why);
@@ -26,9 +30,10 @@ ModelIR build_model(const std::string& hf_dir, const BuildOptions& options, cons
       "--tf32 is for --device cuda --precision fp32 (TF32 tensor cores run fp32 "
       "GEMMs with 10-bit mantissas); got --device {} --precision {}",
       device_name(options.device), precision_name(options.precision));
-  std::optional<WeightSpill::Scope> spill;
-  if (!options.spill_dir.empty()) spill.emplace(WeightSpill::create(options.spill_dir));
-  ModelIR model = import_hf_model(hf_dir, log);
+}
+
+// An imported model through the pass pipeline for the build's target.
+ModelIR finish_build(ModelIR model, const BuildOptions& options, const Logger& log) {
   model.device = options.device;
   if (model.device == Device::kCuda) {
     model.target = cuda_build_target();
@@ -103,6 +108,24 @@ ModelIR build_model(const std::string& hf_dir, const BuildOptions& options, cons
   if (model.device == Device::kCpu && options.pack_for_cpu == CpuIsa::kAvx512)
     pack_weights(model, log);
   return model;
+}
+
+}  // namespace
+
+ModelIR build_model(const std::string& hf_dir, const BuildOptions& options, const Logger& log) {
+  check_build_options(options);
+  std::optional<WeightSpill::Scope> spill;
+  if (!options.spill_dir.empty()) spill.emplace(WeightSpill::create(options.spill_dir));
+  return finish_build(import_hf_model(hf_dir, log), options, log);
+}
+
+ModelIR build_model_from_onnx(const std::vector<std::string>& onnx_files,
+                              const std::string& tokenizer_file, const BuildOptions& options,
+                              const Logger& log) {
+  check_build_options(options);
+  std::optional<WeightSpill::Scope> spill;
+  if (!options.spill_dir.empty()) spill.emplace(WeightSpill::create(options.spill_dir));
+  return finish_build(import_onnx_model(onnx_files, tokenizer_file, log), options, log);
 }
 
 void select_tactics(ModelIR& model, Context& ctx) {

@@ -6,6 +6,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "core/context.h"
 #include "graph/model_ir.h"
@@ -46,6 +47,13 @@ struct BuildOptions {
 // Imports an HF checkpoint directory and runs the pass pipeline (what `kiln build` does before
 // writing the plan). Unsupported targets are refused before any work, naming why.
 ModelIR build_model(const std::string& hf_dir, const BuildOptions& options, const Logger& log);
+
+// The same from ONNX exports (frontend/onnx/onnx_frontend.h): a BLOOM causal LM file or a T5
+// encoder and decoder, lifted into the model the HF checkpoint would give, and the tokenizer
+// file the exports do not carry.
+ModelIR build_model_from_onnx(const std::vector<std::string>& onnx_files,
+                              const std::string& tokenizer_file, const BuildOptions& options,
+                              const Logger& log);
 
 // Tactic selection for CUDA plans (`kiln build --device cuda`): every Linear's kernel and
 // cuBLASLt algorithm per row count, timed on the visible GPU and stored in the model. Logs and

@@ -344,6 +344,13 @@ Checkpoint Checkpoint::open_dir(const std::string& dir) {
   return ckpt;
 }
 
+Checkpoint Checkpoint::from_tensors(std::string source, std::map<std::string, Tensor> tensors) {
+  Checkpoint ckpt;
+  ckpt.dir_ = std::move(source);
+  ckpt.tensors_ = std::move(tensors);
+  return ckpt;
+}
+
 const Tensor& Checkpoint::get(const std::string& name) const {
   const auto it = tensors_.find(name);
   KILN_CHECK(it != tensors_.end(), "checkpoint {}: no tensor named '{}' ({} tensors present)", dir_,

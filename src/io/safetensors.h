@@ -33,6 +33,9 @@ class SafetensorsFile {
 class Checkpoint {
  public:
   static Checkpoint open_dir(const std::string& dir);
+  // Tensors already in memory under the checkpoint's names (a lifted ONNX graph's weights);
+  // `source` names them in errors.
+  static Checkpoint from_tensors(std::string source, std::map<std::string, Tensor> tensors);
   bool has(const std::string& name) const { return tensors_.count(name) != 0; }
   // Throws naming the checkpoint and the tensor when it is missing.
   const Tensor& get(const std::string& name) const;

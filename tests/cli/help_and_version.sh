@@ -21,8 +21,8 @@ expect_in "$TMP/err" "give exactly one of --model-repository DIR or --plan FILE"
 expect_exit 2 "no subcommand" -- "$KILN"
 expect_exit 2 "unknown flag" -- "$KILN" run --no-such-flag
 expect_exit 2 "unknown subcommand" -- "$KILN" frobnicate
-expect_exit 2 "--onnx not built" -- "$KILN" build --onnx m.onnx -o x.plan
-expect_in "$TMP/err" "ONNX" "--onnx explains"
+expect_exit 2 "--onnx of a missing file" -- "$KILN" build --onnx m.onnx -o x.plan
+expect_in "$TMP/err" "--onnx m.onnx: no such file" "--onnx names the file"
 expect_exit 2 "--precision int8 without calibration" -- "$KILN" build --model "$FIXTURES/t5-tiny" --precision int8 -o "$TMP/x.plan"
 expect_in "$TMP/err" "--calib FILE.jsonl" "--precision int8 says what to pass"
 

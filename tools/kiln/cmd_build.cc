@@ -10,6 +10,7 @@
 #include "backend/backend.h"
 #include "builder/calibration_runner.h"
 #include "commands.h"
+#include "frontend/onnx/onnx_frontend.h"
 #include "io/atomic_file.h"
 #include "plan/plan.h"
 
@@ -102,8 +103,8 @@ void check_output_is_not_an_input(const std::string& output, const std::string& 
 
 Runner add_build(CLI::App& app) {
   struct Opts {
-    std::string model, onnx, output, device = "cpu", precision = "fp32", prompt_template;
-    std::vector<std::string> profiles;
+    std::string model, tokenizer, output, device = "cpu", precision = "fp32", prompt_template;
+    std::vector<std::string> profiles, onnx;
     std::string calib, calib_cache, calib_method = "entropy";
     int calib_batch = 8;
     double smoothquant = 0.0;
@@ -112,7 +113,8 @@ Runner add_build(CLI::App& app) {
     bool tf32 = false, no_tune = false;
   };
   auto o = std::make_shared<Opts>();
-  CLI::App* cmd = app.add_subcommand("build", "Compile a HuggingFace checkpoint into a plan");
+  CLI::App* cmd =
+      app.add_subcommand("build", "Compile a HuggingFace checkpoint or an ONNX export into a plan");
   describe(
       cmd,
       "Import → passes (constant folding, dead-code elimination, fusions, memory planning) →\n"
@@ -122,6 +124,9 @@ Runner add_build(CLI::App& app) {
       "  kiln build --model models/t5-tiny -o t5.plan\n"
       "  kiln build --model models/bloom-tiny --prompt-template \"{prompt} =\" -o bloom.plan\n"
       "  kiln build --model models/t5-tiny --precision bf16 -o t5-bf16.plan\n"
+      "  kiln build --onnx bloom.onnx --tokenizer models/bloom-tiny/tokenizer.json -o bloom.plan\n"
+      "  kiln build --onnx t5_encoder.onnx --onnx t5_decoder.onnx --tokenizer spiece.model -o "
+      "t5.plan\n"
       "  kiln build --model models/bloom-tiny --device cuda --precision fp16 -o bloom-gpu.plan\n"
       "  kiln build --model models/t5-tiny --precision int8 --calib calib.jsonl --calib-cache "
       "t5.calib -o t5-w8a8.plan\n"
@@ -138,7 +143,14 @@ Runner add_build(CLI::App& app) {
   cmd->add_option("--model", o->model,
                   "HuggingFace checkpoint directory (config.json, "
                   "model.safetensors or sharded index, tokenizer)");
-  cmd->add_option("--onnx", o->onnx, "ONNX export (not built yet)");
+  cmd->add_option("--onnx", o->onnx,
+                  "instead of --model: an ONNX export that lifts into a generation plan: a BLOOM "
+                  "causal LM file, or a T5 encoder and decoder (--onnx twice, or a folder with "
+                  "optimum's encoder_model.onnx and decoder_model.onnx). `kiln inspect --onnx` "
+                  "shows what lifts");
+  one_value(cmd->add_option("--tokenizer", o->tokenizer,
+                            "with --onnx: tokenizer.json (BLOOM) or spiece.model (T5), which ONNX "
+                            "files do not carry"));
   cmd->add_option("-o,--output", o->output, "plan file to write")->required();
   cmd->add_option("--device", o->device, "cpu or cuda (a cuda plan runs where a GPU is visible)")
       ->capture_default_str();
@@ -191,8 +203,13 @@ Runner add_build(CLI::App& app) {
                            "steps are calibrated too (default 8)"),
            1, 1024);
   return [o](const GlobalOptions& g) {
-    KILN_CHECK_USAGE(o->onnx.empty(), "--onnx: the ONNX frontend is not built yet; use --model");
-    KILN_CHECK_USAGE(!o->model.empty(), "--model HF_DIR is required");
+    KILN_CHECK_USAGE(o->model.empty() != o->onnx.empty(),
+                     "give either --model HF_DIR or --onnx FILE (not both)");
+    KILN_CHECK_USAGE(o->tokenizer.empty() || !o->onnx.empty(),
+                     "--tokenizer is for --onnx builds (a --model directory has its own)");
+    KILN_CHECK_USAGE(o->onnx.empty() || (o->calib.empty() && o->calib_cache.empty()),
+                     "--calib and --calib-cache: int8 calibration runs on --model checkpoints; "
+                     "--onnx builds take fp32, bf16, fp16 or int8-weight");
     KILN_CHECK_USAGE(o->profiles.empty(), "--profile: shape profiles are not built yet");
     BuildOptions bo;
     KILN_CHECK_USAGE(parse_device(o->device, &bo.device), "--device {}: unknown device (known: {})",
@@ -229,9 +246,31 @@ Runner add_build(CLI::App& app) {
         AtomicFileWriter::check_target(o->calib_cache, "--calib-cache");
       }
     }
-    check_model_dir(o->model, "--model");
+    std::vector<std::string> onnx_files;
+    if (o->onnx.empty()) {
+      check_model_dir(o->model, "--model");
+    } else {
+      onnx_files = resolve_onnx_sources(o->onnx);
+      KILN_CHECK_USAGE(!o->tokenizer.empty(),
+                       "--onnx: ONNX files carry no tokenizer: give --tokenizer tokenizer.json "
+                       "(BLOOM) or --tokenizer spiece.model (T5)");
+      check_input_file(o->tokenizer, "--tokenizer");
+    }
     AtomicFileWriter::check_target(o->output, "-o");
-    check_output_is_not_an_input(o->output, o->model);
+    if (o->onnx.empty()) {
+      check_output_is_not_an_input(o->output, o->model);
+    } else {
+      std::vector<std::string> inputs = onnx_files;
+      inputs.push_back(o->tokenizer);
+      for (const std::string& input : inputs) {
+        const std::optional<FileId> in = file_id(input), out = file_id(o->output);
+        KILN_CHECK_USAGE(!(in && out && *in == *out),
+                         "-o {}: this is {}, which the build reads; give the plan its own file",
+                         o->output, input);
+      }
+    }
+    const std::string source =
+        o->onnx.empty() ? o->model : fmt::format("{}", fmt::join(onnx_files, " + "));
     GlobalOptions gl = g;
     auto ctx = make_context(gl);
     // Building is the step users watch: say what happened even without -v.
@@ -273,8 +312,9 @@ Runner add_build(CLI::App& app) {
     }
     ModelIR model;
     {
-      Activity activity(ctx->log(), "building " + o->model);
-      model = build_model(o->model, bo, ctx->log());
+      Activity activity(ctx->log(), "building " + source);
+      model = o->onnx.empty() ? build_model(o->model, bo, ctx->log())
+                              : build_model_from_onnx(onnx_files, o->tokenizer, bo, ctx->log());
     }
     if (o->no_tune && bo.device != Device::kCuda)
       ctx->log().warn("--no-tune has no effect: only cuda builds time kernel variants");
@@ -283,11 +323,16 @@ Runner add_build(CLI::App& app) {
       select_tactics(model, *ctx);
     }
     PlanBuildInfo info;
-    info.source = o->model;
-    for (const auto& e : std::filesystem::directory_iterator(o->model)) {
-      const std::string name = e.path().filename().string();
-      if (name.ends_with(".safetensors") || name.ends_with(".json") || name == "spiece.model")
-        info.source_files.push_back(e.path().string());
+    info.source = source;
+    if (o->onnx.empty()) {
+      for (const auto& e : std::filesystem::directory_iterator(o->model)) {
+        const std::string name = e.path().filename().string();
+        if (name.ends_with(".safetensors") || name.ends_with(".json") || name == "spiece.model")
+          info.source_files.push_back(e.path().string());
+      }
+    } else {
+      info.source_files = onnx_files;
+      info.source_files.push_back(o->tokenizer);
     }
     std::sort(info.source_files.begin(), info.source_files.end());
     {

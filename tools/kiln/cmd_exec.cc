@@ -7,6 +7,7 @@
 
 #include "commands.h"
 #include "exec_compare.h"
+#include "exec_plan.h"
 #include "frontend/onnx/import_graph.h"
 #include "frontend/onnx/run_import_graph.h"
 #include "io/atomic_file.h"
@@ -17,7 +18,8 @@ namespace kiln::cli {
 namespace {
 
 struct ExecOptions {
-  std::string onnx, inputs, input_prefix, output, compare, compare_prefix, compare_mask;
+  std::string onnx, plan, graph = "decoder", inputs, input_prefix, output, compare, compare_prefix,
+                          compare_mask;
   double atol = 1e-5, rtol = 1e-5;
   bool json = false;
 };
@@ -107,8 +109,35 @@ nlohmann::json comparison_json(const OutputComparison& c) {
   return j;
 }
 
+// The plan path's outputs in the interpreter's tensors (for the shared writing and comparing).
+std::map<std::string, ImportTensor> exec_plan(const ExecOptions& o, Context& ctx,
+                                              std::map<std::string, ImportTensor>* inputs,
+                                              std::vector<std::string>* order, int64_t* sequences) {
+  const SafetensorsFile file = SafetensorsFile::open(o.inputs);
+  const std::map<std::string, Tensor> tensors = select(file, o.input_prefix);
+  KILN_CHECK_USAGE(
+      !tensors.empty(), "--inputs {}: no tensor{}", o.inputs,
+      o.input_prefix.empty() ? "" : fmt::format(" whose name starts with '{}'", o.input_prefix));
+  std::unique_ptr<CompiledModel> engine = open_engine(ctx, o.plan, {});
+  const PlanExec run = run_plan_exec(*engine, o.graph, tensors);
+  for (const auto& [name, t] : tensors)
+    if (t.dtype() == DType::kI64)
+      (*inputs)[name] = ImportTensor::from_tensor(OnnxElemType::kInt64, t);
+  std::map<std::string, ImportTensor> outputs;
+  for (const auto& [name, t] : run.outputs)
+    outputs[name] = ImportTensor::from_tensor(OnnxElemType::kFloat, t);
+  *order = run.order;
+  *sequences = run.sequences;
+  return outputs;
+}
+
 int run_exec(const ExecOptions& o, const GlobalOptions& g) {
-  check_input_file(o.onnx, "--onnx");
+  KILN_CHECK_USAGE(o.onnx.empty() != o.plan.empty(), "give either --onnx FILE or --plan PLAN");
+  KILN_CHECK_USAGE(o.graph == "decoder" || !o.plan.empty(), "--graph is for --plan");
+  if (o.onnx.empty())
+    check_input_file(o.plan, "--plan");
+  else
+    check_input_file(o.onnx, "--onnx");
   KILN_CHECK_USAGE(o.atol >= 0 && o.rtol >= 0, "--atol and --rtol must be >= 0");
   KILN_CHECK_USAGE(o.compare_prefix.empty() || !o.compare.empty(),
                    "--compare-prefix needs --compare REF.safetensors");
@@ -118,22 +147,30 @@ int run_exec(const ExecOptions& o, const GlobalOptions& g) {
   if (!o.compare.empty()) check_input_file(o.compare, "--compare");
   if (!o.output.empty()) AtomicFileWriter::check_target(o.output, "-o");
   auto ctx = make_context(g);
-  const OnnxModel model = read_onnx_model(o.onnx);
-  const ImportGraph graph = ImportGraph::build(model);
-  const std::map<std::string, ImportTensor> inputs = read_inputs(graph, o);
-  const std::optional<CompareMask> mask = mask_from(o, inputs);
-
+  std::map<std::string, ImportTensor> inputs, outputs;
+  std::vector<std::string> order;  // graph outputs in the file's order
   ImportRunStats stats;
+  int64_t sequences = 0;
   const auto t0 = std::chrono::steady_clock::now();
-  const std::map<std::string, ImportTensor> outputs = run_import_graph(graph, inputs, &stats);
+  if (!o.plan.empty()) {
+    outputs = exec_plan(o, *ctx, &inputs, &order, &sequences);
+  } else {
+    const OnnxModel model = read_onnx_model(o.onnx);
+    const ImportGraph graph = ImportGraph::build(model);
+    inputs = read_inputs(graph, o);
+    mask_from(o, inputs);  // a bad --compare-mask fails before the graph runs
+    outputs = run_import_graph(graph, inputs, &stats);
+    for (int v : graph.outputs()) order.push_back(graph.values()[v].name);
+  }
+  const std::optional<CompareMask> mask = mask_from(o, inputs);
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  ctx->log().info("{}: {} nodes folded for the inputs' shapes, {} run, in {:.3f} s", o.onnx,
-                  stats.folded_nodes, stats.executed_nodes, seconds);
-
-  // Graph outputs in the file's order.
-  std::vector<std::string> order;
-  for (int v : graph.outputs()) order.push_back(graph.values()[v].name);
+  const std::string source = o.plan.empty() ? o.onnx : o.plan;
+  if (o.plan.empty())
+    ctx->log().info("{}: {} nodes folded for the inputs' shapes, {} run, in {:.3f} s", o.onnx,
+                    stats.folded_nodes, stats.executed_nodes, seconds);
+  else
+    ctx->log().info("{}: graph {}, {} sequences, in {:.3f} s", o.plan, o.graph, sequences, seconds);
   if (!o.output.empty()) {
     std::map<std::string, Tensor> tensors;
     std::vector<std::string> bools;
@@ -141,7 +178,8 @@ int run_exec(const ExecOptions& o, const GlobalOptions& g) {
       tensors[name] = t.to_kiln();
       if (t.type() == OnnxElemType::kBool) bools.push_back(name);
     }
-    std::map<std::string, std::string> metadata = {{"kiln.exec.onnx", o.onnx}};
+    std::map<std::string, std::string> metadata = {
+        {o.plan.empty() ? "kiln.exec.onnx" : "kiln.exec.plan", source}};
     if (!bools.empty())
       metadata["kiln.exec.bool_outputs_as_i8"] = fmt::format("{}", fmt::join(bools, ","));
     write_safetensors(o.output, tensors, metadata);
@@ -161,10 +199,16 @@ int run_exec(const ExecOptions& o, const GlobalOptions& g) {
   for (const OutputComparison& c : comparisons) pass = pass && c.pass;
 
   if (o.json) {
-    nlohmann::json report = {{"onnx", o.onnx},
-                             {"folded_nodes", stats.folded_nodes},
-                             {"executed_nodes", stats.executed_nodes},
-                             {"seconds", seconds}};
+    nlohmann::json report = {{"seconds", seconds}};
+    if (o.plan.empty()) {
+      report["onnx"] = o.onnx;
+      report["folded_nodes"] = stats.folded_nodes;
+      report["executed_nodes"] = stats.executed_nodes;
+    } else {
+      report["plan"] = o.plan;
+      report["graph"] = o.graph;
+      report["sequences"] = sequences;
+    }
     report["outputs"] = nlohmann::json::array();
     for (const std::string& name : order) {
       const ImportTensor& t = outputs.at(name);
@@ -183,8 +227,12 @@ int run_exec(const ExecOptions& o, const GlobalOptions& g) {
     out_line(report.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
     return pass ? 0 : 1;
   }
-  out("{}: {} nodes ({} folded for the inputs' shapes, {} run) in {:.3f} s\n", o.onnx,
-      stats.folded_nodes + stats.executed_nodes, stats.folded_nodes, stats.executed_nodes, seconds);
+  if (o.plan.empty())
+    out("{}: {} nodes ({} folded for the inputs' shapes, {} run) in {:.3f} s\n", o.onnx,
+        stats.folded_nodes + stats.executed_nodes, stats.folded_nodes, stats.executed_nodes,
+        seconds);
+  else
+    out("{}: graph {}, {} sequences in {:.3f} s\n", o.plan, o.graph, sequences, seconds);
   for (const std::string& name : order)
     out("  output {:<24} {}\n", name, shape_text(outputs.at(name)));
   if (!o.output.empty())
@@ -215,7 +263,7 @@ int run_exec(const ExecOptions& o, const GlobalOptions& g) {
 Runner add_exec(CLI::App& app) {
   auto o = std::make_shared<ExecOptions>();
   CLI::App* cmd = app.add_subcommand(
-      "exec", "Run an ONNX graph once on named inputs with kiln's reference interpreter");
+      "exec", "Run an ONNX graph (kiln's reference interpreter) or a plan once on named inputs");
   describe(
       cmd,
       "One forward pass of an ONNX file through the ONNX frontend's interpreter (CPU, exact\n"
@@ -234,12 +282,24 @@ Runner add_exec(CLI::App& app) {
       "that do not match, an index out of range) is a runtime error (exit 1) naming the node.\n"
       "Safetensors has no BOOL or U8 in kiln's reader: give such inputs as I8; bool outputs\n"
       "are written as I8 (0/1) and listed in the file's metadata.\n"
+      "--plan PLAN runs a plan instead (from `kiln build --model` or `--onnx`), each row of\n"
+      "the batch one sequence of the tokens where attention_mask is nonzero, through the plan's\n"
+      "graphs (fused, KV-cached kernels); padded positions of the outputs are zeros. Inputs:\n"
+      "  BLOOM plans (--graph decoder): input_ids, attention_mask -> logits\n"
+      "  T5 plans --graph encoder: input_ids, attention_mask -> last_hidden_state\n"
+      "  T5 plans --graph decoder: input_ids, attention_mask, decoder_input_ids -> logits\n"
+      "(the T5 decoder export's encoder_hidden_states are the plan's own encoder's).\n"
       "Example (the fixture BLOOM export and onnxruntime's outputs, stored under prefixes):\n"
       "  kiln exec --onnx ../shared/fixtures/onnx/bloom.onnx --inputs "
       "../shared/fixtures/onnx/reference.safetensors --input-prefix bloom.in. -o "
       "/tmp/bloom_out.safetensors --compare ../shared/fixtures/onnx/reference.safetensors "
       "--compare-prefix bloom.out. --atol 1e-4 --rtol 1e-3 --compare-mask attention_mask");
-  one_value(cmd->add_option("--onnx", o->onnx, "the ONNX file")->required());
+  one_value(cmd->add_option("--onnx", o->onnx, "the ONNX file"));
+  one_value(cmd->add_option("--plan", o->plan,
+                            "instead of --onnx: a plan, run through its own graphs on the ONNX "
+                            "exports' padded inputs (see above)"));
+  one_value(cmd->add_option("--graph", o->graph,
+                            "with --plan: decoder (default) or, for T5 plans, encoder"));
   one_value(cmd->add_option("--inputs", o->inputs,
                             "safetensors file with one tensor per graph input, by name")
                 ->required());

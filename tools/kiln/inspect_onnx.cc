@@ -8,6 +8,7 @@
 #include "commands.h"
 #include "frontend/onnx/fold_import_graph.h"
 #include "frontend/onnx/import_graph.h"
+#include "frontend/onnx/lift_model.h"
 #include "frontend/onnx/supported_ops.h"
 #include "output.h"
 
@@ -65,6 +66,54 @@ nlohmann::json folding_json(const ImportGraph& g) {
   }
 }
 
+// What lifts into kiln's ops, what does not and why, and whether the whole graph assembles
+// into a model that `kiln build --onnx` makes a generation plan of.
+nlohmann::json lift_json(const ImportGraph& g) {
+  if (!find_unsupported_ops(g).empty()) return {{"error", "the graph has unsupported ops"}};
+  try {
+    const Logger quiet(LogLevel::kSilent);
+    const PatternGraph pattern(g, lift_probe_shapes(g));
+    const LiftResult lifted = lift_import_graph(pattern, quiet);
+    std::map<std::string, int> kinds, generic;
+    nlohmann::json ops = nlohmann::json::array();
+    for (const LiftedOp& op : lifted.ops) {
+      ++kinds[std::string(lifted_kind_name(op.kind))];
+      ops.push_back({{"kind", lifted_kind_name(op.kind)},
+                     {"anchor", op.anchor},
+                     {"summary", op.summary()},
+                     {"nodes", op.nodes.size()}});
+    }
+    for (int n : lifted.generic_nodes) ++generic[g.nodes()[n].qualified_op()];
+    nlohmann::json failures = nlohmann::json::array();
+    for (const PatternFailure& f : lifted.failures)
+      failures.push_back({{"pattern", f.pattern}, {"node", f.node}, {"reason", f.reason}});
+    nlohmann::json model;
+    bool rms = false;
+    for (const LiftedOp& op : lifted.ops) rms = rms || op.kind == LiftedKind::kRmsNorm;
+    if (rms) {
+      model = {{"architecture", "t5"},
+               {"note", g.find_value("encoder_hidden_states") >= 0
+                            ? "a T5 decoder: kiln build --onnx ENCODER --onnx this file"
+                            : "a T5 encoder: kiln build --onnx this file --onnx DECODER"}};
+    } else {
+      try {
+        const LiftedModel m = assemble_bloom(pattern, lifted, quiet);
+        model = {{"architecture", "bloom"}, {"notes", m.notes}};
+      } catch (const Error& e) {
+        model = {{"error", e.what()}};
+      }
+    }
+    return {{"ops", ops},
+            {"counts", kinds},
+            {"failures", failures},
+            {"generic", generic},
+            {"generic_nodes", lifted.generic_nodes.size()},
+            {"model", model}};
+  } catch (const Error& e) {
+    return {{"error", e.what()}};
+  }
+}
+
 nlohmann::json onnx_report(const OnnxModel& model, const ImportGraph& g) {
   std::map<std::string, int> ops;
   for (const ImportNode& n : g.nodes()) ++ops[n.qualified_op()];
@@ -92,7 +141,8 @@ nlohmann::json onnx_report(const OnnxModel& model, const ImportGraph& g) {
           {"initializers",
            {{"count", init_count}, {"bytes", init_bytes}, {"external_bytes", external_bytes}}},
           {"folded", folding_json(g)},
-          {"unsupported_ops", unsupported}};
+          {"unsupported_ops", unsupported},
+          {"lifted", lift_json(g)}};
 }
 
 void print_values(const char* title, const nlohmann::json& values) {
@@ -107,6 +157,35 @@ void print_values(const char* title, const nlohmann::json& values) {
     }
     out("  {:<32} {:<8} {}\n", v["name"].get<std::string>(), v["dtype"].get<std::string>(), shape);
   }
+}
+
+void print_lift(const nlohmann::json& l) {
+  if (l.contains("error")) {
+    out("lifting: not attempted: {}\n", l["error"].get<std::string>());
+    return;
+  }
+  std::string counts;
+  for (const auto& [kind, count] : l["counts"].items())
+    counts += fmt::format(" {}×{}", kind, count.get<int>());
+  out("lifted into kiln ops:{}\n", counts.empty() ? " none" : counts);
+  for (const auto& op : l["ops"])
+    if (op["kind"] == "attention")
+      out("  {} at '{}'\n", op["summary"].get<std::string>(), op["anchor"].get<std::string>());
+  std::string generic;
+  for (const auto& [op, count] : l["generic"].items())
+    generic += fmt::format(" {}×{}", op, count.get<int>());
+  out("not lifted (generic, outside any lifted op): {} nodes{}{}\n", l["generic_nodes"].get<int>(),
+      generic.empty() ? "" : ":", generic);
+  for (const auto& f : l["failures"])
+    out("  pattern {} at '{}' did not match: {}\n", f["pattern"].get<std::string>(),
+        f["node"].get<std::string>(), f["reason"].get<std::string>());
+  const auto& m = l["model"];
+  if (m.contains("error"))
+    out("model: does not lift into a generation plan: {}\n", m["error"].get<std::string>());
+  else if (m.contains("note"))
+    out("model: {}\n", m["note"].get<std::string>());
+  else
+    for (const auto& note : m["notes"]) out("model: {}\n", note.get<std::string>());
 }
 
 void print_report(const nlohmann::json& r) {
@@ -147,6 +226,7 @@ void print_report(const nlohmann::json& r) {
   const auto& unsupported = r["unsupported_ops"];
   if (unsupported.empty()) {
     out("unsupported ops: none (every op is one kiln imports)\n");
+    print_lift(r["lifted"]);
     return;
   }
   std::map<std::string, std::vector<std::string>> by_op;  // op -> node names

@@ -21,7 +21,8 @@ bool static_shape(const ImportValue& v, Shape* out) {
 }  // namespace
 
 FoldedGraph fold_import_graph(const ImportGraph& graph,
-                              const std::map<std::string, Shape>& input_shapes) {
+                              const std::map<std::string, Shape>& input_shapes,
+                              bool keep_all_data) {
   const std::vector<ImportValue>& values = graph.values();
   FoldedGraph f;
   f.known.resize(values.size());
@@ -76,6 +77,7 @@ FoldedGraph fold_import_graph(const ImportGraph& graph,
       if (v >= 0) needed[v] = true;
   }
   for (int v : graph.outputs()) needed[v] = true;
+  if (keep_all_data) needed.assign(values.size(), true);
   for (size_t v = 0; v < values.size(); ++v)
     if (!needed[v] && f.known[v].has_data())
       f.known[v] = ImportTensor::shape_only(f.known[v].type(), f.known[v].shape());

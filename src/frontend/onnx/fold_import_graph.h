@@ -30,7 +30,10 @@ struct FoldedGraph {
 // its declared shape when every dimension is a number, else not known (symbolic dims such as
 // batch stay unknown and so does everything computed from them). Throws kiln::Error naming the
 // node when a folded node fails (a shape mismatch found before the graph runs).
+// `keep_all_data`: keep the elements of every value computed (lifting reads shape-derived
+// tables, such as position buckets, at probe shapes), not only of those a remaining node reads.
 FoldedGraph fold_import_graph(const ImportGraph& graph,
-                              const std::map<std::string, Shape>& input_shapes = {});
+                              const std::map<std::string, Shape>& input_shapes = {},
+                              bool keep_all_data = false);
 
 }  // namespace kiln

@@ -1,0 +1,37 @@
+// One sequence's full forward pass through a model's compiled graphs, without the scheduler:
+// the logits of every decoder position, the way HuggingFace's forward computes them, optionally
+// one token per decoder call through the paged KV cache. `kiln exec --plan` and the parity
+// tests drive plans with it.
+#pragma once
+
+#include <vector>
+
+#include "runtime/compiled_model.h"
+
+namespace kiln {
+
+struct Forward {
+  Tensor encoder_hidden;  // [prompt tokens, d_model], encoder-decoder models only
+  Tensor logits;          // [decoder tokens, vocab] f32
+};
+
+// A model's graphs compiled on some backend: a CompiledModel's, or graphs a caller compiled
+// itself on a backend of its choice (the reference backend).
+struct ForwardModel {
+  const ModelIR& model;
+  Backend& backend;
+  Executable* encoder;  // encoder-decoder models only
+  Executable& decoder;
+  DType kv_dtype = DType::kF32;
+};
+
+// Encoder-decoder models: encodes `prompt`, then teacher-forces `decoder_ids`. Decoder-only:
+// `prompt` is ignored and `decoder_ids` is the whole sequence. step_by_step feeds one token per
+// decoder call.
+Forward run_forward(const ForwardModel& m, const std::vector<int64_t>& prompt,
+                    const std::vector<int64_t>& decoder_ids, bool step_by_step);
+// The same on a CompiledModel, with the KV cache in the type its scheduler keeps it in.
+Forward run_forward(CompiledModel& engine, const std::vector<int64_t>& prompt,
+                    const std::vector<int64_t>& decoder_ids, bool step_by_step);
+
+}  // namespace kiln
