@@ -12,8 +12,10 @@ mkdir -p "$work/repo"
 ln -s "$repo/models" "$work/repo/models"
 ln -s "$repo/examples" "$work/repo/examples"
 ln -s "$(dirname "$FIXTURES")" "$work/shared"
-# The ONNX file `kiln inspect --help`'s example names (model.onnx): the fixture BLOOM export.
+# The ONNX files the --help examples name: `kiln inspect`'s model.onnx is the fixture BLOOM
+# export, `kiln build`'s are the fixture exports under their own names.
 ln -s "$FIXTURES/onnx/bloom.onnx" "$work/repo/model.onnx"
+for f in bloom t5_encoder t5_decoder; do ln -s "$FIXTURES/onnx/$f.onnx" "$work/repo/$f.onnx"; done
 
 python3 - "$KILN" "$repo/README.md" "$work/repo" <<'PY' || fail "README and --help examples"
 import os, re, subprocess, sys
