@@ -9,7 +9,8 @@
 
 namespace kiln {
 
-ModelIR build_model(const std::string& hf_dir, const BuildOptions& options, const Logger& log) {
+ModelIR import_for_precision(const std::string& hf_dir, const BuildOptions& options,
+                             const Logger& log) {
   const std::string why = target_unsupported_reason(options.device, options.precision);
   KILN_CHECK_USAGE(why.empty(), "--device {} --precision {}: {}", device_name(options.device),
                    precision_name(options.precision), why);
@@ -26,8 +27,6 @@ ModelIR build_model(const std::string& hf_dir, const BuildOptions& options, cons
       "--tf32 is for --device cuda --precision fp32 (TF32 tensor cores run fp32 "
       "GEMMs with 10-bit mantissas); got --device {} --precision {}",
       device_name(options.device), precision_name(options.precision));
-  std::optional<WeightSpill::Scope> spill;
-  if (!options.spill_dir.empty()) spill.emplace(WeightSpill::create(options.spill_dir));
   ModelIR model = import_hf_model(hf_dir, log);
   model.device = options.device;
   if (model.device == Device::kCuda) {
@@ -72,7 +71,7 @@ ModelIR build_model(const std::string& hf_dir, const BuildOptions& options, cons
   if (options.optimize) {
     PassOptions passes;
     passes.precision = options.precision_options;
-    optimize_model(model, passes, log);
+    optimize_before_precision(model, passes, log);
   } else {
     // Without the pipeline the Cast nodes of fp16 checkpoints still need resolving, and the
     // executor needs slots.
@@ -80,6 +79,16 @@ ModelIR build_model(const std::string& hf_dir, const BuildOptions& options, cons
       fold_constants(g, log);
       eliminate_dead(g, log);
     }
+  }
+  return model;
+}
+
+void finish_build(ModelIR& model, const BuildOptions& options, const Logger& log) {
+  if (options.optimize) {
+    PassOptions passes;
+    passes.precision = options.precision_options;
+    optimize_from_precision(model, passes, log);
+  } else {
     check_calibration(model, options.precision_options);
     apply_smoothing(model, options.precision_options, log);
     for (Graph& g : model.graphs) {
@@ -102,6 +111,13 @@ ModelIR build_model(const std::string& hf_dir, const BuildOptions& options, cons
   }
   if (model.device == Device::kCpu && options.pack_for_cpu == CpuIsa::kAvx512)
     pack_weights(model, log);
+}
+
+ModelIR build_model(const std::string& hf_dir, const BuildOptions& options, const Logger& log) {
+  std::optional<WeightSpill::Scope> spill;
+  if (!options.spill_dir.empty()) spill.emplace(WeightSpill::create(options.spill_dir));
+  ModelIR model = import_for_precision(hf_dir, options, log);
+  finish_build(model, options, log);
   return model;
 }
 
