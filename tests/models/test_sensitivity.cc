@@ -248,6 +248,24 @@ TEST(SensitivityFallbackOutlier, TheSensitiveLayerIsTheOneKeptFloat) {
   EXPECT_GE(b, f - 4);  // within two points of fp32
 }
 
+// A cache that keeps in float a layer the model does not have is refused, naming it.
+TEST(SensitivityFallbackOutlier, ACacheKeepingAnUnknownLayerIsRefused) {
+  Context ctx(ContextOptions{LogLevel::kError, 2});
+  const std::string dir = fixture("t5-tiny");
+  BuildOptions o = calibrated(ctx, dir);
+  o.precision_options.calibration->quant_tolerance = 0.005;
+  o.precision_options.calibration->fallback["encoder.block.9.layer.0.SelfAttention.qkv"] = {};
+  try {
+    build_model(dir, o, Logger(LogLevel::kSilent));
+    ADD_FAILURE() << "built";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kUsage);
+    EXPECT_NE(std::string(e.what()).find("encoder.block.9.layer.0.SelfAttention.qkv"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 // On the fixture models, the plan a tight tolerance chooses answers the dev set at least as well
 // as the all-int8 plan, within a point.
 TEST_P(SensitivityFallback, TheFallbackPlanIsAsAccurateAsAllInt8) {
