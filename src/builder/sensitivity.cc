@@ -9,6 +9,8 @@
 #include <set>
 
 #include "core/logging.h"
+#include "graph/packing.h"
+#include "passes/pass.h"
 #include "runtime/forced_logits.h"
 #include "runtime/scheduler.h"
 
@@ -148,14 +150,18 @@ class PlanScorer {
       : ctx_(ctx), base_(base), options_(options), ref_(ref) {}
 
   // The int8 plan with `float_nodes` kept float.
-  ModelIR build(const std::set<std::string>& float_nodes) const {
+  ModelIR build(const std::set<std::string>& float_nodes) {
     BuildOptions o = options_;
     CalibrationCache& cache = *o.precision_options.calibration;
     cache.fallback.clear();
     for (const std::string& n : float_nodes) cache.fallback[n] = {};
+    // Packed below, reusing what earlier plans packed.
+    o.pack_for_cpu.reset();
     ModelIR model = base_;
     QuietLog quiet(ctx_.log());
     finish_build(model, o, ctx_.log());
+    if (model.device == Device::kCpu && options_.pack_for_cpu == CpuIsa::kAvx512)
+      pack_reusing(model);
     return model;
   }
 
@@ -172,6 +178,43 @@ class PlanScorer {
   int measured() const { return measured_; }
 
  private:
+  // pack_weights, except that a weight an earlier plan packed from the same tensor (one the
+  // plans share with the imported model: every weight the plan keeps f32) takes that packed
+  // form: each plan then packs only what it quantized, not the whole model again (on the CPU a
+  // plain weight would be packed when the plan is compiled, every plan).
+  void pack_reusing(ModelIR& model) {
+    std::map<std::string, Tensor> plain;  // graph/value -> the data before packing
+    for (Graph& g : model.graphs)
+      for (size_t id = 0; id < g.values.size(); ++id) {
+        Value& v = g.values[id];
+        if (v.kind != ValueKind::kWeight || !v.layout.plain() || !v.data.defined()) continue;
+        const std::string key = g.name + "/" + v.name;
+        const auto it = packed_.find(key);
+        if (it != packed_.end() && it->second.source.raw() == v.data.raw() &&
+            it->second.source.dtype() == v.data.dtype() &&
+            it->second.source.shape() == v.data.shape()) {
+          g.set_weight_data(static_cast<int>(id), it->second.packed);
+          v.layout = it->second.layout;
+          model.target = kPanel16Target;
+        } else {
+          plain[key] = v.data;
+        }
+      }
+    pack_weights(model, ctx_.log());
+    for (const Graph& g : model.graphs)
+      for (const Value& v : g.values) {
+        const auto it = plain.find(g.name + "/" + v.name);
+        if (it != plain.end() && !v.layout.plain())
+          packed_[it->first] = {it->second, v.data, v.layout};
+      }
+  }
+
+  struct Packed {
+    Tensor source;  // kept alive, so that no later tensor takes its address
+    Tensor packed;
+    WeightLayout layout;
+  };
+  std::map<std::string, Packed> packed_;
   Context& ctx_;
   const ModelIR& base_;
   const BuildOptions& options_;
