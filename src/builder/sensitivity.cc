@@ -105,13 +105,17 @@ Reference make_reference(CompiledModel& model, const std::vector<CalibrationProm
     }
     s.decoder_ids.insert(s.decoder_ids.end(), outputs[i].begin(), outputs[i].end());
     // The plan's steps bound the sequence; generation stays within the positions.
-    s.decoder_ids.resize(
-        std::min<int64_t>(static_cast<int64_t>(s.decoder_ids.size()), ir.profile.max_step_tokens));
-    Tensor lp = forced_logits(model, s);
+    const int64_t n =
+        std::min<int64_t>(static_cast<int64_t>(s.decoder_ids.size()), ir.profile.max_step_tokens);
+    s.decoder_ids.resize(static_cast<size_t>(n));
+    // At most a step's logits rows: the last ones.
+    s.first_row = std::max(s.first_row, n - ir.profile.max_batch);
+    ref.sequences.push_back(std::move(s));
+  }
+  ref.log_probs = forced_logits(model, ref.sequences);
+  for (Tensor& lp : ref.log_probs) {
     log_softmax_rows(lp);
     ref.positions += lp.dim(0);
-    ref.sequences.push_back(std::move(s));
-    ref.log_probs.push_back(std::move(lp));
   }
   return ref;
 }
@@ -120,8 +124,9 @@ Reference make_reference(CompiledModel& model, const std::vector<CalibrationProm
 LayerSensitivity score(CompiledModel& model, const Reference& ref) {
   double kl_sum = 0.0;
   int64_t agree = 0;
+  std::vector<Tensor> logits = forced_logits(model, ref.sequences);
   for (size_t s = 0; s < ref.sequences.size(); ++s) {
-    Tensor q = forced_logits(model, ref.sequences[s]);
+    Tensor& q = logits[s];
     log_softmax_rows(q);
     const Tensor& p = ref.log_probs[s];
     const int64_t rows = p.dim(0), vocab = p.dim(1);

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "runtime/compiled_model.h"
@@ -21,10 +22,15 @@ struct ForcedSequence {
   int64_t first_row = 0;
 };
 
-// [decoder_ids.size() - first_row, vocab] f32 on the host: one encoder step (encoder-decoder
-// models) and one decoder step over the whole sequence, with the K/V cache in the type the
-// scheduler keeps it in for the plan. Throws for an empty sequence, first_row out of range, or
-// a sequence longer than the plan's steps.
+// Per sequence, [decoder_ids.size() - first_row, vocab] f32 on the host. The sequences run
+// together, as many per step as the plan's steps hold (its max_step_tokens and max_batch): an
+// encoder step over their prompts (encoder-decoder models), then a decoder step over their
+// whole decoder sequences, with the K/V cache in the type the scheduler keeps it in for the plan.
+// Each sequence's rows do not depend on the others (the runtime's ragged steps). Throws for an
+// empty sequence, first_row out of range, a sequence longer than the plan's steps, or more rows
+// of one sequence than a step's logits hold (the plan's max_batch).
+std::vector<Tensor> forced_logits(CompiledModel& model, std::span<const ForcedSequence> sequences);
+// One sequence.
 Tensor forced_logits(CompiledModel& model, const ForcedSequence& sequence);
 
 }  // namespace kiln

@@ -1,6 +1,7 @@
 // runtime/forced_logits.h against HuggingFace: the fixture models' fp32 plans teacher-forced on
 // each reference case's greedy ids give HF's logits (the reference's `caseN.logits`, computed on
-// greedy_ids[:-1]) within the parity bound, and rows from first_row on are those rows.
+// greedy_ids[:-1]) within the parity bound, rows from first_row on are those rows, and
+// sequences run together get what each gets alone.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -24,6 +25,8 @@ TEST_P(ForcedLogits, MatchHuggingFacesTeacherForcedLogits) {
   const SafetensorsFile ref = SafetensorsFile::open(fixture(model + "/reference.safetensors"));
   auto tensor = [&](const std::string& name) -> const Tensor& { return ref.tensors().at(name); };
   int cases = 0;
+  std::vector<ForcedSequence> batch;
+  std::vector<Tensor> alone;
   for (; ref.tensors().count("case" + std::to_string(cases) + ".logits") != 0; ++cases) {
     const std::string k = "case" + std::to_string(cases);
     ForcedSequence s;
@@ -40,8 +43,17 @@ TEST_P(ForcedLogits, MatchHuggingFacesTeacherForcedLogits) {
         std::memcmp(tail.raw(), all.data<float>() + (all.dim(0) - 2) * all.dim(1), tail.nbytes()),
         0)
         << k;
+    batch.push_back(s);
+    alone.push_back(tail);
   }
   EXPECT_GE(cases, 9);
+  // Together (several per step), each sequence gets the rows it gets alone, bit for bit.
+  const std::vector<Tensor> together = forced_logits(plan, batch);
+  ASSERT_EQ(together.size(), alone.size());
+  for (size_t i = 0; i < alone.size(); ++i) {
+    ASSERT_EQ(together[i].shape(), alone[i].shape()) << i;
+    EXPECT_EQ(std::memcmp(together[i].raw(), alone[i].raw(), alone[i].nbytes()), 0) << i;
+  }
   ForcedSequence bad;
   bad.decoder_ids = {0, 1};
   bad.first_row = 2;
