@@ -129,6 +129,8 @@ Runner add_build(CLI::App& app) {
       "t5.calib -o t5-w8a8.plan\n"
       "  kiln build --model models/t5-tiny --precision int8 --calib-cache t5.calib -o "
       "t5-w8a8.plan\n"
+      "  kiln build --model models/t5-tiny --precision int8 --calib calib.jsonl "
+      "--quant-tolerance 1e-4 -o t5-w8a8.plan\n"
       "int8 (W8A8, cpu) quantizes every Linear's input to int8 with a static scale calibrated on\n"
       "--calib prompts: the fp32 model runs over them first (encoder and decoder, decoding\n"
       "--calib-tokens tokens greedily) and records each input's range; --calib-cache writes\n"
@@ -194,14 +196,16 @@ Runner add_build(CLI::App& app) {
                   "quantizing (the cache records the factors)")
       ->check(CLI::Range(0.0, 1.0));
   cmd->add_option(
-      "--quant-tolerance", o->quant_tolerance,
-      fmt::format("with --calib: the most mean KL divergence (nats per token) of the int8 plan's "
-                  "next-token distributions from fp32's on the calibration prompts; the layers "
-                  "that cause most of it are kept float until the plan is under it (default "
-                  "{:g}; 0 keeps float every layer whose error is measurable; 'off': every "
-                  "layer int8, no sensitivity pass). With --calib-cache alone: the cache's "
-                  "layers are kept, or 'off' drops them",
-                  kDefaultQuantTolerance));
+         "--quant-tolerance", o->quant_tolerance,
+         fmt::format(
+             "with --calib: the most mean KL divergence (nats per token) of the int8 plan's "
+             "next-token distributions from fp32's on the calibration prompts; the layers "
+             "that cause most of it are kept float until the plan is under it (default "
+             "{:g}; 0 keeps float every layer whose error is measurable; 'off': every "
+             "layer int8, no sensitivity pass). With --calib-cache alone: the cache's "
+             "layers are kept, or 'off' drops them",
+             kDefaultQuantTolerance))
+      ->type_name("KL|off");
   CLI::Option* sensitivity_prompts = cmd->add_option(
       "--sensitivity-prompts", o->sensitivity_prompts,
       fmt::format("with --calib: how many of the calibration prompts (the first) the "
