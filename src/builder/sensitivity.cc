@@ -375,7 +375,7 @@ CalibrationCache apply_sensitivity_fallback(Context& ctx, const std::string& hf_
     Activity activity(log, "sensitivity: choosing the layers to keep float");
     if (!passes(0)) {
       // Exponential steps to a count under the tolerance, then bisection below it.
-      size_t low = 0, high = 1;
+      size_t low = 0, high = std::min<size_t>(1, n);
       while (high < n && !passes(high)) {
         low = high;
         high = std::min(n, high * 2);
