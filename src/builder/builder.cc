@@ -32,8 +32,8 @@ void check_build_options(const BuildOptions& options) {
       device_name(options.device), precision_name(options.precision));
 }
 
-// An imported model through the pass pipeline for the build's target.
-ModelIR finish_build(ModelIR model, const BuildOptions& options, const Logger& log) {
+// An imported model's target and shape profile, and the passes before the precision pass.
+void prepare_for_precision(ModelIR& model, const BuildOptions& options, const Logger& log) {
   model.device = options.device;
   if (model.device == Device::kCuda) {
     model.target = cuda_build_target();
@@ -77,7 +77,7 @@ ModelIR finish_build(ModelIR model, const BuildOptions& options, const Logger& l
   if (options.optimize) {
     PassOptions passes;
     passes.precision = options.precision_options;
-    optimize_model(model, passes, log);
+    optimize_before_precision(model, passes, log);
   } else {
     // Without the pipeline the Cast nodes of fp16 checkpoints still need resolving, and the
     // executor needs slots.
@@ -85,6 +85,25 @@ ModelIR finish_build(ModelIR model, const BuildOptions& options, const Logger& l
       fold_constants(g, log);
       eliminate_dead(g, log);
     }
+  }
+}
+
+}  // namespace
+
+ModelIR import_for_precision(const std::string& hf_dir, const BuildOptions& options,
+                             const Logger& log) {
+  check_build_options(options);
+  ModelIR model = import_hf_model(hf_dir, log);
+  prepare_for_precision(model, options, log);
+  return model;
+}
+
+void finish_build(ModelIR& model, const BuildOptions& options, const Logger& log) {
+  if (options.optimize) {
+    PassOptions passes;
+    passes.precision = options.precision_options;
+    optimize_from_precision(model, passes, log);
+  } else {
     check_calibration(model, options.precision_options);
     apply_smoothing(model, options.precision_options, log);
     for (Graph& g : model.graphs) {
@@ -107,16 +126,14 @@ ModelIR finish_build(ModelIR model, const BuildOptions& options, const Logger& l
   }
   if (model.device == Device::kCpu && options.pack_for_cpu == CpuIsa::kAvx512)
     pack_weights(model, log);
-  return model;
 }
 
-}  // namespace
-
 ModelIR build_model(const std::string& hf_dir, const BuildOptions& options, const Logger& log) {
-  check_build_options(options);
   std::optional<WeightSpill::Scope> spill;
   if (!options.spill_dir.empty()) spill.emplace(WeightSpill::create(options.spill_dir));
-  return finish_build(import_hf_model(hf_dir, log), options, log);
+  ModelIR model = import_for_precision(hf_dir, options, log);
+  finish_build(model, options, log);
+  return model;
 }
 
 ModelIR build_model_from_onnx(const std::vector<std::string>& onnx_files,
@@ -125,7 +142,10 @@ ModelIR build_model_from_onnx(const std::vector<std::string>& onnx_files,
   check_build_options(options);
   std::optional<WeightSpill::Scope> spill;
   if (!options.spill_dir.empty()) spill.emplace(WeightSpill::create(options.spill_dir));
-  return finish_build(import_onnx_model(onnx_files, tokenizer_file, log), options, log);
+  ModelIR model = import_onnx_model(onnx_files, tokenizer_file, log);
+  prepare_for_precision(model, options, log);
+  finish_build(model, options, log);
+  return model;
 }
 
 void select_tactics(ModelIR& model, Context& ctx) {

@@ -54,6 +54,13 @@ ModelIR build_model(const std::string& hf_dir, const BuildOptions& options, cons
 ModelIR build_model_from_onnx(const std::vector<std::string>& onnx_files,
                               const std::string& tokenizer_file, const BuildOptions& options,
                               const Logger& log);
+// build_model in two halves: the checkpoint imported and the passes before the precision pass
+// run (the float plan's graphs, options checked), then the precision pass and what follows it.
+// A caller that makes several precision plans of one model (the sensitivity fallback,
+// builder/sensitivity.h) imports once and finishes copies: weights are shared, not copied.
+ModelIR import_for_precision(const std::string& hf_dir, const BuildOptions& options,
+                             const Logger& log);
+void finish_build(ModelIR& model, const BuildOptions& options, const Logger& log);
 
 // Tactic selection for CUDA plans (`kiln build --device cuda`): every Linear's kernel and
 // cuBLASLt algorithm per row count, timed on the visible GPU and stored in the model. Logs and

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <set>
 #include <sstream>
 
@@ -21,6 +22,14 @@ namespace {
 constexpr const char* kMagic = "kiln-calibration-cache";
 constexpr int kVersion = 1;          // scales only
 constexpr int kSmoothedVersion = 2;  // and SmoothQuant's factors
+constexpr int kFallbackVersion = 3;  // and the sensitivity fallback's tolerance and layers
+
+// A number of the whole of `text` (from_chars: no locale, no trailing characters).
+template <typename T>
+bool parse_number(const std::string& text, T* value) {
+  const auto [end, err] = std::from_chars(text.data(), text.data() + text.size(), *value);
+  return err == std::errc() && end == text.data() + text.size();
+}
 
 bool has_space(const std::string& s) {
   return std::any_of(s.begin(), s.end(),
@@ -38,6 +47,14 @@ std::string first_few(const std::vector<std::string>& names) {
 }
 
 }  // namespace
+
+std::string fallback_reason(const LayerSensitivity& error, double quant_tolerance) {
+  return fmt::format(
+      "sensitivity fallback: int8 alone moves the next-token distributions by mean KL {:.3g} "
+      "nats/token (top-1 agreement {:.1f} %) against fp32 on the calibration prompts; kept "
+      "float so that the whole model's mean KL is at most --quant-tolerance {:g}",
+      error.mean_kl, 100.0 * error.top1_agreement, quant_tolerance);
+}
 
 std::string calibrated_tensor_name(const Graph& graph, int value) {
   return graph.name + "/" + graph.values[static_cast<size_t>(value)].name;
@@ -92,9 +109,18 @@ void write_calibration_cache(const std::string& path, const CalibrationCache& ca
   KILN_CHECK(smoothed == (cache.smoothquant_alpha > 0.0) && cache.smoothquant_alpha <= 1.0,
              "calibration cache {}: SmoothQuant alpha {} with {} smoothed tensors", path,
              cache.smoothquant_alpha, cache.smoothing.size());
-  std::string text = fmt::format("{} {} model={} method={}", kMagic,
-                                 smoothed ? kSmoothedVersion : kVersion, cache.model, cache.method);
-  text += smoothed ? fmt::format(" smoothquant={}\n", cache.smoothquant_alpha) : "\n";
+  const bool fallback = cache.quant_tolerance >= 0.0;
+  KILN_CHECK(fallback || cache.fallback.empty(),
+             "calibration cache {}: {} layers kept in float without a tolerance", path,
+             cache.fallback.size());
+  KILN_CHECK(!fallback || std::isfinite(cache.quant_tolerance),
+             "calibration cache {}: quant tolerance {}", path, cache.quant_tolerance);
+  const int version = fallback ? kFallbackVersion : smoothed ? kSmoothedVersion : kVersion;
+  std::string text =
+      fmt::format("{} {} model={} method={}", kMagic, version, cache.model, cache.method);
+  if (smoothed) text += fmt::format(" smoothquant={}", cache.smoothquant_alpha);
+  if (fallback) text += fmt::format(" quant-tolerance={}", cache.quant_tolerance);
+  text += "\n";
   for (const auto& [name, factors] : cache.smoothing) {
     KILN_CHECK(!name.empty() && !has_space(name) && !factors.empty(),
                "calibration cache {}: smoothed tensor '{}' is unnamed or has no factors", path,
@@ -106,6 +132,15 @@ void write_calibration_cache(const std::string& path, const CalibrationCache& ca
       text += fmt::format(" {}", f);
     }
     text += "\n";
+  }
+  for (const auto& [name, error] : cache.fallback) {
+    KILN_CHECK(!name.empty() && !has_space(name) && std::isfinite(error.mean_kl) &&
+                   error.mean_kl >= 0.0 && error.top1_agreement >= 0.0 &&
+                   error.top1_agreement <= 1.0,
+               "calibration cache {}: layer '{}' kept in float with mean KL {} and top-1 "
+               "agreement {}",
+               path, name, error.mean_kl, error.top1_agreement);
+    text += fmt::format("float {} {} {}\n", name, error.mean_kl, error.top1_agreement);
   }
   for (const auto& [name, scale] : cache.scales) {
     KILN_CHECK(!name.empty() && !has_space(name),
@@ -137,38 +172,78 @@ CalibrationCache read_calibration_cache(const std::string& path) {
     if (line.find_first_not_of(" \t") == std::string::npos) continue;
     std::istringstream words(line);
     if (!header) {
-      std::string magic, model, method, smooth, rest;
+      std::string magic, word;
       int version = 0;
-      words >> magic >> version >> model >> method;
+      words >> magic >> version;
       KILN_CHECK(magic == kMagic,
                  "{}:{}: not a kiln calibration cache (the first line should start with '{}')",
                  path, lineno, kMagic);
-      KILN_CHECK(version == kVersion || version == kSmoothedVersion,
-                 "{}:{}: calibration cache version {}; this kiln reads {} and {}", path, lineno,
-                 version, kVersion, kSmoothedVersion);
-      const bool smoothed = version == kSmoothedVersion;
-      if (smoothed) words >> smooth;
-      KILN_CHECK(model.rfind("model=", 0) == 0 && method.rfind("method=", 0) == 0 &&
-                     (!smoothed || smooth.rfind("smoothquant=", 0) == 0) && !(words >> rest),
-                 "{}:{}: expected '{} {} model=FINGERPRINT method=METHOD{}'", path, lineno, kMagic,
-                 version, smoothed ? " smoothquant=ALPHA" : "");
-      cache.model = model.substr(6);
-      cache.method = method.substr(7);
+      KILN_CHECK(version == kVersion || version == kSmoothedVersion || version == kFallbackVersion,
+                 "{}:{}: calibration cache version {}; this kiln reads {}, {} and {}", path, lineno,
+                 version, kVersion, kSmoothedVersion, kFallbackVersion);
+      // key=value words: model and method always; smoothquant in version 2 (and 3, when
+      // smoothed); quant-tolerance in version 3.
+      std::map<std::string, std::string> keys;
+      while (words >> word) {
+        const size_t eq = word.find('=');
+        KILN_CHECK(eq != std::string::npos && eq > 0, "{}:{}: '{}' in the header is not KEY=VALUE",
+                   path, lineno, word);
+        const std::string key = word.substr(0, eq);
+        const bool known = key == "model" || key == "method" ||
+                           (key == "smoothquant" && version >= kSmoothedVersion) ||
+                           (key == "quant-tolerance" && version >= kFallbackVersion);
+        KILN_CHECK(known, "{}:{}: '{}' is not a header field of calibration cache version {}", path,
+                   lineno, key, version);
+        KILN_CHECK(keys.emplace(key, word.substr(eq + 1)).second,
+                   "{}:{}: header field '{}' is given twice", path, lineno, key);
+      }
+      const bool smoothed = keys.count("smoothquant") != 0;
+      KILN_CHECK(keys.count("model") && keys.count("method") &&
+                     (version != kSmoothedVersion || smoothed) &&
+                     (version != kFallbackVersion || keys.count("quant-tolerance")),
+                 "{}:{}: expected '{} {} model=FINGERPRINT method=METHOD{}{}'", path, lineno,
+                 kMagic, version, version == kSmoothedVersion ? " smoothquant=ALPHA" : "",
+                 version == kFallbackVersion ? " [smoothquant=ALPHA] quant-tolerance=KL" : "");
+      cache.model = keys["model"];
+      cache.method = keys["method"];
       KILN_CHECK(!cache.model.empty() && !cache.method.empty(),
                  "{}:{}: the model fingerprint or the method is empty", path, lineno);
       if (smoothed) {
-        const std::string alpha = smooth.substr(12);
-        const auto [end, err] =
-            std::from_chars(alpha.data(), alpha.data() + alpha.size(), cache.smoothquant_alpha);
-        KILN_CHECK(err == std::errc() && end == alpha.data() + alpha.size() &&
-                       cache.smoothquant_alpha > 0.0 && cache.smoothquant_alpha <= 1.0,
+        const std::string& alpha = keys["smoothquant"];
+        KILN_CHECK(parse_number(alpha, &cache.smoothquant_alpha) && cache.smoothquant_alpha > 0.0 &&
+                       cache.smoothquant_alpha <= 1.0,
                    "{}:{}: smoothquant={} is not a number in (0, 1]", path, lineno, alpha);
+      }
+      if (version == kFallbackVersion) {
+        const std::string& tol = keys["quant-tolerance"];
+        KILN_CHECK(parse_number(tol, &cache.quant_tolerance) &&
+                       std::isfinite(cache.quant_tolerance) && cache.quant_tolerance >= 0.0,
+                   "{}:{}: quant-tolerance={} is not a finite non-negative number", path, lineno,
+                   tol);
       }
       header = true;
       continue;
     }
     std::string name, scale_text, rest;
     words >> name;
+    if (name == "float") {
+      KILN_CHECK(cache.quant_tolerance >= 0.0,
+                 "{}:{}: a 'float' line in a cache without quant-tolerance= in its header", path,
+                 lineno);
+      std::string node, kl, top1;
+      words >> node >> kl >> top1;
+      LayerSensitivity error;
+      KILN_CHECK(!top1.empty() && !(words >> rest) && parse_number(kl, &error.mean_kl) &&
+                     parse_number(top1, &error.top1_agreement) && std::isfinite(error.mean_kl) &&
+                     error.mean_kl >= 0.0 && error.top1_agreement >= 0.0 &&
+                     error.top1_agreement <= 1.0,
+                 "{}:{}: expected 'float NODE MEAN_KL TOP1_AGREEMENT' (KL >= 0, agreement in "
+                 "[0, 1]), got '{}'",
+                 path, lineno, line);
+      KILN_CHECK(cache.fallback.emplace(node, error).second,
+                 "{}:{}: layer {} is kept in float twice", path, lineno, node);
+      continue;
+    }
     if (name == "smooth") {
       KILN_CHECK(cache.smoothquant_alpha > 0.0,
                  "{}:{}: a 'smooth' line in a cache without smoothquant= in its header", path,

@@ -8,7 +8,8 @@
 // The header names the model (calibration_fingerprint: its checkpoint's content, which tensors
 // it calibrates and their shapes, its config and tokenizer) and the method; then one line per
 // calibrated tensor: its name (graph/value, no whitespace) and its int8 scale as the shortest
-// decimal that reads back as the same float. A cache that does not match the model it is used for
+// decimal that reads back as the same float (and, from the sensitivity fallback, `float` lines:
+// the layers kept in f32). A cache that does not match the model it is used for
 // is refused, naming what differs.
 #pragma once
 
@@ -19,6 +20,19 @@
 #include "graph/model_ir.h"
 
 namespace kiln {
+
+// What quantizing one layer alone does to the model's next-token distributions, against the
+// float plan on the same tokens (builder/sensitivity.h): the mean over scored positions of
+// KL(float || quantized) in nats, and the fraction of positions whose top-1 token agrees.
+struct LayerSensitivity {
+  double mean_kl = 0.0;
+  double top1_agreement = 1.0;
+  bool operator==(const LayerSensitivity&) const = default;
+};
+
+// Why the sensitivity fallback keeps a layer in f32, for the build log and `kiln inspect`: its
+// measured error and the tolerance the whole model was brought under.
+std::string fallback_reason(const LayerSensitivity& error, double quant_tolerance);
 
 struct CalibrationCache {
   std::string model;   // calibration_fingerprint of the model it was made for (16 hex digits)
@@ -31,6 +45,13 @@ struct CalibrationCache {
   // format: `smoothquant=ALPHA` in the header, and `smooth TENSOR F0 F1 ...` lines.
   double smoothquant_alpha = 0.0;
   std::map<std::string, std::vector<float>> smoothing;
+  // The sensitivity fallback (kiln build --quant-tolerance; builder/sensitivity.h), when the
+  // build that calibrated ran it: the whole-model mean KL it brought the plan under (negative:
+  // not run), and the Linear and Embedding nodes it keeps in f32, by name, each with what
+  // quantizing it alone measured. Version 3 of the format: `quant-tolerance=T` in the header,
+  // and `float NODE MEAN_KL TOP1_AGREEMENT` lines. A cache-only build keeps the same layers.
+  double quant_tolerance = -1.0;
+  std::map<std::string, LayerSensitivity> fallback;
   bool operator==(const CalibrationCache&) const = default;
 };
 

@@ -124,7 +124,14 @@ struct PassOptions {
   PrecisionOptions precision;
 };
 
-// The standard pipeline over every graph of a model, then verification.
+// The standard pipeline over every graph of a model, then verification: the two halves below.
 void optimize_model(ModelIR& model, const PassOptions& options, const Logger& log);
+// The passes before the precision pass (folding, fusions): they leave the float plan's graphs,
+// which a calibration observes and from which several precision plans can be made (the
+// sensitivity fallback builds one per quantized layer from one copy).
+void optimize_before_precision(ModelIR& model, const PassOptions& options, const Logger& log);
+// The rest: the calibration checked, SmoothQuant folded in, the precision pass, the fusions
+// that follow it, verification and memory planning.
+void optimize_from_precision(ModelIR& model, const PassOptions& options, const Logger& log);
 
 }  // namespace kiln

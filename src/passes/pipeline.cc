@@ -24,6 +24,17 @@ void check_calibration(const ModelIR& model, const PrecisionOptions& options) {
   if (!options.calibration) return;
   check_calibration_cache(*options.calibration, options.calibration_source,
                           calibration_fingerprint(model), calibrated_tensors(model));
+  // The layers the sensitivity fallback kept in float must be this model's.
+  for (const auto& [name, error] : options.calibration->fallback) {
+    bool found = false;
+    for (const Graph& g : model.graphs)
+      for (const Node& n : g.nodes)
+        found |= n.name == name && (n.op == OpKind::kLinear || n.op == OpKind::kEmbedding);
+    KILN_CHECK_USAGE(found,
+                     "calibration cache {} keeps layer {} in float, and the model has no Linear "
+                     "or Embedding of that name",
+                     options.calibration_source, name);
+  }
 }
 
 void apply_smoothing(ModelIR& model, const PrecisionOptions& options, const Logger& log) {
@@ -34,9 +45,9 @@ void apply_smoothing(ModelIR& model, const PrecisionOptions& options, const Logg
   for (Graph& g : model.graphs) apply_smoothing(g, factors, options.keep_float, log);
 }
 
-void optimize_model(ModelIR& model, const PassOptions& options, const Logger& log) {
-  // The passes before the precision pass, on every graph: the graphs they leave are the float
-  // plan's, whose Linear inputs a calibration observed (check_calibration compares them).
+void optimize_before_precision(ModelIR& model, const PassOptions& options, const Logger& log) {
+  // The graphs these passes leave are the float plan's, whose Linear inputs a calibration
+  // observed (check_calibration compares them).
   for (Graph& g : model.graphs) {
     // The Casts whose readers keep_narrow_weights rewires to the narrow weights go before
     // folding: fold_constants would otherwise widen each of them (the checkpoint in f32).
@@ -58,6 +69,9 @@ void optimize_model(ModelIR& model, const PassOptions& options, const Logger& lo
       fuse_gate_up(g, log);
     }
   }
+}
+
+void optimize_from_precision(ModelIR& model, const PassOptions& options, const Logger& log) {
   check_calibration(model, options.precision);
   apply_smoothing(model, options.precision, log);
   for (Graph& g : model.graphs) {
@@ -84,6 +98,11 @@ void optimize_model(ModelIR& model, const PassOptions& options, const Logger& lo
         p.bucket_bindings(p.token_buckets.empty() ? p.max_step_tokens : p.token_buckets.back()),
         model.device == Device::kCpu && g.name == kEncoderGraph);
   }
+}
+
+void optimize_model(ModelIR& model, const PassOptions& options, const Logger& log) {
+  optimize_before_precision(model, options, log);
+  optimize_from_precision(model, options, log);
 }
 
 }  // namespace kiln

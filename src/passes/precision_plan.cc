@@ -8,8 +8,9 @@
 //   the residual adds and row gathers that read the stream, and the FFN output projections
 //   (HF's _keep_in_fp32_modules = ["wo"]), found by where they sit: the Linear that reads an
 //   activation function's output.
-// On both, a Linear the caller asks to keep in float (PrecisionOptions::keep_float), or whose
-// matrix the type cannot hold, stays f32.
+// On both, a Linear the caller asks to keep in float (PrecisionOptions::keep_float), one the
+// sensitivity fallback keeps (the calibration's CalibrationCache::fallback, with its measured
+// error as the reason), or one whose matrix the type cannot hold, stays f32.
 // int8 (W8A8, the CPU): every Linear with an i8 weight also reads its input as int8, with the
 // calibrated per-tensor scale of that input (PrecisionOptions::calibration), except the logits
 // Linear, which keeps an f32 input (int8 weights as int8-weight plans): the final choice of each
@@ -112,6 +113,13 @@ std::string int4_kept_int8(const Graph& g, const Value& v, const std::vector<Use
   if (std::string why = int4_refused(v.data); !why.empty())
     return "int8 as int8-weight plans store it: " + why;
   return {};
+}
+
+// The sensitivity fallback's measurement of node `name`, when the calibration keeps it in f32.
+const LayerSensitivity* fallback_of(const PrecisionOptions& options, const std::string& name) {
+  if (!options.calibration) return nullptr;
+  const auto it = options.calibration->fallback.find(name);
+  return it == options.calibration->fallback.end() ? nullptr : &it->second;
 }
 
 // fp16 T5: the nodes of the f32 residual stream, with why.
@@ -232,6 +240,9 @@ PrecisionPlan plan_precision(const Graph& g, const PrecisionSupport& support,
     if (keep.count(n.name) != 0) {
       plan.wide[i] = true;
       plan.node_why[i] = std::string(kRequestedWhy);
+    } else if (const LayerSensitivity* fb = fallback_of(options, n.name)) {
+      plan.wide[i] = true;
+      plan.node_why[i] = fallback_reason(*fb, options.calibration->quant_tolerance);
     } else if (narrow_activations && !plan.wide[i]) {
       const int w = n.inputs[n.op == OpKind::kLinear ? 1 : 0];
       if (g.values[w].kind == ValueKind::kWeight)

@@ -9,6 +9,7 @@
 
 #include "backend/backend.h"
 #include "builder/calibration_runner.h"
+#include "builder/sensitivity.h"
 #include "commands.h"
 #include "frontend/onnx/onnx_frontend.h"
 #include "io/atomic_file.h"
@@ -105,8 +106,9 @@ Runner add_build(CLI::App& app) {
   struct Opts {
     std::string model, tokenizer, output, device = "cpu", precision = "fp32", prompt_template;
     std::vector<std::string> profiles, onnx;
-    std::string calib, calib_cache, calib_method = "entropy";
+    std::string calib, calib_cache, calib_method = "entropy", quant_tolerance;
     int calib_batch = 8;
+    int sensitivity_prompts = kDefaultSensitivityPrompts;
     double smoothquant = 0.0;
     int64_t calib_tokens = 8;
     int64_t max_input_tokens = 0, max_step_tokens = 0;
@@ -133,12 +135,19 @@ Runner add_build(CLI::App& app) {
       "t5.calib -o t5-w8a8.plan\n"
       "  kiln build --model models/t5-tiny --precision int8 --calib-cache t5.calib -o "
       "t5-w8a8.plan\n"
+      "  kiln build --model models/t5-tiny --precision int8 --calib calib.jsonl "
+      "--quant-tolerance 1e-4 -o t5-w8a8.plan\n"
       "int8 (W8A8, cpu) quantizes every Linear's input to int8 with a static scale calibrated on\n"
       "--calib prompts: the fp32 model runs over them first (encoder and decoder, decoding\n"
       "--calib-tokens tokens greedily) and records each input's range; --calib-cache writes\n"
       "those scales, and given alone rebuilds from them without running the prompts.\n"
       "--smoothquant ALPHA first migrates outlier channels of the norms' outputs into the\n"
       "Linear weights (SmoothQuant, folded into the norms), then calibrates the smoothed model.\n"
+      "Then the sensitivity fallback measures each quantized layer alone against fp32 on\n"
+      "--sensitivity-prompts prompts (mean KL of the next-token distributions, top-1\n"
+      "agreement) and keeps the worst layers float until the whole plan's mean KL is at most\n"
+      "--quant-tolerance; the log and `kiln inspect --layers` say which and why, and the cache\n"
+      "records them for cache-only rebuilds.\n"
       "On a GPU, a cuda build times each Linear's kernel variants (kiln's GEMV, cuBLASLt's\n"
       "algorithms) at the plan's row counts and stores the fastest (--no-tune skips it).");
   cmd->add_option("--model", o->model,
@@ -199,11 +208,27 @@ Runner add_build(CLI::App& app) {
                   "norm-fed Linear input's outlier channels migrate into the weights before "
                   "quantizing (the cache records the factors)")
       ->check(CLI::Range(0.0, 1.0));
+  cmd->add_option(
+         "--quant-tolerance", o->quant_tolerance,
+         fmt::format(
+             "with --calib: the most mean KL divergence (nats per token) of the int8 plan's "
+             "next-token distributions from fp32's on the calibration prompts; the layers "
+             "that cause most of it are kept float until the plan is under it (default "
+             "{:g}; 0 keeps float every layer whose error is measurable; 'off': every "
+             "layer int8, no sensitivity pass). With --calib-cache alone: the cache's "
+             "layers are kept, or 'off' drops them",
+             kDefaultQuantTolerance))
+      ->type_name("KL|off");
+  CLI::Option* sensitivity_prompts = cmd->add_option(
+      "--sensitivity-prompts", o->sensitivity_prompts,
+      fmt::format("with --calib: how many of the calibration prompts (the first) the "
+                  "sensitivity fallback scores each quantized layer on (default {})",
+                  kDefaultSensitivityPrompts));
   in_range(cmd->add_option("--calib-tokens", o->calib_tokens,
                            "with --calib: greedy tokens generated per prompt, so that decode "
                            "steps are calibrated too (default 8)"),
            1, 1024);
-  return [o](const GlobalOptions& g) {
+  return [o, sensitivity_prompts](const GlobalOptions& g) {
     KILN_CHECK_USAGE(o->model.empty() != o->onnx.empty(),
                      "give either --model HF_DIR or --onnx FILE (not both)");
     KILN_CHECK_USAGE(o->tokenizer.empty() || !o->onnx.empty(),
@@ -236,6 +261,26 @@ Runner add_build(CLI::App& app) {
                      "--smoothquant {} smooths while calibrating: give --calib FILE.jsonl too (a "
                      "cache made with --smoothquant carries its factors to --calib-cache builds)",
                      o->smoothquant);
+    // The sensitivity fallback: on by default with --calib; with a cache alone, the cache's.
+    const bool tolerance_given = !o->quant_tolerance.empty();
+    const bool prompts_given = sensitivity_prompts->count() > 0;
+    KILN_CHECK_USAGE(calibrated || (!tolerance_given && !prompts_given),
+                     "--quant-tolerance and --sensitivity-prompts choose which layers of an int8 "
+                     "(W8A8) plan stay float; --precision {} quantizes no activations",
+                     o->precision);
+    std::optional<double> tolerance = kDefaultQuantTolerance;
+    if (tolerance_given) tolerance = parse_quant_tolerance(o->quant_tolerance);
+    SensitivityOptions sensitivity;
+    sensitivity.prompts = o->sensitivity_prompts;
+    sensitivity.new_tokens = o->calib_tokens;
+    if (tolerance) {
+      sensitivity.tolerance = *tolerance;
+      check_sensitivity_options(sensitivity);
+    }
+    KILN_CHECK_USAGE(!prompts_given || !o->calib.empty(),
+                     "--sensitivity-prompts {} scores calibration prompts: give --calib "
+                     "FILE.jsonl too (a cache-only build keeps the layers its cache records)",
+                     o->sensitivity_prompts);
     const CalibrationMethodSpec method = parse_calibration_method(o->calib_method);
     std::vector<CalibrationPrompt> prompts;
     if (!o->calib.empty()) prompts = read_calibration_prompts(o->calib);
@@ -243,6 +288,21 @@ Runner add_build(CLI::App& app) {
       if (o->calib.empty()) {
         bo.precision_options.calibration = read_calibration_cache(o->calib_cache);
         bo.precision_options.calibration_source = o->calib_cache;
+        CalibrationCache& cache = *bo.precision_options.calibration;
+        if (tolerance_given && !tolerance) {
+          cache.fallback.clear();
+          cache.quant_tolerance = -1.0;
+        } else if (tolerance_given) {
+          KILN_CHECK_USAGE(
+              cache.quant_tolerance == *tolerance,
+              "--quant-tolerance {}: the cache {} was made with {}; measuring the layers again "
+              "needs the calibration prompts: give --calib FILE.jsonl too (or leave "
+              "--quant-tolerance out to keep the cache's layers, or 'off' for none)",
+              o->quant_tolerance, o->calib_cache,
+              cache.quant_tolerance < 0.0
+                  ? std::string("no sensitivity fallback")
+                  : fmt::format("--quant-tolerance {:g}", cache.quant_tolerance));
+        }
       } else {
         AtomicFileWriter::check_target(o->calib_cache, "--calib-cache");
       }
@@ -294,6 +354,14 @@ Runner add_build(CLI::App& app) {
       // Its own status lines: building the fp32 model, then the prompts' progress.
       CalibrationCache cache =
           calibrate_checkpoint(*ctx, o->model, bo, prompts, run, method, nullptr, o->smoothquant);
+      if (tolerance) {
+        BuildOptions measured = bo;
+        measured.precision_options.calibration = std::move(cache);
+        measured.precision_options.calibration_source = "--calib " + o->calib;
+        cache = apply_sensitivity_fallback(*ctx, o->model, measured, prompts, sensitivity);
+      } else {
+        ctx->log().info("sensitivity fallback off (--quant-tolerance off): every layer int8");
+      }
       if (!o->calib_cache.empty()) {
         write_calibration_cache(o->calib_cache, cache);
         ctx->log().info("wrote calibration cache {} ({} scales, {})", o->calib_cache,
@@ -307,9 +375,14 @@ Runner add_build(CLI::App& app) {
             "--calib-method has no effect without --calib: the cache {} was made "
             "with {}",
             o->calib_cache, bo.precision_options.calibration->method);
-      ctx->log().info("calibration: {} scales from {} ({}), no prompts run",
-                      bo.precision_options.calibration->scales.size(), o->calib_cache,
-                      bo.precision_options.calibration->method);
+      const CalibrationCache& cache = *bo.precision_options.calibration;
+      ctx->log().info("calibration: {} scales from {} ({}), no prompts run", cache.scales.size(),
+                      o->calib_cache, cache.method);
+      if (cache.quant_tolerance >= 0.0)
+        ctx->log().info(
+            "sensitivity fallback from {}: {} layers kept float (measured under "
+            "--quant-tolerance {:g}; kiln inspect --layers says why)",
+            o->calib_cache, cache.fallback.size(), cache.quant_tolerance);
     }
     ModelIR model;
     {
