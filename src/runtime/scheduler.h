@@ -88,7 +88,8 @@ struct SchedulerOptions {
   // a multiple of this many tokens (a sequence of pad tokens whose outputs are dropped), so that
   // they repeat a few shapes that replay from CUDA graphs instead of a shape per sum of prompt
   // lengths launched kernel by kernel. 0: no padding. KILN_ENCODE_PAD_TOKENS=N sets it (A/B).
-  int64_t encode_pad_tokens = 32;
+  // Off by default until it is measured and checked on a GPU (32 is the size to try first).
+  int64_t encode_pad_tokens = 0;
 };
 
 struct GenerationEvent {

@@ -252,7 +252,9 @@ TEST_F(EncoderCheck, EncoderStepsArePaddedToReplayedShapes) {
   ASSERT_EQ(backend_->encoder_shapes().size(), 1u);
   EXPECT_EQ(backend_->encoder_shapes()[0], std::make_pair(prompt_tokens, 3));
 
-  const std::vector<Outcome> padded = run(prompts_);
+  SchedulerOptions pad32;
+  pad32.encode_pad_tokens = 32;
+  const std::vector<Outcome> padded = run(prompts_, pad32);
   ASSERT_EQ(backend_->encoder_shapes().size(), 2u);
   EXPECT_EQ(backend_->encoder_shapes()[1], std::make_pair((prompt_tokens + 31) / 32 * 32, 4))
       << "one sequence of pad tokens up to the next multiple of 32";
@@ -263,7 +265,7 @@ TEST_F(EncoderCheck, EncoderStepsArePaddedToReplayedShapes) {
   // The padded step fails its deferred check: each request is encoded again alone (padded too)
   // and gets a clean run's tokens.
   backend_->fail_encoder_steps(1);
-  const std::vector<Outcome> retried = run(prompts_);
+  const std::vector<Outcome> retried = run(prompts_, pad32);
   for (size_t i = 0; i < retried.size(); ++i) {
     EXPECT_TRUE(retried[i].error.empty()) << retried[i].error;
     EXPECT_EQ(retried[i].ids, clean[i].ids) << "request " << i;
@@ -273,7 +275,7 @@ TEST_F(EncoderCheck, EncoderStepsArePaddedToReplayedShapes) {
 
   // A backend that replays nothing gets steps of the prompts' tokens.
   backend_->set_replayed(0);
-  run(prompts_);
+  run(prompts_, pad32);
   EXPECT_EQ(backend_->encoder_shapes().back(), std::make_pair(prompt_tokens, 3));
 }
 
