@@ -15,6 +15,10 @@ std::vector<Graph> build_t5_graphs(const T5Config& config, const Checkpoint& ckp
                                    const Logger& log);
 std::vector<Graph> build_bloom_graphs(const BloomConfig& config, const Checkpoint& ckpt,
                                       const Logger& log);
+// The architecture's graphs for `config` from `ckpt` into model.graphs, with a log line per
+// graph (the HF and ONNX importers' last step).
+void build_model_graphs(ModelIR& model, const ModelConfig& config, const Checkpoint& ckpt,
+                        const Logger& log);
 
 // Reads config, generation config, tokenizer and weights of an HF model directory and builds
 // its graphs (before any pass), with the model description filled in and the default shape

@@ -31,6 +31,12 @@ ModelIR import_hf_model(const std::string& dir, const Logger& log) {
   model.weights_digest = checkpoint_digest(ckpt);
   log.info("checkpoint: {} tensors in {} file(s), digest {}", ckpt.tensors().size(),
            ckpt.files().size(), model.weights_digest);
+  build_model_graphs(model, config, ckpt, log);
+  return model;
+}
+
+void build_model_graphs(ModelIR& model, const ModelConfig& config, const Checkpoint& ckpt,
+                        const Logger& log) {
   switch (config.arch) {
     case Architecture::kT5:
       model.graphs = build_t5_graphs(config.t5(), ckpt, log);
@@ -42,7 +48,6 @@ ModelIR import_hf_model(const std::string& dir, const Logger& log) {
   for (const Graph& g : model.graphs)
     log.info("graph '{}': {} nodes, {} values, {:.1f} MiB of weights", g.name, g.nodes.size(),
              g.values.size(), static_cast<double>(g.weight_bytes()) / (1 << 20));
-  return model;
 }
 
 }  // namespace kiln

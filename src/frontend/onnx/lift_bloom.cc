@@ -3,20 +3,10 @@
 // residual, LayerNorm → linear → GELU → linear → residual, then ln_f and lm_head (tied when
 // its weight is the embedding's).
 #include <cmath>
-#include <cstring>
 
 #include "frontend/onnx/lift_model.h"
 
 namespace kiln {
-namespace {
-
-bool same_values(const Tensor& a, const Tensor& b) {
-  if (a.shape() != b.shape()) return false;
-  const Tensor fa = a.to_f32(), fb = b.to_f32();
-  return std::memcmp(fa.raw(), fb.raw(), fa.nbytes()) == 0;
-}
-
-}  // namespace
 
 LiftedModel assemble_bloom(const PatternGraph& g, const LiftResult& lifted, const Logger& log) {
   Assembly as(g, lifted, "BLOOM causal LM");

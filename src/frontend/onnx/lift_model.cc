@@ -1,9 +1,16 @@
 #include "frontend/onnx/lift_model.h"
 
 #include <algorithm>
+#include <cstring>
 #include <set>
 
 namespace kiln {
+
+bool same_values(const Tensor& a, const Tensor& b) {
+  if (a.shape() != b.shape()) return false;
+  const Tensor fa = a.to_f32(), fb = b.to_f32();
+  return std::memcmp(fa.raw(), fb.raw(), fa.nbytes()) == 0;
+}
 
 std::map<std::string, Shape> lift_probe_shapes(const ImportGraph& graph) {
   std::map<std::string, int64_t> sizes;

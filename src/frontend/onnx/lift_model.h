@@ -34,6 +34,9 @@ LiftedModel assemble_t5(const PatternGraph& encoder, const LiftResult& encoder_l
                         const PatternGraph& decoder, const LiftResult& decoder_lifted,
                         const Logger& log);
 
+// Whether two tensors hold the same values (same shape, equal as f32): tied embeddings.
+bool same_values(const Tensor& a, const Tensor& b);
+
 // Helpers shared by the assemblies (lift_model.cc).
 class Assembly {
  public:

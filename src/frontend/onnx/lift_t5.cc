@@ -4,19 +4,12 @@
 // cross attention over encoder_hidden_states' k/v → o → residual), RMSNorm → gated-GELU or ReLU
 // FFN → residual; final RMSNorm; the decoder's lm_head (optionally after d_model^-0.5).
 #include <cmath>
-#include <cstring>
 #include <tuple>
 
 #include "frontend/onnx/lift_model.h"
 
 namespace kiln {
 namespace {
-
-bool same_values(const Tensor& a, const Tensor& b) {
-  if (a.shape() != b.shape()) return false;
-  const Tensor fa = a.to_f32(), fb = b.to_f32();
-  return std::memcmp(fa.raw(), fb.raw(), fa.nbytes()) == 0;
-}
 
 struct T5Stack {
   Assembly& as;

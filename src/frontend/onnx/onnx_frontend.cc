@@ -122,17 +122,7 @@ ModelIR import_onnx_model(const std::vector<std::string>& onnx_files,
              tok->vocab_size(), model.desc.vocab_size);
   const Checkpoint ckpt = Checkpoint::from_tensors(source, std::move(lifted.tensors));
   model.weights_digest = checkpoint_digest(ckpt);
-  switch (lifted.config.arch) {
-    case Architecture::kT5:
-      model.graphs = build_t5_graphs(lifted.config.t5(), ckpt, log);
-      break;
-    case Architecture::kBloom:
-      model.graphs = build_bloom_graphs(lifted.config.bloom(), ckpt, log);
-      break;
-  }
-  for (const Graph& g : model.graphs)
-    log.info("graph '{}': {} nodes, {} values, {:.1f} MiB of weights", g.name, g.nodes.size(),
-             g.values.size(), static_cast<double>(g.weight_bytes()) / (1 << 20));
+  build_model_graphs(model, lifted.config, ckpt, log);
   return model;
 }
 
