@@ -90,10 +90,22 @@ void prepare_for_precision(ModelIR& model, const BuildOptions& options, const Lo
 
 }  // namespace
 
-ModelIR import_for_precision(const std::string& hf_dir, const BuildOptions& options,
+ModelSource ModelSource::onnx(std::vector<std::string> files, std::string tokenizer_file) {
+  ModelSource s(std::string{});
+  s.onnx_files = std::move(files);
+  s.tokenizer = std::move(tokenizer_file);
+  return s;
+}
+
+std::string ModelSource::label() const {
+  return is_onnx() ? fmt::format("{}", fmt::join(onnx_files, " + ")) : hf_dir;
+}
+
+ModelIR import_for_precision(const ModelSource& source, const BuildOptions& options,
                              const Logger& log) {
   check_build_options(options);
-  ModelIR model = import_hf_model(hf_dir, log);
+  ModelIR model = source.is_onnx() ? import_onnx_model(source.onnx_files, source.tokenizer, log)
+                                   : import_hf_model(source.hf_dir, log);
   prepare_for_precision(model, options, log);
   return model;
 }
@@ -129,21 +141,19 @@ void finish_build(ModelIR& model, const BuildOptions& options, const Logger& log
 }
 
 ModelIR build_model(const std::string& hf_dir, const BuildOptions& options, const Logger& log) {
-  std::optional<WeightSpill::Scope> spill;
-  if (!options.spill_dir.empty()) spill.emplace(WeightSpill::create(options.spill_dir));
-  ModelIR model = import_for_precision(hf_dir, options, log);
-  finish_build(model, options, log);
-  return model;
+  return build_model(ModelSource(hf_dir), options, log);
 }
 
 ModelIR build_model_from_onnx(const std::vector<std::string>& onnx_files,
                               const std::string& tokenizer_file, const BuildOptions& options,
                               const Logger& log) {
-  check_build_options(options);
+  return build_model(ModelSource::onnx(onnx_files, tokenizer_file), options, log);
+}
+
+ModelIR build_model(const ModelSource& source, const BuildOptions& options, const Logger& log) {
   std::optional<WeightSpill::Scope> spill;
   if (!options.spill_dir.empty()) spill.emplace(WeightSpill::create(options.spill_dir));
-  ModelIR model = import_onnx_model(onnx_files, tokenizer_file, log);
-  prepare_for_precision(model, options, log);
+  ModelIR model = import_for_precision(source, options, log);
   finish_build(model, options, log);
   return model;
 }

@@ -44,9 +44,26 @@ struct BuildOptions {
   std::string spill_dir;
 };
 
+// Where a model's weights and graphs come from: an HF checkpoint directory, or ONNX exports (a
+// BLOOM causal LM file, or a T5 encoder and decoder) and the tokenizer file they do not carry.
+// A directory converts implicitly: most builds are of checkpoints.
+struct ModelSource {
+  std::string hf_dir;
+  std::vector<std::string> onnx_files;
+  std::string tokenizer;  // with onnx_files
+
+  ModelSource(std::string dir) : hf_dir(std::move(dir)) {}  // NOLINT: a directory is a source
+  ModelSource(const char* dir) : hf_dir(dir) {}             // NOLINT
+  static ModelSource onnx(std::vector<std::string> files, std::string tokenizer_file);
+  bool is_onnx() const { return !onnx_files.empty(); }
+  std::string label() const;  // the directory, or the files joined by " + "
+};
+
 // Imports an HF checkpoint directory and runs the pass pipeline (what `kiln build` does before
 // writing the plan). Unsupported targets are refused before any work, naming why.
 ModelIR build_model(const std::string& hf_dir, const BuildOptions& options, const Logger& log);
+// Either source: build_model or build_model_from_onnx.
+ModelIR build_model(const ModelSource& source, const BuildOptions& options, const Logger& log);
 
 // The same from ONNX exports (frontend/onnx/onnx_frontend.h): a BLOOM causal LM file or a T5
 // encoder and decoder, lifted into the model the HF checkpoint would give, and the tokenizer
@@ -58,7 +75,7 @@ ModelIR build_model_from_onnx(const std::vector<std::string>& onnx_files,
 // run (the float plan's graphs, options checked), then the precision pass and what follows it.
 // A caller that makes several precision plans of one model (the sensitivity fallback,
 // builder/sensitivity.h) imports once and finishes copies: weights are shared, not copied.
-ModelIR import_for_precision(const std::string& hf_dir, const BuildOptions& options,
+ModelIR import_for_precision(const ModelSource& source, const BuildOptions& options,
                              const Logger& log);
 void finish_build(ModelIR& model, const BuildOptions& options, const Logger& log);
 

@@ -141,7 +141,7 @@ CalibrationCache calibrate_model(const ModelIR& model, const ActivationStats& st
   return cache;
 }
 
-CalibrationCache calibrate_checkpoint(Context& ctx, const std::string& hf_dir,
+CalibrationCache calibrate_checkpoint(Context& ctx, const ModelSource& source,
                                       const BuildOptions& options,
                                       const std::vector<CalibrationPrompt>& prompts,
                                       const CalibrationRunOptions& run,
@@ -167,7 +167,7 @@ CalibrationCache calibrate_checkpoint(Context& ctx, const std::string& hf_dir,
     model.reset();
     {
       Activity activity(ctx.log(), what);
-      model = std::make_unique<CompiledModel>(ctx, build_model(hf_dir, o, ctx.log()));
+      model = std::make_unique<CompiledModel>(ctx, build_model(source, o, ctx.log()));
     }
     collected = collect_activation_stats(*model, prompts, run);
   };

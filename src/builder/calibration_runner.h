@@ -58,7 +58,7 @@ CalibrationCache calibrate_model(const ModelIR& model, const ActivationStats& st
 // smoothing factors are made; the fp32 model is built again with them folded in and run again,
 // and the cache holds the factors and the smoothed tensors' scales. The float models are gone
 // when it returns; `stats` (optional) gets the (last run's) statistics.
-CalibrationCache calibrate_checkpoint(Context& ctx, const std::string& hf_dir,
+CalibrationCache calibrate_checkpoint(Context& ctx, const ModelSource& source,
                                       const BuildOptions& options,
                                       const std::vector<CalibrationPrompt>& prompts,
                                       const CalibrationRunOptions& run,

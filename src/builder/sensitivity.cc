@@ -280,7 +280,7 @@ void check_sensitivity_options(const SensitivityOptions& options) {
                    options.new_tokens);
 }
 
-CalibrationCache apply_sensitivity_fallback(Context& ctx, const std::string& hf_dir,
+CalibrationCache apply_sensitivity_fallback(Context& ctx, const ModelSource& source,
                                             const BuildOptions& options,
                                             const std::vector<CalibrationPrompt>& prompts,
                                             const SensitivityOptions& sensitivity,
@@ -314,7 +314,7 @@ CalibrationCache apply_sensitivity_fallback(Context& ctx, const std::string& hf_
     std::unique_ptr<CompiledModel> fp32;
     {
       QuietLog quiet(ctx.log());
-      fp32 = std::make_unique<CompiledModel>(ctx, build_model(hf_dir, float_options, ctx.log()));
+      fp32 = std::make_unique<CompiledModel>(ctx, build_model(source, float_options, ctx.log()));
     }
     ref = make_reference(*fp32, scored, sensitivity.new_tokens);
   }
@@ -327,7 +327,7 @@ CalibrationCache apply_sensitivity_fallback(Context& ctx, const std::string& hf_
   ModelIR base;
   {
     QuietLog quiet(ctx.log());
-    base = import_for_precision(hf_dir, int8_options, ctx.log());
+    base = import_for_precision(source, int8_options, ctx.log());
   }
   PlanScorer scorer(ctx, base, int8_options, ref);
   report.layers = quantized_layers(scorer.build({}));

@@ -77,7 +77,7 @@ struct SensitivityReport {
 // `prompts`, chooses the layers to keep in float, and records them and the tolerance in the
 // calibration (options.precision_options.calibration's copy, returned). Logs every layer's
 // error (at INFO, the kept ones marked) and the summary, with progress on a terminal.
-CalibrationCache apply_sensitivity_fallback(Context& ctx, const std::string& hf_dir,
+CalibrationCache apply_sensitivity_fallback(Context& ctx, const ModelSource& source,
                                             const BuildOptions& options,
                                             const std::vector<CalibrationPrompt>& prompts,
                                             const SensitivityOptions& sensitivity,

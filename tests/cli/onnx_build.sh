@@ -79,4 +79,19 @@ assert len(kinds) == 4 and sum("t5 relative bias" in k for k in kinds) == 2, kin
 assert r["failures"] == [], r["failures"]
 assert "T5 decoder" in r["model"]["note"], r["model"]
 PY
+
+# An int8 (W8A8) build from ONNX: calibration and the sensitivity fallback run on the lifted
+# model. Prompts of single letters: the random export's 96 ids cover them, no merges.
+printf '"%s"\n' hello abcdefg zxcvbn mnbvcx poiuyt lkjhgf asdfgh >"$TMP/calib.jsonl"
+expect_exit 0 "build bloom int8 --calib" -- "$KILN" build --onnx "$ONNX/bloom.onnx" \
+  --tokenizer "$FIXTURES/bloom-tiny/tokenizer.json" --precision int8 --calib "$TMP/calib.jsonl" \
+  --calib-tokens 2 --calib-cache "$TMP/bloom.calib" -o "$TMP/bloom-int8.plan"
+expect_in "$TMP/err" "sensitivity:" "int8 build log: the sensitivity fallback ran"
+expect_exit 0 "cache-only rebuild" -- "$KILN" build --onnx "$ONNX/bloom.onnx" \
+  --tokenizer "$FIXTURES/bloom-tiny/tokenizer.json" --precision int8 \
+  --calib-cache "$TMP/bloom.calib" -o "$TMP/bloom-int8-cached.plan"
+expect_exit 0 "run int8" -- "$KILN" run --plan "$TMP/bloom-int8.plan" --prompt "hello" --max-new-tokens 4 --json
+cp "$TMP/out" "$TMP/int8.json"
+expect_exit 0 "run cached int8" -- "$KILN" run --plan "$TMP/bloom-int8-cached.plan" --prompt "hello" --max-new-tokens 4 --json
+cmp -s "$TMP/out" "$TMP/int8.json" || fail "the cache-only rebuild generates other ids"
 finish

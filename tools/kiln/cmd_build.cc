@@ -165,8 +165,9 @@ Runner add_build(CLI::App& app) {
   cmd->add_option("--device", o->device, "cpu or cuda (a cuda plan runs where a GPU is visible)")
       ->capture_default_str();
   cmd->add_option("--precision", o->precision,
-                  "cpu: fp32, bf16, fp16, or int8-weight (weight storage; activations, norms and "
-                  "accumulation stay fp32), or int8 (W8A8: int8 weights and calibrated int8 "
+                  "cpu: fp32, bf16, fp16, int8-weight or int4-weight (weight storage, int4 in "
+                  "groups of 128 inputs; activations, norms and accumulation stay fp32), or int8 "
+                  "(W8A8: int8 weights and calibrated int8 "
                   "Linear inputs; needs --calib or --calib-cache). cuda: fp32, fp16 or bf16 "
                   "(weights and activations; fp32 accumulation)")
       ->capture_default_str();
@@ -233,9 +234,6 @@ Runner add_build(CLI::App& app) {
                      "give either --model HF_DIR or --onnx FILE (not both)");
     KILN_CHECK_USAGE(o->tokenizer.empty() || !o->onnx.empty(),
                      "--tokenizer is for --onnx builds (a --model directory has its own)");
-    KILN_CHECK_USAGE(o->onnx.empty() || (o->calib.empty() && o->calib_cache.empty()),
-                     "--calib and --calib-cache: int8 calibration runs on --model checkpoints; "
-                     "--onnx builds take fp32, bf16, fp16 or int8-weight");
     KILN_CHECK_USAGE(o->profiles.empty(), "--profile: shape profiles are not built yet");
     BuildOptions bo;
     KILN_CHECK_USAGE(parse_device(o->device, &bo.device), "--device {}: unknown device (known: {})",
@@ -330,8 +328,9 @@ Runner add_build(CLI::App& app) {
                          o->output, input);
       }
     }
-    const std::string source =
-        o->onnx.empty() ? o->model : fmt::format("{}", fmt::join(onnx_files, " + "));
+    const ModelSource model_source =
+        o->onnx.empty() ? ModelSource(o->model) : ModelSource::onnx(onnx_files, o->tokenizer);
+    const std::string source = model_source.label();
     GlobalOptions gl = g;
     auto ctx = make_context(gl);
     // Building is the step users watch: say what happened even without -v.
@@ -352,13 +351,13 @@ Runner add_build(CLI::App& app) {
       run.batch = o->calib_batch;
       run.new_tokens = o->calib_tokens;
       // Its own status lines: building the fp32 model, then the prompts' progress.
-      CalibrationCache cache =
-          calibrate_checkpoint(*ctx, o->model, bo, prompts, run, method, nullptr, o->smoothquant);
+      CalibrationCache cache = calibrate_checkpoint(*ctx, model_source, bo, prompts, run, method,
+                                                    nullptr, o->smoothquant);
       if (tolerance) {
         BuildOptions measured = bo;
         measured.precision_options.calibration = std::move(cache);
         measured.precision_options.calibration_source = "--calib " + o->calib;
-        cache = apply_sensitivity_fallback(*ctx, o->model, measured, prompts, sensitivity);
+        cache = apply_sensitivity_fallback(*ctx, model_source, measured, prompts, sensitivity);
       } else {
         ctx->log().info("sensitivity fallback off (--quant-tolerance off): every layer int8");
       }
@@ -387,8 +386,7 @@ Runner add_build(CLI::App& app) {
     ModelIR model;
     {
       Activity activity(ctx->log(), "building " + source);
-      model = o->onnx.empty() ? build_model(o->model, bo, ctx->log())
-                              : build_model_from_onnx(onnx_files, o->tokenizer, bo, ctx->log());
+      model = build_model(model_source, bo, ctx->log());
     }
     if (o->no_tune && bo.device != Device::kCuda)
       ctx->log().warn("--no-tune has no effect: only cuda builds time kernel variants");

@@ -5,6 +5,7 @@
 
 #include "frontend/onnx/interp/op_context.h"
 #include "frontend/onnx/interp/run_node.h"
+#include "io/weight_spill.h"
 
 namespace kiln {
 
@@ -306,17 +307,45 @@ ImportTensor PatternGraph::evaluate(int v, const std::map<int, ImportTensor>& bo
   return it->second;
 }
 
+namespace {
+
+// dst [cols, rows] = src [rows, cols]^T for elements of type E, in 64 x 64 tiles so that both
+// sides are read and written a cache line at a time.
+template <typename E>
+void transpose_tiles(const E* src, E* dst, int64_t rows, int64_t cols) {
+  constexpr int64_t kTile = 64;
+  for (int64_t r0 = 0; r0 < rows; r0 += kTile)
+    for (int64_t c0 = 0; c0 < cols; c0 += kTile) {
+      const int64_t r1 = std::min(rows, r0 + kTile), c1 = std::min(cols, c0 + kTile);
+      for (int64_t c = c0; c < c1; ++c)
+        for (int64_t r = r0; r < r1; ++r) dst[c * rows + r] = src[r * cols + c];
+    }
+}
+
+}  // namespace
+
 Tensor transposed_2d(const ImportTensor& t) {
   KILN_CHECK(t.rank() == 2, "expected a 2-D weight, got {}", t.describe());
   const Tensor src = t.to_kiln();
   const int64_t rows = t.dim(0), cols = t.dim(1);
   Tensor out = Tensor::empty(src.dtype(), {cols, rows});
-  const size_t e = dtype_bytes(src.dtype(), 1);
-  const char* in = static_cast<const char*>(src.raw());
-  char* dst = static_cast<char*>(out.raw());
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t c = 0; c < cols; ++c)
-      std::memcpy(dst + (c * rows + r) * e, in + (r * cols + c) * e, e);
+  switch (dtype_bytes(src.dtype(), 1)) {
+    case 4:
+      transpose_tiles(static_cast<const uint32_t*>(src.raw()), static_cast<uint32_t*>(out.raw()),
+                      rows, cols);
+      break;
+    case 2:
+      transpose_tiles(static_cast<const uint16_t*>(src.raw()), static_cast<uint16_t*>(out.raw()),
+                      rows, cols);
+      break;
+    case 1:
+      transpose_tiles(static_cast<const uint8_t*>(src.raw()), static_cast<uint8_t*>(out.raw()),
+                      rows, cols);
+      break;
+    default:
+      KILN_CHECK(false, "a {} weight cannot be transposed", t.describe());
+  }
+  if (WeightSpill* spill = WeightSpill::active()) return spill->put(std::move(out));
   return out;
 }
 

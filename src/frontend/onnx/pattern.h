@@ -97,7 +97,9 @@ class PatternGraph {
 };
 
 // A 2-D constant [rows, cols] transposed to [cols, rows] (MatMul's B [in, out] to a Linear's
-// [out, in]) as a kiln tensor of the same element type.
+// [out, in]) as a kiln tensor of the same element type. Under a build's weight spill
+// (io/weight_spill.h) the copy goes to the spill file as soon as it is made, so that lifting a
+// multi-GB export holds one transposed weight in memory at a time, not all of them.
 Tensor transposed_2d(const ImportTensor& t);
 
 }  // namespace kiln
