@@ -26,7 +26,11 @@ ActivationStats collect_activation_stats(CompiledModel& model,
                    "calibration must generate at least 1 token per prompt, got {}",
                    options.new_tokens);
   const Logger& log = model.context().log();
+  KILN_CHECK_USAGE(options.sample_rows >= 0, "calibration sample rows must be >= 0, got {}",
+                   options.sample_rows);
   ActivationStats stats;
+  std::map<std::string, std::vector<double>> abs_sums;
+  std::map<std::string, int64_t> rows_seen;
   const std::vector<std::string> names = calibrated_tensors(ir);
   for (const std::string& name : names) {
     stats.histograms.emplace(name, AbsHistogram(options.histogram_bins));
@@ -49,7 +53,7 @@ ActivationStats collect_activation_stats(CompiledModel& model,
   observer.selection.ops = {OpKind::kLinear};
   observer.selection.side = ObservedSide::kInput;
   observer.selection.slot = static_cast<int>(slot(LinearOperand::kX));
-  observer.callback = [&stats](const Observation& ob) {
+  observer.callback = [&stats, &abs_sums, &rows_seen, &options](const Observation& ob) {
     const Node& node = ob.graph.nodes[static_cast<size_t>(ob.node)];
     const std::string name =
         calibrated_tensor_name(ob.graph, linear_operand(node, LinearOperand::kX));
@@ -64,8 +68,15 @@ ActivationStats collect_activation_stats(CompiledModel& model,
                "calibration: {} has {} channels in one step and {} in another", name,
                channels.size(), width);
     const float* v = values.data<float>();
-    for (int64_t i = 0; i < values.numel(); ++i)
+    std::vector<double>& sums = abs_sums[name];
+    if (sums.empty()) sums.assign(static_cast<size_t>(width), 0.0);
+    for (int64_t i = 0; i < values.numel(); ++i) {
       channels[i % width] = std::max(channels[i % width], std::fabs(v[i]));
+      sums[i % width] += std::fabs(v[i]);
+    }
+    const int64_t rows = width > 0 ? values.numel() / width : 0;
+    rows_seen[name] += rows;
+    if (options.sample_rows > 0) stats.samples[name].offer(v, rows, width, options.sample_rows);
     try {
       it->second.add(
           std::span<const float>(values.data<float>(), static_cast<size_t>(values.numel())));
@@ -125,7 +136,31 @@ ActivationStats collect_activation_stats(CompiledModel& model,
     if (h.count() == 0) unseen.push_back(name);
   KILN_CHECK(unseen.empty(), "calibration: {} tensor(s) were never observed, e.g. {}",
              unseen.size(), unseen.empty() ? "" : unseen.front());
+  for (const auto& [name, sums] : abs_sums) {
+    std::vector<float>& mean = stats.channel_mean_abs[name];
+    const double rows = static_cast<double>(std::max<int64_t>(rows_seen[name], 1));
+    for (double s : sums) mean.push_back(static_cast<float>(s / rows));
+  }
   return stats;
+}
+
+void RowSample::offer(const float* x, int64_t n, int64_t row_width, int64_t capacity) {
+  KILN_CHECK(width == 0 || width == row_width, "a sampled tensor has {} channels, then {}", width,
+             row_width);
+  width = row_width;
+  for (int64_t r = 0; r < n; ++r, ++seen) {
+    const float* row = x + r * width;
+    if (count() < capacity) {
+      rows.insert(rows.end(), row, row + width);
+      continue;
+    }
+    // xorshift64: the row replaces a kept one with probability capacity / (seen + 1).
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    const int64_t j = static_cast<int64_t>(rng % static_cast<uint64_t>(seen + 1));
+    if (j < capacity) std::copy(row, row + width, rows.begin() + j * width);
+  }
 }
 
 CalibrationCache calibrate_model(const ModelIR& model, const ActivationStats& stats,
@@ -194,6 +229,53 @@ CalibrationCache calibrate_checkpoint(Context& ctx, const ModelSource& source,
                  cache.model);
   if (stats) *stats = std::move(collected);
   return cache;
+}
+
+AwqResult awq_checkpoint(Context& ctx, const ModelSource& source, const BuildOptions& options,
+                         const std::vector<CalibrationPrompt>& prompts,
+                         const CalibrationRunOptions& run, int grid) {
+  KILN_CHECK_USAGE(options.precision == Precision::kInt4Weight,
+                   "AWQ searches the scales of int4-weight plans; this build is --precision {}",
+                   precision_name(options.precision));
+  KILN_CHECK_USAGE(run.sample_rows >= 1, "AWQ needs sampled rows, got {}", run.sample_rows);
+  BuildOptions float_options = options;
+  float_options.precision = Precision::kFp32;
+  float_options.precision_options.calibration.reset();
+  float_options.precision_options.calibration_source.clear();
+  float_options.precision_options.smoothing.clear();
+  float_options.pack_for_cpu.reset();  // the search reads the weights plain
+  std::unique_ptr<CompiledModel> model;
+  {
+    Activity activity(ctx.log(), "building the fp32 model for AWQ's search");
+    model = std::make_unique<CompiledModel>(ctx, build_model(source, float_options, ctx.log()));
+  }
+  const ActivationStats stats = collect_activation_stats(*model, prompts, run);
+  std::map<std::string, AwqTensorStats> inputs;
+  for (const auto& [name, mean] : stats.channel_mean_abs) {
+    AwqTensorStats& t = inputs[name];
+    t.channel_mean_abs = mean;
+    const auto it = stats.samples.find(name);
+    if (it != stats.samples.end()) t.rows = it->second.rows;
+  }
+  AwqResult result;
+  {
+    Activity activity(ctx.log(), "AWQ: searching the int4 Linears' input scales");
+    result = awq_search(model->model(), inputs, options.precision_options.keep_float, grid);
+  }
+  double plain = 0.0, chosen = 0.0;
+  for (const auto& [name, c] : result.choices) {
+    ctx.log().debug("awq: {}: alpha {:.2f}, output error {:.4g} (unscaled {:.4g}), {} Linears",
+                    name, c.alpha, c.error, c.plain_error, c.linears);
+    plain += c.plain_error;
+    chosen += c.error;
+  }
+  for (const std::string& why : result.skipped) ctx.log().info("awq: left unscaled: {}", why);
+  ctx.log().info(
+      "awq: {} of {} Linear inputs scaled ({} sampled rows each); their Linears' squared output "
+      "error on those rows {:.4g} -> {:.4g} ({:.1f}% less)",
+      result.factors.size(), result.choices.size(), run.sample_rows, plain, chosen,
+      plain > 0.0 ? 100.0 * (plain - chosen) / plain : 0.0);
+  return result;
 }
 
 }  // namespace kiln

@@ -14,6 +14,7 @@
 
 #include "builder/builder.h"
 #include "io/calibration_prompts.h"
+#include "passes/awq.h"
 #include "passes/calibration_cache.h"
 #include "passes/calibrator.h"
 #include "runtime/compiled_model.h"
@@ -24,6 +25,21 @@ struct CalibrationRunOptions {
   int batch = 8;           // prompts generated from together (--calib-batch)
   int64_t new_tokens = 8;  // greedy tokens generated per prompt (bounded: EOS may end sooner)
   int histogram_bins = AbsHistogram::kDefaultBins;
+  // Rows of each calibrated tensor kept as samples (ActivationStats::samples; AWQ's search
+  // measures its Linears' output error on them); 0 keeps none.
+  int64_t sample_rows = 0;
+};
+
+// Rows of one calibrated tensor: a uniform sample of every row observed (reservoir sampling with
+// a fixed seed, so a calibration run repeats exactly), row-major [rows, width].
+struct RowSample {
+  int64_t width = 0;
+  int64_t seen = 0;         // rows observed
+  std::vector<float> rows;  // at most sample_rows rows
+  uint64_t rng = 0x9e3779b97f4a7c15ull;
+  int64_t count() const { return width > 0 ? static_cast<int64_t>(rows.size()) / width : 0; }
+  // Offers `n` rows of `width` at `x` to a sample of at most `capacity` rows.
+  void offer(const float* x, int64_t n, int64_t row_width, int64_t capacity);
 };
 
 struct ActivationStats {
@@ -32,6 +48,10 @@ struct ActivationStats {
   // The same tensors' largest |x| per channel (their last dimension): what SmoothQuant's
   // factors are made from (passes/smooth_quant.h).
   std::map<std::string, std::vector<float>> channel_amax;
+  // Their mean |x| per channel over every row observed (AWQ's activation magnitudes).
+  std::map<std::string, std::vector<float>> channel_mean_abs;
+  // Sampled rows per tensor, with CalibrationRunOptions::sample_rows > 0.
+  std::map<std::string, RowSample> samples;
   int64_t prompts = 0;
   int64_t prompt_tokens = 0;     // the prompts' tokens (with the model's prompt template)
   int64_t generated_tokens = 0;  // tokens decoded after the prompts
@@ -65,5 +85,17 @@ CalibrationCache calibrate_checkpoint(Context& ctx, const ModelSource& source,
                                       const CalibrationMethodSpec& method,
                                       ActivationStats* stats = nullptr,
                                       double smoothquant_alpha = 0.0);
+
+// Rows of each int4 Linear input that `kiln build --awq` samples for the search.
+inline constexpr int64_t kAwqSampleRows = 128;
+
+// What `kiln build --precision int4-weight --awq --calib FILE` runs before it builds: the
+// model built as the fp32 plan of `options` (plain weights, as the search reads them), run over
+// `prompts` keeping run.sample_rows rows of every Linear input (at least 1), and AWQ's scale
+// search (passes/awq.h) over the int4 Linears' inputs. The result's factors go into
+// PrecisionOptions::smoothing. Logs each tensor's choice at DEBUG and a summary at INFO.
+AwqResult awq_checkpoint(Context& ctx, const ModelSource& source, const BuildOptions& options,
+                         const std::vector<CalibrationPrompt>& prompts,
+                         const CalibrationRunOptions& run, int grid = 20);
 
 }  // namespace kiln

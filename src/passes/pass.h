@@ -33,8 +33,9 @@ struct PrecisionOptions {
   std::optional<CalibrationCache> calibration;
   std::string calibration_source;
   // SmoothQuant factors to fold in (passes/smooth_quant.h: apply_smoothing) in a build without a
-  // calibration: the smoothed fp32 model a SmoothQuant calibration runs. An int8 build takes
-  // them from its calibration (CalibrationCache::smoothing) instead.
+  // calibration: the smoothed fp32 model a SmoothQuant calibration runs, or an int4-weight
+  // build's AWQ scales (passes/awq.h). An int8 build takes them from its calibration
+  // (CalibrationCache::smoothing) instead.
   std::map<std::string, std::vector<float>> smoothing;
 };
 

@@ -175,8 +175,10 @@ int apply_smoothing(Graph& g, const std::map<std::string, std::vector<float>>& f
     ++smoothed;
   }
   if (smoothed > 0)
-    log.info("smoothquant[{}]: {} norms' outputs smoothed into their Linears' weights", g.name,
-             smoothed);
+    log.info(
+        "smoothing[{}]: {} norms' outputs divided channel by channel, their Linears' weight "
+        "columns multiplied (SmoothQuant or AWQ factors)",
+        g.name, smoothed);
   return smoothed;
 }
 

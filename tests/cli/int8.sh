@@ -62,7 +62,7 @@ sq="$TMP/bloom-sq.plan"
 expect_exit 0 "build bloom int8 --smoothquant" -- "$KILN" build --model "$FIXTURES/bloom-tiny" \
   --prompt-template "{prompt} =" --precision int8 --calib "$CALIB" --smoothquant 0.5 \
   --calib-cache "$TMP/bloom-sq.calib" -o "$sq" &&
-  expect_in "$TMP/err" "smoothquant[decoder]: 12 norms" "the log says what was smoothed" &&
+  expect_in "$TMP/err" "smoothing[decoder]: 12 norms" "the log says what was smoothed" &&
   expect_in "$TMP/bloom-sq.calib" "smoothquant=0.5" "the cache records alpha"
 expect_exit 0 "rebuild bloom smoothquant from the cache" -- "$KILN" build --model "$FIXTURES/bloom-tiny" \
   --prompt-template "{prompt} =" --precision int8 --calib-cache "$TMP/bloom-sq.calib" -o "$sq.again"

@@ -109,4 +109,31 @@ grep -qE "fp32, fp16 and bf16|built without CUDA" "$TMP/err" || fail "cuda int8:
 expect_exit 2 "build fp8" -- "$KILN" build --model "$FIXTURES/t5-tiny" --precision fp8 -o "$TMP/fp8.plan"
 expect_in "$TMP/err" "unknown precision" "an unknown precision is named"
 
+# int4-weight with AWQ's scale search: the log says what was scaled, the plan stays within two
+# points of fp32; --awq is for int4-weight with --calib and caches nothing.
+head -64 "$FIXTURES/data/calib.jsonl" >"$TMP/calib64.jsonl"
+expect_exit 0 "build t5 int4-weight --awq" -- "$KILN" build --model "$FIXTURES/t5-tiny" \
+  --precision int4-weight --awq --calib "$TMP/calib64.jsonl" --calib-tokens 4 -o "$TMP/t5-awq.plan" &&
+  expect_in "$TMP/err" "Linear inputs scaled (128 sampled rows each)" "the log says what AWQ scaled" &&
+  expect_in "$TMP/err" "smoothing[encoder]" "the scales are folded into the norms"
+expect_exit 0 "eval t5 awq" -- "$KILN" eval --plan "$TMP/t5-awq.plan" --dataset "$DEV" --json &&
+  python3 - "$TMP/out" "$TMP/t5-fp32.eval.json" <<'PY' || fail "awq accuracy"
+import json, sys
+awq, fp32 = (json.load(open(f))["overall"] for f in sys.argv[1:3])
+print(f"t5 int4-weight --awq: dev accuracy {awq:.4f} (fp32 {fp32:.4f})")
+assert awq >= fp32 - 0.02, (awq, fp32)
+PY
+expect_exit 2 "awq int8-weight" -- "$KILN" build --model "$FIXTURES/t5-tiny" --precision int8-weight \
+  --awq --calib "$TMP/calib64.jsonl" -o "$TMP/x.plan"
+expect_in "$TMP/err" "--awq searches the scales of int4-weight plans" "--awq names its precision"
+expect_exit 2 "awq without calib" -- "$KILN" build --model "$FIXTURES/t5-tiny" --precision int4-weight \
+  --awq -o "$TMP/x.plan"
+expect_in "$TMP/err" "give --calib FILE.jsonl" "--awq asks for --calib"
+expect_exit 2 "awq with a cache" -- "$KILN" build --model "$FIXTURES/t5-tiny" --precision int4-weight \
+  --awq --calib "$TMP/calib64.jsonl" --calib-cache "$TMP/x.calib" -o "$TMP/x.plan"
+expect_in "$TMP/err" "AWQ's scales are not cached" "--awq refuses a cache"
+expect_exit 2 "calib without awq" -- "$KILN" build --model "$FIXTURES/t5-tiny" --precision int4-weight \
+  --calib "$TMP/calib64.jsonl" -o "$TMP/x.plan"
+expect_in "$TMP/err" "quantizes no activations" "int4-weight takes --calib only with --awq"
+
 finish

@@ -112,7 +112,7 @@ Runner add_build(CLI::App& app) {
     double smoothquant = 0.0;
     int64_t calib_tokens = 8;
     int64_t max_input_tokens = 0, max_step_tokens = 0;
-    bool tf32 = false, no_tune = false;
+    bool tf32 = false, no_tune = false, awq = false;
   };
   auto o = std::make_shared<Opts>();
   CLI::App* cmd =
@@ -204,6 +204,12 @@ Runner add_build(CLI::App& app) {
   in_range(cmd->add_option("--calib-batch", o->calib_batch,
                            "with --calib: prompts run together (default 8)"),
            1, 4096);
+  cmd->add_flag("--awq", o->awq,
+                fmt::format("--precision int4-weight with --calib: AWQ's activation-aware scale "
+                            "search: each int4 Linear input's salient channels get finer weight "
+                            "levels (per input tensor, the scale exponent of least output error "
+                            "on {} sampled rows; folded into the norm before it)",
+                            kAwqSampleRows));
   cmd->add_option("--smoothquant", o->smoothquant,
                   "with --calib: SmoothQuant's alpha in (0, 1] (0.5 a good start for BLOOM): each "
                   "norm-fed Linear input's outlier channels migrate into the weights before "
@@ -251,9 +257,22 @@ Runner add_build(CLI::App& app) {
     // Calibration: only for precisions that quantize Linear inputs, every file checked before
     // anything is built (prompts line by line, a cache read and parsed).
     const bool calibrated = precision_support(bo.device, bo.precision).calibrated_inputs;
-    KILN_CHECK_USAGE(calibrated || (o->calib.empty() && o->calib_cache.empty()),
-                     "--calib and --calib-cache calibrate int8 (W8A8) plans; --precision {} "
-                     "quantizes no activations and takes no calibration",
+    KILN_CHECK_USAGE(!o->awq || bo.precision == Precision::kInt4Weight,
+                     "--awq searches the scales of int4-weight plans; this build is --precision {}",
+                     o->precision);
+    KILN_CHECK_USAGE(!o->awq || !o->calib.empty(),
+                     "--awq measures activations: give --calib FILE.jsonl (a few hundred "
+                     "representative prompts)");
+    KILN_CHECK_USAGE(!o->awq || o->calib_cache.empty(),
+                     "--calib-cache: AWQ's scales are not cached; the search runs from --calib "
+                     "at every build");
+    KILN_CHECK_USAGE(!o->awq || o->smoothquant == 0.0,
+                     "--smoothquant is for int8 (W8A8) plans; --awq makes int4-weight plans' "
+                     "scales");
+    KILN_CHECK_USAGE(calibrated || o->awq || (o->calib.empty() && o->calib_cache.empty()),
+                     "--calib and --calib-cache calibrate int8 (W8A8) plans (and --calib feeds "
+                     "int4-weight's --awq); --precision {} quantizes no activations and takes "
+                     "no calibration",
                      o->precision);
     KILN_CHECK_USAGE(o->smoothquant == 0.0 || !o->calib.empty(),
                      "--smoothquant {} smooths while calibrating: give --calib FILE.jsonl too (a "
@@ -346,7 +365,15 @@ Runner add_build(CLI::App& app) {
     // The weights the passes make wait in a temporary file beside the plan (it needs that room
     // anyway), not in memory.
     bo.spill_dir = std::filesystem::absolute(o->output).parent_path().string();
-    if (!o->calib.empty()) {
+    if (o->awq) {
+      CalibrationRunOptions run;
+      run.batch = o->calib_batch;
+      run.new_tokens = o->calib_tokens;
+      run.sample_rows = kAwqSampleRows;
+      if (o->calib_method != "entropy")
+        ctx->log().warn("--calib-method has no effect with --awq: it sets int8 input scales");
+      bo.precision_options.smoothing = awq_checkpoint(*ctx, model_source, bo, prompts, run).factors;
+    } else if (!o->calib.empty()) {
       CalibrationRunOptions run;
       run.batch = o->calib_batch;
       run.new_tokens = o->calib_tokens;
