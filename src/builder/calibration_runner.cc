@@ -260,7 +260,8 @@ AwqResult awq_checkpoint(Context& ctx, const ModelSource& source, const BuildOpt
   AwqResult result;
   {
     Activity activity(ctx.log(), "AWQ: searching the int4 Linears' input scales");
-    result = awq_search(model->model(), inputs, options.precision_options.keep_float, grid);
+    result =
+        awq_search(model->model(), inputs, options.precision_options.keep_float, grid, &ctx.pool());
   }
   double plain = 0.0, chosen = 0.0;
   for (const auto& [name, c] : result.choices) {

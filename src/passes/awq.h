@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "core/thread_pool.h"
 #include "graph/model_ir.h"
 
 namespace kiln {
@@ -44,8 +45,10 @@ struct AwqResult {
 
 // The search over every smoothable tensor of `model` (an fp32 build before the precision pass,
 // weights plain f32 [out, in], not packed), with `grid` + 1 points α = 0, 1/grid, ..., 1.
-// Throws naming a tensor without statistics, or with rows of another width.
+// Throws naming a tensor without statistics, or with rows of another width. `pool` (optional)
+// shares the work; the result is the same with any number of threads.
 AwqResult awq_search(const ModelIR& model, const std::map<std::string, AwqTensorStats>& stats,
-                     const std::vector<std::string>& keep_float, int grid = 20);
+                     const std::vector<std::string>& keep_float, int grid = 20,
+                     ThreadPool* pool = nullptr);
 
 }  // namespace kiln

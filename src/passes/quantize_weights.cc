@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -30,6 +32,21 @@ void quantize_rows_int8(const Tensor& w, Tensor* q, Tensor* scales) {
   }
 }
 
+void quantize_row_int4(const float* row, int64_t cols, int8_t* q, uint16_t* scale_bits) {
+  for (int64_t g = 0; g < int4_groups(cols); ++g) {
+    const int64_t i0 = g * kInt4Group, i1 = std::min(cols, i0 + kInt4Group);
+    float m = 0.0f;
+    for (int64_t i = i0; i < i1; ++i)
+      if (std::fabs(row[i]) > std::fabs(m)) m = row[i];
+    const uint16_t bits = m == 0.0f ? uint16_t{0} : float_to_fp16(m / -8.0f);  // not -0
+    const float scale = fp16_to_float(bits);
+    const float inv = scale != 0.0f ? 1.0f / scale : 0.0f;
+    scale_bits[g] = bits;
+    for (int64_t i = i0; i < i1; ++i)
+      q[i] = static_cast<int8_t>(std::clamp(std::nearbyint(row[i] * inv), -8.0f, 7.0f));
+  }
+}
+
 void quantize_groups_int4(const Tensor& w, Tensor* q, Tensor* scales) {
   const int64_t rows = w.dim(0), cols = w.dim(1), groups = int4_groups(cols);
   KILN_CHECK(cols % 2 == 0, "int4 weights need an even number of columns, not {}", cols);
@@ -38,25 +55,12 @@ void quantize_groups_int4(const Tensor& w, Tensor* q, Tensor* scales) {
   const float* src = w.data<float>();
   auto* dst = static_cast<uint8_t*>(q->raw());
   auto* s = static_cast<uint16_t*>(scales->raw());
+  std::vector<int8_t> values(static_cast<size_t>(cols));
   for (int64_t r = 0; r < rows; ++r) {
-    const float* row = src + r * cols;
-    for (int64_t g = 0; g < groups; ++g) {
-      const int64_t i0 = g * kInt4Group, i1 = std::min(cols, i0 + kInt4Group);
-      float m = 0.0f;
-      for (int64_t i = i0; i < i1; ++i)
-        if (std::fabs(row[i]) > std::fabs(m)) m = row[i];
-      const uint16_t bits = m == 0.0f ? uint16_t{0} : float_to_fp16(m / -8.0f);  // not -0
-      const float scale = fp16_to_float(bits);
-      const float inv = scale != 0.0f ? 1.0f / scale : 0.0f;
-      s[r * groups + g] = bits;
-      for (int64_t i = i0; i < i1; ++i) {
-        const int v = static_cast<int>(std::clamp(std::nearbyint(row[i] * inv), -8.0f, 7.0f));
-        const int64_t e = r * cols + i;  // cols is even: rows start on a byte
-        uint8_t& byte = dst[e / 2];
-        byte =
-            static_cast<uint8_t>((byte & (0xF0 >> (4 * (e % 2)))) | ((v & 0xF) << (4 * (e % 2))));
-      }
-    }
+    quantize_row_int4(src + r * cols, cols, values.data(), s + r * groups);
+    for (int64_t i = 0; i < cols; i += 2)  // cols is even: rows start on a byte
+      dst[(r * cols + i) / 2] =
+          static_cast<uint8_t>((values[i] & 0xF) | ((values[i + 1] & 0xF) << 4));
   }
 }
 

@@ -12,6 +12,7 @@
 //   rounds to zero stores q = 0 with that scale.
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 #include "core/tensor.h"
@@ -20,6 +21,10 @@ namespace kiln {
 
 // w [rows, cols] f32 -> q i8 [rows, cols], scales f32 [rows].
 void quantize_rows_int8(const Tensor& w, Tensor* q, Tensor* scales);
+// One row of quantize_groups_int4: q [cols] in [-8, 7] and the f16 bits of each group's scale
+// [int4_groups(cols)] (AWQ's search quantizes rows one at a time, passes/awq.h).
+void quantize_row_int4(const float* row, int64_t cols, int8_t* q, uint16_t* scale_bits);
+void fake_quantize_row_int4(const float* row, int64_t cols, float* out);
 // w [rows, cols] f32 (cols even) -> q i4 [rows, cols], scales f16 [rows, int4_groups(cols)].
 void quantize_groups_int4(const Tensor& w, Tensor* q, Tensor* scales);
 // q i4 [rows, cols] and its f16 group scales -> w [rows, cols] f32 (the definition).
