@@ -91,6 +91,33 @@ inline void report(const std::string& what, const Error_& e) {
               e.max_abs, e.max_ref, e.max_abs / e.max_ref);
 }
 
+// The plan `engine` of a BLOOM export (`graph`, imported) on the fixture's BLOOM inputs
+// (bloom.in.*), row by row at the real positions, against the interpreter's logits of `graph`
+// and, with `vs_onnxruntime`, onnxruntime's of the fixture export (the same function): each
+// within report()'s bound, named `what`.
+inline void check_bloom_plan(CompiledModel& engine, const ImportGraph& graph,
+                             const std::string& what, bool vs_onnxruntime) {
+  const Tensor& ids = fx("bloom.in.input_ids");
+  const Tensor& mask = fx("bloom.in.attention_mask");
+  const std::vector<float> interp =
+      run_import_graph(graph,
+                       {{"input_ids", ImportTensor::from_tensor(OnnxElemType::kInt64, ids)},
+                        {"attention_mask", ImportTensor::from_tensor(OnnxElemType::kInt64, mask)}})
+          .at("logits")
+          .to_floats();
+  const std::vector<float> ort = floats(fx("bloom.out.logits"));
+  const int64_t s = ids.dim(1), vocab = engine.desc().vocab_size;
+  ASSERT_EQ(static_cast<int64_t>(ort.size()), ids.dim(0) * s * vocab);
+  Error_ vs_interp, vs_ort;
+  for (int64_t r = 0; r < ids.dim(0); ++r) {
+    const Tensor logits = run_forward(engine, {}, real_tokens(ids, mask, r), false).logits;
+    accumulate(vs_interp, interp, s, vocab, r, positions_of(mask, r), logits);
+    accumulate(vs_ort, ort, s, vocab, r, positions_of(mask, r), logits);
+  }
+  report(what + ", plan vs interpreter", vs_interp);
+  if (vs_onnxruntime) report(what + ", plan vs onnxruntime", vs_ort);
+}
+
 // The last row's argmax; with `no_repeat`, over the tokens not in `seq` (HF's
 // no_repeat_ngram_size 1).
 inline int64_t argmax_last(const std::vector<float>& logits, int64_t vocab,

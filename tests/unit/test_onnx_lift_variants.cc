@@ -62,20 +62,8 @@ TEST_F(OnnxLiftVariants, BloomLmHeadOfItsOwn) {
   EXPECT_FALSE(nlohmann::json::parse(model.source_config_json).at("tie_word_embeddings"))
       << model.source_config_json;
   CompiledModel engine(ctx_, model);
-  const ImportGraph graph = ImportGraph::build(read_onnx_model(path));
-  const Tensor& ids = fx("bloom.in.input_ids");
-  const Tensor& mask = fx("bloom.in.attention_mask");
-  const std::vector<float> interp =
-      run_import_graph(graph,
-                       {{"input_ids", ImportTensor::from_tensor(OnnxElemType::kInt64, ids)},
-                        {"attention_mask", ImportTensor::from_tensor(OnnxElemType::kInt64, mask)}})
-          .at("logits")
-          .to_floats();
-  Error_ e;
-  for (int64_t r = 0; r < ids.dim(0); ++r)
-    accumulate(e, interp, ids.dim(1), engine.desc().vocab_size, r, positions_of(mask, r),
-               run_forward(engine, {}, real_tokens(ids, mask, r), false).logits);
-  report("bloom with its own lm_head, plan vs interpreter", e);
+  check_bloom_plan(engine, ImportGraph::build(read_onnx_model(path)), "bloom with its own lm_head",
+                   false);
 }
 
 // Exporters with use_cache add outputs (present key/values) beside the logits: the plan keeps
@@ -195,20 +183,8 @@ TEST_F(OnnxLiftVariants, BloomQkvSplitBySlice) {
   const std::string path = onnx_test::write_model(m, onnx_test::test_dir() + "/bloom.onnx");
   CompiledModel engine(ctx_,
                        build_model_from_onnx({path}, kBloomTokenizer, BuildOptions{}, ctx_.log()));
-  const ImportGraph graph = ImportGraph::build(read_onnx_model(path));
-  const Tensor& ids = fx("bloom.in.input_ids");
-  const Tensor& mask = fx("bloom.in.attention_mask");
-  const std::vector<float> interp =
-      run_import_graph(graph,
-                       {{"input_ids", ImportTensor::from_tensor(OnnxElemType::kInt64, ids)},
-                        {"attention_mask", ImportTensor::from_tensor(OnnxElemType::kInt64, mask)}})
-          .at("logits")
-          .to_floats();
-  Error_ e;
-  for (int64_t r = 0; r < ids.dim(0); ++r)
-    accumulate(e, interp, ids.dim(1), engine.desc().vocab_size, r, positions_of(mask, r),
-               run_forward(engine, {}, real_tokens(ids, mask, r), false).logits);
-  report("bloom with the QKV split by Slice, plan vs interpreter", e);
+  check_bloom_plan(engine, ImportGraph::build(read_onnx_model(path)),
+                   "bloom with the QKV split by Slice", false);
 }
 
 // The attention mask as Where(keep, scores, lowest) on the scores (masked_fill, as older BLOOM
@@ -237,25 +213,8 @@ TEST_F(OnnxLiftVariants, MaskAsWhereOnTheScores) {
   const std::string path = onnx_test::write_model(m, onnx_test::test_dir() + "/bloom.onnx");
   CompiledModel engine(ctx_,
                        build_model_from_onnx({path}, kBloomTokenizer, BuildOptions{}, ctx_.log()));
-  const ImportGraph graph = ImportGraph::build(read_onnx_model(path));
-  const Tensor& ids = fx("bloom.in.input_ids");
-  const Tensor& mask = fx("bloom.in.attention_mask");
-  const std::vector<float> interp =
-      run_import_graph(graph,
-                       {{"input_ids", ImportTensor::from_tensor(OnnxElemType::kInt64, ids)},
-                        {"attention_mask", ImportTensor::from_tensor(OnnxElemType::kInt64, mask)}})
-          .at("logits")
-          .to_floats();
-  const std::vector<float> ort = floats(fx("bloom.out.logits"));
-  Error_ vs_interp, vs_ort;
-  for (int64_t r = 0; r < ids.dim(0); ++r) {
-    const Tensor logits = run_forward(engine, {}, real_tokens(ids, mask, r), false).logits;
-    accumulate(vs_interp, interp, ids.dim(1), engine.desc().vocab_size, r, positions_of(mask, r),
-               logits);
-    accumulate(vs_ort, ort, ids.dim(1), engine.desc().vocab_size, r, positions_of(mask, r), logits);
-  }
-  report("bloom with the mask as Where, plan vs interpreter", vs_interp);
-  report("bloom with the mask as Where, plan vs onnxruntime (same function)", vs_ort);
+  check_bloom_plan(engine, ImportGraph::build(read_onnx_model(path)),
+                   "bloom with the mask as Where (onnxruntime: the same function)", true);
 }
 
 // The T5 export with T5 v1.0's FFN: wo(relu(wi x)) instead of wo(gelu(wi_0 x) * wi_1 x).
