@@ -9,6 +9,33 @@
 
 namespace kiln {
 
+namespace {
+
+// Depth first from the producer of value v toward the graph's inputs: visit(node) once for each
+// node reached, in the order reached; a value for which stop(value) holds is not entered.
+template <typename Stop, typename Visit>
+void walk_upstream(const ImportGraph& graph, int v, Stop stop, Visit visit) {
+  std::vector<bool> seen(graph.nodes().size(), false);
+  std::vector<int> stack;
+  auto push = [&](int value) {
+    if (value < 0 || stop(value)) return;
+    const int n = graph.values()[value].producer;
+    if (n >= 0 && !seen[n]) {
+      seen[n] = true;
+      stack.push_back(n);
+    }
+  };
+  push(v);
+  while (!stack.empty()) {
+    const int n = stack.back();
+    stack.pop_back();
+    visit(n);
+    for (int in : graph.nodes()[n].inputs) push(in);
+  }
+}
+
+}  // namespace
+
 PatternGraph::PatternGraph(const ImportGraph& graph,
                            const std::map<std::string, Shape>& probe_shapes)
     : graph_(graph),
@@ -121,23 +148,9 @@ OnnxElemType PatternGraph::probe_type(int v) const {
 }
 
 std::vector<int> PatternGraph::upstream_nodes(int v) const {
-  std::vector<bool> seen(graph_.nodes().size(), false);
-  std::vector<int> stack, out;
-  auto push = [&](int value) {
-    if (value < 0 || constant(value)) return;
-    const int n = graph_.values()[value].producer;
-    if (n >= 0 && !seen[n]) {
-      seen[n] = true;
-      stack.push_back(n);
-    }
-  };
-  push(v);
-  while (!stack.empty()) {
-    const int n = stack.back();
-    stack.pop_back();
-    out.push_back(n);
-    for (int in : graph_.nodes()[n].inputs) push(in);
-  }
+  std::vector<int> out;
+  walk_upstream(
+      graph_, v, [&](int value) { return constant(value); }, [&](int n) { out.push_back(n); });
   return out;
 }
 
@@ -232,22 +245,13 @@ std::vector<int> PatternGraph::nodes_between(int v, const std::vector<int>& stop
                                              bool stop_at_probe_data) const {
   std::vector<bool> seen(graph_.nodes().size(), false), stop(graph_.values().size(), false);
   for (int s : stops) stop[s] = true;
-  std::vector<int> stack;
-  auto push = [&](int value) {
-    if (value < 0 || stop[value] || constant(value)) return;
-    if (stop_at_probe_data && probe_.known[value].has_data()) return;
-    const int n = graph_.values()[value].producer;
-    if (n >= 0 && !seen[n]) {
-      seen[n] = true;
-      stack.push_back(n);
-    }
-  };
-  push(v);
-  while (!stack.empty()) {
-    const int n = stack.back();
-    stack.pop_back();
-    for (int in : graph_.nodes()[n].inputs) push(in);
-  }
+  walk_upstream(
+      graph_, v,
+      [&](int value) {
+        return stop[value] || constant(value) ||
+               (stop_at_probe_data && probe_.known[value].has_data());
+      },
+      [&](int n) { seen[n] = true; });
   std::vector<int> out;
   for (int n : graph_.order())
     if (seen[n]) out.push_back(n);
