@@ -92,6 +92,7 @@ AwqResult awq_search(const ModelIR& model, const std::map<std::string, AwqTensor
                      const std::vector<std::string>& keep_float, int grid, ThreadPool* pool) {
   KILN_CHECK_USAGE(grid >= 1 && grid <= 1000, "the AWQ grid must have 1..1000 steps, got {}", grid);
   AwqResult result;
+  result.model = calibration_fingerprint(model);
   for (const Graph& g : model.graphs)
     for (const SmoothTarget& t : smoothable_tensors(g, keep_float)) {
       const std::string name = calibrated_tensor_name(g, t.value);

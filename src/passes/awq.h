@@ -37,6 +37,7 @@ struct AwqChoice {
 };
 
 struct AwqResult {
+  std::string model;  // calibration_fingerprint of the model searched (its cache's model=)
   // Per tensor (calibration names) with α > 0: its factors s, for PrecisionOptions::smoothing.
   std::map<std::string, std::vector<float>> factors;
   std::map<std::string, AwqChoice> choices;  // every tensor searched

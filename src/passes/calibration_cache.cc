@@ -23,6 +23,7 @@ constexpr const char* kMagic = "kiln-calibration-cache";
 constexpr int kVersion = 1;          // scales only
 constexpr int kSmoothedVersion = 2;  // and SmoothQuant's factors
 constexpr int kFallbackVersion = 3;  // and the sensitivity fallback's tolerance and layers
+constexpr int kAwqVersion = 4;       // AWQ's factors alone (method=awq)
 
 // A number of the whole of `text` (from_chars: no locale, no trailing characters).
 template <typename T>
@@ -105,7 +106,10 @@ void write_calibration_cache(const std::string& path, const CalibrationCache& ca
   KILN_CHECK(!cache.model.empty() && !has_space(cache.model) && !cache.method.empty() &&
                  !has_space(cache.method),
              "calibration cache {}: the model fingerprint and method must be words", path);
-  const bool smoothed = !cache.smoothing.empty();
+  const bool smoothed = !cache.smoothing.empty() && !cache.awq();
+  KILN_CHECK(!cache.awq() || (cache.scales.empty() && cache.quant_tolerance < 0.0 &&
+                              cache.smoothquant_alpha == 0.0),
+             "calibration cache {}: an AWQ cache holds factors only", path);
   KILN_CHECK(smoothed == (cache.smoothquant_alpha > 0.0) && cache.smoothquant_alpha <= 1.0,
              "calibration cache {}: SmoothQuant alpha {} with {} smoothed tensors", path,
              cache.smoothquant_alpha, cache.smoothing.size());
@@ -115,7 +119,10 @@ void write_calibration_cache(const std::string& path, const CalibrationCache& ca
              cache.fallback.size());
   KILN_CHECK(!fallback || std::isfinite(cache.quant_tolerance),
              "calibration cache {}: quant tolerance {}", path, cache.quant_tolerance);
-  const int version = fallback ? kFallbackVersion : smoothed ? kSmoothedVersion : kVersion;
+  const int version = cache.awq() ? kAwqVersion
+                      : fallback  ? kFallbackVersion
+                      : smoothed  ? kSmoothedVersion
+                                  : kVersion;
   std::string text =
       fmt::format("{} {} model={} method={}", kMagic, version, cache.model, cache.method);
   if (smoothed) text += fmt::format(" smoothquant={}", cache.smoothquant_alpha);
@@ -178,9 +185,9 @@ CalibrationCache read_calibration_cache(const std::string& path) {
       KILN_CHECK(magic == kMagic,
                  "{}:{}: not a kiln calibration cache (the first line should start with '{}')",
                  path, lineno, kMagic);
-      KILN_CHECK(version == kVersion || version == kSmoothedVersion || version == kFallbackVersion,
-                 "{}:{}: calibration cache version {}; this kiln reads {}, {} and {}", path, lineno,
-                 version, kVersion, kSmoothedVersion, kFallbackVersion);
+      KILN_CHECK(version >= kVersion && version <= kAwqVersion,
+                 "{}:{}: calibration cache version {}; this kiln reads {} to {}", path, lineno,
+                 version, kVersion, kAwqVersion);
       // key=value words: model and method always; smoothquant in version 2 (and 3, when
       // smoothed); quant-tolerance in version 3.
       std::map<std::string, std::string> keys;
@@ -208,6 +215,9 @@ CalibrationCache read_calibration_cache(const std::string& path) {
       cache.method = keys["method"];
       KILN_CHECK(!cache.model.empty() && !cache.method.empty(),
                  "{}:{}: the model fingerprint or the method is empty", path, lineno);
+      KILN_CHECK((version == kAwqVersion) == cache.awq(),
+                 "{}:{}: method={} in a version {} cache (version {} is method=awq's alone)", path,
+                 lineno, cache.method, version, kAwqVersion);
       if (smoothed) {
         const std::string& alpha = keys["smoothquant"];
         KILN_CHECK(parse_number(alpha, &cache.smoothquant_alpha) && cache.smoothquant_alpha > 0.0 &&
@@ -244,8 +254,11 @@ CalibrationCache read_calibration_cache(const std::string& path) {
                  "{}:{}: layer {} is kept in float twice", path, lineno, node);
       continue;
     }
+    KILN_CHECK(!cache.awq() || name == "smooth",
+               "{}:{}: an AWQ cache holds 'smooth TENSOR F0 F1 ...' lines only, got '{}'", path,
+               lineno, line);
     if (name == "smooth") {
-      KILN_CHECK(cache.smoothquant_alpha > 0.0,
+      KILN_CHECK(cache.smoothquant_alpha > 0.0 || cache.awq(),
                  "{}:{}: a 'smooth' line in a cache without smoothquant= in its header", path,
                  lineno);
       std::string tensor, f;

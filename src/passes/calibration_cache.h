@@ -52,6 +52,11 @@ struct CalibrationCache {
   // and `float NODE MEAN_KL TOP1_AGREEMENT` lines. A cache-only build keeps the same layers.
   double quant_tolerance = -1.0;
   std::map<std::string, LayerSensitivity> fallback;
+  // method "awq" (kiln build --precision int4-weight --awq; passes/awq.h): `smoothing` holds
+  // AWQ's factors for an int4-weight plan, and nothing else is set. Version 4 of the format: a
+  // header with method=awq, then `smooth TENSOR F0 F1 ...` lines.
+  bool awq() const { return method == kAwqMethod; }
+  static constexpr const char* kAwqMethod = "awq";
   bool operator==(const CalibrationCache&) const = default;
 };
 

@@ -37,6 +37,10 @@ struct PrecisionOptions {
   // build's AWQ scales (passes/awq.h). An int8 build takes them from its calibration
   // (CalibrationCache::smoothing) instead.
   std::map<std::string, std::vector<float>> smoothing;
+  // Where `smoothing` was read from (an AWQ calibration cache, for errors) and the
+  // calibration_fingerprint of the model it was made for; apply_smoothing refuses another
+  // model's. Empty: made by this build, nothing to check.
+  std::string smoothing_source, smoothing_model;
 };
 
 // A usage error for a build of a precision with calibrated inputs (int8) without a calibration,

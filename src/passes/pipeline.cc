@@ -40,6 +40,13 @@ void check_calibration(const ModelIR& model, const PrecisionOptions& options) {
 void apply_smoothing(ModelIR& model, const PrecisionOptions& options, const Logger& log) {
   KILN_CHECK(options.smoothing.empty() || !options.calibration,
              "SmoothQuant factors come from the calibration or from the build, not both");
+  if (!options.smoothing_model.empty()) {
+    const std::string fingerprint = calibration_fingerprint(model);
+    KILN_CHECK_USAGE(options.smoothing_model == fingerprint,
+                     "{} was made for another model (fingerprint {}; this model's is {}): run "
+                     "the search again with --calib",
+                     options.smoothing_source, options.smoothing_model, fingerprint);
+  }
   const auto& factors = options.calibration ? options.calibration->smoothing : options.smoothing;
   if (factors.empty()) return;
   for (Graph& g : model.graphs) apply_smoothing(g, factors, options.keep_float, log);

@@ -110,10 +110,12 @@ expect_exit 2 "build fp8" -- "$KILN" build --model "$FIXTURES/t5-tiny" --precisi
 expect_in "$TMP/err" "unknown precision" "an unknown precision is named"
 
 # int4-weight with AWQ's scale search: the log says what was scaled, the plan stays within two
-# points of fp32; --awq is for int4-weight with --calib and caches nothing.
+# points of fp32, its cache rebuilds the same plan without prompts and is refused by another
+# model and by int8 builds; --awq is for int4-weight with --calib or its cache.
 head -64 "$FIXTURES/data/calib.jsonl" >"$TMP/calib64.jsonl"
 expect_exit 0 "build t5 int4-weight --awq" -- "$KILN" build --model "$FIXTURES/t5-tiny" \
-  --precision int4-weight --awq --calib "$TMP/calib64.jsonl" --calib-tokens 4 -o "$TMP/t5-awq.plan" &&
+  --precision int4-weight --awq --calib "$TMP/calib64.jsonl" --calib-tokens 4 \
+  --calib-cache "$TMP/t5.awq" -o "$TMP/t5-awq.plan" &&
   expect_in "$TMP/err" "Linear inputs scaled (128 sampled rows each)" "the log says what AWQ scaled" &&
   expect_in "$TMP/err" "smoothing[encoder]" "the scales are folded into the norms"
 expect_exit 0 "eval t5 awq" -- "$KILN" eval --plan "$TMP/t5-awq.plan" --dataset "$DEV" --json &&
@@ -129,9 +131,30 @@ expect_in "$TMP/err" "--awq searches the scales of int4-weight plans" "--awq nam
 expect_exit 2 "awq without calib" -- "$KILN" build --model "$FIXTURES/t5-tiny" --precision int4-weight \
   --awq -o "$TMP/x.plan"
 expect_in "$TMP/err" "give --calib FILE.jsonl" "--awq asks for --calib"
-expect_exit 2 "awq with a cache" -- "$KILN" build --model "$FIXTURES/t5-tiny" --precision int4-weight \
-  --awq --calib "$TMP/calib64.jsonl" --calib-cache "$TMP/x.calib" -o "$TMP/x.plan"
-expect_in "$TMP/err" "AWQ's scales are not cached" "--awq refuses a cache"
+expect_in "$TMP/t5.awq" "method=awq" "the AWQ cache names its method"
+expect_exit 0 "awq cache-only rebuild" -- "$KILN" build --model "$FIXTURES/t5-tiny" \
+  --precision int4-weight --awq --calib-cache "$TMP/t5.awq" -o "$TMP/t5-awq-cached.plan" &&
+  expect_in "$TMP/err" "no prompts run" "a cache-only AWQ build runs no prompts"
+# The data sections (tokenizer and weight blobs, docs/plan-format.md) are the same bytes.
+python3 - "$TMP/t5-awq.plan" "$TMP/t5-awq-cached.plan" "$TMP/t5-int4-weight.plan" <<'PY' || fail "the cache-only AWQ rebuild has other weights"
+import struct, sys
+def data(path):
+    raw = open(path, "rb").read()
+    h = struct.unpack("<Q", raw[16:24])[0]
+    return raw[(32 + h + 63) // 64 * 64:]
+awq, cached, plain = (data(p) for p in sys.argv[1:4])
+assert awq == cached, "the cached AWQ plan's weights differ"
+assert awq != plain, "the AWQ plan's weights are plain int4's"
+PY
+expect_exit 2 "awq cache of another model" -- "$KILN" build --model "$FIXTURES/bloom-tiny" \
+  --precision int4-weight --awq --calib-cache "$TMP/t5.awq" -o "$TMP/x.plan"
+expect_in "$TMP/err" "was made for another model" "a foreign AWQ cache is refused"
+expect_exit 2 "awq cache to an int8 build" -- "$KILN" build --model "$FIXTURES/t5-tiny" \
+  --precision int8 --calib-cache "$TMP/t5.awq" -o "$TMP/x.plan"
+expect_in "$TMP/err" "holds AWQ's scales for int4-weight plans" "int8 refuses an AWQ cache"
+expect_exit 2 "int4 cache without --awq" -- "$KILN" build --model "$FIXTURES/t5-tiny" \
+  --precision int4-weight --calib-cache "$TMP/t5.awq" -o "$TMP/x.plan"
+expect_in "$TMP/err" "add --awq" "an int4-weight cache asks for --awq"
 expect_exit 2 "calib without awq" -- "$KILN" build --model "$FIXTURES/t5-tiny" --precision int4-weight \
   --calib "$TMP/calib64.jsonl" -o "$TMP/x.plan"
 expect_in "$TMP/err" "quantizes no activations" "int4-weight takes --calib only with --awq"

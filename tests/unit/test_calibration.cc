@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <random>
 #include <vector>
 
@@ -150,6 +151,26 @@ TEST(CalibCache, RoundTripsEveryScaleExactly) {
   EXPECT_NO_THROW(check_calibration_cache(
       cache, path, cache.model,
       {"encoder/x", "decoder/h.0", "decoder/tiny", "decoder/zero", "decoder/big"}));
+}
+
+// An AWQ cache (method awq, version 4): the factors alone, read back exactly.
+TEST(CalibCache, AnAwqCacheRoundTripsItsFactors) {
+  CalibrationCache cache;
+  cache.model = "0123456789abcdef";
+  cache.method = CalibrationCache::kAwqMethod;
+  cache.smoothing = {{"encoder/x", {0.5f, 1.0f / 3.0f, 7.25f}}, {"decoder/y", {2.0f}}};
+  const std::string path = temp_path("calib_awq.cache");
+  write_calibration_cache(path, cache);
+  const CalibrationCache back = read_calibration_cache(path);
+  EXPECT_EQ(back, cache);
+  EXPECT_TRUE(back.awq());
+  std::ifstream in(path);
+  std::string first;
+  std::getline(in, first);
+  EXPECT_EQ(first, "kiln-calibration-cache 4 model=0123456789abcdef method=awq");
+  // Nothing but factors: a scale makes it another kind of cache.
+  cache.scales["encoder/x"] = 0.5f;
+  EXPECT_THROW(write_calibration_cache(temp_path("calib_awq_bad.cache"), cache), Error);
 }
 
 }  // namespace

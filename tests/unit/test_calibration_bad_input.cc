@@ -126,6 +126,11 @@ TEST(CalibBadInput, MalformedCacheFilesNameTheLine) {
       {header + "encoder/a -1\n", ":2"},
       {header + "encoder/a 0x1p-3\n", ":2"},
       {header + "encoder/a 0.5\nencoder/a 0.5\n", "listed twice"},
+      // Version 4 is AWQ's: method=awq with 'smooth' lines only, and method=awq nowhere else.
+      {"kiln-calibration-cache 4 model=00 method=entropy\n", "version 4 is method=awq's"},
+      {"kiln-calibration-cache 1 model=00 method=awq\n", "method=awq in a version 1"},
+      {"kiln-calibration-cache 4 model=00 method=awq\nencoder/a 0.5\n", "'smooth TENSOR F0"},
+      {"kiln-calibration-cache 4 model=00 method=awq\nsmooth encoder/a 0\n", ":2"},
   };
   for (const Case& c : cases) {
     const std::string path = write_file("calib_bad.cache", c.bytes);

@@ -260,12 +260,12 @@ Runner add_build(CLI::App& app) {
     KILN_CHECK_USAGE(!o->awq || bo.precision == Precision::kInt4Weight,
                      "--awq searches the scales of int4-weight plans; this build is --precision {}",
                      o->precision);
-    KILN_CHECK_USAGE(!o->awq || !o->calib.empty(),
+    KILN_CHECK_USAGE(!o->awq || !o->calib.empty() || !o->calib_cache.empty(),
                      "--awq measures activations: give --calib FILE.jsonl (a few hundred "
-                     "representative prompts)");
-    KILN_CHECK_USAGE(!o->awq || o->calib_cache.empty(),
-                     "--calib-cache: AWQ's scales are not cached; the search runs from --calib "
-                     "at every build");
+                     "representative prompts), or --calib-cache FILE written by an earlier "
+                     "--awq build");
+    KILN_CHECK_USAGE(o->awq || bo.precision != Precision::kInt4Weight || o->calib_cache.empty(),
+                     "--calib-cache with --precision int4-weight holds AWQ's scales: add --awq");
     KILN_CHECK_USAGE(!o->awq || o->smoothquant == 0.0,
                      "--smoothquant is for int8 (W8A8) plans; --awq makes int4-weight plans' "
                      "scales");
@@ -301,9 +301,22 @@ Runner add_build(CLI::App& app) {
     const CalibrationMethodSpec method = parse_calibration_method(o->calib_method);
     std::vector<CalibrationPrompt> prompts;
     if (!o->calib.empty()) prompts = read_calibration_prompts(o->calib);
-    if (!o->calib_cache.empty()) {
+    if (o->awq && !o->calib_cache.empty() && o->calib.empty()) {
+      CalibrationCache cache = read_calibration_cache(o->calib_cache);
+      KILN_CHECK_USAGE(cache.awq(),
+                       "--calib-cache {}: this cache holds int8 (W8A8) input scales (method {}), "
+                       "not AWQ's; make one with --awq --calib FILE.jsonl --calib-cache {}",
+                       o->calib_cache, cache.method, o->calib_cache);
+      bo.precision_options.smoothing = std::move(cache.smoothing);
+      bo.precision_options.smoothing_model = cache.model;
+      bo.precision_options.smoothing_source = "calibration cache " + o->calib_cache;
+    } else if (!o->calib_cache.empty()) {
       if (o->calib.empty()) {
         bo.precision_options.calibration = read_calibration_cache(o->calib_cache);
+        KILN_CHECK_USAGE(!bo.precision_options.calibration->awq(),
+                         "--calib-cache {}: this cache holds AWQ's scales for int4-weight plans "
+                         "(--awq), not int8 input scales; calibrate with --calib FILE.jsonl",
+                         o->calib_cache);
         bo.precision_options.calibration_source = o->calib_cache;
         CalibrationCache& cache = *bo.precision_options.calibration;
         if (tolerance_given && !tolerance) {
@@ -365,14 +378,27 @@ Runner add_build(CLI::App& app) {
     // The weights the passes make wait in a temporary file beside the plan (it needs that room
     // anyway), not in memory.
     bo.spill_dir = std::filesystem::absolute(o->output).parent_path().string();
-    if (o->awq) {
+    if (o->awq && !o->calib.empty()) {
       CalibrationRunOptions run;
       run.batch = o->calib_batch;
       run.new_tokens = o->calib_tokens;
       run.sample_rows = kAwqSampleRows;
       if (o->calib_method != "entropy")
         ctx->log().warn("--calib-method has no effect with --awq: it sets int8 input scales");
-      bo.precision_options.smoothing = awq_checkpoint(*ctx, model_source, bo, prompts, run).factors;
+      AwqResult awq = awq_checkpoint(*ctx, model_source, bo, prompts, run);
+      if (!o->calib_cache.empty()) {
+        CalibrationCache cache;
+        cache.model = awq.model;
+        cache.method = CalibrationCache::kAwqMethod;
+        cache.smoothing = awq.factors;
+        write_calibration_cache(o->calib_cache, cache);
+        ctx->log().info("wrote calibration cache {} (AWQ: {} scaled tensors)", o->calib_cache,
+                        cache.smoothing.size());
+      }
+      bo.precision_options.smoothing = std::move(awq.factors);
+    } else if (o->awq) {
+      ctx->log().info("awq: {} scaled tensors from {}, no prompts run",
+                      bo.precision_options.smoothing.size(), o->calib_cache);
     } else if (!o->calib.empty()) {
       CalibrationRunOptions run;
       run.batch = o->calib_batch;
