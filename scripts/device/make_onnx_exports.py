@@ -106,8 +106,9 @@ def run_ort(path, feeds):
 
 
 def variant(tag, dtype, dynamo):
-    b = BloomLogits(bloom.to(dtype))
-    t_enc, t_dec = T5Encoder(t5.to(dtype)), T5Decoder(t5.to(dtype))
+    # eval(): the wrappers too, or the dynamo exporter writes training-mode Dropouts.
+    b = BloomLogits(bloom.to(dtype)).eval()
+    t_enc, t_dec = T5Encoder(t5.to(dtype)).eval(), T5Decoder(t5.to(dtype)).eval()
     jobs = [
         ("bloom", b, (ids_b, bloom_mask), ["input_ids", "attention_mask"], ["logits"],
          {"input_ids": [0, 1], "attention_mask": [0, 1], "logits": [0, 1]}),

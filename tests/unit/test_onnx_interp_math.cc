@@ -113,6 +113,7 @@ TEST(OnnxInterpUnary, MathFunctions) {
   expect_tensor(run_op1({"Neg", {i64({1}, {5})}}), kI, {1}, {-5});
   expect_tensor(run_op1({"Relu", {f32({3}, {-1, 0, 0.5f})}}), kF, {3}, {0, 0, 0.5});
   expect_tensor(run_op1({"Sqrt", {f32({2}, {4, 2.25f})}}), kF, {2}, {2, 1.5});
+  expect_tensor(run_op1({"Reciprocal", {f32({3}, {4, -0.5f, 8})}}), kF, {3}, {0.25, -2, 0.125});
   expect_tensor(run_op1({"Log", {f32({2}, {1, static_cast<float>(M_E)})}}), kF, {2}, {0, 1});
   // tanh(1) and erf(1), erf(-0.5) from tables of the functions.
   expect_tensor(run_op1({"Tanh", {f32({2}, {0, 1})}}), kF, {2}, {0, 0.7615941559557649});

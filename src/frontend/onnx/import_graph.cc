@@ -52,6 +52,49 @@ std::vector<int> find_cycle(const std::vector<ImportNode>& nodes,
 
 }  // namespace
 
+namespace {
+
+// Whether value v is a constant false (a one-element bool initializer, or a Constant node's
+// tensor value, holding 0).
+bool constant_false(const ImportGraph& g, int v) {
+  const ImportValue& value = g.values()[v];
+  const OnnxTensor* t = nullptr;
+  if (value.kind == ImportValueKind::kInitializer) {
+    t = &value.initializer;
+  } else if (value.producer >= 0) {
+    const ImportNode& n = g.nodes()[value.producer];
+    if (n.op_type == "Constant" && n.domain.empty())
+      for (const OnnxAttribute& a : n.attributes)
+        if (a.name == "value" && a.kind == OnnxAttrKind::kTensor && a.tensors.size() == 1)
+          t = &a.tensors[0];
+  }
+  return t != nullptr && t->type == OnnxElemType::kBool && t->data.defined() &&
+         t->data.numel() == 1 && static_cast<const uint8_t*>(t->data.raw())[0] == 0;
+}
+
+}  // namespace
+
+void ImportGraph::drop_inference_dropouts() {
+  std::vector<bool> read(values_.size(), false);
+  for (const ImportNode& n : nodes_)
+    for (int in : n.inputs)
+      if (in >= 0) read[in] = true;
+  for (int out : outputs_) read[out] = true;
+  for (ImportNode& n : nodes_) {
+    if (n.op_type != "Dropout" || !n.domain.empty() || n.inputs.empty() || n.inputs[0] < 0 ||
+        n.outputs.empty() || n.outputs[0] < 0)
+      continue;
+    const bool training =
+        n.inputs.size() > 2 && n.inputs[2] >= 0 && !constant_false(*this, n.inputs[2]);
+    const bool mask_read = n.outputs.size() > 1 && n.outputs[1] >= 0 && read[n.outputs[1]];
+    if (training || mask_read) continue;
+    if (n.outputs.size() > 1 && n.outputs[1] >= 0) values_[n.outputs[1]].producer = -1;
+    n.op_type = "Identity";
+    n.inputs.resize(1);
+    n.outputs.resize(1);
+  }
+}
+
 ImportGraph ImportGraph::build(const OnnxModel& model) {
   ImportGraph g;
   g.path_ = model.path;
@@ -146,6 +189,7 @@ ImportGraph ImportGraph::build(const OnnxModel& model) {
     if (out.shape) value.shape = out.shape;
     g.outputs_.push_back(v);
   }
+  g.drop_inference_dropouts();
 
   // Kahn's algorithm, taking ready nodes in file order.
   std::vector<int> waiting(g.nodes_.size(), 0);

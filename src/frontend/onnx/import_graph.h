@@ -64,6 +64,12 @@ class ImportGraph {
   int find_value(const std::string& name) const;
 
  private:
+  // An inference-mode Dropout (training_mode absent or a constant false, its mask unread: what
+  // torch's dynamo exporter writes for each nn.Dropout of an eval() model) is the identity: it
+  // becomes an Identity node, which lifting walks through like the exporters' own. A Dropout in
+  // training mode, or whose mask is read, stays a Dropout (an op kiln does not import).
+  void drop_inference_dropouts();
+
   std::string path_;
   int64_t opset_ = 0;
   std::vector<ImportValue> values_;

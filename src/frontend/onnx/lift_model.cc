@@ -36,6 +36,18 @@ std::map<std::string, Shape> lift_probe_shapes(const ImportGraph& graph) {
     }
     shapes[value.name] = s;
   }
+  // Exports whose dynamic axes were given as lists (torch names each input's axes apart:
+  // input_ids_dynamic_axes_2, attention_mask_dynamic_axes_2) still mean one sequence: a mask
+  // takes the length of what it masks, whatever its axis is called.
+  for (const auto& [mask, of] : {std::pair<std::string, std::string>{"attention_mask", "input_ids"},
+                                 {"encoder_attention_mask", "encoder_hidden_states"}}) {
+    const int m = graph.find_value(mask), t = graph.find_value(of);
+    if (m < 0 || t < 0 || !shapes.count(mask) || !shapes.count(of)) continue;
+    const std::vector<OnnxDim>& md = *graph.values()[m].shape;
+    const std::vector<OnnxDim>& td = *graph.values()[t].shape;
+    if (md.size() >= 2 && td.size() >= 2 && !md[1].is_static() && !td[1].is_static())
+      shapes[mask][1] = shapes[of][1];
+  }
   return shapes;
 }
 

@@ -9,7 +9,8 @@ namespace {
 
 bool is_elementwise(std::string_view op) {
   return op == "Add" || op == "Mul" || op == "Sub" || op == "Div" || op == "Pow" || op == "Cast" ||
-         op == "Identity" || op == "Tanh" || op == "Erf" || op == "Sqrt" || op == "Neg";
+         op == "Identity" || op == "Tanh" || op == "Erf" || op == "Sqrt" || op == "Neg" ||
+         op == "Reciprocal";
 }
 
 Tensor kiln_tensor(const ImportTensor& t) { return t.to_kiln(); }
@@ -63,7 +64,7 @@ void check_arity(const ImportGraph& graph) {
       {"ReduceMean", 1}, {"Softmax", 1}, {"Sqrt", 1},      {"Tanh", 1},
       {"Erf", 1},        {"Cast", 1},    {"Identity", 1},  {"Reshape", 2},
       {"Transpose", 1},  {"Squeeze", 1}, {"Unsqueeze", 1}, {"Relu", 1},
-      {"Log", 1},        {"Neg", 1},     {"CumSum", 2}};
+      {"Log", 1},        {"Neg", 1},     {"CumSum", 2},    {"Reciprocal", 1}};
   for (const ImportNode& node : graph.nodes()) {
     if (!node.domain.empty()) continue;
     const auto it = kRequiredInputs.find(node.op_type);

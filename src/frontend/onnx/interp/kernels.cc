@@ -11,7 +11,7 @@ constexpr HalfPrecision kFloat = HalfPrecision::kComputeInFloat;
 
 // Sorted by op: binary search. supported_ops.cc lists the same ops (a test checks that every
 // supported op has a kernel).
-constexpr std::array<OpKernel, 46> kKernels = {{
+constexpr std::array<OpKernel, 47> kKernels = {{
     {"Abs", run_abs, kFloat},
     {"Add", run_add, kFloat},
     {"And", run_and, kNative},
@@ -43,6 +43,7 @@ constexpr std::array<OpKernel, 46> kKernels = {{
     {"Not", run_not, kNative},
     {"Pow", run_pow, kFloat},
     {"Range", run_range, kFloat},
+    {"Reciprocal", run_reciprocal, kFloat},
     {"ReduceMean", run_reduce_mean, kFloat},
     {"Relu", run_relu, kFloat},
     {"Reshape", run_reshape, kNative},

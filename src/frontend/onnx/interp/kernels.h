@@ -33,6 +33,7 @@ void run_abs(OpContext& ctx);
 void run_neg(OpContext& ctx);
 void run_relu(OpContext& ctx);
 void run_sqrt(OpContext& ctx);
+void run_reciprocal(OpContext& ctx);
 void run_log(OpContext& ctx);
 void run_tanh(OpContext& ctx);
 void run_erf(OpContext& ctx);

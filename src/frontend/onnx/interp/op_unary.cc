@@ -1,5 +1,5 @@
-// Elementwise ops of one operand: Abs, Neg, Relu, Sqrt, Log, Tanh, Erf (float; Abs, Neg and
-// Relu also on integers) and Not (bool).
+// Elementwise ops of one operand: Abs, Neg, Relu, Sqrt, Reciprocal, Log, Tanh, Erf (float; Abs, Neg
+// and Relu also on integers) and Not (bool).
 #include <cmath>
 #include <limits>
 
@@ -62,6 +62,10 @@ void run_relu(OpContext& ctx) {
 void run_sqrt(OpContext& ctx) {
   run_unary(ctx, "Sqrt", Domain::kFloatOnly,
             [](auto v) { return std::sqrt(static_cast<float>(v)); });
+}
+void run_reciprocal(OpContext& ctx) {
+  run_unary(ctx, "Reciprocal", Domain::kFloatOnly,
+            [](auto v) { return 1.0f / static_cast<float>(v); });
 }
 void run_log(OpContext& ctx) {
   run_unary(ctx, "Log", Domain::kFloatOnly, [](auto v) { return std::log(static_cast<float>(v)); });
