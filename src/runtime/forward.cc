@@ -8,6 +8,56 @@
 
 namespace kiln {
 
+namespace {
+
+// The decoder over `cross` (one sequence's cross K/V; unused by decoder-only models).
+void run_decoder(const ForwardModel& m, const CrossKv& cross,
+                 const std::vector<int64_t>& decoder_ids, bool step_by_step, Forward& f);
+
+// The encoder graph's nodes that depend on its encoder_hidden output, with that value as the
+// only input and each layer's cross K then V as outputs (EncoderIo's order, input at 0).
+Graph cross_projections(const Graph& enc, int layers) {
+  const int hidden = enc.outputs.at(static_cast<size_t>(enc.output_index("encoder_hidden")));
+  Graph g = enc;  // values (weights shared, not copied) and the memory plan's slots
+  g.name = enc.name + ".cross_kv";
+  g.nodes.clear();
+  std::vector<bool> derived(enc.values.size(), false);
+  derived[static_cast<size_t>(hidden)] = true;
+  for (Value& v : g.values) v.producer = -1;
+  for (const Node& n : enc.nodes) {
+    bool reads = false;
+    for (int in : n.inputs) reads = reads || (in >= 0 && derived[static_cast<size_t>(in)]);
+    if (!reads) continue;
+    for (int in : n.inputs)
+      KILN_CHECK(in < 0 || derived[static_cast<size_t>(in)] ||
+                     enc.values[static_cast<size_t>(in)].kind == ValueKind::kWeight,
+                 "graph '{}': node '{}' reads encoder_hidden and '{}', which is neither a weight "
+                 "nor computed from encoder_hidden: the cross projections cannot run alone",
+                 enc.name, n.name, enc.values[static_cast<size_t>(in)].name);
+    for (int out : n.outputs) {
+      derived[static_cast<size_t>(out)] = true;
+      g.values[static_cast<size_t>(out)].producer = static_cast<int>(g.nodes.size());
+    }
+    g.nodes.push_back(n);
+  }
+  g.values[static_cast<size_t>(hidden)].kind = ValueKind::kInput;
+  g.inputs = {hidden};
+  g.outputs.clear();
+  for (int l = 0; l < layers; ++l)
+    for (const char* kv : {"cross_k.", "cross_v."}) {
+      const int v = enc.outputs.at(static_cast<size_t>(enc.output_index(kv + std::to_string(l))));
+      KILN_CHECK(derived[static_cast<size_t>(v)],
+                 "graph '{}': {}{} is not computed from "
+                 "encoder_hidden",
+                 enc.name, kv, l);
+      g.outputs.push_back(v);
+    }
+  if (!g.value_slot.empty()) g.value_slot[static_cast<size_t>(hidden)] = -1;
+  return g;
+}
+
+}  // namespace
+
 Forward run_forward(const ForwardModel& m, const std::vector<int64_t>& prompt,
                     const std::vector<int64_t>& decoder_ids, bool step_by_step) {
   const ModelDesc& d = m.model.desc;
@@ -28,6 +78,15 @@ Forward run_forward(const ForwardModel& m, const std::vector<int64_t>& prompt,
                          StepContext{&layout, nullptr}, &f.encoder_hidden)
                  .at(0);
   }
+  run_decoder(m, cross, decoder_ids, step_by_step, f);
+  return f;
+}
+
+namespace {
+
+void run_decoder(const ForwardModel& m, const CrossKv& cross,
+                 const std::vector<int64_t>& decoder_ids, bool step_by_step, Forward& f) {
+  const ModelDesc& d = m.model.desc;
   KvGeometry geo{d.cache_layers, d.cache_row_width(), 4, m.kv_dtype};
   auto storage = m.backend.create_kv_storage(geo);
   BlockManager blocks(*storage);
@@ -57,16 +116,18 @@ Forward run_forward(const ForwardModel& m, const std::vector<int64_t>& prompt,
                 logits.nbytes());
   }
   kv.release(blocks);
-  return f;
 }
 
-Forward run_forward(CompiledModel& engine, const std::vector<int64_t>& prompt,
-                    const std::vector<int64_t>& decoder_ids, bool step_by_step) {
+}  // namespace
+
+namespace {
+
+// A CompiledModel's graphs, with the KV cache in the type the decoder's attention computes in
+// (the plan's precision), or the one the backend narrows it to, as the scheduler's does (CPU
+// bf16 and int8-weight plans: bf16).
+ForwardModel forward_model(CompiledModel& engine) {
   ForwardModel m{engine.model(), engine.backend(),
                  engine.desc().encoder_decoder ? &engine.encoder() : nullptr, engine.decoder()};
-  // The cache holds K/V in the type the decoder's attention computes in (the plan's precision),
-  // or the one the backend narrows it to, as the scheduler's does (CPU bf16 and int8-weight
-  // plans: bf16).
   const Graph& dec = engine.model().graph(kDecoderGraph);
   for (const Node& n : dec.nodes)
     if (n.op == OpKind::kAttention && n.attr<AttentionAttrs>().kind == AttentionKind::kCachedSelf) {
@@ -74,7 +135,62 @@ Forward run_forward(CompiledModel& engine, const std::vector<int64_t>& prompt,
       break;
     }
   m.kv_dtype = engine.backend().kv_cache_dtype(m.kv_dtype, engine.model().precision);
-  return run_forward(m, prompt, decoder_ids, step_by_step);
+  return m;
+}
+
+}  // namespace
+
+Forward run_forward(CompiledModel& engine, const std::vector<int64_t>& prompt,
+                    const std::vector<int64_t>& decoder_ids, bool step_by_step) {
+  return run_forward(forward_model(engine), prompt, decoder_ids, step_by_step);
+}
+
+DecoderOnStates::DecoderOnStates(CompiledModel& engine) : engine_(engine) {
+  const ModelDesc& d = engine.desc();
+  KILN_CHECK_USAGE(d.encoder_decoder,
+                   "the decoder alone on given encoder states: this plan has no encoder");
+  graph_ = cross_projections(engine.model().graph(kEncoderGraph), static_cast<int>(d.cache_layers));
+  const Graph* graphs[] = {&graph_};
+  engine.backend().load_weights(graphs);
+  exe_ = engine.backend().compile(graph_, engine.model().profile);
+}
+
+DecoderOnStates::~DecoderOnStates() = default;
+
+Forward DecoderOnStates::run(const Tensor& encoder_hidden,
+                             const std::vector<int64_t>& decoder_ids) {
+  const ModelDesc& d = engine_.desc();
+  const Value& in = graph_.values[static_cast<size_t>(graph_.inputs[0])];
+  const int64_t width = in.shape.back().value;
+  KILN_CHECK_USAGE(
+      encoder_hidden.rank() == 2 && encoder_hidden.dim(1) == width && encoder_hidden.dim(0) > 0,
+      "encoder states are {}, the plan's encoder writes [tokens, {}]",
+      shape_str(encoder_hidden.shape()), width);
+  KILN_CHECK_USAGE(encoder_hidden.dim(0) <= engine_.model().profile.max_step_tokens,
+                   "{} encoder states, the plan's steps take at most {} tokens",
+                   encoder_hidden.dim(0), engine_.model().profile.max_step_tokens);
+  EncoderIo io;
+  io.input_ids = 0;
+  io.hidden = -1;
+  for (int l = 0; l < static_cast<int>(d.cache_layers); ++l) {
+    io.cross_k.push_back(2 * l);
+    io.cross_v.push_back(2 * l + 1);
+  }
+  StepLayout layout;
+  layout.clear();
+  layout.add_sequence(encoder_hidden.dim(0), 0, {}, nullptr);
+  // Host inputs, as the scheduler's steps give input_ids: the executable moves them.
+  const Tensor inputs[] = {encoder_hidden.dtype() == in.dtype ? encoder_hidden
+                                                              : encoder_hidden.to(in.dtype)};
+  const ForwardModel m = forward_model(engine_);
+  const std::shared_ptr<CrossKv> cross =
+      run_encoder(*exe_, graph_, io, engine_.backend(), engine_.model().precision, inputs,
+                  StepContext{&layout, nullptr})
+          .at(0);
+  Forward f;
+  f.encoder_hidden = encoder_hidden;
+  run_decoder(m, *cross, decoder_ids, false, f);
+  return f;
 }
 
 }  // namespace kiln

@@ -34,4 +34,21 @@ Forward run_forward(const ForwardModel& m, const std::vector<int64_t>& prompt,
 Forward run_forward(CompiledModel& engine, const std::vector<int64_t>& prompt,
                     const std::vector<int64_t>& decoder_ids, bool step_by_step);
 
+// Encoder-decoder models, the decoder alone (an ONNX decoder export's inputs): teacher-forces
+// `decoder_ids` against given encoder output states [prompt tokens, d_model] (f32 or the plan's
+// type) instead of encoding a prompt. The encoder graph's cross K/V projections (the nodes that
+// read its encoder_hidden output) are compiled on their own and run on the states. The result's
+// encoder_hidden is the states given.
+class DecoderOnStates {
+ public:
+  explicit DecoderOnStates(CompiledModel& engine);
+  ~DecoderOnStates();
+  Forward run(const Tensor& encoder_hidden, const std::vector<int64_t>& decoder_ids);
+
+ private:
+  CompiledModel& engine_;
+  Graph graph_;  // the cross projections: input encoder_hidden, outputs every layer's K, V
+  std::unique_ptr<Executable> exe_;
+};
+
 }  // namespace kiln

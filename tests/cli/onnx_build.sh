@@ -16,7 +16,7 @@ expect_exit 0 "build t5" -- "$KILN" build --onnx "$ONNX/t5_encoder.onnx" --onnx 
   --tokenizer "$FIXTURES/t5-tiny/spiece.model" -o "$TMP/t5.plan"
 expect_in "$TMP/err" "T5: 2+2 layers, d_model 32, 4 heads x 8" "build log: the T5 model"
 
-# The T5 decoder runs on the plan's own encoder states: its inputs are the encoder export's
+# The T5 decoder runs first on the plan's own encoder states: its inputs are the encoder export's
 # input_ids and attention_mask and the decoder export's input_ids as decoder_input_ids.
 python3 - "$HERE" "$REF" "$TMP/t5_decoder_inputs.safetensors" <<'PY' || fail "t5 decoder inputs"
 import sys
@@ -60,6 +60,9 @@ PY
 check bloom "$TMP/bloom.plan" decoder "$REF" bloom.in. bloom.in.attention_mask
 check t5_encoder "$TMP/t5.plan" encoder "$REF" t5_encoder.in. t5_encoder.in.attention_mask
 check t5_decoder "$TMP/t5.plan" decoder "$TMP/t5_decoder_inputs.safetensors" "" ""
+# And on the decoder export's own inputs: onnxruntime's encoder_hidden_states and
+# encoder_attention_mask, the plan's encoder not run.
+check t5_decoder "$TMP/t5.plan" decoder "$REF" t5_decoder.in. ""
 
 # Generation from the plans (random models: only that ids come back).
 expect_exit 0 "run bloom" -- "$KILN" run --plan "$TMP/bloom.plan" --prompt "12" --max-new-tokens 4 --json

@@ -141,6 +141,50 @@ TEST(OnnxInterpCast, BetweenTypes) {
   expect_tensor(cast(i64({1}, {7}), kI), kI, {1}, {7});
 }
 
+// double is held as float: a float16 or float widened to double is exactly a float; from an
+// integer it is refused (2^53 > 2^24: digits could be lost).
+TEST(OnnxInterpCast, ToDoubleFromFloatTypesOnly) {
+  const int64_t to_double = static_cast<int64_t>(OnnxElemType::kDouble);
+  expect_tensor(run_op1({"Cast", {f16({2}, {65504, -0.5f})}, {attr_int("to", to_double)}}), kF, {2},
+                {65504, -0.5}, 0);
+  expect_tensor(run_op1({"Cast", {f32({1}, {0.1f})}, {attr_int("to", to_double)}}), kF, {1},
+                {static_cast<double>(0.1f)}, 0);
+  expect_op_error({"Cast", {i64({1}, {3})}, {attr_int("to", to_double)}},
+                  {"Cast to double is taken from float, float16 or bfloat16 only", "int64"});
+}
+
+TEST(OnnxInterpUnary, IsInfBothSignsOrOne) {
+  const float inf = std::numeric_limits<float>::infinity();
+  const ImportTensor x = f32({4}, {inf, -inf, 65504, std::nanf("")});
+  expect_tensor(run_op1({"IsInf", {x}}), kB, {4}, {1, 1, 0, 0});
+  expect_tensor(run_op1({"IsInf", {x}, {attr_int("detect_negative", 0)}}), kB, {4}, {1, 0, 0, 0});
+  expect_tensor(run_op1({"IsInf", {x}, {attr_int("detect_positive", 0)}}), kB, {4}, {0, 1, 0, 0});
+  // float16 is widened first: its infinity is float's.
+  expect_tensor(run_op1({"IsInf", {f16({2}, {inf, 1})}}), kB, {2}, {1, 0});
+  expect_op_error({"IsInf", {i64({1}, {1})}}, {"IsInf takes float tensors, got int64"});
+}
+
+TEST(OnnxInterpUnary, ClipBetweenOptionalBounds) {
+  const ImportTensor x = f32({5}, {-3, -1, 0, 2, 9});
+  expect_tensor(run_op1({"Clip", {x, f32({}, {-1}), f32({}, {2})}}), kF, {5}, {-1, -1, 0, 2, 2});
+  // Only a max (min absent: an empty input name), only a min, neither.
+  expect_tensor(run_op1({"Clip", {x, omitted(), f32({}, {1})}}), kF, {5}, {-3, -1, 0, 1, 1});
+  expect_tensor(run_op1({"Clip", {x, f32({}, {0})}}), kF, {5}, {0, 0, 0, 2, 9});
+  expect_tensor(run_op1({"Clip", {x}}), kF, {5}, {-3, -1, 0, 2, 9});
+  // min above max: max everywhere (min(max(x, lo), hi)); NaN stays NaN; integers too.
+  expect_tensor(run_op1({"Clip", {x, f32({}, {5}), f32({}, {4})}}), kF, {5}, {4, 4, 4, 4, 4});
+  const ImportTensor y = run_op1({"Clip", {f32({1}, {std::nanf("")}), f32({}, {0}), f32({}, {1})}});
+  EXPECT_TRUE(std::isnan(y.to_floats()[0]));
+  expect_tensor(run_op1({"Clip", {i64({3}, {-5, 5, 50}), i64({}, {0}), i64({}, {10})}}), kI, {3},
+                {0, 5, 10});
+  // HF T5's fp16 clamp: its bound 65504 - 1000 is 64512 in float16 (spacing 32 there), which
+  // 65504 is clipped to.
+  expect_tensor(run_op1({"Clip", {f16({2}, {65504, -1}), f16({}, {-64504}), f16({}, {64504})}}),
+                OnnxElemType::kFloat16, {2}, {64512, -1}, 0);
+  expect_op_error({"Clip", {x, f32({2}, {0, 1})}}, {"Clip's min must be a scalar, got shape [2]"});
+  expect_op_error({"Clip", {x, i64({}, {0})}}, {"Clip's min is int64, its input float"});
+}
+
 TEST(OnnxInterpMatMul, MatricesVectorsAndBatches) {
   const ImportTensor a = f32({2, 3}, {1, 2, 3, 4, 5, 6});
   const ImportTensor b = f32({3, 2}, {7, 8, 9, 10, 11, 12});
@@ -228,6 +272,22 @@ TEST(OnnxInterpNormalize, ReduceMeanAxesAttributeThenInput) {
       kF, {1, 2, 1}, {2.5, 4.5});
   // Integer means truncate: (1 + 2) / 2 = 1.
   expect_tensor(run_op1({"ReduceMean", {i64({2}, {1, 2})}, {}, 1, 18}), kI, {1}, {1});
+}
+
+TEST(OnnxInterpNormalize, ReduceSumAxesInputFromOpset13) {
+  const ImportTensor x = f32({2, 3}, {1, 2, 3, 4, 5, 6});
+  expect_tensor(run_op1({"ReduceSum", {x, i64({1}, {1})}, {}, 1, 13}), kF, {2, 1}, {6, 15});
+  expect_tensor(run_op1({"ReduceSum", {x, i64({1}, {0})}, {attr_int("keepdims", 0)}, 1, 13}), kF,
+                {3}, {5, 7, 9});
+  // No axes: the sum of all (HF T5's isinf(h).any() as a sum of int64 flags), unless
+  // noop_with_empty_axes.
+  expect_tensor(
+      run_op1({"ReduceSum", {i64({2, 2}, {0, 1, 1, 0})}, {attr_int("keepdims", 0)}, 1, 17}), kI, {},
+      {2});
+  expect_tensor(run_op1({"ReduceSum", {x}, {attr_int("noop_with_empty_axes", 1)}, 1, 13}), kF,
+                {2, 3}, {1, 2, 3, 4, 5, 6});
+  expect_op_error({"ReduceSum", {x}, {attr_ints("axes", {1})}, 1, 13},
+                  {"ReduceSum takes axes as an input from opset 13 on"});
 }
 
 TEST(OnnxInterpNormalize, ReduceMeanRefusesTheOtherOpsetsForm) {

@@ -1,6 +1,7 @@
 // Single lifts on small graphs written with the protobuf API: erf GELU (the fixture exports only
 // hold tanh GELU) lifts as exact GELU and covers its nodes; a look-alike with another constant
-// does not lift and says why.
+// does not lift and says why. HF T5's fp16 overflow clamp is recognised (and looked through);
+// Clips that only look like it are not.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -59,6 +60,91 @@ TEST(OnnxLiftOpsBadInput, GeluLookAlikeDoesNotLift) {
   EXPECT_NE(lifted.failures[0].reason.find("computes neither tanh GELU"), std::string::npos)
       << lifted.failures[0].reason;
   EXPECT_EQ(lifted.generic_nodes.size(), graph.nodes().size());
+}
+
+// Y = Clip(X, -b, b) + 0 for X float [batch, 8]. HF's clamp (`kind` "hf"): b = Where(
+// ReduceSum(Cast(IsInf(Cast(X, double)), int64)) > 0, hi - 1000, hi). "constant": b = hi, an
+// initializer. "other_input": the IsInf tests another input Z, not X.
+std::string clamp_model(const std::string& kind, float hi) {
+  ::onnx::ModelProto m;
+  m.set_ir_version(8);
+  auto* op = m.add_opset_import();
+  op->set_domain("");
+  op->set_version(17);
+  auto* g = m.mutable_graph();
+  g->set_name("clamp");
+  onnx_test::set_value_info(g->add_input(), "X", ::onnx::TensorProto::FLOAT, {"batch", 8});
+  if (kind == "other_input")
+    onnx_test::set_value_info(g->add_input(), "Z", ::onnx::TensorProto::FLOAT, {"batch", 8});
+  onnx_test::set_value_info(g->add_output(), "Y", ::onnx::TensorProto::FLOAT, {"batch", 8});
+  onnx_test::add_raw_float(g, "zero", {}, {0.0f});
+  auto cast = [&](const std::string& name, const std::string& in, const std::string& out, int to) {
+    auto* a = onnx_test::add_node(g, "Cast", name, {in}, {out})->add_attribute();
+    a->set_name("to");
+    a->set_type(::onnx::AttributeProto::INT);
+    a->set_i(to);
+  };
+  if (kind == "constant") {
+    onnx_test::add_raw_float(g, "b", {}, {hi});
+  } else {
+    cast("to_double", kind == "other_input" ? "Z" : "X", "xd", ::onnx::TensorProto::DOUBLE);
+    onnx_test::add_node(g, "IsInf", "isinf", {"xd"}, {"inf"});
+    cast("to_int", "inf", "flags", ::onnx::TensorProto::INT64);
+    auto* sum = onnx_test::add_node(g, "ReduceSum", "any", {"flags"}, {"count"});
+    auto* keep = sum->add_attribute();
+    keep->set_name("keepdims");
+    keep->set_type(::onnx::AttributeProto::INT);
+    keep->set_i(0);
+    auto* zero = g->add_initializer();
+    zero->set_name("zero_i");
+    zero->set_data_type(::onnx::TensorProto::INT64);
+    zero->add_int64_data(0);
+    onnx_test::add_node(g, "Greater", "greater", {"count", "zero_i"}, {"any_inf"});
+    onnx_test::add_raw_float(g, "lowered", {}, {hi - 1000});
+    onnx_test::add_raw_float(g, "highest", {}, {hi});
+    onnx_test::add_node(g, "Where", "where", {"any_inf", "lowered", "highest"}, {"b"});
+  }
+  onnx_test::add_node(g, "Neg", "neg", {"b"}, {"minus_b"});
+  onnx_test::add_node(g, "Clip", "clip", {"X", "minus_b", "b"}, {"clipped"});
+  onnx_test::add_node(g, "Add", "add", {"clipped", "zero"}, {"Y"});
+  return onnx_test::write_model(m, onnx_test::test_dir() + "/clamp_" + kind + ".onnx");
+}
+
+// The lifted fp16_clamp ops of a model, and the nodes left generic.
+std::pair<std::vector<LiftedOp>, size_t> clamps_of(const std::string& path, int* add_input) {
+  const ImportGraph graph = ImportGraph::build(read_onnx_model(path));
+  const PatternGraph pattern(graph, lift_probe_shapes(graph));
+  const LiftResult lifted = lift_import_graph(pattern, Logger(LogLevel::kSilent));
+  std::vector<LiftedOp> clamps;
+  for (const LiftedOp& op : lifted.ops)
+    if (op.kind == LiftedKind::kOverflowClamp) clamps.push_back(op);
+  // What the Add reads, through casts and clamps: X itself when the clamp is looked through.
+  for (int n : graph.order())
+    if (graph.nodes()[n].op_type == "Add")
+      *add_input = pattern.value_name(pattern.through_casts(graph.nodes()[n].inputs[0])) == "X";
+  return {clamps, lifted.generic_nodes.size()};
+}
+
+TEST(OnnxLiftOps, HfFp16OverflowClampIsLookedThrough) {
+  int add_reads_x = 0;
+  const auto [clamps, generic] = clamps_of(clamp_model("hf", 65504), &add_reads_x);
+  ASSERT_EQ(clamps.size(), 1u);
+  EXPECT_EQ(clamps[0].anchor, "clip");
+  // The Clip and the 7 nodes computing its bounds; the Add alone stays generic.
+  EXPECT_EQ(clamps[0].nodes.size(), 8u);
+  EXPECT_EQ(generic, 1u);
+  EXPECT_EQ(add_reads_x, 1);
+}
+
+TEST(OnnxLiftOpsBadInput, ClipsThatOnlyLookLikeTheClampAreNotLookedThrough) {
+  for (const auto& [kind, hi] :
+       {std::pair<std::string, float>{"constant", 65504}, {"hf", 6}, {"other_input", 65504}}) {
+    int add_reads_x = 0;
+    const auto [clamps, generic] = clamps_of(clamp_model(kind, hi), &add_reads_x);
+    EXPECT_TRUE(clamps.empty()) << kind << " " << hi;
+    EXPECT_EQ(add_reads_x, 0) << kind << " " << hi;
+    EXPECT_GE(generic, 2u) << kind << " " << hi;  // the Clip and the Add at least
+  }
 }
 
 }  // namespace

@@ -90,12 +90,73 @@ std::vector<std::string> plan_exec_inputs(const ModelDesc& desc, const std::stri
   return {"input_ids", "attention_mask"};
 }
 
+std::vector<std::string> plan_exec_decoder_export_inputs() {
+  return {"input_ids", "encoder_hidden_states", "encoder_attention_mask"};
+}
+
+namespace {
+
+// A T5 decoder export's inputs: decoder input_ids [b, t], encoder_hidden_states [b, s, d] and
+// an optional encoder_attention_mask [b, s]; each row's states where the mask is nonzero.
+PlanExec run_decoder_on_states(CompiledModel& engine, const std::map<std::string, Tensor>& inputs) {
+  const ModelDesc& desc = engine.desc();
+  check_names(inputs, plan_exec_decoder_export_inputs(), "decoder (given encoder states)");
+  const Tensor& dec = batch_input(inputs, "input_ids");
+  const Tensor& states = inputs.at("encoder_hidden_states");
+  KILN_CHECK_USAGE(
+      states.rank() == 3 && (states.dtype() == DType::kF32 || states.dtype() == DType::kF16 ||
+                             states.dtype() == DType::kBF16),
+      "--inputs: 'encoder_hidden_states' is {}{}, expected a float [batch, "
+      "sequence, d_model] tensor",
+      dtype_name(states.dtype()), shape_str(states.shape()));
+  const int64_t b = dec.dim(0), s = states.dim(1), width = states.dim(2);
+  KILN_CHECK_USAGE(states.dim(0) == b && s > 0,
+                   "--inputs: encoder_hidden_states is {}, input_ids {}: one row of states per "
+                   "row of ids",
+                   shape_str(states.shape()), shape_str(dec.shape()));
+  std::vector<int64_t> mask(static_cast<size_t>(b * s), 1);
+  if (const auto it = inputs.find("encoder_attention_mask"); it != inputs.end()) {
+    const Tensor& m = batch_input(inputs, "encoder_attention_mask");
+    KILN_CHECK_USAGE(m.dim(0) == b && m.dim(1) == s,
+                     "--inputs: encoder_attention_mask is {}, encoder_hidden_states {}: the mask "
+                     "is [batch, sequence] of the states",
+                     shape_str(m.shape()), shape_str(states.shape()));
+    mask = ints_of(m);
+  }
+  const Tensor f = states.to_f32();
+  DecoderOnStates decoder(engine);
+  Tensor logits = zeros_f32({b, dec.dim(1), desc.vocab_size});
+  const std::vector<Row> dec_rows = rows_of(dec, nullptr, "input_ids");
+  for (int64_t r = 0; r < b; ++r) {
+    check_ids(dec_rows[r].ids, desc.vocab_size, "input_ids");
+    std::vector<int64_t> kept;
+    for (int64_t i = 0; i < s; ++i)
+      if (mask[static_cast<size_t>(r * s + i)] != 0) kept.push_back(i);
+    KILN_CHECK_USAGE(!kept.empty(), "--inputs: row {} of encoder_attention_mask is all zeros", r);
+    Tensor row = Tensor::empty(DType::kF32, {static_cast<int64_t>(kept.size()), width});
+    for (size_t i = 0; i < kept.size(); ++i)
+      std::memcpy(row.data<float>() + static_cast<int64_t>(i) * width,
+                  f.data<float>() + (r * s + kept[i]) * width, sizeof(float) * width);
+    place(logits, r, dec_rows[r].positions, decoder.run(row, dec_rows[r].ids).logits);
+  }
+  PlanExec result;
+  result.graph = kDecoderGraph;
+  result.sequences = b;
+  result.outputs["logits"] = logits;
+  result.order = {"logits"};
+  return result;
+}
+
+}  // namespace
+
 PlanExec run_plan_exec(CompiledModel& engine, const std::string& graph,
                        const std::map<std::string, Tensor>& inputs) {
   const ModelDesc& desc = engine.desc();
   KILN_CHECK_USAGE(graph == kDecoderGraph || (graph == kEncoderGraph && desc.encoder_decoder),
                    "--graph {}: the plan's graphs are {}", graph,
                    desc.encoder_decoder ? "encoder and decoder" : "decoder");
+  if (desc.encoder_decoder && graph == kDecoderGraph && inputs.count("encoder_hidden_states"))
+    return run_decoder_on_states(engine, inputs);
   check_names(inputs, plan_exec_inputs(desc, graph), graph);
   const Tensor& ids = batch_input(inputs, "input_ids");
   const auto mask_it = inputs.find("attention_mask");

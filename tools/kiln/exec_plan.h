@@ -6,6 +6,10 @@
 //                                     -> last_hidden_state [b, s, d_model]
 //   encoder-decoder plans, "decoder": input_ids, attention_mask (optional), decoder_input_ids
 //                                     -> logits [b, t, vocab]
+//                          or, as a T5 decoder export takes them: input_ids (the decoder's),
+//                          encoder_hidden_states [b, s, d_model], encoder_attention_mask
+//                          (optional) -> logits [b, t, vocab] (the encoder does not run: its
+//                          cross K/V projections run on the states given)
 // Values at padded positions are zeros.
 #pragma once
 
@@ -30,5 +34,7 @@ PlanExec run_plan_exec(CompiledModel& engine, const std::string& graph,
 
 // The input names a plan's graph takes, for --help and errors.
 std::vector<std::string> plan_exec_inputs(const ModelDesc& desc, const std::string& graph);
+// The other input set of an encoder-decoder plan's decoder: a decoder export's.
+std::vector<std::string> plan_exec_decoder_export_inputs();
 
 }  // namespace kiln::cli

@@ -96,6 +96,19 @@ struct Lifter {
   }
   bool covered(int n) const { return r.op_of_node[n] >= 0; }
 
+  void overflow_clamps() {
+    for (int n : g.graph().order()) {
+      if (g.overflow_clamp(n).empty()) continue;
+      LiftedOp op;
+      op.kind = LiftedKind::kOverflowClamp;
+      op.anchor = g.node(n).name;
+      op.input = g.node(n).inputs[0];
+      op.output = g.node(n).outputs[0];
+      op.nodes = g.overflow_clamp(n);
+      record(std::move(op));
+    }
+  }
+
   void embeddings() {
     for (int n : g.graph().order()) {
       const ImportNode& node = g.node(n);
@@ -457,6 +470,8 @@ std::string_view lifted_kind_name(LiftedKind kind) {
       return "gelu";
     case LiftedKind::kAttention:
       return "attention";
+    case LiftedKind::kOverflowClamp:
+      return "fp16_clamp";
   }
   return "?";
 }
@@ -474,6 +489,8 @@ std::string LiftedOp::summary() const {
       return fmt::format("rms_norm [{}] eps={:g}", weight.dim(0), eps);
     case LiftedKind::kGelu:
       return fmt::format("gelu ({})", activation_name(activation));
+    case LiftedKind::kOverflowClamp:
+      return "fp16 overflow clamp (looked through: the plan's residual stream stays f32)";
     case LiftedKind::kAttention: {
       const LiftedAttention& a = attention;
       std::string bias_text;
@@ -501,6 +518,7 @@ LiftResult lift_import_graph(const PatternGraph& g, const Logger& log) {
   check_arity(g.graph());
   Lifter l{g, log, {}};
   l.r.op_of_node.assign(g.graph().nodes().size(), -1);
+  l.overflow_clamps();
   l.embeddings();
   l.linears();
   l.layer_norms();

@@ -13,6 +13,8 @@
 //               data against the formula
 //   attention   the subgraph from the Q/K/V projections' outputs to the output projection's
 //               input around one Softmax (lift_attention.cc)
+//   fp16_clamp  HF T5's fp16 overflow guard (PatternGraph::overflow_clamp): covered and looked
+//               through, nothing in the plan (its residual stream stays f32)
 #pragma once
 
 #include <string>
@@ -25,7 +27,15 @@
 
 namespace kiln {
 
-enum class LiftedKind : uint8_t { kEmbedding, kLinear, kLayerNorm, kRmsNorm, kGelu, kAttention };
+enum class LiftedKind : uint8_t {
+  kEmbedding,
+  kLinear,
+  kLayerNorm,
+  kRmsNorm,
+  kGelu,
+  kAttention,
+  kOverflowClamp,
+};
 std::string_view lifted_kind_name(LiftedKind kind);
 
 struct LiftedAttention {

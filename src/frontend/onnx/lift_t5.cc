@@ -251,7 +251,9 @@ LiftedModel assemble_t5(const PatternGraph& eg, const LiftResult& el, const Patt
     if (in < 0) continue;
     const std::optional<double> c = dg.scalar(node.inputs[1 - in]);
     const double want = 1.0 / std::sqrt(static_cast<double>(cfg.d_model));
-    if (c && std::fabs(*c - want) <= 1e-6 * want) {
+    // A half graph holds the factor rounded to its type (2^-11 relative for fp16).
+    const double tolerance = is_half_type(dg.probe_type(node.inputs[in])) ? 1.0 / 256 : 1e-6;
+    if (c && std::fabs(*c - want) <= tolerance * want) {
       cfg.scale_decoder_outputs = true;
       head_in = node.outputs[0];
       dec.used_nodes.push_back(n);

@@ -51,6 +51,53 @@ PatternGraph::PatternGraph(const ImportGraph& graph,
   for (int n : graph.order())
     for (int v : graph.nodes()[n].inputs)
       if (v >= 0 && (users_[v].empty() || users_[v].back() != n)) users_[v].push_back(n);
+  find_overflow_clamps();
+}
+
+void PatternGraph::find_overflow_clamps() {
+  clamps_.assign(graph_.nodes().size(), {});
+  static constexpr std::string_view kBoundOps[] = {"Cast",     "IsInf", "ReduceSum", "ReduceMax",
+                                                   "Greater",  "Where", "Neg",       "Not",
+                                                   "Identity", "Sub"};
+  for (int n : graph_.order()) {
+    const ImportNode& clip = graph_.nodes()[n];
+    if (clip.op_type != "Clip" || clip.inputs.size() != 3 || clip.inputs[0] < 0 ||
+        clip.inputs[1] < 0 || clip.inputs[2] < 0)
+      continue;
+    const int x = clip.inputs[0], lo = clip.inputs[1], hi = clip.inputs[2];
+    const std::optional<Shape> shape = probe_shape(x);
+    if (!shape || !is_float_type(probe_type(x))) continue;
+    std::vector<int> chain = nodes_between(lo, {x});
+    for (int m : nodes_between(hi, {x}))
+      if (std::find(chain.begin(), chain.end(), m) == chain.end()) chain.push_back(m);
+    bool ok = !chain.empty(), tests_x = false;
+    for (int m : chain) {
+      const ImportNode& node = graph_.nodes()[m];
+      ok = ok && std::find(std::begin(kBoundOps), std::end(kBoundOps), node.op_type) !=
+                     std::end(kBoundOps);
+      tests_x = tests_x ||
+                (node.op_type == "IsInf" && through_casts(node.inputs.at(0)) == through_casts(x));
+      for (int in : node.inputs) {
+        const int p = in < 0 ? -1 : graph_.values()[in].producer;
+        ok = ok && (in < 0 || in == x || constant(in) ||
+                    (p >= 0 && std::find(chain.begin(), chain.end(), p) != chain.end()));
+      }
+    }
+    if (!ok || !tests_x) continue;
+    const std::map<int, ImportTensor> bound{{x, ImportTensor::zeros(probe_type(x), *shape)}};
+    std::vector<float> l, h;
+    try {
+      l = evaluate(lo, bound).to_floats();
+      h = evaluate(hi, bound).to_floats();
+    } catch (const Error&) {
+      continue;
+    }
+    constexpr float kFp16Max = 65504.0f;
+    if (l.size() != 1 || h.size() != 1 || !(h[0] >= kFp16Max - 2000.0f) || l[0] != -h[0]) continue;
+    chain.push_back(n);
+    std::sort(chain.begin(), chain.end());
+    clamps_[n] = std::move(chain);
+  }
 }
 
 int PatternGraph::through_casts(int v) const {
@@ -58,7 +105,7 @@ int PatternGraph::through_casts(int v) const {
     const int n = graph_.values()[v].producer;
     if (n < 0) break;
     const ImportNode& node = graph_.nodes()[n];
-    if (node.op_type == "Identity") {
+    if (node.op_type == "Identity" || !clamps_[n].empty()) {
       v = node.inputs.at(0);
       continue;
     }
@@ -95,7 +142,7 @@ int PatternGraph::sole_user(int v, std::string_view op) const {
   int found = -1;
   for (int n : users_[v]) {
     const ImportNode& node = graph_.nodes()[n];
-    if (node.op_type == "Identity" ||
+    if (node.op_type == "Identity" || (!clamps_[n].empty() && node.inputs[0] == v) ||
         (node.op_type == "Cast" && through_casts(node.outputs[0]) == through_casts(v))) {
       const int inner = sole_user(node.outputs[0], op);
       if (inner >= 0) {

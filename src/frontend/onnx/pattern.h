@@ -36,8 +36,17 @@ class PatternGraph {
   const ImportNode& node(int n) const { return graph_.nodes()[n]; }
   const std::string& value_name(int v) const { return graph_.values()[v].name; }
 
-  // The value itself or, through Cast and Identity nodes, the value they copy.
+  // The value itself or, through Cast and Identity nodes and overflow clamps, the value they
+  // copy.
   int through_casts(int v) const;
+  // HF T5's fp16 overflow guard (T5Block: clamp_value = where(isinf(h).any(), max - 1000, max);
+  // h = clamp(h, -clamp_value, clamp_value)): a Clip whose bounds are computed from its own
+  // input alone, through IsInf, reductions, comparisons, Where, Neg and Casts, and are -b and b
+  // with b within 2000 of fp16's largest value on finite data. It changes nothing unless a value
+  // passes +-64504, which a plan that keeps T5's residual stream in f32 (precision_plan.h) never
+  // needs: lifting looks through it. Empty for a node that is not one; else the Clip and the
+  // nodes computing its bounds.
+  const std::vector<int>& overflow_clamp(int n) const { return clamps_[n]; }
   // The node that computes `v` (Cast/Identity looked through), -1 for a graph input, an
   // initializer or a constant.
   int producer(int v) const;
@@ -94,6 +103,9 @@ class PatternGraph {
   std::map<std::string, Shape> probe_shapes_;
   FoldedGraph constants_, probe_;
   std::vector<std::vector<int>> users_;
+  std::vector<std::vector<int>> clamps_;  // per node: overflow_clamp(n)
+
+  void find_overflow_clamps();
 };
 
 // A 2-D constant [rows, cols] transposed to [cols, rows] (MatMul's B [in, out] to a Linear's

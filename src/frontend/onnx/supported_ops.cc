@@ -12,11 +12,11 @@ namespace {
 // exporter writes for T5's rsqrt (inference-mode Dropout becomes Identity on import:
 // import_graph.h). Sorted: binary search.
 // clang-format off
-constexpr std::array<std::string_view, 47> kSupportedOps = {
-    "Abs", "Add", "And", "Cast", "Concat", "Constant", "ConstantOfShape", "CumSum", "Div", "Equal",
+constexpr std::array<std::string_view, 50> kSupportedOps = {
+    "Abs", "Add", "And", "Cast", "Clip", "Concat", "Constant", "ConstantOfShape", "CumSum", "Div", "Equal",
     "Erf", "Expand", "Flatten", "Gather", "GatherND", "Gemm", "Greater", "GreaterOrEqual",
-    "Identity", "LayerNormalization", "Less", "LessOrEqual", "Log", "MatMul", "Max", "Min", "Mul",
-    "Neg", "Not", "Pow", "Range", "Reciprocal", "ReduceMean", "Relu", "Reshape", "Shape", "Slice", "Softmax",
+    "Identity", "IsInf", "LayerNormalization", "Less", "LessOrEqual", "Log", "MatMul", "Max", "Min", "Mul",
+    "Neg", "Not", "Pow", "Range", "Reciprocal", "ReduceMean", "ReduceSum", "Relu", "Reshape", "Shape", "Slice", "Softmax",
     "Split", "Sqrt", "Squeeze", "Sub", "Tanh", "Transpose", "Trilu", "Unsqueeze", "Where",
 };
 // clang-format on

@@ -11,11 +11,12 @@ constexpr HalfPrecision kFloat = HalfPrecision::kComputeInFloat;
 
 // Sorted by op: binary search. supported_ops.cc lists the same ops (a test checks that every
 // supported op has a kernel).
-constexpr std::array<OpKernel, 47> kKernels = {{
+constexpr std::array<OpKernel, 50> kKernels = {{
     {"Abs", run_abs, kFloat},
     {"Add", run_add, kFloat},
     {"And", run_and, kNative},
     {"Cast", run_cast, kNative},
+    {"Clip", run_clip, kFloat},
     {"Concat", run_concat, kNative},
     {"Constant", run_constant, kNative},
     {"ConstantOfShape", run_constant_of_shape, kNative},
@@ -31,6 +32,7 @@ constexpr std::array<OpKernel, 47> kKernels = {{
     {"Greater", run_greater, kFloat},
     {"GreaterOrEqual", run_greater_or_equal, kFloat},
     {"Identity", run_identity, kNative},
+    {"IsInf", run_is_inf, kFloat},
     {"LayerNormalization", run_layer_normalization, kFloat},
     {"Less", run_less, kFloat},
     {"LessOrEqual", run_less_or_equal, kFloat},
@@ -45,6 +47,7 @@ constexpr std::array<OpKernel, 47> kKernels = {{
     {"Range", run_range, kFloat},
     {"Reciprocal", run_reciprocal, kFloat},
     {"ReduceMean", run_reduce_mean, kFloat},
+    {"ReduceSum", run_reduce_sum, kFloat},
     {"Relu", run_relu, kFloat},
     {"Reshape", run_reshape, kNative},
     {"Shape", run_shape, kNative},

@@ -38,6 +38,8 @@ void run_log(OpContext& ctx);
 void run_tanh(OpContext& ctx);
 void run_erf(OpContext& ctx);
 void run_not(OpContext& ctx);
+void run_is_inf(OpContext& ctx);
+void run_clip(OpContext& ctx);
 // op_binary.cc
 void run_add(OpContext& ctx);
 void run_sub(OpContext& ctx);
@@ -83,6 +85,7 @@ void run_gemm(OpContext& ctx);
 void run_softmax(OpContext& ctx);
 void run_layer_normalization(OpContext& ctx);
 void run_reduce_mean(OpContext& ctx);
+void run_reduce_sum(OpContext& ctx);
 // op_cumsum_trilu.cc
 void run_cumsum(OpContext& ctx);
 void run_trilu(OpContext& ctx);

@@ -1,6 +1,6 @@
 // Ops that normalize or reduce along axes: Softmax (opset 13: one axis), LayerNormalization
 // (opset 17: the trailing dimensions from `axis`), ReduceMean (axes an attribute through opset
-// 17, an input from opset 18). Sums accumulate in double.
+// 17, an input from opset 18) and ReduceSum (an input from opset 13). Sums accumulate in double.
 #include <cmath>
 #include <set>
 
@@ -109,34 +109,37 @@ void run_layer_normalization(OpContext& ctx) {
   }
 }
 
-// ReduceMean(data[, axes]): the mean over `axes` (all when empty, unless noop_with_empty_axes,
-// opset 18, makes it the identity), keeping them as 1s when keepdims (default 1). Integer means
-// truncate like onnxruntime's.
-void run_reduce_mean(OpContext& ctx) {
+namespace {
+
+// ReduceMean / ReduceSum(data[, axes]): the mean or sum over `axes` (all when empty, unless
+// noop_with_empty_axes makes it the identity), keeping them as 1s when keepdims (default 1).
+// `axes_input_from` is the opset from which axes is an input rather than an attribute (ReduceSum
+// 13, ReduceMean 18). Integer means truncate like onnxruntime's; integer sums wrap.
+void run_reduce(OpContext& ctx, std::string_view op, int axes_input_from, bool mean) {
   const OnnxElemType type = ctx.input_type(0);
   const Shape& in = ctx.input_shape(0);
   const int rank = static_cast<int>(in.size());
   std::vector<int64_t> axes;
   bool noop_when_empty = false;
-  if (ctx.opset() >= 18) {
+  if (ctx.opset() >= axes_input_from) {
     KILN_CHECK(!ctx.has_attr("axes"),
-               "ReduceMean takes axes as an input from opset 18 on, not as "
-               "an attribute (this graph is opset {})",
-               ctx.opset());
+               "{} takes axes as an input from opset {} on, not as an attribute (this graph is "
+               "opset {})",
+               op, axes_input_from, ctx.opset());
     if (ctx.has_input(1)) axes = ctx.input_ints(1, "axes");
     noop_when_empty = ctx.attr_int("noop_with_empty_axes", 0) != 0;
   } else {
     KILN_CHECK(ctx.input_count() <= 1,
-               "ReduceMean takes axes as an attribute before opset 18, "
-               "not as an input (this graph is opset {})",
-               ctx.opset());
+               "{} takes axes as an attribute before opset {}, not as an input (this graph is "
+               "opset {})",
+               op, axes_input_from, ctx.opset());
     axes = ctx.attr_ints("axes");
   }
   const bool keepdims = ctx.attr_int("keepdims", 1) != 0;
   std::vector<bool> reduced(rank, axes.empty() && !noop_when_empty);
   for (int64_t a : axes) {
-    const int axis = normalize_axis(a, rank, "ReduceMean axis");
-    KILN_CHECK(!reduced[axis], "ReduceMean axes {} name axis {} twice", shape_str(axes), axis);
+    const int axis = normalize_axis(a, rank, fmt::format("{} axis", op));
+    KILN_CHECK(!reduced[axis], "{} axes {} name axis {} twice", op, shape_str(axes), axis);
     reduced[axis] = true;
   }
   Shape kept = in, out;
@@ -152,7 +155,7 @@ void run_reduce_mean(OpContext& ctx) {
   for (int d = 0; d < rank; ++d)
     if (reduced[d]) strides[d] = 0;
   const int64_t count = y.numel() == 0 ? 1 : x.numel() / y.numel();
-  visit_numeric(type, "ReduceMean", [&](auto tag) {
+  visit_numeric(type, op, [&](auto tag) {
     using T = decltype(tag);
     using Acc = std::conditional_t<std::is_floating_point_v<T>, double, int64_t>;
     std::vector<Acc> sums(static_cast<size_t>(y.numel()), Acc{0});
@@ -164,11 +167,18 @@ void run_reduce_mean(OpContext& ctx) {
     T* py = y.mutable_data<T>();
     for (size_t i = 0; i < sums.size(); ++i) {
       if constexpr (std::is_floating_point_v<T>)
-        py[i] = static_cast<T>(sums[i] / static_cast<double>(count));
+        py[i] = static_cast<T>(mean ? sums[i] / static_cast<double>(count) : sums[i]);
+      else if (!mean)
+        py[i] = static_cast<T>(sums[i]);  // modulo 2^bits (C++20)
       else
         py[i] = static_cast<T>(count == 0 ? 0 : sums[i] / count);
     }
   });
 }
+
+}  // namespace
+
+void run_reduce_mean(OpContext& ctx) { run_reduce(ctx, "ReduceMean", 18, true); }
+void run_reduce_sum(OpContext& ctx) { run_reduce(ctx, "ReduceSum", 13, false); }
 
 }  // namespace kiln
