@@ -138,9 +138,13 @@ TEST(OnnxLiftBadInput, NodeWithoutItsInputs) {
   expect_error([&] { build({path}, kBloomTokenizer); }, {"node 'bias' (Add)"});
 }
 
-TEST(OnnxLiftBadInput, T5EncoderAloneIsNotBloom) {
-  expect_error([&] { build({kOnnxDir + "/t5_encoder.onnx"}, kBloomTokenizer); },
-               {"does not lift into a BLOOM causal LM", "embedding norm"});
+// Half of a T5 given alone is named as such, with the command that builds it.
+TEST(OnnxLiftBadInput, T5HalfAloneIsNamed) {
+  expect_error([&] { build({kOnnxDir + "/t5_encoder.onnx"}, kT5Tokenizer); },
+               {"this is a T5 encoder export", "--onnx ENCODER.onnx --onnx DECODER.onnx"},
+               ErrorKind::kUsage);
+  expect_error([&] { build({kOnnxDir + "/t5_decoder.onnx"}, kT5Tokenizer); },
+               {"this is a T5 decoder export"}, ErrorKind::kUsage);
 }
 
 TEST(OnnxLiftBadInput, TwoEncodersHaveNoDecoder) {

@@ -9,6 +9,7 @@
 #include "frontend/onnx/fold_import_graph.h"
 #include "frontend/onnx/import_graph.h"
 #include "frontend/onnx/lift_model.h"
+#include "frontend/onnx/onnx_frontend.h"
 #include "frontend/onnx/supported_ops.h"
 #include "output.h"
 
@@ -88,13 +89,12 @@ nlohmann::json lift_json(const ImportGraph& g) {
     for (const PatternFailure& f : lifted.failures)
       failures.push_back({{"pattern", f.pattern}, {"node", f.node}, {"reason", f.reason}});
     nlohmann::json model;
-    bool rms = false;
-    for (const LiftedOp& op : lifted.ops) rms = rms || op.kind == LiftedKind::kRmsNorm;
-    if (rms) {
-      model = {{"architecture", "t5"},
-               {"note", g.find_value("encoder_hidden_states") >= 0
-                            ? "a T5 decoder: kiln build --onnx ENCODER --onnx this file"
-                            : "a T5 encoder: kiln build --onnx this file --onnx DECODER"}};
+    const std::string half = t5_half(g, lifted);
+    if (!half.empty()) {
+      model = {
+          {"architecture", "t5"},
+          {"note", half == "decoder" ? "a T5 decoder: kiln build --onnx ENCODER --onnx this file"
+                                     : "a T5 encoder: kiln build --onnx this file --onnx DECODER"}};
     } else {
       try {
         const LiftedModel m = assemble_bloom(pattern, lifted, quiet);

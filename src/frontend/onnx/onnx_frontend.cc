@@ -31,6 +31,13 @@ LiftedFile lift_onnx_file(const std::string& path, const Logger& log) {
   return f;
 }
 
+std::string t5_half(const ImportGraph& graph, const LiftResult& lifted) {
+  for (const LiftedOp& op : lifted.ops)
+    if (op.kind == LiftedKind::kRmsNorm)
+      return graph.find_value("encoder_hidden_states") >= 0 ? "decoder" : "encoder";
+  return "";
+}
+
 std::vector<std::string> resolve_onnx_sources(const std::vector<std::string>& args) {
   KILN_CHECK_USAGE(!args.empty() && args.size() <= 2,
                    "--onnx: give one file (BLOOM), two files (T5 encoder and decoder) or a "
@@ -91,6 +98,13 @@ ModelIR import_onnx_model(const std::vector<std::string>& onnx_files,
   LiftedModel lifted;
   std::string source;
   if (files.size() == 1) {
+    const std::string half = t5_half(*files[0].graph, files[0].lifted);
+    KILN_CHECK_USAGE(half.empty(),
+                     "{}: this is a T5 {} export; a T5 plan is built from the encoder and the "
+                     "decoder exports together: kiln build --onnx ENCODER.onnx --onnx "
+                     "DECODER.onnx (or --onnx FOLDER with optimum's encoder_model.onnx and "
+                     "decoder_model.onnx)",
+                     onnx_files[0], half);
     lifted = assemble_bloom(*files[0].pattern, files[0].lifted, log);
     source = onnx_files[0];
   } else {

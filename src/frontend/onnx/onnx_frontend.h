@@ -27,6 +27,10 @@ struct LiftedFile {
 // unsupported op.
 LiftedFile lift_onnx_file(const std::string& path, const Logger& log);
 
+// "encoder" or "decoder" for a lifted graph that is half of a T5 (T5's RMSNorm lifted; the
+// decoder is the half that reads encoder_hidden_states), empty otherwise.
+std::string t5_half(const ImportGraph& graph, const LiftResult& lifted);
+
 // The files of `--onnx` arguments: one or two files, or one folder holding optimum's
 // encoder_model.onnx and decoder_model.onnx (decoder_with_past_model.onnx is not needed: kiln
 // keeps its own KV cache), or a causal LM's model.onnx or decoder_model.onnx. Usage errors name
