@@ -13,17 +13,24 @@
 namespace kiln {
 namespace {
 
-// Y = X * 0.5 * (1 + Erf(X / c)) for X float [batch, 8]: GELU when c = sqrt(2).
-std::string erf_gelu_model(float c) {
+// An opset-17 model whose graph `name` reads X and writes Y, both float [batch, 8].
+::onnx::ModelProto model_x_to_y(const std::string& name) {
   ::onnx::ModelProto m;
   m.set_ir_version(8);
   auto* op = m.add_opset_import();
   op->set_domain("");
   op->set_version(17);
   auto* g = m.mutable_graph();
-  g->set_name("gelu");
+  g->set_name(name);
   onnx_test::set_value_info(g->add_input(), "X", ::onnx::TensorProto::FLOAT, {"batch", 8});
   onnx_test::set_value_info(g->add_output(), "Y", ::onnx::TensorProto::FLOAT, {"batch", 8});
+  return m;
+}
+
+// Y = X * 0.5 * (1 + Erf(X / c)) for X float [batch, 8]: GELU when c = sqrt(2).
+std::string erf_gelu_model(float c) {
+  ::onnx::ModelProto m = model_x_to_y("gelu");
+  auto* g = m.mutable_graph();
   onnx_test::add_raw_float(g, "c", {}, {c});
   onnx_test::add_raw_float(g, "one", {}, {1.0f});
   onnx_test::add_raw_float(g, "half", {}, {0.5f});
@@ -66,17 +73,10 @@ TEST(OnnxLiftOpsBadInput, GeluLookAlikeDoesNotLift) {
 // ReduceSum(Cast(IsInf(Cast(X, double)), int64)) > 0, hi - 1000, hi). "constant": b = hi, an
 // initializer. "other_input": the IsInf tests another input Z, not X.
 std::string clamp_model(const std::string& kind, float hi) {
-  ::onnx::ModelProto m;
-  m.set_ir_version(8);
-  auto* op = m.add_opset_import();
-  op->set_domain("");
-  op->set_version(17);
+  ::onnx::ModelProto m = model_x_to_y("clamp");
   auto* g = m.mutable_graph();
-  g->set_name("clamp");
-  onnx_test::set_value_info(g->add_input(), "X", ::onnx::TensorProto::FLOAT, {"batch", 8});
   if (kind == "other_input")
     onnx_test::set_value_info(g->add_input(), "Z", ::onnx::TensorProto::FLOAT, {"batch", 8});
-  onnx_test::set_value_info(g->add_output(), "Y", ::onnx::TensorProto::FLOAT, {"batch", 8});
   onnx_test::add_raw_float(g, "zero", {}, {0.0f});
   auto cast = [&](const std::string& name, const std::string& in, const std::string& out, int to) {
     auto* a = onnx_test::add_node(g, "Cast", name, {in}, {out})->add_attribute();
