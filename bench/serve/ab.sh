@@ -37,7 +37,10 @@ for round in $(seq "$rounds"); do
       awk -v l="$label" '/^kiln_batch_size_sum/ {s = $NF} /^kiln_batch_size_count/ {c = $NF}
         /^kiln_steps_run_ahead_total/ {a = $NF} /^kiln_encoder_steps_total/ {e = $NF}
         /^nv_inference_request_success/ {n += $NF}
-        END {if (c > 0) printf "%s: %.1f rows a step over %d steps, %d run ahead, %d encoder steps for %d requests\n", l, s / c, c, a, e, n}' |
+        /^kiln_step_launches_total.*graph="decoder"/ {match($0, /launch="[a-z]+"/); d[substr($0, RSTART + 8, RLENGTH - 9)] = $NF}
+        /^kiln_step_launches_total.*graph="encoder"/ {match($0, /launch="[a-z]+"/); en[substr($0, RSTART + 8, RLENGTH - 9)] = $NF}
+        /^kiln_step_capture_seconds_total/ {cs += $NF}
+        END {if (c > 0) printf "%s: %.1f rows a step over %d steps, %d run ahead, %d encoder steps for %d requests; decoder steps replayed %d captured %d eager %d, encoder replayed %d captured %d eager %d, %.2f s capturing\n", l, s / c, c, a, e, n, d["replayed"], d["captured"], d["eager"], en["replayed"], en["captured"], en["eager"], cs}' |
       tee -a "$LOG"
     stop_server
   done

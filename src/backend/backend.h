@@ -83,6 +83,16 @@ class HostRowGroups {
   std::vector<bool> filled_;
 };
 
+// How an executable's steps were launched: a device backend that replays captured steps (CUDA
+// graphs) counts them; zeros elsewhere. A served step shape that keeps changing is launched
+// kernel by kernel (eager) or captured instead of replayed: these say how often.
+struct StepLaunchStats {
+  int64_t replayed = 0;   // launched from a captured graph
+  int64_t captured = 0;   // captured (then launched): a shape seen the second time
+  int64_t eager = 0;      // launched kernel by kernel
+  double capture_ms = 0;  // host time spent capturing and instantiating graphs
+};
+
 class Executable {
  public:
   virtual ~Executable() = default;
@@ -110,6 +120,8 @@ class Executable {
   // (waiting for the GPU) before the kernel that reads it (an input) or after the one that
   // writes it (an output).
   virtual void set_observer(ActivationObserver observer) = 0;
+  // Counters since the executable was compiled (read on the thread that executes it).
+  virtual StepLaunchStats launch_stats() const { return {}; }
 };
 
 class Backend {

@@ -472,6 +472,8 @@ void GenerationExecutor::publish(int64_t step_us) {
   counters_.preemptions = scheduler_.preemptions();
   counters_.steps_ahead = scheduler_.steps_ahead();
   counters_.encoder_steps = scheduler_.encoder_steps();
+  counters_.decoder_launches = model_.decoder().launch_stats();
+  if (model_.desc().encoder_decoder) counters_.encoder_launches = model_.encoder().launch_stats();
   counters_.running = static_cast<int64_t>(scheduler_.running());
   counters_.kv_blocks_used = scheduler_.kv_blocks_in_use();
   counters_.kv_bytes_allocated = scheduler_.kv_bytes_allocated();

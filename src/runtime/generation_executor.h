@@ -137,7 +137,10 @@ struct ExecutorStats {
   int64_t preemptions = 0;
   int64_t steps_ahead = 0;    // of them, queued before the tokens of the step before were read
   int64_t encoder_steps = 0;  // encoder steps (encoder-decoder models)
-  int64_t last_batch = 0;     // sequences in the last step
+  // How the decoder's and the encoder's steps were launched (CUDA graphs replayed, captured, or
+  // kernel by kernel).
+  StepLaunchStats decoder_launches, encoder_launches;
+  int64_t last_batch = 0;  // sequences in the last step
   // Requests by how they ended; rejected: refused at enqueue (queue full).
   int64_t success = 0, cancelled = 0, queue_timeouts = 0, timeouts = 0, errors = 0, rejected = 0;
   int64_t input_tokens = 0, output_tokens = 0;

@@ -1,6 +1,7 @@
 #include "server/metrics.h"
 
 #include <algorithm>
+#include <array>
 
 #include "server/exposition.h"
 #include "server/gpu_metrics.h"
@@ -147,6 +148,34 @@ std::string render_model_metrics(const std::vector<ModelMetrics>& models) {
             "Encoder steps run (encoder-decoder models): the prompts that joined between two of "
             "them shared one",
             [](M m) { return m.stats.encoder_steps; });
+  // How steps were launched: a served batch whose shape keeps changing is captured or run kernel
+  // by kernel more often than a benchmark's, which replays one shape.
+  out.family("kiln_step_launches_total", MetricType::kCounter,
+             "Steps by graph (decoder, encoder) and launch: replayed (a captured CUDA graph), "
+             "captured (a shape seen the second time), eager (kernel by kernel); 0 on the cpu, "
+             "which does not replay steps");
+  auto graphs = [](const ModelMetrics& m) {
+    return std::array<std::pair<const char*, const StepLaunchStats*>, 2>{
+        {{"decoder", &m.stats.decoder_launches}, {"encoder", &m.stats.encoder_launches}}};
+  };
+  for (const ModelMetrics& m : models)
+    for (const auto& [graph, s] : graphs(m))
+      for (const auto& [launch, n] : {std::pair<const char*, int64_t>{"replayed", s->replayed},
+                                      {"captured", s->captured},
+                                      {"eager", s->eager}}) {
+        Labels labels = model_labels(m);
+        labels.emplace_back("graph", graph);
+        labels.emplace_back("launch", launch);
+        out.sample("kiln_step_launches_total", labels, n);
+      }
+  out.family("kiln_step_capture_seconds_total", MetricType::kCounter,
+             "Host time spent capturing and instantiating CUDA graphs of steps");
+  for (const ModelMetrics& m : models)
+    for (const auto& [graph, s] : graphs(m)) {
+      Labels labels = model_labels(m);
+      labels.emplace_back("graph", graph);
+      out.sample("kiln_step_capture_seconds_total", labels, s->capture_ms / 1000.0);
+    }
   per_model(out, models, "kiln_input_tokens_total", MetricType::kCounter,
             "Prompt tokens of finished requests", [](M m) { return m.stats.input_tokens; });
   per_model(out, models, "kiln_output_tokens_total", MetricType::kCounter,

@@ -75,6 +75,13 @@ ExecutorStats LoadedModel::stats() const {
     total.preemptions += s.preemptions;
     total.steps_ahead += s.steps_ahead;
     total.encoder_steps += s.encoder_steps;
+    for (auto [sum, part] : {std::pair{&total.decoder_launches, &s.decoder_launches},
+                             std::pair{&total.encoder_launches, &s.encoder_launches}}) {
+      sum->replayed += part->replayed;
+      sum->captured += part->captured;
+      sum->eager += part->eager;
+      sum->capture_ms += part->capture_ms;
+    }
     total.last_batch += s.last_batch;
     total.success += s.success;
     total.cancelled += s.cancelled;

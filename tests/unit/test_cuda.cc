@@ -8,6 +8,9 @@
 #include "../scoped_env.h"
 #include "backend/backend.h"
 #include "backend/cuda_info.h"
+#include "builder/builder.h"
+#include "runtime/compiled_model.h"
+#include "runtime/forward.h"
 #if KILN_HAVE_CUDA
 #include <cuda_runtime.h>
 
@@ -162,6 +165,35 @@ TEST(Cuda, BadInputSwitchValuesAreRefused) {
     Context ctx(ContextOptions{LogLevel::kError, 1});
     EXPECT_NO_THROW(make_cuda_backend(ctx)) << name << "=" << value;
   }
+}
+
+// Decode steps of one shape launch kernel by kernel the first time, are captured as a CUDA graph
+// the second and replayed from then on; the executor counts each launch (the server's
+// kiln_step_launches_total). CPU executables count nothing.
+TEST(Cuda, StepLaunchesAreCounted) {
+  const std::string model = std::string(KILN_FIXTURES_DIR) + "/bloom-tiny";
+  Context ctx(ContextOptions{LogLevel::kError, 1});
+  Logger quiet(LogLevel::kError);
+  {
+    CompiledModel cpu(ctx, build_model(model, BuildOptions{}, quiet));
+    run_forward(cpu, {}, {5, 6, 7, 8}, /*step_by_step=*/true);
+    const StepLaunchStats s = cpu.decoder().launch_stats();
+    EXPECT_EQ(s.replayed + s.captured + s.eager, 0);
+  }
+  const CudaInfo info = query_cuda();
+  if (info.device_count == 0)
+    GTEST_SKIP() << "no GPU visible: " << (info.compiled ? info.error : "built without CUDA");
+  BuildOptions o;
+  o.device = Device::kCuda;
+  o.precision = Precision::kFp16;
+  CompiledModel engine(ctx, build_model(model, o, quiet));
+  run_forward(engine, {}, {5, 6, 7, 8, 9, 10, 11, 12}, /*step_by_step=*/true);
+  const StepLaunchStats s = engine.decoder().launch_stats();
+  EXPECT_EQ(s.replayed + s.captured + s.eager, 8);
+  EXPECT_GE(s.eager, 1);
+  EXPECT_GE(s.captured, 1);
+  EXPECT_GE(s.replayed, 1);
+  EXPECT_GT(s.capture_ms, 0.0);
 }
 
 // The peak `kiln bench` reports counts a block that was freed before anyone read the device's

@@ -154,6 +154,8 @@ ModelMetrics made_up_model(const std::string& name, int64_t version) {
   s.preemptions = 1;
   s.steps_ahead = 7;
   s.encoder_steps = 5;
+  s.decoder_launches = {30, 4, 6, 0.25};  // replayed, captured, eager, capture ms
+  s.encoder_launches = {0, 0, 5, 0};
   s.busy_us = 1500000;
   s.ttft_seconds = Histogram({0.01, 0.1, 1});
   for (double v : {0.005, 0.05, 0.06, 0.5, 3.0}) s.ttft_seconds.observe(v);
@@ -204,6 +206,19 @@ TEST(MetricsExposition, ModelPageHasTritonsNamesLabelsAndTypes) {
   EXPECT_EQ(value_of(page, "kiln_preemptions_total", l), "1");
   EXPECT_EQ(value_of(page, "kiln_steps_run_ahead_total", l), "7");
   EXPECT_EQ(value_of(page, "kiln_encoder_steps_total", l), "5");
+  auto launches = [&](const char* graph, const char* launch) {
+    auto labels = l;
+    labels["graph"] = graph;
+    labels["launch"] = launch;
+    return value_of(page, "kiln_step_launches_total", labels);
+  };
+  EXPECT_EQ(launches("decoder", "replayed"), "30");
+  EXPECT_EQ(launches("decoder", "captured"), "4");
+  EXPECT_EQ(launches("decoder", "eager"), "6");
+  EXPECT_EQ(launches("encoder", "eager"), "5");
+  auto decoder = l;
+  decoder["graph"] = "decoder";
+  EXPECT_EQ(value_of(page, "kiln_step_capture_seconds_total", decoder), "0.00025");
   EXPECT_EQ(value_of(page, "kiln_input_tokens_total", l), "70");
   EXPECT_EQ(value_of(page, "kiln_output_tokens_total", l), "90");
   EXPECT_EQ(value_of(page, "kiln_engine_busy_seconds_total", l), "1.5");

@@ -159,6 +159,7 @@ void CudaExecutor::run_graph(const GraphKey& key, char* scratch, const StepConte
   if (found == graphs_.end()) {
     if (captured_ >= kMaxGraphs) {
       // Shapes enough: this one stays eager (counted in graphs_ no more).
+      ++launch_stats_.eager;
       run_nodes(scratch, step);
       return;
     }
@@ -167,10 +168,12 @@ void CudaExecutor::run_graph(const GraphKey& key, char* scratch, const StepConte
   StepGraph& g = found->second;
   if (g.exec == nullptr && g.runs++ == 0) {
     // The first run is eager: kernels make their lazy state (cuBLASLt plans) outside a capture.
+    ++launch_stats_.eager;
     run_nodes(scratch, step);
     return;
   }
   if (g.exec == nullptr) {
+    const auto capture_start = std::chrono::steady_clock::now();
     cudaStream_t stream = ctx_.stream();
     // What the capture launches does not run on the stream: the launch count it leaves must not
     // tell an eager run after a failed capture that a kernel came after the step's uploads.
@@ -198,9 +201,14 @@ void CudaExecutor::run_graph(const GraphKey& key, char* scratch, const StepConte
       ctx_.host().log().warn("graph '{}': CUDA graph capture failed ({}); running eagerly",
                              graph_.name, cudaGetErrorString(err));
       ctx_.launch().restore_launch_count(before_capture);
+      ++launch_stats_.eager;
       run_nodes(scratch, step);
       return;
     }
+    ++launch_stats_.captured;
+    launch_stats_.capture_ms +=
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - capture_start)
+            .count();
     if (++captured_ == kMaxGraphs)
       ctx_.host().log().info(
           "graph '{}': {} step shapes captured as CUDA graphs; steps of other shapes run "
@@ -208,6 +216,8 @@ void CudaExecutor::run_graph(const GraphKey& key, char* scratch, const StepConte
           graph_.name, kMaxGraphs);
     ctx_.host().log().debug("graph '{}': captured a CUDA graph for {} tokens, {} sequences",
                             graph_.name, key.tokens, key.seqs);
+  } else {
+    ++launch_stats_.replayed;
   }
   KILN_CUDA_CHECK(cudaGraphLaunch(g.exec, ctx_.stream()));
 }
@@ -358,10 +368,12 @@ std::span<const Tensor> CudaExecutor::execute(std::span<const Tensor> inputs,
   const auto wall0 = std::chrono::steady_clock::now();
   if (step_begin_ != nullptr) KILN_CUDA_CHECK(cudaEventRecord(step_begin_, ctx_.stream()));
   try {
-    if (graphed)
+    if (graphed) {
       run_graph(key, base + arena.scratch_offset, step);
-    else
+    } else {
+      ++launch_stats_.eager;
       run_nodes(base + arena.scratch_offset, step);
+    }
   } catch (...) {
     // A kernel refused on the host after earlier ones were queued: what they report must not
     // be blamed on the next step.

@@ -37,6 +37,7 @@ class CudaExecutor final : public Executable {
   std::span<const Tensor> execute(std::span<const Tensor> inputs, const StepContext* step) override;
   int64_t workspace_bytes() const override;
   std::vector<std::string> kernel_names() const override { return kernel_names_; }
+  StepLaunchStats launch_stats() const override { return launch_stats_; }
   // Observed steps run eagerly (the uncaptured observation mode): each observed value is copied
   // to the host between the kernels, which a replayed graph has no place for.
   void set_observer(ActivationObserver observer) override {
@@ -106,7 +107,8 @@ class CudaExecutor final : public Executable {
   // Copies node n's observed value to the host and reports it (waits for the stream).
   void observe(size_t n, const Tensor& value);
   std::map<GraphKey, StepGraph> graphs_;
-  size_t captured_ = 0;      // graphs_ entries with a graph
+  size_t captured_ = 0;  // graphs_ entries with a graph
+  StepLaunchStats launch_stats_;
   bool graphs_off_ = false;  // a capture failed: eager from then on
   // Profiling (CudaOptions::profile, kKernels): an event before every node and after the last, and
   // the milliseconds each kernel name took over every step; the wall time of whole steps.
