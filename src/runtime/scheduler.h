@@ -84,11 +84,11 @@ struct SchedulerOptions {
   // much as one of a few hundred: its time is the launches of its layers). 0: each joins the
   // next queued step. KILN_ENCODE_GATHER_STEPS=N sets it (A/B runs).
   int encode_gather_steps = 0;
-  // On a backend that replays steps (Backend::replayed_step_tokens), encoder steps are padded to
-  // a multiple of this many tokens (a sequence of pad tokens whose outputs are dropped), so that
-  // they repeat a few shapes that replay from CUDA graphs instead of a shape per sum of prompt
-  // lengths launched kernel by kernel. 0: no padding. KILN_ENCODE_PAD_TOKENS=N sets it (A/B).
-  // Off by default until it is measured and checked on a GPU (32 is the size to try first).
+  // On a backend that keeps state per step shape (Backend::replayed_step_tokens > 0: CUDA's
+  // graphs, and each Linear's cuBLASLt algorithm chosen per row count by a host-side heuristic
+  // query), encoder steps of any size are padded to a multiple of this many tokens (a sequence
+  // of pad tokens whose outputs are dropped), so that they repeat a few shapes instead of one per
+  // sum of prompt lengths. 0: no padding. KILN_ENCODE_PAD_TOKENS=N sets it (A/B).
   int64_t encode_pad_tokens = 0;
 };
 

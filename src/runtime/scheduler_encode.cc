@@ -64,16 +64,17 @@ void Scheduler::encode_batch(const std::vector<Request*>& batch, bool checked) {
     layout.add_sequence(static_cast<int64_t>(r->prompt.size()), 0, {}, nullptr);
     ids.insert(ids.end(), r->prompt.begin(), r->prompt.end());
   }
-  // On a backend that replays steps of a shape it has seen, the step is padded to a multiple of
-  // encode_pad_tokens with a sequence of its own (its outputs are not kept): encoder steps then
-  // repeat a few shapes instead of one per sum of prompt lengths.
+  // On a backend that keeps state per step shape (CUDA: a graph per replayed shape, and for
+  // every row count each Linear's cuBLASLt algorithm, chosen by a heuristic query on the host the
+  // first time), the step is padded to a multiple of encode_pad_tokens with a sequence of its own
+  // (its outputs are not kept): encoder steps then repeat a few shapes instead of one per sum of
+  // prompt lengths, whatever their size.
   const int64_t replayed = model_.backend().replayed_step_tokens();
   const int64_t tokens = static_cast<int64_t>(ids.size());
   const int64_t pad = options_.encode_pad_tokens;
   if (pad > 0 && replayed > 0 && tokens % pad != 0 &&
       static_cast<int64_t>(batch.size()) < model_.model().profile.max_batch) {
-    const int64_t padded =
-        std::min({(tokens + pad - 1) / pad * pad, replayed, options_.max_step_tokens});
+    const int64_t padded = std::min((tokens + pad - 1) / pad * pad, options_.max_step_tokens);
     if (padded > tokens) {
       layout.add_sequence(padded - tokens, 0, {}, nullptr);
       ids.resize(static_cast<size_t>(padded), model_.desc().pad_token_id);

@@ -236,10 +236,10 @@ TEST_F(EncoderCheck, AnEarlierBatchOfTheSameStepIsCheckedAndRedone) {
   }
 }
 
-// Where the backend replays steps of a shape it has seen (CUDA's graphs), encoder steps are
-// padded to a multiple of SchedulerOptions::encode_pad_tokens with a sequence of pad tokens whose
-// outputs are dropped: the requests get the tokens of unpadded steps, and the padded step's
-// failure is isolated as any other.
+// Where the backend keeps state per step shape (CUDA's graphs and cuBLASLt choices), encoder
+// steps are padded to a multiple of SchedulerOptions::encode_pad_tokens with a sequence of pad
+// tokens whose outputs are dropped: the requests get the tokens of unpadded steps, and the padded
+// step's failure is isolated as any other.
 TEST_F(EncoderCheck, EncoderStepsArePaddedToReplayedShapes) {
   int64_t prompt_tokens = 0;
   for (const std::string& p : prompts_)
@@ -272,6 +272,12 @@ TEST_F(EncoderCheck, EncoderStepsArePaddedToReplayedShapes) {
   }
   for (size_t k = 2; k < backend_->encoder_shapes().size(); ++k)
     EXPECT_EQ(backend_->encoder_shapes()[k].first % 32, 0) << "encoder step " << k;
+
+  // Steps longer than the backend replays are padded too (CUDA chooses each Linear's cuBLASLt
+  // algorithm per row count: recurring shapes reuse the choices).
+  backend_->set_replayed(8);
+  run(prompts_, pad32);
+  EXPECT_EQ(backend_->encoder_shapes().back(), std::make_pair((prompt_tokens + 31) / 32 * 32, 4));
 
   // A backend that replays nothing gets steps of the prompts' tokens.
   backend_->set_replayed(0);
