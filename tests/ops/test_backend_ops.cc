@@ -127,6 +127,9 @@ void add_linear_cases(std::vector<OpCase>& cases) {
   // takes its vector kernel.
   for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16})
     variants.push_back({33, 64, 96, true, Activation::kGeluTanh, dtype});
+  // Row counts above a GPU's GEMM row bucket (CudaOptions::gemm_row_bucket, 64): cuBLASLt runs
+  // the algorithm chosen for the bucket's top (192 rows here), checked for 130 rows.
+  for (DType dtype : kNarrowTypes) variants.push_back({130, 64, 96, true, std::nullopt, dtype});
   // The skinny GEMM (9-32 rows): one and two row tiles, feature tiles of 8, 16 and 32 (on a
   // 132-SM GPU: the widest with a tile for every SM), rows of 33 k-steps (the warps' shares
   // unequal, a pass cut short), 16-warp blocks (more than 8 warps' one pass: 66 and 65 k-steps,

@@ -551,6 +551,22 @@ class LinearKernel final : public CudaKernel {
                                                  static_cast<uint64_t>(n), in_));
     KILN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.c, t, static_cast<uint64_t>(out_),
                                                  static_cast<uint64_t>(n), out_));
+    // Above gemm_row_bucket rows without a tactic: the algorithm chosen for the bucket's top row
+    // count (a heuristic query made once per bucket), if cuBLASLt accepts it for n rows.
+    const int64_t bucket = ctx_.options().gemm_row_bucket;
+    if (bucket > 0 && n > bucket && (tactic == nullptr || tactic->kernel != "cublaslt")) {
+      const int64_t top = (n + bucket - 1) / bucket * bucket;
+      const Plan& shared = top == n ? p : plan_for(top, nullptr);
+      cublasLtMatmulHeuristicResult_t check{};
+      if (top != n &&
+          cublasLtMatmulAlgoCheck(ctx_.blas().handle(), desc_, a_, p.b, p.c, p.c, &shared.algo,
+                                  &check) == CUBLAS_STATUS_SUCCESS &&
+          check.workspaceSize <= ctx_.blas().workspace_bytes()) {
+        p.algo = shared.algo;
+        p.candidates = shared.candidates;
+        return plans_.emplace(n, std::move(p)).first->second;
+      }
+    }
     cublasLtMatmulPreference_t pref = nullptr;
     KILN_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
     const size_t ws = ctx_.blas().workspace_bytes();

@@ -86,6 +86,9 @@ CudaOptions CudaOptions::from_environment() {
          &o.gemv_rows);
   number("KILN_CUDA_SKINNY_ROWS", 0, kSkinnyMaxRows,
          "the most rows an untuned Linear runs on the skinny GEMM (0: none)", &o.skinny_rows);
+  number("KILN_CUDA_GEMM_ROW_BUCKET", 0, 4096,
+         "the row counts whose cuBLASLt algorithm is chosen once per multiple (0: per row count)",
+         &o.gemm_row_bucket);
   if (const char* v = env("KILN_CUDA_ATTN_WARPS")) {
     const std::string_view s(v);
     KILN_CHECK_USAGE(s == "0" || s == "4" || s == "8" || s == "16",
@@ -130,6 +133,8 @@ std::vector<BackendOption> CudaOptions::describe() const {
        "warps per SM a one-row GEMV with a folded norm aims at"},
       {"KILN_CUDA_GEMV_ROWS", std::to_string(gemv_rows),
        "most rows an untuned Linear runs on the GEMV"},
+      {"KILN_CUDA_GEMM_ROW_BUCKET", std::to_string(gemm_row_bucket),
+       "cuBLASLt algorithms chosen once per multiple of this many rows (0: per row count)"},
       {"KILN_CUDA_SKINNY_ROWS", std::to_string(skinny_rows),
        "most rows an untuned Linear runs on the skinny GEMM"},
       {"KILN_CUDA_ATTN_WARPS", warps(attention_warps), "warps of a batch-1 decode attention block"},

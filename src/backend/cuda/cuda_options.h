@@ -56,6 +56,12 @@ struct CudaOptions {
   // tensor-core skinny GEMM; 0: never, whatever the plan's tactics chose (cuBLASLt from
   // gemv_rows + 1), and tactic timing skips it.
   int skinny_rows = kSkinnyDefaultRows;
+  // KILN_CUDA_GEMM_ROW_BUCKET=N: a cuBLASLt Linear of a row count above N it has not run yet
+  // takes the algorithm its heuristic chose for the next multiple of N (checked for the actual
+  // count with cublasLtMatmulAlgoCheck) instead of a heuristic query of its own, which costs the
+  // host ~0.1-0.3 ms per Linear while the GPU waits (served prompt steps have a new row count
+  // almost every time); 0: a heuristic query per row count.
+  int gemm_row_bucket = 64;
   // KILN_CUDA_ATTN_WARPS=16|8|4: the batch-1 decode attention's block size; 0: the fewest of 8
   // and 16 that cover the keys in one pass.
   int attention_warps = 0;
