@@ -46,9 +46,10 @@ TEST(Cuda, OptionsHaveDefaultsAndAreReadFromTheEnvironmentInOnePlace) {
   EXPECT_EQ(plain.gemv_rows, defaults.gemv_rows);
   EXPECT_EQ(plain.skinny_rows, defaults.skinny_rows);
   EXPECT_EQ(plain.graph_tokens, 256);
+  EXPECT_EQ(plain.gemm_row_bucket, 64);
   EXPECT_EQ(plain.profile, cuda::CudaOptions::Profile::kOff);
   const std::vector<BackendOption> listed = plain.describe();
-  EXPECT_EQ(listed.size(), 20u) << "every KILN_CUDA_* switch";
+  EXPECT_EQ(listed.size(), 21u) << "every KILN_CUDA_* switch";
   for (const BackendOption& o : listed) {
     EXPECT_TRUE(o.variable.starts_with("KILN_CUDA_")) << o.variable;
     EXPECT_FALSE(o.value.empty() || o.meaning.empty()) << o.variable;
@@ -59,8 +60,10 @@ TEST(Cuda, OptionsHaveDefaultsAndAreReadFromTheEnvironmentInOnePlace) {
     const test::ScopedEnv tiled("KILN_CUDA_TILED", "always");
     const test::ScopedEnv profile("KILN_CUDA_PROFILE", "steps");
     const test::ScopedEnv graph_tokens("KILN_CUDA_GRAPH_TOKENS", "128");
+    const test::ScopedEnv bucket("KILN_CUDA_GEMM_ROW_BUCKET", "0");
     const cuda::CudaOptions set = cuda::CudaOptions::from_environment();
     EXPECT_FALSE(set.graphs);
+    EXPECT_EQ(set.gemm_row_bucket, 0);
     EXPECT_EQ(set.graph_tokens, 128);
     EXPECT_EQ(set.gemv_rows, 3);
     EXPECT_EQ(set.tiled_attention, cuda::TiledAttention::kAlways);
