@@ -70,6 +70,11 @@ expect_in "$TMP/out" '"output_ids":[' "run bloom --json"
 expect_exit 0 "run t5" -- "$KILN" run --plan "$TMP/t5.plan" --prompt "reverse" --max-new-tokens 4 --beams 2 --json
 expect_in "$TMP/out" '"output_ids":[' "run t5 --json"
 
+# kiln bench of a plan whose tokenizer has more pieces than the export's vocabulary (the fixture
+# exports' 96 ids with the fixture models' tokenizers): the prompt keeps to the model's ids.
+expect_exit 0 "bench t5 from onnx" -- "$KILN" bench --plan "$TMP/t5.plan" --input-len 8 --output-len 4 --runs 1 --json
+expect_in "$TMP/out" '"decode_ms_per_token":' "bench t5 --json"
+
 expect_exit 0 "inspect bloom" -- "$KILN" inspect --onnx "$ONNX/bloom.onnx"
 expect_in "$TMP/out" "attention 4 heads x 8 (fused qkv), scale 0.353553, causal, alibi at '/m/transformer/h.0/self_attention/Softmax'" "inspect: the attention"
 expect_in "$TMP/out" "model: BLOOM: 2 layers" "inspect: the model"

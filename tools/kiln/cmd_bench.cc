@@ -69,10 +69,18 @@ int64_t plan_weight_bytes(const ModelIR& ir) {
 std::vector<int64_t> bench_prompt(const CompiledModel& m, int64_t len) {
   std::vector<int64_t> base =
       m.tokenizer().encode("reverse: suvogi add: 456 + 95 sort: f r t d e upper: lubu copy: vica");
+  const auto& eos = m.desc().eos_token_ids;
+  const int64_t vocab = m.desc().vocab_size;
+  // A tokenizer larger than the model's vocabulary (a plan built from an ONNX export with
+  // another model's tokenizer) may give ids the model has no row for: those are left out, and
+  // with nothing left the prompt counts up through the model's own ids.
   std::erase_if(base, [&](int64_t id) {
-    return std::find(m.desc().eos_token_ids.begin(), m.desc().eos_token_ids.end(), id) !=
-           m.desc().eos_token_ids.end();
+    return id < 0 || id >= vocab || std::find(eos.begin(), eos.end(), id) != eos.end();
   });
+  for (int64_t id = 3; base.empty() && id < vocab; ++id)
+    if (std::find(eos.begin(), eos.end(), id) == eos.end()) base.push_back(id);
+  KILN_CHECK_USAGE(!base.empty(), "the plan's vocabulary of {} ids has none to make a prompt of",
+                   vocab);
   std::vector<int64_t> ids;
   while (static_cast<int64_t>(ids.size()) < len) ids.push_back(base[ids.size() % base.size()]);
   return ids;
