@@ -147,5 +147,22 @@ TEST(OnnxLiftOpsBadInput, ClipsThatOnlyLookLikeTheClampAreNotLookedThrough) {
   }
 }
 
+// Tied embeddings are found by comparing tables: of one type byte for byte, of two types as
+// floats chunk by chunk (a table of more than one chunk here: 3 x 5000 elements).
+TEST(OnnxLiftOps, SameValuesComparesAcrossTypesWithoutWholeCopies) {
+  std::vector<float> v(15000);
+  for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(i % 251) * 0.25f;
+  const Tensor f32 = Tensor::from_vector(v, {3, 5000});
+  const Tensor f16 = f32.to(DType::kF16);  // every value is exact in fp16
+  EXPECT_TRUE(same_values(f32, f32.clone()));
+  EXPECT_TRUE(same_values(f32, f16));
+  EXPECT_TRUE(same_values(f16, f32));
+  std::vector<float> w = v;
+  w.back() += 0.25f;  // the last chunk differs
+  EXPECT_FALSE(same_values(f32, Tensor::from_vector(w, {3, 5000})));
+  EXPECT_FALSE(same_values(f16, Tensor::from_vector(w, {3, 5000})));
+  EXPECT_FALSE(same_values(f32, Tensor::from_vector(v, {5000, 3}))) << "shapes differ";
+}
+
 }  // namespace
 }  // namespace kiln

@@ -3,13 +3,32 @@
 #include <algorithm>
 #include <cstring>
 #include <set>
+#include <vector>
 
 namespace kiln {
 
 bool same_values(const Tensor& a, const Tensor& b) {
   if (a.shape() != b.shape()) return false;
-  const Tensor fa = a.to_f32(), fb = b.to_f32();
-  return std::memcmp(fa.raw(), fb.raw(), fa.nbytes()) == 0;
+  KILN_CHECK(a.is_contiguous() && b.is_contiguous(), "same_values of non-contiguous tensors");
+  if (a.dtype() == b.dtype()) return std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0;
+  // Of two types: as floats, a chunk at a time (a tied embedding of a real export is 0.5-1 GB:
+  // no whole f32 copies of both).
+  const DTypeTraits& ta = dtype_traits(a.dtype());
+  const DTypeTraits& tb = dtype_traits(b.dtype());
+  KILN_CHECK(ta.to_float != nullptr && tb.to_float != nullptr, "same_values of {} and {}",
+             dtype_name(a.dtype()), dtype_name(b.dtype()));
+  const size_t n = static_cast<size_t>(a.numel());
+  const size_t chunk = static_cast<size_t>(ta.block_elems) * tb.block_elems * 4096;
+  std::vector<float> fa(chunk), fb(chunk);
+  const char* pa = static_cast<const char*>(a.raw());
+  const char* pb = static_cast<const char*>(b.raw());
+  for (size_t i = 0; i < n; i += chunk) {
+    const size_t m = std::min(chunk, n - i);
+    ta.to_float(pa + dtype_bytes(a.dtype(), i), fa.data(), m);
+    tb.to_float(pb + dtype_bytes(b.dtype(), i), fb.data(), m);
+    if (std::memcmp(fa.data(), fb.data(), m * sizeof(float)) != 0) return false;
+  }
+  return true;
 }
 
 std::map<std::string, Shape> lift_probe_shapes(const ImportGraph& graph) {
