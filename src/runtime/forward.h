@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "runtime/compiled_model.h"
+#include "runtime/encoder_run.h"
 
 namespace kiln {
 
@@ -47,8 +48,10 @@ class DecoderOnStates {
 
  private:
   CompiledModel& engine_;
-  Graph graph_;  // the cross projections: input encoder_hidden, outputs every layer's K, V
+  ForwardModel model_;  // the engine's graphs, for the decoder
+  Graph graph_;         // the cross projections: input encoder_hidden, outputs every layer's K, V
   std::unique_ptr<Executable> exe_;
+  EncoderIo io_;  // graph_'s input and outputs
 };
 
 }  // namespace kiln

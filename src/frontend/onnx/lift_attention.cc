@@ -277,7 +277,8 @@ bool lift_attention(const PatternGraph& g, const LiftResult& lifted, int softmax
       for (int64_t j = 0; j < sk; ++j)
         if (visible(i, j) && at(h, i, j) != 0.0f) zero = false;
   int table_node = -1;
-  for (int u : g.upstream_nodes(sm.inputs[0])) {
+  const std::vector<int> upstream = g.upstream_nodes(sm.inputs[0]);
+  for (int u : upstream) {
     const ImportNode& node = g.node(u);
     if (node.op_type == "Gather") {
       const ImportTensor* t = g.constant(node.inputs[0]);
@@ -295,7 +296,7 @@ bool lift_attention(const PatternGraph& g, const LiftResult& lifted, int softmax
     a.bidirectional_buckets = !a.causal;
     // max_distance from log(relative / max_exact) / log(max_distance / max_exact).
     const int max_exact = (a.bidirectional_buckets ? a.num_buckets / 2 : a.num_buckets) / 2;
-    for (int u : g.upstream_nodes(sm.inputs[0])) {
+    for (int u : upstream) {
       const ImportNode& node = g.node(u);
       if (node.op_type != "Div" || g.producer_if(node.inputs[0], "Log") < 0) continue;
       if (const std::optional<double> c = g.scalar(node.inputs[1]))
@@ -323,7 +324,7 @@ bool lift_attention(const PatternGraph& g, const LiftResult& lifted, int softmax
     // then casts it to the model's dtype) and rounds slope x position once more: 2^-9 relative
     // covers both in fp16. Only the slopes of power-of-two head counts are exact there.
     bool half = false;
-    for (int u : g.upstream_nodes(sm.inputs[0]))
+    for (int u : upstream)
       for (int o : g.node(u).outputs) half = half || (o >= 0 && is_half_type(g.probe_type(o)));
     const double tolerance = half ? 1.0 / 512 : 1e-5;
     for (int64_t h = 0; h < heads; ++h)
