@@ -47,22 +47,9 @@ int store_weights(Graph& graph, const PrecisionPlan& plan, const Logger& log) {
     const DType to = plan.weight[id];
     bytes_before += static_cast<int64_t>(graph.values[id].data.nbytes());
     if (to == DType::kI8 || to == DType::kI4) {
-      Tensor q, scales;
-      if (to == DType::kI8)
-        quantize_rows_int8(graph.values[id].data, &q, &scales);
-      else
-        quantize_groups_int4(graph.values[id].data, &q, &scales);
-      bytes_after += static_cast<int64_t>(scales.nbytes());
-      const int scales_id = graph.add_weight(graph.values[id].name + ".scales", std::move(scales));
-      graph.set_weight_data(static_cast<int>(id), std::move(q));
-      Value& v = graph.values[id];
-      v.dtype = to;
-      for (const Use& u : uses[id]) {
-        Node& n = graph.nodes[u.node];
-        const size_t scale_slot = n.op == OpKind::kLinear ? 3 : 2;
-        if (n.inputs.size() <= scale_slot) n.inputs.resize(scale_slot + 1, -1);
-        n.inputs[scale_slot] = scales_id;
-      }
+      bytes_after += quantize_weight(graph, static_cast<int>(id), to);
+      ++converted[to];
+      continue;
     } else {
       graph.set_weight_data(static_cast<int>(id), graph.values[id].data.to(to));
       Value& v = graph.values[id];
@@ -116,6 +103,39 @@ int store_weights(Graph& graph, const PrecisionPlan& plan, const Logger& log) {
         static_cast<double>(bytes_after) / (1 << 20));
   return total;
 }
+
+}  // namespace
+
+int64_t quantize_weight(Graph& graph, int id, DType to) {
+  KILN_CHECK(to == DType::kI8 || to == DType::kI4, "quantize_weight: {} is no quantized type",
+             dtype_name(to));
+  Value& value = graph.values[static_cast<size_t>(id)];
+  KILN_CHECK(value.kind == ValueKind::kWeight && dtype_traits(value.dtype).is_float,
+             "quantize_weight: '{}' is not a float weight", value.name);
+  // A narrow checkpoint's weight (kept narrow on CUDA: keep_narrow_weights) is widened first.
+  const Tensor wide = value.dtype == DType::kF32 ? value.data : value.data.to(DType::kF32);
+  Tensor q, scales;
+  if (to == DType::kI8)
+    quantize_rows_int8(wide, &q, &scales);
+  else
+    quantize_groups_int4(wide, &q, &scales);
+  const int64_t bytes = static_cast<int64_t>(q.nbytes() + scales.nbytes());
+  const std::string name = value.name + ".scales";
+  graph.set_weight_data(id, std::move(q));
+  graph.values[static_cast<size_t>(id)].dtype = to;
+  const int scales_id = graph.add_weight(name, std::move(scales));
+  for (Node& n : graph.nodes)
+    for (size_t k = 0; k < n.inputs.size(); ++k) {
+      if (n.inputs[k] != id) continue;
+      const size_t scale_slot = n.op == OpKind::kLinear ? slot(LinearOperand::kWeightScales) : 2;
+      if (n.inputs.size() <= scale_slot) n.inputs.resize(scale_slot + 1, -1);
+      n.inputs[scale_slot] = scales_id;
+      break;
+    }
+  return bytes;
+}
+
+namespace {
 
 // W8A8: each Linear the plan quantizes reads its calibrated input scale, a weight [1] of its own
 // (LinearOperand::kInputScale). By node name: storing the weights may insert Casts. Returns

@@ -85,18 +85,32 @@ void remove_identity_casts(Graph& g, std::vector<bool>* wide) {
 
 int narrow_graph(Graph& graph, const PrecisionPlan& plan, const Logger& log) {
   const DType narrow = plan.support->activation;
-  std::vector<bool> wide = plan.wide;                  // follows remove_identity_casts
-  std::vector<bool> keep(graph.values.size(), false);  // activations that stay f32
+  std::vector<bool> wide = plan.wide;  // follows remove_identity_casts
+  // An Embedding of a quantized table gathers f32 rows (op_registry: infer_embedding); Casts
+  // narrow them for the layers after it.
+  for (size_t i = 0; i < graph.nodes.size(); ++i)
+    if (graph.nodes[i].op == OpKind::kEmbedding && plan.weight[graph.nodes[i].inputs[0]] == DType::kI8)
+      wide[i] = true;
+  const size_t num_values = graph.values.size();  // quantized weights' scales are appended
+  std::vector<bool> keep(num_values, false);      // activations that stay f32
   for (size_t i = 0; i < graph.nodes.size(); ++i)
     if (wide[i])
       for (int out : graph.nodes[i].outputs) keep[out] = true;
-  int weights = 0, activations = 0, kept_weights = 0;
-  for (size_t id = 0; id < graph.values.size(); ++id) {
+  int weights = 0, activations = 0, kept_weights = 0, quantized = 0;
+  for (size_t id = 0; id < num_values; ++id) {
     Value& v = graph.values[id];
     if (!is_float(v.dtype)) continue;
     switch (v.kind) {
       case ValueKind::kWeight: {
         const DType to = plan.weight[id];
+        if (to == DType::kI8 || to == DType::kI4) {
+          KILN_CHECK(v.layout.plain(),
+                     "graph '{}': weight '{}' is packed ({}); assign precision before packing",
+                     graph.name, v.name, v.layout.packing);
+          quantize_weight(graph, static_cast<int>(id), to);  // appends to graph.values
+          ++quantized;
+          break;
+        }
         if (v.dtype != to) {
           KILN_CHECK(v.layout.plain(),
                      "graph '{}': weight '{}' is packed ({}); assign precision before packing",
@@ -123,9 +137,9 @@ int narrow_graph(Graph& graph, const PrecisionPlan& plan, const Logger& log) {
   if (stream_nodes > 0) {
     const int casts = insert_casts(graph, wide, narrow);
     log.info(
-        "graph '{}': kept {} nodes (fp16 T5: its residual stream's norms and adds, the FFN "
-        "output projections) and {} weights in f32, with {} casts between them and the {} "
-        "layers",
+        "graph '{}': kept {} nodes (fp16 T5's residual stream norms and adds and FFN output "
+        "projections; the embeddings of int8 tables) and {} weights in f32, with {} casts "
+        "between them and the {} layers",
         graph.name, stream_nodes, kept_weights, casts, dtype_name(narrow));
   }
   // The logits output, computed in the narrow type, widened to f32 by one Cast.
@@ -142,10 +156,13 @@ int narrow_graph(Graph& graph, const PrecisionPlan& plan, const Logger& log) {
         Node{OpKind::kCast, "logits_to_f32", {logits}, {wide_id}, CastAttrs{DType::kF32}});
     *out = wide_id;
   }
-  log.info("graph '{}': {} precision: {} weights and {} activations in {}, logits in f32",
+  log.info("graph '{}': {} precision: {} weights and {} activations in {}{}, logits in f32",
            graph.name, precision_name(plan.support->precision), weights, activations,
-           dtype_name(narrow));
-  return weights + activations;
+           dtype_name(narrow),
+           quantized > 0 ? fmt::format("; {} weight matrices in int8 with per-row f32 scales",
+                                       quantized)
+                         : std::string());
+  return weights + activations + quantized;
 }
 
 }  // namespace kiln

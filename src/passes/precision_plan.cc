@@ -272,9 +272,22 @@ PrecisionPlan plan_precision(const Graph& g, const PrecisionSupport& support,
       if (wide_reader != uses[id].end()) {
         plan.weight[id] = DType::kF32;
         plan.weight_why[id] = plan.node_why[wide_reader->node];
-      } else {
-        plan.weight[id] = support.activation;
+        continue;
       }
+      plan.weight[id] = support.activation;
+      // Weight-only quantized plans (int8-weight on CUDA): matrices read only as matrices are
+      // stored quantized, the rest (norms, biases, position tables) in the activations' type.
+      const bool matrix_only = std::all_of(uses[id].begin(), uses[id].end(), [&](const Use& u) {
+        return is_matrix_slot(g.nodes[u.node], u.slot);
+      });
+      if (support.matrix == support.activation || !matrix_only) continue;
+      if (std::string why = narrowing_refused(v.data, support.matrix); !why.empty()) {
+        plan.warnings.push_back(
+            fmt::format("{} stays {}: {}", v.name, dtype_name(support.activation), why));
+        plan.weight_why[id] = std::move(why);
+        continue;
+      }
+      plan.weight[id] = support.matrix;
       continue;
     }
     if (v.dtype != DType::kF32) {

@@ -45,6 +45,11 @@ PrecisionPlan plan_precision(const Graph& graph, const PrecisionSupport& support
 // f32 by a Cast. Returns the weights and activations narrowed. (narrow_graph.cc)
 int narrow_graph(Graph& graph, const PrecisionPlan& plan, const Logger& log);
 
+// Stores weight `id` (f32) as `to`, i8 (per-row f32 scales) or i4 (f16 group scales): its scales
+// become a weight "<name>.scales" that every reader takes, a Linear as its kWeightScales operand,
+// an Embedding as input 2. Returns the bytes stored (values and scales). (assign_precision.cc)
+int64_t quantize_weight(Graph& graph, int id, DType to);
+
 // Why `w` cannot be stored as `to` (a non-finite value; fp16's range); empty when it can.
 std::string narrowing_refused(const Tensor& w, DType to);
 

@@ -1,11 +1,12 @@
-// fp16 and bf16 plans of the fixture models on CUDA against HuggingFace's fp32 references
-// (issue 9): greedy ids equal HF's on at least all but one of the reference cases per model,
+// fp16, bf16 and int8-weight plans of the fixture models on CUDA against HuggingFace's fp32
+// references (issue 9): greedy ids equal HF's on at least all but one of the reference cases per model,
 // logits finite and close to HF's in cosine, and a padded batch equal to the cases run alone.
 // Skipped, saying why, without a GPU.
 #include <gtest/gtest.h>
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -112,10 +113,14 @@ INSTANTIATE_TEST_SUITE_P(Models, CudaPrecision,
                          testing::Values(PrecisionCase{"t5-tiny", true, Precision::kFp16},
                                          PrecisionCase{"t5-tiny", true, Precision::kBf16},
                                          PrecisionCase{"bloom-tiny", false, Precision::kFp16},
-                                         PrecisionCase{"bloom-tiny", false, Precision::kBf16}),
+                                         PrecisionCase{"bloom-tiny", false, Precision::kBf16},
+                                         PrecisionCase{"t5-tiny", true, Precision::kInt8Weight},
+                                         PrecisionCase{"bloom-tiny", false,
+                                                       Precision::kInt8Weight}),
                          [](const auto& info) {
-                           return std::string(info.param.t5 ? "T5" : "Bloom") + "_" +
-                                  std::string(precision_name(info.param.precision));
+                           std::string p(precision_name(info.param.precision));
+                           std::replace(p.begin(), p.end(), '-', '_');
+                           return std::string(info.param.t5 ? "T5" : "Bloom") + "_" + p;
                          });
 
 // fp16 T5 overflow (issue 9): the fixture T5 with its FFN output projections `wo` scaled up

@@ -15,6 +15,7 @@
 #include "builder/builder.h"
 #include "builder/calibration_runner.h"
 #include "graph/builder.h"
+#include "graph/linear.h"
 #include "graph/verifier.h"
 #include "model_runner.h"
 #include "parity_util.h"
@@ -57,7 +58,7 @@ TEST(PrecisionSupportTable, CoversEveryPairAndDecidesTheRefusals) {
   }
   EXPECT_EQ(supported_precision_names(Device::kCpu),
             "fp32, fp16, bf16, int8, int8-weight, int4-weight");
-  EXPECT_EQ(supported_precision_names(Device::kCuda), "fp32, fp16, bf16");
+  EXPECT_EQ(supported_precision_names(Device::kCuda), "fp32, fp16, bf16, int8-weight");
   // A second GPU runs what the first runs: the table is by device kind, not ordinal.
   const PrecisionSupport& second = precision_support(Device(Device::kCuda, 1), Precision::kFp16);
   EXPECT_EQ(second.device, Device::kCuda);
@@ -134,6 +135,69 @@ TEST(PrecisionPlan, Fp16KeepsTheFfnOutputProjectionWideByStructureNotByName) {
     notes.clear();
     assign_precision(bf, precision_support(Device::kCuda, Precision::kBf16), {}, &notes, kQuiet);
     EXPECT_TRUE(notes.empty());
+  }
+}
+
+// CUDA int8-weight plans (built here, run on the GPU machine): every Linear's and Embedding's
+// matrix is int8 with f32 per-row scales, except where fp16 T5 keeps a Linear in f32 (its FFN
+// output projections, f32 weights); norms, biases and position tables are fp16; each Embedding
+// of an int8 table gathers f32 rows that a Cast narrows; the graphs verify.
+TEST(PrecisionPlan, CudaInt8WeightQuantizesEveryMatrixAndNarrowsTheRest) {
+  if (!query_cuda().compiled) GTEST_SKIP() << "built without CUDA: cuda plans cannot be built";
+  for (const char* model : {"bloom-tiny", "t5-tiny"}) {
+    SCOPED_TRACE(model);
+    BuildOptions o;
+    o.device = Device::kCuda;
+    o.precision = Precision::kInt8Weight;
+    const ModelIR ir = build_model(fixture(model), o, kQuiet);
+    int linears = 0, quantized = 0, embeddings = 0;
+    for (const Graph& g : ir.graphs) {
+      verify_graph(g);
+      for (const Node& n : g.nodes) {
+        if (n.op == OpKind::kLinear) {
+          ++linears;
+          const LinearDesc d = describe_linear(n);
+          const Value& w = g.values[d.operand(LinearOperand::kWeight)];
+          const Value& y = g.values[n.outputs[0]];
+          if (w.dtype == DType::kI8) {
+            ++quantized;
+            ASSERT_TRUE(d.has(LinearOperand::kWeightScales)) << n.name;
+            const Value& s = g.values[d.operand(LinearOperand::kWeightScales)];
+            EXPECT_EQ(s.dtype, DType::kF32) << n.name;
+            EXPECT_EQ(s.data.numel(), w.data.dim(0)) << n.name;
+            EXPECT_TRUE(y.dtype == DType::kF16 || (d.epilogue.widen && y.dtype == DType::kF32))
+                << n.name;
+          } else {
+            // Kept in f32 (fp16 T5's FFN output projections), with the reason noted.
+            EXPECT_EQ(w.dtype, DType::kF32) << n.name;
+            EXPECT_EQ(y.dtype, DType::kF32) << n.name;
+            const bool noted = std::any_of(ir.precision_notes.begin(), ir.precision_notes.end(),
+                                           [&](const PrecisionNote& p) { return p.node == n.name; });
+            EXPECT_TRUE(noted) << n.name;
+          }
+          if (d.has(LinearOperand::kBias)) {
+            EXPECT_EQ(g.values[d.operand(LinearOperand::kBias)].dtype,
+                      w.dtype == DType::kI8 ? DType::kF16 : DType::kF32)
+                << n.name;
+          }
+        }
+        if (n.op == OpKind::kEmbedding) {
+          ++embeddings;
+          EXPECT_EQ(g.values[n.inputs[0]].dtype, DType::kI8) << n.name;
+          ASSERT_EQ(n.inputs.size(), 3u) << n.name;
+          EXPECT_EQ(g.values[n.outputs[0]].dtype, DType::kF32) << n.name;
+        }
+        if (n.op == OpKind::kLayerNorm || n.op == OpKind::kRmsNorm) {
+          EXPECT_EQ(g.values[n.inputs[1]].dtype, DType::kF16) << n.name;
+        }
+      }
+    }
+    EXPECT_GT(embeddings, 0);
+    // BLOOM: all of them; T5: all but the FFN output projections (one a layer).
+    EXPECT_GE(quantized, linears / 2 + 1);
+    if (std::string(model) == "bloom-tiny") {
+      EXPECT_EQ(quantized, linears);
+    }
   }
 }
 

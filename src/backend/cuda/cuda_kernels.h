@@ -21,6 +21,8 @@ class CudaKernel : public Kernel {
 };
 
 std::unique_ptr<Kernel> make_linear_kernel(const Node& node, CudaContext& ctx);
+// The Linear of int8 weights with fp16/bf16 activations (cuda_linear_i8.cc).
+std::unique_ptr<Kernel> make_quant_linear_kernel(const Node& node, CudaContext& ctx);
 std::unique_ptr<Kernel> make_attention_kernel(const Node& node, CudaContext& ctx);
 // Times a Linear node's candidate kernels (GEMV, cuBLASLt's algorithms) at each row count on
 // its own weights and returns the fastest per count (cuda_linear.cc).

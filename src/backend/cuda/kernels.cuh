@@ -53,6 +53,10 @@ struct KernelStream {
 void launch_embedding(FloatType t, const void* table, int64_t vocab, int64_t d, IndexType it,
                       const void* ids, int64_t n, void* out, DeviceStatus* status, int node,
                       KernelStream stream);
+// table i8 [vocab, d] with f32 scales [vocab], ids [n] -> out f32 [n, d] = table[id] · scale[id]
+void launch_embedding_i8(const int8_t* table, const float* scales, int64_t vocab, int64_t d,
+                         IndexType it, const void* ids, int64_t n, float* out,
+                         DeviceStatus* status, int node, KernelStream stream);
 // x [rows_in, d], rows [r] -> out [r, d]
 void launch_gather_rows(FloatType t, const void* x, int64_t rows_in, int64_t d, IndexType it,
                         const void* rows, int64_t r, void* out, DeviceStatus* status, int node,
@@ -166,6 +170,32 @@ struct GemvParams {
 };
 // False, launching nothing, when p asks for a folded norm it cannot take (see norm).
 bool launch_gemv(const GemvParams& p, KernelStream stream);
+// The Linear of int8-weight plans (gemv_i8.cu): y [rows, out] = act(round((x [rows, in] ·
+// q [out, in]^T) · scales[o] + bias)) (+ residual [rows, out], rounded again), x, y and the
+// residual fp16 or bf16, q int8, scales f32 [out], bias of bias_type or null; any number of rows
+// (slices of 8 in the grid). gemv_i8_fits: `in` a multiple of 8, x 16-byte and q 8-byte aligned.
+bool gemv_i8_fits(const void* x, const void* w, int64_t in);
+struct GemvI8Params {
+  FloatType type;
+  const void* x;
+  const int8_t* w;
+  const float* scales;
+  FloatType bias_type;
+  const void* bias;
+  const void* residual;
+  void* y;
+  // Not null: y is not written; y32 gets each output rounded to `type`, as f32. No residual.
+  float* y32 = nullptr;
+  int64_t rows, in, out;
+  int split;  // warps a feature group (gemv_split of an fp16 Linear of the same shape)
+  bool has_act = false;
+  ActFn act = ActFn::kRelu;
+};
+void launch_gemv_i8(const GemvI8Params& p, KernelStream stream);
+// w [rows, in] (fp16/bf16, 16-byte aligned) = q [rows, in] · scales[row], rounded to t; `in` a
+// multiple of 8.
+void launch_dequantize_i8(FloatType t, const int8_t* q, const float* scales, void* w, int64_t rows,
+                          int64_t in, KernelStream stream);
 // The Linear of batched decode steps on tensor cores (skinny_gemm.cu): y [rows, out] =
 // act(round(x [rows, in] · w [out, in]^T + bias)) (+ residual [rows, out], rounded again, when
 // not null), fp16 or bf16 with fp32 accumulation, rows <= kSkinnyMaxRows; its first weights

@@ -114,6 +114,24 @@ void copy_rows(const void* src, int64_t src_rows, int64_t d, IndexType it, const
            node);
 }
 
+// One block per output row: table row ids[r] (int8) times its scale, as f32.
+template <typename I>
+__global__ void embedding_i8_kernel(const int8_t* table, const float* scales, int64_t vocab,
+                                    int64_t d, const void* ids, float* out, DeviceStatus* status,
+                                    int node) {
+  pdl_begin();
+  const int64_t r = blockIdx.x;
+  const long long id = index_at<I>(ids, r);
+  if (id < 0 || id >= vocab) {
+    if (threadIdx.x == 0) report(status, kStatusTokenId, node, id, vocab);
+    return;
+  }
+  const int8_t* s = table + id * d;
+  const float scale = scales[id];
+  float* o = out + r * d;
+  for (int64_t c = threadIdx.x; c < d; c += blockDim.x) o[c] = static_cast<float>(s[c]) * scale;
+}
+
 template <typename T>
 __global__ void binary_kernel(BinaryOp op, const T* a, const T* b, T* y, int64_t n) {
   pdl_begin();
@@ -257,6 +275,19 @@ void launch_embedding(FloatType t, const void* table, int64_t vocab, int64_t d, 
     copy_rows<decltype(tag)>(table, vocab, d, it, ids, n, out, status, kStatusTokenId, node,
                              stream);
   });
+}
+
+void launch_embedding_i8(const int8_t* table, const float* scales, int64_t vocab, int64_t d,
+                         IndexType it, const void* ids, int64_t n, float* out,
+                         DeviceStatus* status, int node, KernelStream stream) {
+  if (n == 0) return;
+  const int threads = d >= 256 ? 256 : 64;
+  if (it == IndexType::kI64)
+    launch(embedding_i8_kernel<long long>, static_cast<unsigned>(n), threads, 0, stream, table,
+           scales, vocab, d, ids, out, status, node);
+  else
+    launch(embedding_i8_kernel<int>, static_cast<unsigned>(n), threads, 0, stream, table, scales,
+           vocab, d, ids, out, status, node);
 }
 
 void launch_gather_rows(FloatType t, const void* x, int64_t rows_in, int64_t d, IndexType it,

@@ -1,0 +1,41 @@
+#!/bin/bash
+# CUDA int8-weight plans against fp16 plans of the same `kiln synth` weights, in one device run:
+# plan size, `kiln bench` decode (ms/token, % of the memory roofline) at batch 1, 16 and 64 and
+# the time to first token, and the agreement of the two plans' greedy tokens (`kiln eval
+# --compare` on the fixture dataset: the weights are random, so the accuracies mean nothing, but
+# the top-1 agreement says how far int8 weights move the next-token choice). bloom-560m (fp16
+# checkpoint) and flan-t5-large (fp32 checkpoint). Logs and JSON lines in $OUT.
+# Run from the folder scripts/device/pack.sh filled. Usage: int8_weight.sh [RUNS]
+set -u
+HERE=$(cd "$(dirname "$0")" && pwd)
+OUT=${OUT:-/tmp/out}
+RUNS=${1:-3}
+source "$HERE/bundle_env.sh"
+LOG="$OUT/int8_weight.log"
+JSON="$OUT/int8_weight.jsonl"
+mkdir -p /tmp/synth /tmp/plans
+date -u | tee "$LOG"
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$LOG"
+for spec in "bloom-560m fp16" "flan-t5-large fp32"; do
+  set -- $spec
+  preset=$1 sdtype=$2 dir=/tmp/synth/$1
+  [ -d "$dir" ] || "$KILN" synth --preset "$preset" --dtype "$sdtype" -o "$dir" >>"$LOG" 2>&1
+  for prec in fp16 int8-weight; do
+    plan=/tmp/plans/$preset-$prec.plan
+    "$KILN" build --model "$dir" --device cuda --precision "$prec" --max-input-tokens 512 \
+      -o "$plan" >>"$LOG" 2>&1 || { echo "build $preset $prec failed" | tee -a "$LOG"; continue; }
+    echo "$preset $prec plan: $(stat -c %s "$plan") bytes" | tee -a "$LOG"
+    "$KILN" bench --plan "$plan" --input-len 78 --output-len 100 --runs "$RUNS" \
+      --sweep batch=1,16,64 --json 2>>"$LOG" | tee -a "$JSON" |
+      python3 -c '
+import json, sys
+for line in sys.stdin:
+    r = json.loads(line)
+    print("  batch %-3s decode %.3f ms/token  roofline %.1f %%  ttft %.2f ms" % (
+        r.get("batch"), r.get("decode_ms_per_token", float("nan")), r.get("roofline_pct", float("nan")),
+        r.get("ttft_ms", float("nan"))))' | tee -a "$LOG"
+  done
+  "$KILN" eval --compare "/tmp/plans/$preset-fp16.plan" "/tmp/plans/$preset-int8-weight.plan" \
+    --dataset "$HERE/x/fixtures/data/dev.jsonl" --max-new-tokens 16 --json 2>>"$LOG" |
+    tee -a "$JSON" | tee -a "$LOG"
+done

@@ -1,0 +1,287 @@
+// The Linear of int8-weight plans on CUDA: fp16/bf16 activations, int8 weights [out, in] with
+// f32 per-output-channel scales (graph/linear.h), y = epilogue((x · q^T) · scale + bias).
+// Steps of up to kI8GemvMaxRows rows (decode, batched decode) run the int8 GEMV (gemv_i8.cu),
+// which streams one byte a weight; more rows (prompts) widen the weights a slice of output
+// channels at a time into the node's scratch memory and multiply them on cuBLASLt (fp32
+// accumulation), the output slice written in place (ldc = out) with the bias in cuBLASLt's
+// epilogue and a fused residual as C. Bias, activation, a fused residual, gathered rows (copied
+// into the scratch first) and a widened f32 output (fuse_linear_cast) are the extras it runs;
+// folded norms are not (fuse_norm_linear leaves quantized weights alone).
+#include <algorithm>
+#include <initializer_list>
+#include <map>
+#include <tuple>
+
+#include "backend/cuda/cuda_kernels.h"
+#include "graph/workspace.h"
+
+namespace kiln::cuda {
+namespace {
+
+// Rows the GEMV takes; a step of more widens its weights for cuBLASLt. At 64 rows the GEMV's
+// eight slices still read the weights once from HBM and seven times from L2.
+constexpr int64_t kI8GemvMaxRows = 64;
+// Weights widened per cuBLASLt call (elements of the slice buffer in the scratch memory).
+constexpr int64_t kSliceElements = int64_t{8} << 20;
+
+cudaDataType_t narrow_type(DType t) { return t == DType::kBF16 ? CUDA_R_16BF : CUDA_R_16F; }
+
+int64_t aligned(int64_t bytes) { return (bytes + 255) / 256 * 256; }
+
+class QuantLinearKernel final : public CudaKernel {
+ public:
+  using CudaKernel::CudaKernel;
+  ~QuantLinearKernel() override {
+    for (auto& [key, plan] : plans_) {
+      cublasLtMatrixLayoutDestroy(plan.a);
+      cublasLtMatrixLayoutDestroy(plan.b);
+      cublasLtMatrixLayoutDestroy(plan.c);
+    }
+    if (desc_ != nullptr) cublasLtMatmulDescDestroy(desc_);
+  }
+
+  void prepare(const Graph& graph) override {
+    CudaKernel::prepare(graph);
+    const LinearDesc d = describe_linear(node_);
+    const Value& w = graph.values[d.operand(LinearOperand::kWeight)];
+    widen_ = d.epilogue.widen;
+    const Value& y = graph.values[node_.outputs[0]];
+    dtype_ = widen_ ? graph.values[d.operand(LinearOperand::kX)].dtype : y.dtype;
+    KILN_CHECK(w.dtype == DType::kI8 && w.shape.size() == 2 && !w.shape[0].is_symbolic() &&
+                   !w.shape[1].is_symbolic(),
+               "node '{}': the cuda int8 linear needs an i8 [out, in] weight of fixed shape",
+               node_.name);
+    KILN_CHECK(dtype_ == DType::kF16 || dtype_ == DType::kBF16,
+               "node '{}': the cuda int8 linear multiplies into fp16 or bf16 activations, not {}",
+               node_.name, dtype_name(dtype_));
+    KILN_CHECK(!widen_ || y.dtype == DType::kF32, "node '{}': a widened linear stores f32, not {}",
+               node_.name, dtype_name(y.dtype));
+    KILN_CHECK(d.has(LinearOperand::kWeightScales),
+               "node '{}': an i8 weight needs its per-channel scales", node_.name);
+    KILN_CHECK(!d.epilogue.norm && !d.has(LinearOperand::kInputScale),
+               "node '{}': the cuda int8 linear takes no folded norm and no int8 input",
+               node_.name);
+    out_ = w.shape[0].value;
+    in_ = w.shape[1].value;
+    KILN_CHECK(in_ % 8 == 0, "node '{}': the cuda int8 linear needs `in` ({}) a multiple of 8",
+               node_.name, in_);
+    activation_ = d.epilogue.activation;
+    gather_ = d.has(LinearOperand::kRows);
+    has_bias_ = d.has(LinearOperand::kBias);
+    bias_in_epilogue_ = has_bias_ && graph.values[d.operand(LinearOperand::kBias)].dtype == dtype_;
+    // Slices of a multiple of 64 channels (128-byte aligned offsets into y, bias and residual).
+    slice_rows_ = std::min(out_, std::max<int64_t>(kSliceElements / in_ / 64 * 64, 64));
+    y_shape_ = graph.values[node_.outputs[0]].shape;
+    for (int n = 1; n <= kGemvMaxRows; ++n)
+      split_[n] = gemv_split(FloatType::kF16, in_, out_, ctx_.device().multiprocessors,
+                             ctx_.gemv_warps_per_sm(n));
+    KILN_CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc_, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    const cublasOperation_t trans_a = CUBLAS_OP_T, trans_b = CUBLAS_OP_N;
+    KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_TRANSA, &trans_a,
+                                                     sizeof(trans_a)));
+    KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_TRANSB, &trans_b,
+                                                     sizeof(trans_b)));
+    if (bias_in_epilogue_) {
+      const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
+      KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_EPILOGUE,
+                                                       &epilogue, sizeof(epilogue)));
+      const cudaDataType_t bias_type = narrow_type(dtype_);
+      KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
+                                                       &bias_type, sizeof(bias_type)));
+    }
+  }
+
+  // Scratch: the gathered rows of x, then (steps past the GEMV) a widened Linear's output in its
+  // own type and the slice of widened weights.
+  struct ScratchOffsets {
+    int64_t gathered = 0, widened = 0, slice = 0, end = 0;
+  };
+  ScratchOffsets scratch_offsets(int64_t rows) const {
+    const int64_t elem = 2;  // fp16 / bf16
+    const bool gemm = rows > kI8GemvMaxRows;
+    ScratchOffsets s;
+    s.widened = gather_ ? aligned(rows * in_ * elem) : 0;
+    s.slice = s.widened + (gemm && widen_ ? aligned(rows * out_ * elem) : 0);
+    s.end = s.slice + (gemm ? aligned(slice_rows_ * in_ * elem) : 0);
+    return s;
+  }
+  int64_t workspace_bytes(const Bindings& bindings) const override {
+    int64_t n = 1;
+    for (int64_t d : resolve_shape(y_shape_, bindings)) n *= d;
+    return scratch_offsets(n / out_).end;
+  }
+
+  void run(const KernelArgs& args) override {
+    const Tensor& x = *linear_input(args.in, LinearOperand::kX);
+    const Tensor& w = *linear_input(args.in, LinearOperand::kWeight);
+    const Tensor* scales = linear_input(args.in, LinearOperand::kWeightScales);
+    Tensor& y = args.out[0];
+    KILN_CHECK(x.device() == Device::kCuda && w.device() == Device::kCuda,
+               "node '{}': the cuda linear reads device memory", node_.name);
+    KILN_CHECK(x.dtype() == dtype_ && x.numel() % in_ == 0,
+               "node '{}': input {} {} does not fit a [n, {}] {} linear", node_.name,
+               dtype_name(x.dtype()), shape_str(x.shape()), in_, dtype_name(dtype_));
+    KILN_CHECK(scales != nullptr && scales->dtype() == DType::kF32 && scales->numel() == out_,
+               "node '{}': an i8 weight's scales must be f32 [{}]", node_.name, out_);
+    const Tensor* rows = gather_ ? linear_input(args.in, LinearOperand::kRows) : nullptr;
+    KILN_CHECK(rows == nullptr || (rows->rank() == 1 && rows->device() == Device::kCuda &&
+                                   (rows->dtype() == DType::kI64 || rows->dtype() == DType::kI32)),
+               "node '{}': the rows a linear gathers must be a 1-d i64/i32 device tensor",
+               node_.name);
+    const int64_t n = rows != nullptr ? rows->numel() : x.numel() / in_;
+    if (n == 0) return;
+    const Tensor* residual = linear_input(args.in, LinearOperand::kResidual);
+    KILN_CHECK(residual == nullptr ||
+                   (residual->dtype() == dtype_ && residual->numel() == n * out_ && !activation_ &&
+                    !widen_ && rows == nullptr),
+               "node '{}': a fused residual must be a {} [{}, {}] tensor, after no activation, "
+               "of no gathered or widened linear",
+               node_.name, dtype_name(dtype_), n, out_);
+    const Tensor* bias = has_bias_ ? linear_input(args.in, LinearOperand::kBias) : nullptr;
+    KILN_CHECK(!widen_ || y.dtype() == DType::kF32,
+               "node '{}': a widened linear stores f32, not {}", node_.name,
+               dtype_name(y.dtype()));
+    const ScratchOffsets at = scratch_offsets(n);
+    KILN_CHECK(at.end == 0 || args.scratch != nullptr, "node '{}': a linear without its scratch",
+               node_.name);
+    char* scratch = static_cast<char*>(args.scratch);
+    const FloatType t = float_type(dtype_);
+    const void* xp = x.raw();
+    if (rows != nullptr) {
+      launch_gather_rows(t, x.raw(), x.numel() / in_, in_, index_type(rows->dtype()), rows->raw(),
+                         n, scratch + at.gathered, ctx_.checks().status(), node_index_,
+                         ctx_.kernel_stream());
+      xp = scratch + at.gathered;
+    }
+    const auto* q = static_cast<const int8_t*>(w.raw());
+    const auto* s = static_cast<const float*>(scales->raw());
+    if (n <= kI8GemvMaxRows && gemv_i8_fits(xp, q, in_)) {
+      GemvI8Params p{};
+      p.type = t;
+      p.x = xp;
+      p.w = q;
+      p.scales = s;
+      p.bias_type = float_type(bias ? bias->dtype() : dtype_);
+      p.bias = bias ? bias->raw() : nullptr;
+      p.residual = residual ? residual->raw() : nullptr;
+      p.y = y.raw();
+      p.y32 = widen_ ? static_cast<float*>(y.raw()) : nullptr;
+      p.rows = n;
+      p.in = in_;
+      p.out = out_;
+      p.split = split_[std::min<int64_t>(n, kGemvMaxRows)];
+      p.has_act = activation_.has_value();
+      p.act = act_fn(activation_.value_or(Activation::kRelu));
+      launch_gemv_i8(p, ctx_.kernel_stream());
+      return;
+    }
+    KILN_CHECK(n > kI8GemvMaxRows,
+               "node '{}': the int8 GEMV needs 16-byte aligned rows (x at {}, weight at {})",
+               node_.name, xp, static_cast<const void*>(q));
+    void* yp = widen_ ? scratch + at.widened : y.raw();
+    void* slice = scratch + at.slice;
+    const int64_t elem = 2;
+    for (int64_t o0 = 0; o0 < out_; o0 += slice_rows_) {
+      const int64_t rows_here = std::min(slice_rows_, out_ - o0);
+      launch_dequantize_i8(t, q + o0 * in_, s + o0, slice, rows_here, in_, ctx_.kernel_stream());
+      if (bias_in_epilogue_) {
+        const void* b = static_cast<const char*>(bias->raw()) + o0 * elem;
+        KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                                                         &b, sizeof(b)));
+      }
+      const float alpha = 1.0f, beta = residual ? 1.0f : 0.0f;
+      void* d = static_cast<char*>(yp) + o0 * elem;
+      const void* c = residual ? static_cast<const char*>(residual->raw()) + o0 * elem : d;
+      const Plan& plan = plan_for(n, rows_here, alignment({xp, d, c}));
+      ctx_.launch().note_library_launch();
+      const cublasStatus_t st = cublasLtMatmul(
+          ctx_.blas().handle(), desc_, &alpha, slice, plan.a, xp, plan.b, &beta, c, plan.c, d,
+          plan.c, &plan.algo, ctx_.blas().workspace(), ctx_.blas().workspace_bytes(),
+          ctx_.stream());
+      KILN_CHECK(st == CUBLAS_STATUS_SUCCESS,
+                 "node '{}': cuBLASLt refused the [{}, {}] x [{}, {}]^T {} matmul of a widened "
+                 "int8 slice: {}",
+                 node_.name, n, in_, rows_here, in_, dtype_name(dtype_), cublas_status_name(st));
+    }
+    const bool bias_after = bias != nullptr && !bias_in_epilogue_;
+    if (bias_after || activation_)
+      launch_bias_activation(t, yp, bias_after ? float_type(bias->dtype()) : t,
+                             bias_after ? bias->raw() : nullptr, n, out_, activation_.has_value(),
+                             act_fn(activation_.value_or(Activation::kRelu)),
+                             ctx_.kernel_stream());
+    if (widen_) launch_cast(t, FloatType::kF32, yp, y.raw(), n * out_, ctx_.kernel_stream());
+  }
+
+ private:
+  struct Plan {
+    cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+    cublasLtMatmulAlgo_t algo{};
+  };
+
+  // The alignment of the least aligned of `ptrs`, in bytes (at most 256).
+  static uint32_t alignment(std::initializer_list<const void*> ptrs) {
+    uint32_t a = 256;
+    for (const void* p : ptrs)
+      while ((reinterpret_cast<uintptr_t>(p) & (a - 1)) != 0) a /= 2;
+    return a;
+  }
+
+  // Layouts and the heuristic's first algorithm for n rows against a slice of `features`
+  // output channels (one per row count, slice size and operand alignment: the last slice may be
+  // shorter).
+  const Plan& plan_for(int64_t n, int64_t features, uint32_t align) {
+    const auto key = std::make_tuple(n, features, align);
+    auto it = plans_.find(key);
+    if (it != plans_.end()) return it->second;
+    Plan p;
+    const cudaDataType_t t = narrow_type(dtype_);
+    const auto u = [](int64_t v) { return static_cast<uint64_t>(v); };
+    KILN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.a, t, u(in_), u(features), in_));
+    KILN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.b, t, u(in_), u(n), in_));
+    KILN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.c, t, u(features), u(n), out_));
+    cublasLtMatmulPreference_t pref = nullptr;
+    KILN_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    const size_t ws = ctx_.blas().workspace_bytes();
+    KILN_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+        pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
+    // The slice is 256-byte aligned; x, y and the residual as `align` says.
+    const uint32_t slice_align = 256;
+    KILN_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+        pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &slice_align, sizeof(uint32_t)));
+    for (auto attr :
+         {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
+          CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES})
+      KILN_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, attr, &align, sizeof(uint32_t)));
+    cublasLtMatmulHeuristicResult_t result{};
+    int found = 0;
+    const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(
+        ctx_.blas().handle(), desc_, p.a, p.b, p.c, p.c, pref, 1, &result, &found);
+    cublasLtMatmulPreferenceDestroy(pref);
+    if (st != CUBLAS_STATUS_SUCCESS || found == 0) {
+      cublasLtMatrixLayoutDestroy(p.a);
+      cublasLtMatrixLayoutDestroy(p.b);
+      cublasLtMatrixLayoutDestroy(p.c);
+      KILN_FAIL("node '{}': cuBLASLt has no algorithm for a {} linear of [{}, {}] x [{}, {}]^T ({})",
+                node_.name, dtype_name(dtype_), n, in_, features, in_, cublas_status_name(st));
+    }
+    p.algo = result.algo;
+    return plans_.emplace(key, p).first->second;
+  }
+
+  int64_t in_ = 0, out_ = 0, slice_rows_ = 1;
+  DType dtype_ = DType::kF16;
+  std::optional<Activation> activation_;
+  bool widen_ = false, gather_ = false, has_bias_ = false, bias_in_epilogue_ = false;
+  SymShape y_shape_;
+  int split_[kGemvMaxRows + 1] = {};
+  cublasLtMatmulDesc_t desc_ = nullptr;
+  std::map<std::tuple<int64_t, int64_t, uint32_t>, Plan> plans_;
+};
+
+}  // namespace
+
+std::unique_ptr<Kernel> make_quant_linear_kernel(const Node& node, CudaContext& ctx) {
+  return std::make_unique<QuantLinearKernel>(node, ctx);
+}
+
+}  // namespace kiln::cuda

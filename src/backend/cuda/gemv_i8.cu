@@ -1,0 +1,233 @@
+// The Linear of int8-weight plans on CUDA (cuda_linear_i8.cc): fp16/bf16 activations, int8
+// weights q [out, in] with one f32 scale per output channel, y = epilogue((x · q^T) · scale[o]
+// + bias) (graph/linear.h). Decode streams the weights, so the GEMV reads half the bytes of an
+// fp16 plan's: each warp takes four features, each lane 8-byte loads of 8 weights (one 16-byte
+// chunk of x), four chunk positions of the four features in flight before it multiplies them
+// into the slice's rows. A step of more rows runs slices of 8 rows in the grid's y dimension,
+// which read the same weights at the same time (L2 serves all but the first). The bytes become
+// floats exactly without a conversion instruction each: the byte (xor 0x80, so 0..255) is put
+// under the exponent of 2^23, and 2^23 + 128 subtracted. Prefill-sized steps widen the weights
+// into fp16/bf16 slices for cuBLASLt instead (dequantize_i8_rows).
+#include "backend/cuda/device_types.cuh"
+
+namespace kiln::cuda {
+namespace {
+
+constexpr int kWarps = 8;     // per block
+constexpr int kFeatures = 4;  // weight rows per warp
+constexpr int kUnroll = 4;    // chunk positions a lane loads per pass
+constexpr int kSliceRows = 8;
+
+// The 8 int8 weights of w as floats, exactly: 0x4B0000bb is 2^23 + bb.
+__device__ __forceinline__ void unpack_i8(const uint2& w, float (&out)[8]) {
+  const unsigned lo = w.x ^ 0x80808080u, hi = w.y ^ 0x80808080u;
+  constexpr float kBias = 8388608.0f + 128.0f;
+#pragma unroll
+  for (int b = 0; b < 4; ++b) {
+    const unsigned sel = 0x7440u | static_cast<unsigned>(b);  // bytes: w's b-th, 0, 0, 0x4B
+    out[b] = __uint_as_float(__byte_perm(lo, 0x4B000000u, sel)) - kBias;
+    out[4 + b] = __uint_as_float(__byte_perm(hi, 0x4B000000u, sel)) - kBias;
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ void unpack_x(const uint4& raw, float (&out)[8]) {
+  const T* e = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+  for (int u = 0; u < 8; ++u) out[u] = to_float(e[u]);
+}
+
+// Rows row_base + blockIdx.y * N .. + N of y. chunks = in / 8; split warps share a group of
+// features (over interleaved chunks), their sums added in a fixed order.
+template <typename T, typename B, int N>
+__global__ void __launch_bounds__(kWarps * 32)
+    gemv_i8_kernel(const uint4* __restrict__ x, const uint2* __restrict__ w,
+                   const float* __restrict__ scales, const B* __restrict__ bias, const T* residual,
+                   T* y, float* y32, int64_t chunks, int64_t out, int64_t row_base, int split,
+                   bool has_act, ActFn act) {
+  __shared__ float partial_s[kWarps][kFeatures][N];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int groups_per_block = kWarps / split;
+  const int sub = warp % split;
+  const int64_t f0 =
+      (static_cast<int64_t>(blockIdx.x) * groups_per_block + warp / split) * kFeatures;
+  const int64_t row0 = row_base + static_cast<int64_t>(blockIdx.y) * N;
+  x += row0 * chunks;
+  float acc[kFeatures][N];
+#pragma unroll
+  for (int k = 0; k < kFeatures; ++k)
+#pragma unroll
+    for (int r = 0; r < N; ++r) acc[k][r] = 0.0f;
+  const uint2* wr[kFeatures];
+#pragma unroll
+  for (int k = 0; k < kFeatures; ++k) wr[k] = w + min(f0 + k, out - 1) * chunks;
+  const int64_t stride = 32 * static_cast<int64_t>(split), step = kUnroll * stride;
+  int64_t c = sub * 32 + lane;
+  uint2 wv[kUnroll][kFeatures];
+  auto load_weights = [&](int64_t at) {
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u)
+#pragma unroll
+      for (int k = 0; k < kFeatures; ++k)
+        wv[u][k] = at + u * stride < chunks ? __ldcs(wr[k] + at + u * stride) : uint2{};
+  };
+  // Weights are constants: the first are in flight before the wait for the kernel writing x.
+  if (f0 < out) load_weights(c);
+  const int kk = lane / N, rr = lane % N;
+  const bool stores = sub == 0 && kk < kFeatures && f0 + kk < out;
+  float scale_v = 0.0f, bias_v = 0.0f;
+  if (stores) {
+    scale_v = scales[f0 + kk];
+    bias_v = bias != nullptr ? to_float(bias[f0 + kk]) : 0.0f;
+  }
+  pdl_wait();
+  pdl_trigger();
+  float res_v = 0.0f;
+  if (stores && residual != nullptr) res_v = to_float(residual[(row0 + rr) * out + f0 + kk]);
+  if (f0 < out) {
+    for (; c < chunks; c += step) {
+      if (c != sub * 32 + lane) load_weights(c);
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        if (c + u * stride >= chunks) break;
+        float wf[kFeatures][8];
+#pragma unroll
+        for (int k = 0; k < kFeatures; ++k) unpack_i8(wv[u][k], wf[k]);
+#pragma unroll
+        for (int r = 0; r < N; ++r) {
+          float xf[8];
+          unpack_x<T>(__ldg(x + r * chunks + c + u * stride), xf);
+#pragma unroll
+          for (int k = 0; k < kFeatures; ++k) {
+            float s = 0.0f;
+#pragma unroll
+            for (int e = 0; e < 8; ++e) s = fmaf(wf[k][e], xf[e], s);
+            acc[k][r] += s;
+          }
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < kFeatures; ++k)
+#pragma unroll
+    for (int r = 0; r < N; ++r) acc[k][r] = warp_sum(acc[k][r]);
+  if (split > 1) {
+    if (lane == 0)
+#pragma unroll
+      for (int k = 0; k < kFeatures; ++k)
+#pragma unroll
+        for (int r = 0; r < N; ++r) partial_s[warp][k][r] = acc[k][r];
+    __syncthreads();
+    if (sub != 0) return;
+#pragma unroll
+    for (int k = 0; k < kFeatures; ++k)
+#pragma unroll
+      for (int r = 0; r < N; ++r) {
+        float s = 0.0f;
+        for (int p = 0; p < split; ++p) s += partial_s[warp + p][k][r];
+        acc[k][r] = s;
+      }
+  }
+  if (!stores) return;
+  float v = 0.0f;
+#pragma unroll
+  for (int k = 0; k < kFeatures; ++k)
+#pragma unroll
+    for (int r = 0; r < N; ++r)
+      if (k == kk && r == rr) v = acc[k][r];
+  v = v * scale_v + bias_v;
+  v = round_as<T>(v);
+  if (has_act) v = apply_act(act, v);
+  const int64_t at = (row0 + rr) * out + f0 + kk;
+  if (residual != nullptr) v = round_as<T>(v) + res_v;
+  if (y32 != nullptr)
+    y32[at] = round_as<T>(v);
+  else
+    y[at] = from_float<T>(v);
+}
+
+template <typename T, typename B, int N>
+void launch_slices(const GemvI8Params& p, int64_t row_base, unsigned slices, KernelStream stream) {
+  const int64_t chunks = p.in / 8;
+  const int64_t groups = (p.out + kFeatures - 1) / kFeatures, per_block = kWarps / p.split;
+  const dim3 grid(static_cast<unsigned>((groups + per_block - 1) / per_block), slices);
+  launch(gemv_i8_kernel<T, B, N>, grid, kWarps * 32, 0, stream, static_cast<const uint4*>(p.x),
+         reinterpret_cast<const uint2*>(p.w), p.scales, static_cast<const B*>(p.bias),
+         static_cast<const T*>(p.residual), static_cast<T*>(p.y), p.y32, chunks, p.out, row_base,
+         p.split, p.has_act, p.act);
+}
+
+template <typename T, typename B>
+void launch_rows(const GemvI8Params& p, KernelStream stream) {
+  const int64_t full = p.rows / kSliceRows, rest = p.rows % kSliceRows;
+  if (full > 0) launch_slices<T, B, kSliceRows>(p, 0, static_cast<unsigned>(full), stream);
+  const int64_t base = full * kSliceRows;
+  switch (rest) {
+    case 1:
+      return launch_slices<T, B, 1>(p, base, 1, stream);
+    case 2:
+      return launch_slices<T, B, 2>(p, base, 1, stream);
+    case 3:
+      return launch_slices<T, B, 3>(p, base, 1, stream);
+    case 4:
+      return launch_slices<T, B, 4>(p, base, 1, stream);
+    case 5:
+      return launch_slices<T, B, 5>(p, base, 1, stream);
+    case 6:
+      return launch_slices<T, B, 6>(p, base, 1, stream);
+    case 7:
+      return launch_slices<T, B, 7>(p, base, 1, stream);
+    default:
+      return;
+  }
+}
+
+// w [rows, in] = round(q · scale[row]), grid-stride over 8-weight chunks.
+template <typename T>
+__global__ void dequantize_kernel(const uint2* __restrict__ q, const float* __restrict__ scales,
+                                  T* w, int64_t chunks_per_row, int64_t chunks) {
+  pdl_begin();
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < chunks;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    float f[8];
+    unpack_i8(__ldcs(q + i), f);
+    const float s = scales[i / chunks_per_row];
+    T v[8];
+#pragma unroll
+    for (int e = 0; e < 8; ++e) v[e] = from_float<T>(f[e] * s);
+    reinterpret_cast<uint4*>(w)[i] = *reinterpret_cast<const uint4*>(v);
+  }
+}
+
+}  // namespace
+
+bool gemv_i8_fits(const void* x, const void* w, int64_t in) {
+  return in > 0 && in % 8 == 0 && (reinterpret_cast<uintptr_t>(x) & 15) == 0 &&
+         (reinterpret_cast<uintptr_t>(w) & 7) == 0;
+}
+
+void launch_gemv_i8(const GemvI8Params& p, KernelStream stream) {
+  if (p.rows <= 0 || p.out <= 0) return;
+  dispatch_float(p.type, [&](auto tag) {
+    using T = decltype(tag);
+    if constexpr (sizeof(T) == 2)
+      dispatch_float(p.bias_type, [&](auto bias_tag) {
+        launch_rows<T, decltype(bias_tag)>(p, stream);
+      });
+  });
+}
+
+void launch_dequantize_i8(FloatType t, const int8_t* q, const float* scales, void* w, int64_t rows,
+                          int64_t in, KernelStream stream) {
+  const int64_t chunks = rows * in / 8;
+  if (chunks == 0) return;
+  dispatch_float(t, [&](auto tag) {
+    using T = decltype(tag);
+    if constexpr (sizeof(T) == 2)
+      launch(dequantize_kernel<T>, grid_for(chunks, 256), 256, 0, stream,
+             reinterpret_cast<const uint2*>(q), scales, static_cast<T*>(w), in / 8, chunks);
+  });
+}
+
+}  // namespace kiln::cuda

@@ -1,0 +1,172 @@
+// Int8 weights with fp16/bf16 activations: the Linear and Embedding of CUDA's int8-weight plans,
+// against the reference backend (which decodes each weight from its definition, q · scale, and
+// sums in double), on every backend that runs them. Row counts on the int8 GEMV (1, 3, 8, 13:
+// one slice of rows and a partial one, 64: eight slices) and past it (65, 130: weights widened
+// a slice of channels at a time for cuBLASLt); `in` a multiple of 8 but not of 16 (4104) and
+// long enough for several passes of every lane; `out` not a multiple of the GEMV's four
+// features or of 64 (the widened slices); more channels than one widened slice holds (8200 at
+// in 1024: two slices, the second shorter). Variants: bias of the activations' type with an activation, an f32 bias, a fused
+// residual, a widened f32 output (the logits) and gathered rows with a widened output (the
+// decoder's end). Skipped where no backend runs them (a machine without a GPU).
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "../models/graph_runner.h"
+#include "backend_ops.h"
+#include "graph/builder.h"
+#include "graph/linear.h"
+#include "graph/verifier.h"
+#include "passes/pass.h"
+
+namespace kiln::test {
+namespace {
+
+// q [rows, cols] over the whole int8 range (both ends included) and positive per-row scales.
+struct Int8Weight {
+  Tensor q, scales;
+};
+Int8Weight int8_weight(Gen& g, int64_t rows, int64_t cols) {
+  const std::vector<float> v = g.floats(rows * cols, -1.0f, 1.0f);
+  std::vector<int8_t> q(v.size());
+  for (size_t i = 0; i < v.size(); ++i) q[i] = static_cast<int8_t>(std::lround(v[i] * 127.0f));
+  q.front() = 127;
+  q.back() = -127;
+  return {Tensor::from_vector(q, {rows, cols}),
+          Tensor::from_vector(g.floats(rows, 0.001f, 0.05f), {rows})};
+}
+
+enum class Variant : uint8_t { kPlain, kBiasAct, kF32Bias, kResidual, kWidened, kGatheredWidened };
+constexpr Variant kVariants[] = {Variant::kPlain,    Variant::kBiasAct, Variant::kF32Bias,
+                                 Variant::kResidual, Variant::kWidened, Variant::kGatheredWidened};
+const char* variant_name(Variant v) {
+  switch (v) {
+    case Variant::kPlain:
+      return "plain";
+    case Variant::kBiasAct:
+      return "bias+gelu";
+    case Variant::kF32Bias:
+      return "f32 bias";
+    case Variant::kResidual:
+      return "residual";
+    case Variant::kWidened:
+      return "f32 output";
+    case Variant::kGatheredWidened:
+      return "gathered rows, f32 output";
+  }
+  return "?";
+}
+
+// The Linear (with the nodes its variant fuses into it, fused as the CUDA pipeline fuses them).
+Graph int8_linear_graph(Gen& g, DType dtype, int64_t in, int64_t out, Variant variant) {
+  GraphBuilder b("int8_linear");
+  const int x = b.input("x", dtype, {kTokens, Dim::of(in)});
+  int h = x;
+  if (variant == Variant::kGatheredWidened)
+    h = b.gather_rows(x, b.input("rows", DType::kI64, {Dim::sym("rows")}), "gather");
+  Int8Weight w = int8_weight(g, out, in);
+  int bias = -1;
+  if (variant == Variant::kBiasAct) bias = b.weight("b", g.random({out}));
+  if (variant == Variant::kF32Bias)
+    bias = b.weight("b", Tensor::from_vector(g.floats(out), {out}));
+  int y = b.linear_quantized(h, b.weight("w", std::move(w.q)), bias,
+                             b.weight("w.scales", std::move(w.scales)), "fc");
+  if (variant == Variant::kBiasAct) y = b.activation(y, Activation::kGeluTanh, "act");
+  if (variant == Variant::kResidual)
+    y = b.add(y, b.input("r", dtype, {kTokens, Dim::of(out)}), "residual");
+  if (variant == Variant::kWidened || variant == Variant::kGatheredWidened)
+    y = b.cast(y, DType::kF32, "to_f32");
+  b.output(y, "y");
+  Graph graph = b.finish();
+  const Logger quiet(LogLevel::kSilent);
+  fuse_linear_activation(graph, quiet);
+  fuse_linear_residual(graph, quiet);
+  fuse_linear_cast(graph, quiet);
+  fuse_gather_linear(graph, quiet);
+  verify_graph(graph);
+  EXPECT_EQ(graph.nodes.size(), 1u) << variant_name(variant) << ": one fused Linear";
+  return graph;
+}
+
+TEST(BackendOps, NarrowInt8WeightLinearsMatchReference) {
+  const std::unique_ptr<Backend> reference = reference_backend();
+  std::vector<NamedBackend> backends = available_backends();
+  struct Shape2 {
+    int64_t in, out;
+  };
+  int compared = 0;
+  for (DType dtype : {DType::kF16, DType::kBF16})
+    for (const Shape2 sh : {Shape2{64, 37}, Shape2{4104, 70}, Shape2{1024, 8200}, Shape2{256, 3}})
+      for (int64_t n : {1, 3, 8, 13, 64, 65, 130})
+        for (Variant variant : kVariants) {
+          // Every variant at 1, 13 and 65 rows (one per kernel path), the plain Linear elsewhere.
+          if (variant != Variant::kPlain && n != 1 && n != 13 && n != 65) continue;
+          // More channels than one widened slice (8M weights) holds: the plain Linear at 65 rows
+          // and one row (the reference sums 0.5G products in double for it).
+          if (sh.out == 8200 && (variant != Variant::kPlain || (n != 1 && n != 65))) continue;
+          const auto seed = static_cast<uint32_t>(sh.in + sh.out + n + 7 * static_cast<int>(variant));
+          Gen g(dtype, dtype, seed);
+          const Graph graph = int8_linear_graph(g, dtype, sh.in, sh.out, variant);
+          // Only where a backend runs it (the reference is slow at these sizes).
+          std::vector<NamedBackend*> runners;
+          for (NamedBackend& nb : backends)
+            if (unsupported(*nb.backend, graph).empty()) runners.push_back(&nb);
+          if (runners.empty()) continue;
+          std::map<std::string, Tensor> feed = {{"x", g.random({n, sh.in}, -2, 2)}};
+          if (variant == Variant::kResidual) feed["r"] = g.random({n, sh.out}, -2, 2);
+          if (variant == Variant::kGatheredWidened) {
+            // n rows gathered from a table of n + 5, in another order, one row twice.
+            std::vector<int64_t> rows(static_cast<size_t>(n));
+            for (int64_t r = 0; r < n; ++r) rows[static_cast<size_t>(r)] = (r * 7 + 3) % (n + 5);
+            rows.back() = rows.front();
+            feed["x"] = g.random({n + 5, sh.in}, -2, 2);
+            feed["rows"] = Tensor::from_vector(rows, {n});
+          }
+          const Scenario sc = one_step(graph, feed);
+          const ScenarioOutputs ref = run_scenario(*reference, sc);
+          for (NamedBackend* nb : runners) {
+            expect_matches(run_scenario(*nb->backend, sc)[0][0], ref[0][0], Check{},
+                           nb->name + " " + std::string(dtype_name(dtype)) + " " +
+                               variant_name(variant) + " [" + std::to_string(n) + ", " +
+                               std::to_string(sh.in) + "] x [" + std::to_string(sh.out) + ", " +
+                               std::to_string(sh.in) + "]^T");
+            ++compared;
+          }
+        }
+  if (compared == 0) GTEST_SKIP() << "no backend here runs int8 weights with fp16/bf16 inputs";
+}
+
+// table i8 [vocab, d] with per-row scales -> f32 rows (the Embedding of int8-weight plans on
+// CUDA, whose Cast narrows them after), and an id past the table reported by name.
+TEST(BackendOps, Int8EmbeddingMatchesReferenceAndRefusesBadIds) {
+  const std::unique_ptr<Backend> reference = reference_backend();
+  const int64_t vocab = 50, d = 72;
+  Gen g(DType::kF32, DType::kF32, 91);
+  GraphBuilder b("int8_embedding");
+  Int8Weight w = int8_weight(g, vocab, d);
+  const int ids = b.input("ids", DType::kI64, {kTokens});
+  b.output(b.embedding_quantized(b.weight("table", std::move(w.q)), ids,
+                                 b.weight("table.scales", std::move(w.scales)), "embed"),
+           "y");
+  const Graph graph = b.finish();
+  const std::vector<int64_t> good = {0, 49, 7, 7, 23};
+  const Scenario sc = one_step(graph, {{"ids", Tensor::from_vector(good, {5})}});
+  const ScenarioOutputs ref = run_scenario(*reference, sc);
+  int compared = 0;
+  for (NamedBackend& nb : available_backends()) {
+    if (!unsupported(*nb.backend, graph).empty()) continue;
+    expect_matches(run_scenario(*nb.backend, sc)[0][0], ref[0][0], Check{}, nb.name);
+    const std::vector<int64_t> bad = {3, 50};
+    try {
+      run_scenario(*nb.backend, one_step(graph, {{"ids", Tensor::from_vector(bad, {2})}}));
+      ADD_FAILURE() << nb.name << " ran id 50 of a 50-row table";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("50"), std::string::npos) << nb.name << ": " << e.what();
+    }
+    ++compared;
+  }
+  EXPECT_GT(compared, 0) << "the CPU runs i8 tables too";
+}
+
+}  // namespace
+}  // namespace kiln::test
