@@ -105,7 +105,11 @@ expect_in "$TMP/err" "--calib-cache" "the int8 refusal names --calib-cache"
 [ -e "$TMP/int8.plan" ] && fail "a refused build left a plan behind"
 expect_exit 2 "build int8 cuda" -- "$KILN" build --model "$FIXTURES/t5-tiny" --device cuda \
   --precision int8 --calib "$FIXTURES/data/calib.jsonl" -o "$TMP/int8.plan"
-grep -qE "fp32, fp16 and bf16|built without CUDA" "$TMP/err" || fail "cuda int8: $(cat "$TMP/err")"
+grep -qE "fp32, fp16, bf16 and int8-weight|built without CUDA" "$TMP/err" || fail "cuda int8: $(cat "$TMP/err")"
+# int4-weight on cuda is refused too, naming what the cuda backend runs.
+expect_exit 2 "build int4-weight cuda" -- "$KILN" build --model "$FIXTURES/t5-tiny" --device cuda \
+  --precision int4-weight -o "$TMP/int4.plan"
+grep -qE "int4-weight runs on the cpu only|built without CUDA" "$TMP/err" || fail "cuda int4: $(cat "$TMP/err")"
 expect_exit 2 "build fp8" -- "$KILN" build --model "$FIXTURES/t5-tiny" --precision fp8 -o "$TMP/fp8.plan"
 expect_in "$TMP/err" "unknown precision" "an unknown precision is named"
 
