@@ -1,6 +1,7 @@
 // The Linear of int8-weight plans on CUDA: fp16/bf16 activations, int8 weights [out, in] with
 // f32 per-output-channel scales (graph/linear.h), y = epilogue((x · q^T) · scale + bias).
-// Steps of up to kI8GemvMaxRows rows (decode, batched decode) run the int8 GEMV (gemv_i8.cu),
+// Steps of up to i8_gemv_rows rows (decode, batched decode; KILN_CUDA_I8_GEMV_ROWS, at most
+// kI8GemvMaxRows) run the int8 GEMV (gemv_i8.cu),
 // which streams one byte a weight; more rows (prompts) widen the weights a slice of output
 // channels at a time into the node's scratch memory and multiply them on cuBLASLt (fp32
 // accumulation), the output slice written in place (ldc = out) with the bias in cuBLASLt's
@@ -18,9 +19,6 @@
 namespace kiln::cuda {
 namespace {
 
-// Rows the GEMV takes; a step of more widens its weights for cuBLASLt. At 64 rows the GEMV's
-// eight slices still read the weights once from HBM and seven times from L2.
-constexpr int64_t kI8GemvMaxRows = 64;
 // Weights widened per cuBLASLt call (elements of the slice buffer in the scratch memory).
 constexpr int64_t kSliceElements = int64_t{8} << 20;
 
@@ -98,7 +96,7 @@ class QuantLinearKernel final : public CudaKernel {
   };
   ScratchOffsets scratch_offsets(int64_t rows) const {
     const int64_t elem = 2;  // fp16 / bf16
-    const bool gemm = rows > kI8GemvMaxRows;
+    const bool gemm = rows > ctx_.options().i8_gemv_rows;
     ScratchOffsets s;
     s.widened = gather_ ? aligned(rows * in_ * elem) : 0;
     s.slice = s.widened + (gemm && widen_ ? aligned(rows * out_ * elem) : 0);
@@ -155,7 +153,7 @@ class QuantLinearKernel final : public CudaKernel {
     }
     const auto* q = static_cast<const int8_t*>(w.raw());
     const auto* s = static_cast<const float*>(scales->raw());
-    if (n <= kI8GemvMaxRows && gemv_i8_fits(xp, q, in_)) {
+    if (n <= ctx_.options().i8_gemv_rows && gemv_i8_fits(xp, q, in_)) {
       GemvI8Params p{};
       p.type = t;
       p.x = xp;
@@ -175,7 +173,7 @@ class QuantLinearKernel final : public CudaKernel {
       launch_gemv_i8(p, ctx_.kernel_stream());
       return;
     }
-    KILN_CHECK(n > kI8GemvMaxRows,
+    KILN_CHECK(n > ctx_.options().i8_gemv_rows,
                "node '{}': the int8 GEMV needs 16-byte aligned rows (x at {}, weight at {})",
                node_.name, xp, static_cast<const void*>(q));
     void* yp = widen_ ? scratch + at.widened : y.raw();

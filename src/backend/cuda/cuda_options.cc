@@ -89,6 +89,8 @@ CudaOptions CudaOptions::from_environment() {
   number("KILN_CUDA_GEMM_ROW_BUCKET", 0, 4096,
          "the row counts whose cuBLASLt algorithm is chosen once per multiple (0: per row count)",
          &o.gemm_row_bucket);
+  number("KILN_CUDA_I8_GEMV_ROWS", 0, kI8GemvMaxRows,
+         "the most rows an int8-weight Linear runs on the int8 GEMV", &o.i8_gemv_rows);
   if (const char* v = env("KILN_CUDA_ATTN_WARPS")) {
     const std::string_view s(v);
     KILN_CHECK_USAGE(s == "0" || s == "4" || s == "8" || s == "16",
@@ -137,6 +139,8 @@ std::vector<BackendOption> CudaOptions::describe() const {
        "cuBLASLt algorithms chosen once per multiple of this many rows (0: per row count)"},
       {"KILN_CUDA_SKINNY_ROWS", std::to_string(skinny_rows),
        "most rows an untuned Linear runs on the skinny GEMM"},
+      {"KILN_CUDA_I8_GEMV_ROWS", std::to_string(i8_gemv_rows),
+       "most rows an int8-weight Linear runs on the int8 GEMV"},
       {"KILN_CUDA_ATTN_WARPS", warps(attention_warps), "warps of a batch-1 decode attention block"},
       {"KILN_CUDA_TACTICS_INEXACT", on_off(inexact_tactics),
        "steps run the next larger timed row count's tactic"},

@@ -175,6 +175,7 @@ bool launch_gemv(const GemvParams& p, KernelStream stream);
 // residual fp16 or bf16, q int8, scales f32 [out], bias of bias_type or null; any number of rows
 // (slices of 8 in the grid). gemv_i8_fits: `in` a multiple of 8, x 16-byte and q 8-byte aligned.
 bool gemv_i8_fits(const void* x, const void* w, int64_t in);
+inline constexpr int kI8GemvMaxRows = 64;
 struct GemvI8Params {
   FloatType type;
   const void* x;
