@@ -233,15 +233,20 @@ PrecisionPlan plan_precision(const Graph& g, const PrecisionSupport& support,
     });
     if (support.activation == DType::kF16 && has_rms) mark_residual_stream(g, &plan);
   }
+  // Nodes wide for their activations' range alone (fp16 T5's residual stream): a weight-only
+  // quantized plan still quantizes their matrices (f32 activations, int8 weights).
+  std::vector<bool> range_only = plan.wide;
   const std::set<std::string> keep(options.keep_float.begin(), options.keep_float.end());
   for (size_t i = 0; i < g.nodes.size(); ++i) {
     const Node& n = g.nodes[i];
     if (n.op != OpKind::kLinear && n.op != OpKind::kEmbedding) continue;
     if (keep.count(n.name) != 0) {
       plan.wide[i] = true;
+      range_only[i] = false;
       plan.node_why[i] = std::string(kRequestedWhy);
     } else if (const LayerSensitivity* fb = fallback_of(options, n.name)) {
       plan.wide[i] = true;
+      range_only[i] = false;
       plan.node_why[i] = fallback_reason(*fb, options.calibration->quant_tolerance);
     } else if (narrow_activations && !plan.wide[i]) {
       const int w = n.inputs[n.op == OpKind::kLinear ? 1 : 0];
@@ -264,23 +269,25 @@ PrecisionPlan plan_precision(const Graph& g, const PrecisionSupport& support,
     if (narrow_activations) {
       // A wide Linear reads its weights (and bias) in f32, a wide Embedding its table; every
       // other float weight, norm parameters included, takes the plan's type.
+      // Weight-only quantized plans (int8-weight on CUDA): matrices read only as matrices are
+      // stored quantized, the rest (norms, biases, position tables) in the activations' type;
+      // a matrix whose wide readers are wide for their activations' range alone too.
+      const bool matrix_only = std::all_of(uses[id].begin(), uses[id].end(), [&](const Use& u) {
+        return is_matrix_slot(g.nodes[u.node], u.slot) && (!plan.wide[u.node] || range_only[u.node]);
+      });
+      const bool quantize = support.matrix != support.activation && matrix_only;
       const auto wide_reader = std::find_if(uses[id].begin(), uses[id].end(), [&](const Use& u) {
         const Node& n = g.nodes[u.node];
         return plan.wide[u.node] && ((n.op == OpKind::kLinear && u.slot >= 1) ||
                                      (n.op == OpKind::kEmbedding && u.slot == 0));
       });
-      if (wide_reader != uses[id].end()) {
+      if (wide_reader != uses[id].end() && !quantize) {
         plan.weight[id] = DType::kF32;
         plan.weight_why[id] = plan.node_why[wide_reader->node];
         continue;
       }
       plan.weight[id] = support.activation;
-      // Weight-only quantized plans (int8-weight on CUDA): matrices read only as matrices are
-      // stored quantized, the rest (norms, biases, position tables) in the activations' type.
-      const bool matrix_only = std::all_of(uses[id].begin(), uses[id].end(), [&](const Use& u) {
-        return is_matrix_slot(g.nodes[u.node], u.slot);
-      });
-      if (support.matrix == support.activation || !matrix_only) continue;
+      if (!quantize) continue;
       if (std::string why = narrowing_refused(v.data, support.matrix); !why.empty()) {
         plan.warnings.push_back(
             fmt::format("{} stays {}: {}", v.name, dtype_name(support.activation), why));

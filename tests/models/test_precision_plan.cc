@@ -139,9 +139,10 @@ TEST(PrecisionPlan, Fp16KeepsTheFfnOutputProjectionWideByStructureNotByName) {
 }
 
 // CUDA int8-weight plans (built here, run on the GPU machine): every Linear's and Embedding's
-// matrix is int8 with f32 per-row scales, except where fp16 T5 keeps a Linear in f32 (its FFN
-// output projections, f32 weights); norms, biases and position tables are fp16; each Embedding
-// of an int8 table gathers f32 rows that a Cast narrows; the graphs verify.
+// matrix is int8 with f32 per-row scales, fp16 T5's FFN output projections included (they keep
+// f32 activations for the residual stream's range, with the reason noted); norms and the other
+// Linears' biases are fp16; each Embedding of an int8 table gathers f32 rows that a Cast
+// narrows; the graphs verify. A Linear kept in float on request keeps an f32 weight.
 TEST(PrecisionPlan, CudaInt8WeightQuantizesEveryMatrixAndNarrowsTheRest) {
   if (!query_cuda().compiled) GTEST_SKIP() << "built without CUDA: cuda plans cannot be built";
   for (const char* model : {"bloom-tiny", "t5-tiny"}) {
@@ -150,35 +151,33 @@ TEST(PrecisionPlan, CudaInt8WeightQuantizesEveryMatrixAndNarrowsTheRest) {
     o.device = Device::kCuda;
     o.precision = Precision::kInt8Weight;
     const ModelIR ir = build_model(fixture(model), o, kQuiet);
-    int linears = 0, quantized = 0, embeddings = 0;
+    int linears = 0, quantized = 0, f32_linears = 0, embeddings = 0;
+    std::string first_linear;
     for (const Graph& g : ir.graphs) {
       verify_graph(g);
       for (const Node& n : g.nodes) {
         if (n.op == OpKind::kLinear) {
           ++linears;
+          if (first_linear.empty()) first_linear = n.name;
           const LinearDesc d = describe_linear(n);
           const Value& w = g.values[d.operand(LinearOperand::kWeight)];
-          const Value& y = g.values[n.outputs[0]];
-          if (w.dtype == DType::kI8) {
-            ++quantized;
-            ASSERT_TRUE(d.has(LinearOperand::kWeightScales)) << n.name;
-            const Value& s = g.values[d.operand(LinearOperand::kWeightScales)];
-            EXPECT_EQ(s.dtype, DType::kF32) << n.name;
-            EXPECT_EQ(s.data.numel(), w.data.dim(0)) << n.name;
-            EXPECT_TRUE(y.dtype == DType::kF16 || (d.epilogue.widen && y.dtype == DType::kF32))
-                << n.name;
-          } else {
-            // Kept in f32 (fp16 T5's FFN output projections), with the reason noted.
-            EXPECT_EQ(w.dtype, DType::kF32) << n.name;
-            EXPECT_EQ(y.dtype, DType::kF32) << n.name;
+          const Value& x = g.values[d.operand(LinearOperand::kX)];
+          quantized += w.dtype == DType::kI8;
+          ASSERT_TRUE(d.has(LinearOperand::kWeightScales)) << n.name;
+          const Value& s = g.values[d.operand(LinearOperand::kWeightScales)];
+          EXPECT_EQ(s.dtype, DType::kF32) << n.name;
+          EXPECT_EQ(s.data.numel(), w.data.dim(0)) << n.name;
+          if (x.dtype == DType::kF32) {
+            // fp16 T5's FFN output projection: f32 activations, the reason noted.
+            ++f32_linears;
             const bool noted = std::any_of(ir.precision_notes.begin(), ir.precision_notes.end(),
                                            [&](const PrecisionNote& p) { return p.node == n.name; });
             EXPECT_TRUE(noted) << n.name;
+          } else {
+            EXPECT_EQ(x.dtype, DType::kF16) << n.name;
           }
           if (d.has(LinearOperand::kBias)) {
-            EXPECT_EQ(g.values[d.operand(LinearOperand::kBias)].dtype,
-                      w.dtype == DType::kI8 ? DType::kF16 : DType::kF32)
-                << n.name;
+            EXPECT_EQ(g.values[d.operand(LinearOperand::kBias)].dtype, x.dtype) << n.name;
           }
         }
         if (n.op == OpKind::kEmbedding) {
@@ -193,11 +192,20 @@ TEST(PrecisionPlan, CudaInt8WeightQuantizesEveryMatrixAndNarrowsTheRest) {
       }
     }
     EXPECT_GT(embeddings, 0);
-    // BLOOM: all of them; T5: all but the FFN output projections (one a layer).
-    EXPECT_GE(quantized, linears / 2 + 1);
-    if (std::string(model) == "bloom-tiny") {
-      EXPECT_EQ(quantized, linears);
-    }
+    EXPECT_EQ(quantized, linears);
+    EXPECT_EQ(f32_linears > 0, std::string(model) == "t5-tiny");
+    // A Linear kept in float on request stays f32, weight included.
+    o.precision_options.keep_float = {first_linear};
+    const ModelIR kept = build_model(fixture(model), o, kQuiet);
+    int found = 0;
+    for (const Graph& g : kept.graphs)
+      for (const Node& n : g.nodes)
+        if (n.name == first_linear) {
+          ++found;
+          EXPECT_EQ(g.values[n.inputs[1]].dtype, DType::kF32);
+          EXPECT_EQ(g.values[n.inputs[0]].dtype, DType::kF32);
+        }
+    EXPECT_EQ(found, 1);
   }
 }
 

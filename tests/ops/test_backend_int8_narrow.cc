@@ -1,4 +1,5 @@
-// Int8 weights with fp16/bf16 activations: the Linear and Embedding of CUDA's int8-weight plans,
+// Int8 weights with fp16/bf16 activations (and f32: fp16 T5's FFN output projections): the Linear
+// and Embedding of CUDA's int8-weight plans,
 // against the reference backend (which decodes each weight from its definition, q · scale, and
 // sums in double), on every backend that runs them. Row counts on the int8 GEMV (1, 3, 8, 13:
 // one slice of rows and a partial one, 64: eight slices) and past it (65, 130: weights widened
@@ -95,10 +96,14 @@ TEST(BackendOps, NarrowInt8WeightLinearsMatchReference) {
     int64_t in, out;
   };
   int compared = 0;
-  for (DType dtype : {DType::kF16, DType::kBF16})
+  for (DType dtype : {DType::kF16, DType::kBF16, DType::kF32})
     for (const Shape2 sh : {Shape2{64, 37}, Shape2{4104, 70}, Shape2{1024, 8200}, Shape2{256, 3}})
       for (int64_t n : {1, 3, 8, 13, 64, 65, 130})
         for (Variant variant : kVariants) {
+          // f32 (fp16 T5's FFN output projections) has no widened output.
+          if (dtype == DType::kF32 &&
+              (variant == Variant::kWidened || variant == Variant::kGatheredWidened))
+            continue;
           // Every variant at 1, 13 and 65 rows (one per kernel path), the plain Linear elsewhere.
           if (variant != Variant::kPlain && n != 1 && n != 13 && n != 65) continue;
           // More channels than one widened slice (8M weights) holds: the plain Linear at 65 rows

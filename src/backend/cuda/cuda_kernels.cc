@@ -171,7 +171,7 @@ void register_kernels(KernelRegistry& r, CudaContext& ctx) {
                                Extra::kLayerNormFold, Extra::kRmsNormFold,  Extra::kNormScale,
                                Extra::kGatheredRows,  Extra::kWidenedOutput};
   // int8-weight plans: int8 weights with per-channel scales into fp16/bf16 activations (and
-  // their widened f32 logits), cuda_linear_i8.cc; no folded norms (fuse_norm_linear leaves
+  // their widened f32 logits, and fp16 T5's f32 FFN output projections), cuda_linear_i8.cc; no folded norms (fuse_norm_linear leaves
   // quantized weights alone) and no int8 inputs (W8A8 runs on the CPU only).
   const ExtraSet i8_linear_extras{Extra::kBias,         Extra::kWeightScales,
                                   Extra::kActivation,   Extra::kResidual,
@@ -179,7 +179,8 @@ void register_kernels(KernelRegistry& r, CudaContext& ctx) {
   for (DType t : {DType::kF16, DType::kBF16, DType::kF32})
     r.add(
         KernelKey{OpKind::kLinear, t, DType::kI8, Device::kCuda, Isa::kSm90},
-        t == DType::kF32 ? "cuda int8-weight linear (f32 output; int8 gemv / widened cublaslt)"
+        t == DType::kF32 ? "cuda int8-weight linear (f32 activations or output; int8 gemv / "
+                           "widened cublaslt)"
                          : "cuda int8-weight linear (int8 gemv / widened cublaslt)",
         [&ctx](const Node& node) { return make_quant_linear_kernel(node, ctx); },
         i8_linear_extras);

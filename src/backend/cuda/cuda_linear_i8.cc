@@ -1,10 +1,11 @@
-// The Linear of int8-weight plans on CUDA: fp16/bf16 activations, int8 weights [out, in] with
-// f32 per-output-channel scales (graph/linear.h), y = epilogue((x · q^T) · scale + bias).
+// The Linear of int8-weight plans on CUDA: fp16/bf16 activations (f32 for the Linears an fp16
+// T5 plan keeps in f32: its FFN output projections), int8 weights [out, in] with f32
+// per-output-channel scales (graph/linear.h), y = epilogue((x · q^T) · scale + bias).
 // Steps of up to i8_gemv_rows rows (decode, batched decode; KILN_CUDA_I8_GEMV_ROWS, at most
 // kI8GemvMaxRows) run the int8 GEMV (gemv_i8.cu),
 // which streams one byte a weight; more rows (prompts) widen the weights a slice of output
-// channels at a time into the node's scratch memory and multiply them on cuBLASLt (fp32
-// accumulation), the output slice written in place (ldc = out) with the bias in cuBLASLt's
+// channels at a time into the node's scratch memory (in the activations' type) and multiply them
+// on cuBLASLt (fp32 accumulation), the output slice written in place (ldc = out) with the bias in cuBLASLt's
 // epilogue and a fused residual as C. Bias, activation, a fused residual, gathered rows (copied
 // into the scratch first) and a widened f32 output (fuse_linear_cast) are the extras it runs;
 // folded norms are not (fuse_norm_linear leaves quantized weights alone).
@@ -22,7 +23,9 @@ namespace {
 // Weights widened per cuBLASLt call (elements of the slice buffer in the scratch memory).
 constexpr int64_t kSliceElements = int64_t{8} << 20;
 
-cudaDataType_t narrow_type(DType t) { return t == DType::kBF16 ? CUDA_R_16BF : CUDA_R_16F; }
+cudaDataType_t cuda_type(DType t) {
+  return t == DType::kF32 ? CUDA_R_32F : t == DType::kBF16 ? CUDA_R_16BF : CUDA_R_16F;
+}
 
 int64_t aligned(int64_t bytes) { return (bytes + 255) / 256 * 256; }
 
@@ -49,8 +52,8 @@ class QuantLinearKernel final : public CudaKernel {
                    !w.shape[1].is_symbolic(),
                "node '{}': the cuda int8 linear needs an i8 [out, in] weight of fixed shape",
                node_.name);
-    KILN_CHECK(dtype_ == DType::kF16 || dtype_ == DType::kBF16,
-               "node '{}': the cuda int8 linear multiplies into fp16 or bf16 activations, not {}",
+    KILN_CHECK(dtype_ == DType::kF16 || dtype_ == DType::kBF16 || dtype_ == DType::kF32,
+               "node '{}': the cuda int8 linear multiplies into float activations, not {}",
                node_.name, dtype_name(dtype_));
     KILN_CHECK(!widen_ || y.dtype == DType::kF32, "node '{}': a widened linear stores f32, not {}",
                node_.name, dtype_name(y.dtype));
@@ -83,7 +86,7 @@ class QuantLinearKernel final : public CudaKernel {
       const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
       KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_EPILOGUE,
                                                        &epilogue, sizeof(epilogue)));
-      const cudaDataType_t bias_type = narrow_type(dtype_);
+      const cudaDataType_t bias_type = cuda_type(dtype_);
       KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
                                                        &bias_type, sizeof(bias_type)));
     }
@@ -95,7 +98,7 @@ class QuantLinearKernel final : public CudaKernel {
     int64_t gathered = 0, widened = 0, slice = 0, end = 0;
   };
   ScratchOffsets scratch_offsets(int64_t rows) const {
-    const int64_t elem = 2;  // fp16 / bf16
+    const auto elem = static_cast<int64_t>(dtype_bytes(dtype_, 1));
     const bool gemm = rows > ctx_.options().i8_gemv_rows;
     ScratchOffsets s;
     s.widened = gather_ ? aligned(rows * in_ * elem) : 0;
@@ -178,7 +181,7 @@ class QuantLinearKernel final : public CudaKernel {
                node_.name, xp, static_cast<const void*>(q));
     void* yp = widen_ ? scratch + at.widened : y.raw();
     void* slice = scratch + at.slice;
-    const int64_t elem = 2;
+    const auto elem = static_cast<int64_t>(dtype_bytes(dtype_, 1));
     for (int64_t o0 = 0; o0 < out_; o0 += slice_rows_) {
       const int64_t rows_here = std::min(slice_rows_, out_ - o0);
       launch_dequantize_i8(t, q + o0 * in_, s + o0, slice, rows_here, in_, ctx_.kernel_stream());
@@ -232,7 +235,7 @@ class QuantLinearKernel final : public CudaKernel {
     auto it = plans_.find(key);
     if (it != plans_.end()) return it->second;
     Plan p;
-    const cudaDataType_t t = narrow_type(dtype_);
+    const cudaDataType_t t = cuda_type(dtype_);
     const auto u = [](int64_t v) { return static_cast<uint64_t>(v); };
     KILN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.a, t, u(in_), u(features), in_));
     KILN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.b, t, u(in_), u(n), in_));

@@ -1,8 +1,9 @@
-// The Linear of int8-weight plans on CUDA (cuda_linear_i8.cc): fp16/bf16 activations, int8
-// weights q [out, in] with one f32 scale per output channel, y = epilogue((x · q^T) · scale[o]
+// The Linear of int8-weight plans on CUDA (cuda_linear_i8.cc): fp16/bf16 activations (f32 for
+// the Linears an fp16 T5 plan keeps in f32), int8 weights q [out, in] with one f32 scale per
+// output channel, y = epilogue((x · q^T) · scale[o]
 // + bias) (graph/linear.h). Decode streams the weights, so the GEMV reads half the bytes of an
-// fp16 plan's: each warp takes four features, each lane 8-byte loads of 8 weights (one 16-byte
-// chunk of x), four chunk positions of the four features in flight before it multiplies them
+// fp16 plan's: each warp takes four features, each lane 8-byte loads of 8 weights (8 elements
+// of x: one 16-byte load of halves, two of floats), four chunk positions of the four features in flight before it multiplies them
 // into the slice's rows. A step of more rows runs slices of 8 rows in the grid's y dimension,
 // which read the same weights at the same time (L2 serves all but the first). The bytes become
 // floats exactly without a conversion instruction each: the byte (xor 0x80, so 0..255) is put
@@ -30,18 +31,27 @@ __device__ __forceinline__ void unpack_i8(const uint2& w, float (&out)[8]) {
   }
 }
 
+// Elements 8 c .. 8 c + 7 of row x as floats: one 16-byte load of halves, two of floats.
 template <typename T>
-__device__ __forceinline__ void unpack_x(const uint4& raw, float (&out)[8]) {
-  const T* e = reinterpret_cast<const T*>(&raw);
+__device__ __forceinline__ void load_x8(const T* __restrict__ x, int64_t c, float (&out)[8]) {
+  if constexpr (sizeof(T) == 4) {
+    const float4 a = __ldg(reinterpret_cast<const float4*>(x) + 2 * c);
+    const float4 b = __ldg(reinterpret_cast<const float4*>(x) + 2 * c + 1);
+    out[0] = a.x, out[1] = a.y, out[2] = a.z, out[3] = a.w;
+    out[4] = b.x, out[5] = b.y, out[6] = b.z, out[7] = b.w;
+  } else {
+    const uint4 raw = __ldg(reinterpret_cast<const uint4*>(x) + c);
+    const T* e = reinterpret_cast<const T*>(&raw);
 #pragma unroll
-  for (int u = 0; u < 8; ++u) out[u] = to_float(e[u]);
+    for (int u = 0; u < 8; ++u) out[u] = to_float(e[u]);
+  }
 }
 
 // Rows row_base + blockIdx.y * N .. + N of y. chunks = in / 8; split warps share a group of
 // features (over interleaved chunks), their sums added in a fixed order.
 template <typename T, typename B, int N>
 __global__ void __launch_bounds__(kWarps * 32)
-    gemv_i8_kernel(const uint4* __restrict__ x, const uint2* __restrict__ w,
+    gemv_i8_kernel(const T* __restrict__ x, const uint2* __restrict__ w,
                    const float* __restrict__ scales, const B* __restrict__ bias, const T* residual,
                    T* y, float* y32, int64_t chunks, int64_t out, int64_t row_base, int split,
                    bool has_act, ActFn act) {
@@ -52,7 +62,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int64_t f0 =
       (static_cast<int64_t>(blockIdx.x) * groups_per_block + warp / split) * kFeatures;
   const int64_t row0 = row_base + static_cast<int64_t>(blockIdx.y) * N;
-  x += row0 * chunks;
+  x += row0 * chunks * 8;
   float acc[kFeatures][N];
 #pragma unroll
   for (int k = 0; k < kFeatures; ++k)
@@ -96,7 +106,7 @@ __global__ void __launch_bounds__(kWarps * 32)
 #pragma unroll
         for (int r = 0; r < N; ++r) {
           float xf[8];
-          unpack_x<T>(__ldg(x + r * chunks + c + u * stride), xf);
+          load_x8<T>(x + r * chunks * 8, c + u * stride, xf);
 #pragma unroll
           for (int k = 0; k < kFeatures; ++k) {
             float s = 0.0f;
@@ -152,7 +162,7 @@ void launch_slices(const GemvI8Params& p, int64_t row_base, unsigned slices, Ker
   const int64_t chunks = p.in / 8;
   const int64_t groups = (p.out + kFeatures - 1) / kFeatures, per_block = kWarps / p.split;
   const dim3 grid(static_cast<unsigned>((groups + per_block - 1) / per_block), slices);
-  launch(gemv_i8_kernel<T, B, N>, grid, kWarps * 32, 0, stream, static_cast<const uint4*>(p.x),
+  launch(gemv_i8_kernel<T, B, N>, grid, kWarps * 32, 0, stream, static_cast<const T*>(p.x),
          reinterpret_cast<const uint2*>(p.w), p.scales, static_cast<const B*>(p.bias),
          static_cast<const T*>(p.residual), static_cast<T*>(p.y), p.y32, chunks, p.out, row_base,
          p.split, p.has_act, p.act);
@@ -193,10 +203,16 @@ __global__ void dequantize_kernel(const uint2* __restrict__ q, const float* __re
     float f[8];
     unpack_i8(__ldcs(q + i), f);
     const float s = scales[i / chunks_per_row];
-    T v[8];
+    if constexpr (sizeof(T) == 4) {
+      float4* out = reinterpret_cast<float4*>(w) + 2 * i;
+      out[0] = make_float4(f[0] * s, f[1] * s, f[2] * s, f[3] * s);
+      out[1] = make_float4(f[4] * s, f[5] * s, f[6] * s, f[7] * s);
+    } else {
+      T v[8];
 #pragma unroll
-    for (int e = 0; e < 8; ++e) v[e] = from_float<T>(f[e] * s);
-    reinterpret_cast<uint4*>(w)[i] = *reinterpret_cast<const uint4*>(v);
+      for (int e = 0; e < 8; ++e) v[e] = from_float<T>(f[e] * s);
+      reinterpret_cast<uint4*>(w)[i] = *reinterpret_cast<const uint4*>(v);
+    }
   }
 }
 
@@ -210,11 +226,9 @@ bool gemv_i8_fits(const void* x, const void* w, int64_t in) {
 void launch_gemv_i8(const GemvI8Params& p, KernelStream stream) {
   if (p.rows <= 0 || p.out <= 0) return;
   dispatch_float(p.type, [&](auto tag) {
-    using T = decltype(tag);
-    if constexpr (sizeof(T) == 2)
-      dispatch_float(p.bias_type, [&](auto bias_tag) {
-        launch_rows<T, decltype(bias_tag)>(p, stream);
-      });
+    dispatch_float(p.bias_type, [&](auto bias_tag) {
+      launch_rows<decltype(tag), decltype(bias_tag)>(p, stream);
+    });
   });
 }
 
@@ -224,9 +238,8 @@ void launch_dequantize_i8(FloatType t, const int8_t* q, const float* scales, voi
   if (chunks == 0) return;
   dispatch_float(t, [&](auto tag) {
     using T = decltype(tag);
-    if constexpr (sizeof(T) == 2)
-      launch(dequantize_kernel<T>, grid_for(chunks, 256), 256, 0, stream,
-             reinterpret_cast<const uint2*>(q), scales, static_cast<T*>(w), in / 8, chunks);
+    launch(dequantize_kernel<T>, grid_for(chunks, 256), 256, 0, stream,
+           reinterpret_cast<const uint2*>(q), scales, static_cast<T*>(w), in / 8, chunks);
   });
 }
 

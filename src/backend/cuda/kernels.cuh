@@ -172,8 +172,9 @@ struct GemvParams {
 bool launch_gemv(const GemvParams& p, KernelStream stream);
 // The Linear of int8-weight plans (gemv_i8.cu): y [rows, out] = act(round((x [rows, in] ·
 // q [out, in]^T) · scales[o] + bias)) (+ residual [rows, out], rounded again), x, y and the
-// residual fp16 or bf16, q int8, scales f32 [out], bias of bias_type or null; any number of rows
-// (slices of 8 in the grid). gemv_i8_fits: `in` a multiple of 8, x 16-byte and q 8-byte aligned.
+// residual of `type` (any float type), q int8, scales f32 [out], bias of bias_type or null; any
+// number of rows (slices of 8 in the grid). gemv_i8_fits: `in` a multiple of 8, x 16-byte and q
+// 8-byte aligned.
 bool gemv_i8_fits(const void* x, const void* w, int64_t in);
 inline constexpr int kI8GemvMaxRows = 64;
 struct GemvI8Params {
@@ -193,8 +194,8 @@ struct GemvI8Params {
   ActFn act = ActFn::kRelu;
 };
 void launch_gemv_i8(const GemvI8Params& p, KernelStream stream);
-// w [rows, in] (fp16/bf16, 16-byte aligned) = q [rows, in] · scales[row], rounded to t; `in` a
-// multiple of 8.
+// w [rows, in] (of float type t, 16-byte aligned) = q [rows, in] · scales[row], rounded to t;
+// `in` a multiple of 8.
 void launch_dequantize_i8(FloatType t, const int8_t* q, const float* scales, void* w, int64_t rows,
                           int64_t in, KernelStream stream);
 // The Linear of batched decode steps on tensor cores (skinny_gemm.cu): y [rows, out] =
