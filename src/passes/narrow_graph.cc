@@ -89,7 +89,8 @@ int narrow_graph(Graph& graph, const PrecisionPlan& plan, const Logger& log) {
   // An Embedding of a quantized table gathers f32 rows (op_registry: infer_embedding); Casts
   // narrow them for the layers after it.
   for (size_t i = 0; i < graph.nodes.size(); ++i)
-    if (graph.nodes[i].op == OpKind::kEmbedding && plan.weight[graph.nodes[i].inputs[0]] == DType::kI8)
+    if (graph.nodes[i].op == OpKind::kEmbedding &&
+        plan.weight[graph.nodes[i].inputs[0]] == DType::kI8)
       wide[i] = true;
   const size_t num_values = graph.values.size();  // quantized weights' scales are appended
   std::vector<bool> keep(num_values, false);      // activations that stay f32
@@ -156,12 +157,11 @@ int narrow_graph(Graph& graph, const PrecisionPlan& plan, const Logger& log) {
         Node{OpKind::kCast, "logits_to_f32", {logits}, {wide_id}, CastAttrs{DType::kF32}});
     *out = wide_id;
   }
-  log.info("graph '{}': {} precision: {} weights and {} activations in {}{}, logits in f32",
-           graph.name, precision_name(plan.support->precision), weights, activations,
-           dtype_name(narrow),
-           quantized > 0 ? fmt::format("; {} weight matrices in int8 with per-row f32 scales",
-                                       quantized)
-                         : std::string());
+  log.info(
+      "graph '{}': {} precision: {} weights and {} activations in {}{}, logits in f32", graph.name,
+      precision_name(plan.support->precision), weights, activations, dtype_name(narrow),
+      quantized > 0 ? fmt::format("; {} weight matrices in int8 with per-row f32 scales", quantized)
+                    : std::string());
   return weights + activations + quantized;
 }
 

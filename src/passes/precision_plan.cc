@@ -273,7 +273,8 @@ PrecisionPlan plan_precision(const Graph& g, const PrecisionSupport& support,
       // stored quantized, the rest (norms, biases, position tables) in the activations' type;
       // a matrix whose wide readers are wide for their activations' range alone too.
       const bool matrix_only = std::all_of(uses[id].begin(), uses[id].end(), [&](const Use& u) {
-        return is_matrix_slot(g.nodes[u.node], u.slot) && (!plan.wide[u.node] || range_only[u.node]);
+        return is_matrix_slot(g.nodes[u.node], u.slot) &&
+               (!plan.wide[u.node] || range_only[u.node]);
       });
       const bool quantize = support.matrix != support.activation && matrix_only;
       const auto wide_reader = std::find_if(uses[id].begin(), uses[id].end(), [&](const Use& u) {

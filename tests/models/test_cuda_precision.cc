@@ -1,7 +1,7 @@
 // fp16, bf16 and int8-weight plans of the fixture models on CUDA against HuggingFace's fp32
-// references (issue 9): greedy ids equal HF's on at least all but one of the reference cases per model,
-// logits finite and close to HF's in cosine, and a padded batch equal to the cases run alone.
-// Skipped, saying why, without a GPU.
+// references (issue 9): greedy ids equal HF's on at least all but one of the reference cases per
+// model, logits finite and close to HF's in cosine, and a padded batch equal to the cases run
+// alone. Skipped, saying why, without a GPU.
 #include <gtest/gtest.h>
 
 #include <unistd.h>

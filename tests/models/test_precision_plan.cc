@@ -170,8 +170,9 @@ TEST(PrecisionPlan, CudaInt8WeightQuantizesEveryMatrixAndNarrowsTheRest) {
           if (x.dtype == DType::kF32) {
             // fp16 T5's FFN output projection: f32 activations, the reason noted.
             ++f32_linears;
-            const bool noted = std::any_of(ir.precision_notes.begin(), ir.precision_notes.end(),
-                                           [&](const PrecisionNote& p) { return p.node == n.name; });
+            const bool noted =
+                std::any_of(ir.precision_notes.begin(), ir.precision_notes.end(),
+                            [&](const PrecisionNote& p) { return p.node == n.name; });
             EXPECT_TRUE(noted) << n.name;
           } else {
             EXPECT_EQ(x.dtype, DType::kF16) << n.name;

@@ -45,11 +45,10 @@ void embedding_i8(const Launch& l) {
   const Tensor& scales = l.args.in[2];
   KILN_CHECK(scales.dtype() == DType::kF32 && scales.numel() == table.dim(0),
              "node '{}': an i8 table's scales must be f32 [{}]", l.node.name, table.dim(0));
-  launch_embedding_i8(static_cast<const int8_t*>(table.raw()),
-                      static_cast<const float*>(scales.raw()), table.dim(0), table.dim(1),
-                      index_type(ids.dtype()), ids.raw(), ids.dim(0),
-                      static_cast<float*>(l.args.out[0].raw()), l.ctx.checks().status(), l.index,
-                      l.stream());
+  launch_embedding_i8(
+      static_cast<const int8_t*>(table.raw()), static_cast<const float*>(scales.raw()),
+      table.dim(0), table.dim(1), index_type(ids.dtype()), ids.raw(), ids.dim(0),
+      static_cast<float*>(l.args.out[0].raw()), l.ctx.checks().status(), l.index, l.stream());
 }
 
 // x [n, d], rows [r] -> [r, d]
@@ -171,19 +170,18 @@ void register_kernels(KernelRegistry& r, CudaContext& ctx) {
                                Extra::kLayerNormFold, Extra::kRmsNormFold,  Extra::kNormScale,
                                Extra::kGatheredRows,  Extra::kWidenedOutput};
   // int8-weight plans: int8 weights with per-channel scales into fp16/bf16 activations (and
-  // their widened f32 logits, and fp16 T5's f32 FFN output projections), cuda_linear_i8.cc; no folded norms (fuse_norm_linear leaves
-  // quantized weights alone) and no int8 inputs (W8A8 runs on the CPU only).
-  const ExtraSet i8_linear_extras{Extra::kBias,         Extra::kWeightScales,
-                                  Extra::kActivation,   Extra::kResidual,
-                                  Extra::kGatheredRows, Extra::kWidenedOutput};
+  // their widened f32 logits, and fp16 T5's f32 FFN output projections), cuda_linear_i8.cc; no
+  // folded norms (fuse_norm_linear leaves quantized weights alone) and no int8 inputs (W8A8 runs on
+  // the CPU only).
+  const ExtraSet i8_linear_extras{Extra::kBias,     Extra::kWeightScales, Extra::kActivation,
+                                  Extra::kResidual, Extra::kGatheredRows, Extra::kWidenedOutput};
   for (DType t : {DType::kF16, DType::kBF16, DType::kF32})
     r.add(
         KernelKey{OpKind::kLinear, t, DType::kI8, Device::kCuda, Isa::kSm90},
         t == DType::kF32 ? "cuda int8-weight linear (f32 activations or output; int8 gemv / "
                            "widened cublaslt)"
                          : "cuda int8-weight linear (int8 gemv / widened cublaslt)",
-        [&ctx](const Node& node) { return make_quant_linear_kernel(node, ctx); },
-        i8_linear_extras);
+        [&ctx](const Node& node) { return make_quant_linear_kernel(node, ctx); }, i8_linear_extras);
   add_fn(OpKind::kEmbedding, DType::kF32, DType::kI8, "cuda int8 embedding gather", embedding_i8);
   for (DType t : kFloats) {
     add_fn(OpKind::kEmbedding, t, t, "cuda embedding gather", embedding);

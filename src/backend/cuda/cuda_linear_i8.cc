@@ -5,10 +5,10 @@
 // kI8GemvMaxRows) run the int8 GEMV (gemv_i8.cu),
 // which streams one byte a weight; more rows (prompts) widen the weights a slice of output
 // channels at a time into the node's scratch memory (in the activations' type) and multiply them
-// on cuBLASLt (fp32 accumulation), the output slice written in place (ldc = out) with the bias in cuBLASLt's
-// epilogue and a fused residual as C. Bias, activation, a fused residual, gathered rows (copied
-// into the scratch first) and a widened f32 output (fuse_linear_cast) are the extras it runs;
-// folded norms are not (fuse_norm_linear leaves quantized weights alone).
+// on cuBLASLt (fp32 accumulation), the output slice written in place (ldc = out) with the bias in
+// cuBLASLt's epilogue and a fused residual as C. Bias, activation, a fused residual, gathered rows
+// (copied into the scratch first) and a widened f32 output (fuse_linear_cast) are the extras it
+// runs; folded norms are not (fuse_norm_linear leaves quantized weights alone).
 #include <algorithm>
 #include <initializer_list>
 #include <map>
@@ -132,16 +132,15 @@ class QuantLinearKernel final : public CudaKernel {
     const int64_t n = rows != nullptr ? rows->numel() : x.numel() / in_;
     if (n == 0) return;
     const Tensor* residual = linear_input(args.in, LinearOperand::kResidual);
-    KILN_CHECK(residual == nullptr ||
-                   (residual->dtype() == dtype_ && residual->numel() == n * out_ && !activation_ &&
-                    !widen_ && rows == nullptr),
-               "node '{}': a fused residual must be a {} [{}, {}] tensor, after no activation, "
-               "of no gathered or widened linear",
-               node_.name, dtype_name(dtype_), n, out_);
+    KILN_CHECK(
+        residual == nullptr || (residual->dtype() == dtype_ && residual->numel() == n * out_ &&
+                                !activation_ && !widen_ && rows == nullptr),
+        "node '{}': a fused residual must be a {} [{}, {}] tensor, after no activation, "
+        "of no gathered or widened linear",
+        node_.name, dtype_name(dtype_), n, out_);
     const Tensor* bias = has_bias_ ? linear_input(args.in, LinearOperand::kBias) : nullptr;
     KILN_CHECK(!widen_ || y.dtype() == DType::kF32,
-               "node '{}': a widened linear stores f32, not {}", node_.name,
-               dtype_name(y.dtype()));
+               "node '{}': a widened linear stores f32, not {}", node_.name, dtype_name(y.dtype()));
     const ScratchOffsets at = scratch_offsets(n);
     KILN_CHECK(at.end == 0 || args.scratch != nullptr, "node '{}': a linear without its scratch",
                node_.name);
@@ -195,10 +194,10 @@ class QuantLinearKernel final : public CudaKernel {
       const void* c = residual ? static_cast<const char*>(residual->raw()) + o0 * elem : d;
       const Plan& plan = plan_for(n, rows_here, alignment({xp, d, c}));
       ctx_.launch().note_library_launch();
-      const cublasStatus_t st = cublasLtMatmul(
-          ctx_.blas().handle(), desc_, &alpha, slice, plan.a, xp, plan.b, &beta, c, plan.c, d,
-          plan.c, &plan.algo, ctx_.blas().workspace(), ctx_.blas().workspace_bytes(),
-          ctx_.stream());
+      const cublasStatus_t st =
+          cublasLtMatmul(ctx_.blas().handle(), desc_, &alpha, slice, plan.a, xp, plan.b, &beta, c,
+                         plan.c, d, plan.c, &plan.algo, ctx_.blas().workspace(),
+                         ctx_.blas().workspace_bytes(), ctx_.stream());
       KILN_CHECK(st == CUBLAS_STATUS_SUCCESS,
                  "node '{}': cuBLASLt refused the [{}, {}] x [{}, {}]^T {} matmul of a widened "
                  "int8 slice: {}",
@@ -208,8 +207,7 @@ class QuantLinearKernel final : public CudaKernel {
     if (bias_after || activation_)
       launch_bias_activation(t, yp, bias_after ? float_type(bias->dtype()) : t,
                              bias_after ? bias->raw() : nullptr, n, out_, activation_.has_value(),
-                             act_fn(activation_.value_or(Activation::kRelu)),
-                             ctx_.kernel_stream());
+                             act_fn(activation_.value_or(Activation::kRelu)), ctx_.kernel_stream());
     if (widen_) launch_cast(t, FloatType::kF32, yp, y.raw(), n * out_, ctx_.kernel_stream());
   }
 
@@ -255,15 +253,16 @@ class QuantLinearKernel final : public CudaKernel {
       KILN_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, attr, &align, sizeof(uint32_t)));
     cublasLtMatmulHeuristicResult_t result{};
     int found = 0;
-    const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(
-        ctx_.blas().handle(), desc_, p.a, p.b, p.c, p.c, pref, 1, &result, &found);
+    const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(ctx_.blas().handle(), desc_, p.a, p.b,
+                                                             p.c, p.c, pref, 1, &result, &found);
     cublasLtMatmulPreferenceDestroy(pref);
     if (st != CUBLAS_STATUS_SUCCESS || found == 0) {
       cublasLtMatrixLayoutDestroy(p.a);
       cublasLtMatrixLayoutDestroy(p.b);
       cublasLtMatrixLayoutDestroy(p.c);
-      KILN_FAIL("node '{}': cuBLASLt has no algorithm for a {} linear of [{}, {}] x [{}, {}]^T ({})",
-                node_.name, dtype_name(dtype_), n, in_, features, in_, cublas_status_name(st));
+      KILN_FAIL(
+          "node '{}': cuBLASLt has no algorithm for a {} linear of [{}, {}] x [{}, {}]^T ({})",
+          node_.name, dtype_name(dtype_), n, in_, features, in_, cublas_status_name(st));
     }
     p.algo = result.algo;
     return plans_.emplace(key, p).first->second;

@@ -3,12 +3,12 @@
 // output channel, y = epilogue((x · q^T) · scale[o]
 // + bias) (graph/linear.h). Decode streams the weights, so the GEMV reads half the bytes of an
 // fp16 plan's: each warp takes four features, each lane 8-byte loads of 8 weights (8 elements
-// of x: one 16-byte load of halves, two of floats), four chunk positions of the four features in flight before it multiplies them
-// into the slice's rows. A step of more rows runs slices of 8 rows in the grid's y dimension,
-// which read the same weights at the same time (L2 serves all but the first). The bytes become
-// floats exactly without a conversion instruction each: the byte (xor 0x80, so 0..255) is put
-// under the exponent of 2^23, and 2^23 + 128 subtracted. Prefill-sized steps widen the weights
-// into fp16/bf16 slices for cuBLASLt instead (dequantize_i8_rows).
+// of x: one 16-byte load of halves, two of floats), four chunk positions of the four features in
+// flight before it multiplies them into the slice's rows. A step of more rows runs slices of 8 rows
+// in the grid's y dimension, which read the same weights at the same time (L2 serves all but the
+// first). The bytes become floats exactly without a conversion instruction each: the byte (xor
+// 0x80, so 0..255) is put under the exponent of 2^23, and 2^23 + 128 subtracted. Prefill-sized
+// steps widen the weights into fp16/bf16 slices for cuBLASLt instead (dequantize_i8_rows).
 #include "backend/cuda/device_types.cuh"
 
 namespace kiln::cuda {

@@ -55,8 +55,8 @@ void launch_embedding(FloatType t, const void* table, int64_t vocab, int64_t d, 
                       KernelStream stream);
 // table i8 [vocab, d] with f32 scales [vocab], ids [n] -> out f32 [n, d] = table[id] · scale[id]
 void launch_embedding_i8(const int8_t* table, const float* scales, int64_t vocab, int64_t d,
-                         IndexType it, const void* ids, int64_t n, float* out,
-                         DeviceStatus* status, int node, KernelStream stream);
+                         IndexType it, const void* ids, int64_t n, float* out, DeviceStatus* status,
+                         int node, KernelStream stream);
 // x [rows_in, d], rows [r] -> out [r, d]
 void launch_gather_rows(FloatType t, const void* x, int64_t rows_in, int64_t d, IndexType it,
                         const void* rows, int64_t r, void* out, DeviceStatus* status, int node,

@@ -278,8 +278,8 @@ void launch_embedding(FloatType t, const void* table, int64_t vocab, int64_t d, 
 }
 
 void launch_embedding_i8(const int8_t* table, const float* scales, int64_t vocab, int64_t d,
-                         IndexType it, const void* ids, int64_t n, float* out,
-                         DeviceStatus* status, int node, KernelStream stream) {
+                         IndexType it, const void* ids, int64_t n, float* out, DeviceStatus* status,
+                         int node, KernelStream stream) {
   if (n == 0) return;
   const int threads = d >= 256 ? 256 : 64;
   if (it == IndexType::kI64)
