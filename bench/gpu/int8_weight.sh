@@ -41,6 +41,6 @@ for line in sys.stdin:
     --input-len 78 --output-len 100 --runs "$RUNS" --sweep batch=16,64 --json 2>>"$LOG" |
     sed 's/^{/{"i8_gemv_rows": 8, /' | tee -a "$JSON" | tee -a "$LOG"
   "$KILN" eval --compare "/tmp/plans/$preset-fp16.plan" "/tmp/plans/$preset-int8-weight.plan" \
-    --dataset "$HERE/x/fixtures/data/dev.jsonl" --max-new-tokens 16 --json 2>>"$LOG" |
+    --dataset "$HERE/x/fixtures/data/dev.jsonl" --max-new-tokens 8 --json 2>>"$LOG" |
     tee -a "$JSON" | tee -a "$LOG"
 done
