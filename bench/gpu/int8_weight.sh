@@ -35,11 +35,11 @@ for line in sys.stdin:
         r.get("batch"), r.get("decode_ms_per_token", float("nan")), r.get("roofline_pct", float("nan")),
         r.get("ttft_ms", float("nan"))))' | tee -a "$LOG"
   done
-  # Batched steps on widened weights and cuBLASLt instead of the int8 GEMV's 8-row slices.
-  echo "$preset int8-weight, KILN_CUDA_I8_GEMV_ROWS=8:" | tee -a "$LOG"
-  KILN_CUDA_I8_GEMV_ROWS=8 "$KILN" bench --plan "/tmp/plans/$preset-int8-weight.plan" \
-    --input-len 78 --output-len 100 --runs "$RUNS" --sweep batch=16,64 --json 2>>"$LOG" |
-    sed 's/^{/{"i8_gemv_rows": 8, /' | tee -a "$JSON" | tee -a "$LOG"
+  # Batched steps of 16 rows on widened weights and cuBLASLt instead of the skinny GEMM.
+  echo "$preset int8-weight, KILN_CUDA_SKINNY_ROWS=0:" | tee -a "$LOG"
+  KILN_CUDA_SKINNY_ROWS=0 "$KILN" bench --plan "/tmp/plans/$preset-int8-weight.plan" \
+    --input-len 78 --output-len 100 --runs "$RUNS" --sweep batch=16 --json 2>>"$LOG" |
+    sed 's/^{/{"skinny_rows": 0, /' | tee -a "$JSON" | tee -a "$LOG"
   "$KILN" eval --compare "/tmp/plans/$preset-fp16.plan" "/tmp/plans/$preset-int8-weight.plan" \
     --dataset "$HERE/x/fixtures/data/dev.jsonl" --max-new-tokens 8 --json 2>>"$LOG" |
     tee -a "$JSON" | tee -a "$LOG"

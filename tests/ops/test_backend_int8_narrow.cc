@@ -1,20 +1,22 @@
 // Int8 weights with fp16/bf16 activations (and f32: fp16 T5's FFN output projections): the Linear
-// and Embedding of CUDA's int8-weight plans,
-// against the reference backend (which decodes each weight from its definition, q · scale, and
-// sums in double), on every backend that runs them. Row counts on the int8 GEMV (1, 3, 8, 13:
-// one slice of rows and a partial one, 64: eight slices) and past it (65, 130: weights widened
-// a slice of channels at a time for cuBLASLt); `in` a multiple of 8 but not of 16 (4104) and
-// long enough for several passes of every lane; `out` not a multiple of the GEMV's four
-// features or of 64 (the widened slices); more channels than one widened slice holds (8200 at
-// in 1024: two slices, the second shorter). Variants: bias of the activations' type with an
+// and Embedding of CUDA's int8-weight plans, against the reference backend (which decodes each
+// weight from its definition, q · scale, and sums in double). Row counts on the int8 GEMV (1, 3,
+// 8), on the skinny tensor-core GEMM reading int8 weights (13) and on weights widened a slice of
+// channels at a time for cuBLASLt (64, 65, 130; and 13 with an f32 bias); the GEMV's 8-row
+// slices of batched steps under KILN_CUDA_I8_GEMV_ROWS=64 (13, 64). `in` a multiple of 8 but not
+// of 16 (4104: the skinny GEMM's multiple of 32 fails there too, so it widens) and long enough
+// for several passes of every lane; `out` not a multiple of the GEMV's four features, the skinny
+// GEMM's 8 or the widened slices' 64; more channels than one widened slice holds (8200 at in
+// 1024: two slices, the second shorter). Variants: bias of the activations' type with an
 // activation, an f32 bias, a fused residual, a widened f32 output (the logits) and gathered rows
-// with a widened output (the decoder's end). Skipped where no backend runs them (a machine without
-// a GPU).
+// with a widened output (the decoder's end). Skipped where no backend runs them (no GPU).
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <optional>
 
 #include "../models/graph_runner.h"
+#include "../scoped_env.h"
 #include "backend_ops.h"
 #include "graph/builder.h"
 #include "graph/linear.h"
@@ -145,6 +147,34 @@ TEST(BackendOps, NarrowInt8WeightLinearsMatchReference) {
             ++compared;
           }
         }
+  if (compared == 0) GTEST_SKIP() << "no backend here runs int8 weights with fp16/bf16 inputs";
+}
+
+// The int8 GEMV's 8-row slices in the grid's y dimension (KILN_CUDA_I8_GEMV_ROWS=64): one slice
+// and a partial one (13), eight (64).
+TEST(BackendOps, NarrowInt8WeightGemvSlicesMatchReference) {
+  const test::ScopedEnv slices("KILN_CUDA_I8_GEMV_ROWS", "64");
+  const std::unique_ptr<Backend> reference = reference_backend();
+  std::vector<NamedBackend> backends = available_backends();
+  int compared = 0;
+  for (DType dtype : {DType::kF16, DType::kBF16})
+    for (int64_t n : {13, 64})
+      for (Variant variant : {Variant::kPlain, Variant::kResidual, Variant::kBiasAct}) {
+        Gen g(dtype, dtype, static_cast<uint32_t>(n + 3 * static_cast<int>(variant)));
+        const Graph graph = int8_linear_graph(g, dtype, 1032, 70, variant);
+        std::map<std::string, Tensor> feed = {{"x", g.random({n, 1032}, -2, 2)}};
+        if (variant == Variant::kResidual) feed["r"] = g.random({n, 70}, -2, 2);
+        const Scenario sc = one_step(graph, feed);
+        std::optional<ScenarioOutputs> ref;
+        for (NamedBackend& nb : backends) {
+          if (!nb.name.starts_with("cuda") || !unsupported(*nb.backend, graph).empty()) continue;
+          if (!ref) ref = run_scenario(*reference, sc);
+          expect_matches(run_scenario(*nb.backend, sc)[0][0], (*ref)[0][0], Check{},
+                         nb.name + " " + std::string(dtype_name(dtype)) + " " +
+                             variant_name(variant) + " rows " + std::to_string(n));
+          ++compared;
+        }
+      }
   if (compared == 0) GTEST_SKIP() << "no backend here runs int8 weights with fp16/bf16 inputs";
 }
 

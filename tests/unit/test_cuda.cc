@@ -47,7 +47,7 @@ TEST(Cuda, OptionsHaveDefaultsAndAreReadFromTheEnvironmentInOnePlace) {
   EXPECT_EQ(plain.skinny_rows, defaults.skinny_rows);
   EXPECT_EQ(plain.graph_tokens, 256);
   EXPECT_EQ(plain.gemm_row_bucket, 64);
-  EXPECT_EQ(plain.i8_gemv_rows, cuda::kI8GemvMaxRows);
+  EXPECT_EQ(plain.i8_gemv_rows, cuda::kI8GemvDefaultRows);
   EXPECT_EQ(plain.profile, cuda::CudaOptions::Profile::kOff);
   const std::vector<BackendOption> listed = plain.describe();
   EXPECT_EQ(listed.size(), 22u) << "every KILN_CUDA_* switch";

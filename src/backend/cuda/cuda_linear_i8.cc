@@ -1,8 +1,10 @@
 // The Linear of int8-weight plans on CUDA: fp16/bf16 activations (f32 for the Linears an fp16
 // T5 plan keeps in f32: its FFN output projections), int8 weights [out, in] with f32
 // per-output-channel scales (graph/linear.h), y = epilogue((x · q^T) · scale + bias).
-// Steps of up to i8_gemv_rows rows (decode, batched decode; KILN_CUDA_I8_GEMV_ROWS, at most
-// kI8GemvMaxRows) run the int8 GEMV (gemv_i8.cu),
+// Steps of up to i8_gemv_rows rows (decode; KILN_CUDA_I8_GEMV_ROWS, default 8, at most
+// kI8GemvMaxRows) run the int8 GEMV (gemv_i8.cu), batched decode steps of up to skinny_rows
+// (KILN_CUDA_SKINNY_ROWS, fp16/bf16) the skinny tensor-core GEMM reading int8 weights
+// (skinny_gemm.cu: widened exactly in registers, the scale applied at the store),
 // which streams one byte a weight; more rows (prompts) widen the weights a slice of output
 // channels at a time into the node's scratch memory (in the activations' type) and multiply them
 // on cuBLASLt (fp32 accumulation), the output slice written in place (ldc = out) with the bias in
@@ -173,6 +175,28 @@ class QuantLinearKernel final : public CudaKernel {
       p.has_act = activation_.has_value();
       p.act = act_fn(activation_.value_or(Activation::kRelu));
       launch_gemv_i8(p, ctx_.kernel_stream());
+      return;
+    }
+    // (A bias of another type than the activations' goes to the widened path, as the float
+    // Linear's skinny GEMM leaves it to cuBLASLt.)
+    if (n <= ctx_.options().skinny_rows && dtype_ != DType::kF32 &&
+        (bias == nullptr || bias_in_epilogue_) && skinny_fits(t, xp, q, in_, n, true)) {
+      SkinnyParams p{};
+      p.type = t;
+      p.x = xp;
+      p.w = q;
+      p.scales = s;
+      p.bias = bias ? bias->raw() : nullptr;
+      p.residual = residual ? residual->raw() : nullptr;
+      p.y = y.raw();
+      p.y32 = widen_ ? static_cast<float*>(y.raw()) : nullptr;
+      p.rows = n;
+      p.in = in_;
+      p.out = out_;
+      p.has_act = activation_.has_value();
+      p.act = act_fn(activation_.value_or(Activation::kRelu));
+      p.sms = ctx_.device().multiprocessors;
+      launch_skinny(p, ctx_.kernel_stream());
       return;
     }
     KILN_CHECK(n > ctx_.options().i8_gemv_rows,

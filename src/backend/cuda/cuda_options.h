@@ -63,8 +63,9 @@ struct CudaOptions {
   // almost every time); 0: a heuristic query per row count.
   int gemm_row_bucket = 64;
   // KILN_CUDA_I8_GEMV_ROWS=0..kI8GemvMaxRows: the most rows an int8-weight Linear runs on the
-  // int8 GEMV (cuda_linear_i8.cc); more rows widen its weights for cuBLASLt.
-  int i8_gemv_rows = kI8GemvMaxRows;
+  // int8 GEMV (cuda_linear_i8.cc; its 8-row slices at 16 rows took 3.5 ms a bloom-560m step on an
+  // H100, widened weights on cuBLASLt 1.6); more rows run the skinny GEMM or widen the weights.
+  int i8_gemv_rows = kI8GemvDefaultRows;
   // KILN_CUDA_ATTN_WARPS=16|8|4: the batch-1 decode attention's block size; 0: the fewest of 8
   // and 16 that cover the keys in one pass.
   int attention_warps = 0;

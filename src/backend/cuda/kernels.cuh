@@ -177,6 +177,7 @@ bool launch_gemv(const GemvParams& p, KernelStream stream);
 // 8-byte aligned.
 bool gemv_i8_fits(const void* x, const void* w, int64_t in);
 inline constexpr int kI8GemvMaxRows = 64;
+inline constexpr int kI8GemvDefaultRows = 8;
 struct GemvI8Params {
   FloatType type;
   const void* x;
@@ -220,8 +221,12 @@ struct SkinnyParams {
   ActFn act = ActFn::kRelu;
   RowIndex x_rows;  // x's rows x_rows.index[r] instead of rows r (no residual)
   int sms = 1;      // the GPU's multiprocessors (the grid's size)
+  // Not null: w is int8 [out, in] (8-byte aligned) and each feature's sum is multiplied by its
+  // f32 scale before the bias (int8-weight plans).
+  const float* scales = nullptr;
 };
-bool skinny_fits(FloatType t, const void* x, const void* w, int64_t in, int64_t rows);
+bool skinny_fits(FloatType t, const void* x, const void* w, int64_t in, int64_t rows,
+                 bool i8 = false);
 void launch_skinny(const SkinnyParams& p, KernelStream stream);
 // y [rows, cols] = round(act(gate)) * up, gate's and up's rows `ld` elements apart (cols for
 // two inputs; 2 * cols for a packed gate | up, up = gate + cols)

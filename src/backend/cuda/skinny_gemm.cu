@@ -22,6 +22,8 @@
 // before the reduction of the current one; x's rows, read again for each tile, stay in L1.
 // At 64 rows a block per tile reads all of x per tile, 3-8 times the weights' bytes from L2:
 // slower than cuBLASLt (bloom-560m's batch-64 step 1.38 -> 1.82 ms), hence kSkinnyMaxRows.
+// int8-weight plans' Linears (SkinnyParams::scales) load 8 bytes of int8 weights where fp16 loads
+// 16 and widen them to the same registers exactly (widen_i8), the scale applied at the store.
 #include "backend/cuda/device_types.cuh"
 
 namespace kiln::cuda {
@@ -37,14 +39,54 @@ constexpr int kSteps = NT == 1 ? 8 : 4;
 // Launch bounds: 512 threads an SM (two blocks of 8 warps, one of 16), up to 128 registers.
 constexpr int kThreadsPerSm = 512;
 
+// A lane's weights of one k-step: 16 bytes of 8 halves, or (int8-weight plans) 8 bytes of 8 int8
+// values, which become the same four registers of T pairs in registers, exactly (q in [-127,
+// 127]; the per-channel scale multiplies the sum at the store).
+template <bool kI8>
+using WeightVec = std::conditional_t<kI8, uint2, uint4>;
+
+template <typename T>
+__device__ __forceinline__ uint4 widen_i8(const uint2& w) {
+  const unsigned lo = w.x ^ 0x80808080u, hi = w.y ^ 0x80808080u;  // bytes as q + 128
+  uint4 r;
+  if constexpr (std::is_same_v<T, __half>) {
+    // 0x64XX is the half 1024 + XX: subtract 1152 = 1024 + 128.
+    const __half2 bias = __halves2half2(__ushort_as_half(0x6480), __ushort_as_half(0x6480));
+    auto pair = [&](unsigned word, unsigned sel) {
+      const unsigned v = __byte_perm(word, 0x64646464u, sel);
+      const __half2 h = __hsub2(*reinterpret_cast<const __half2*>(&v), bias);
+      return *reinterpret_cast<const unsigned*>(&h);
+    };
+    r.x = pair(lo, 0x5140u);
+    r.y = pair(lo, 0x5342u);
+    r.z = pair(hi, 0x5140u);
+    r.w = pair(hi, 0x5342u);
+  } else {
+    // 0x4B0000XX is the float 2^23 + XX; bf16 holds the integers exactly.
+    auto value = [](unsigned word, unsigned b) {
+      return __uint_as_float(__byte_perm(word, 0x4B000000u, 0x7440u | b)) - 8388736.0f;
+    };
+    auto pair = [&](unsigned word, unsigned b) {
+      const __nv_bfloat162 h = __floats2bfloat162_rn(value(word, b), value(word, b + 1));
+      return *reinterpret_cast<const unsigned*>(&h);
+    };
+    r.x = pair(lo, 0);
+    r.y = pair(lo, 2);
+    r.z = pair(hi, 0);
+    r.w = pair(hi, 2);
+  }
+  return r;
+}
+
 // MT tiles of 16 rows, NT tiles of 8 features, kWarps warps. x_rows.index not null: row r is x's
-// row x_rows.index[r] (the lm_head of a decode step).
-template <typename T, int MT, int NT, int kWarps>
+// row x_rows.index[r] (the lm_head of a decode step). kI8: int8 weights, each feature's sum
+// times scales[f] before the bias.
+template <typename T, int MT, int NT, int kWarps, bool kI8 = false>
 __global__ void __launch_bounds__(kWarps * 32, kThreadsPerSm / (kWarps * 32))
-    skinny_kernel(const uint4* __restrict__ x, const uint4* __restrict__ w,
-                  const T* __restrict__ bias, const T* residual, T* y, float* y32, int rows,
-                  int64_t ksteps, int64_t out, int64_t tiles, bool has_act, ActFn act,
-                  RowIndex x_rows) {
+    skinny_kernel(const uint4* __restrict__ x, const WeightVec<kI8>* __restrict__ w,
+                  const float* __restrict__ scales, const T* __restrict__ bias, const T* residual,
+                  T* y, float* y32, int rows, int64_t ksteps, int64_t out, int64_t tiles,
+                  bool has_act, ActFn act, RowIndex x_rows) {
   constexpr int F = NT * 8, R = MT * 16;
   constexpr int kThreads = kWarps * 32;
   constexpr int kPer = (R * F + kThreads - 1) / kThreads;  // outputs a thread stores per tile
@@ -53,7 +95,7 @@ __global__ void __launch_bounds__(kWarps * 32, kThreadsPerSm / (kWarps * 32))
   const int64_t chunks = ksteps * 4;  // 16-byte chunks of a row
   const int64_t my_steps = ksteps > warp ? (ksteps - warp + kWarps - 1) / kWarps : 0;
   const int64_t passes = (my_steps + kSteps<NT> - 1) / kSteps<NT>;
-  uint4 wv[kSteps<NT>][NT];
+  WeightVec<kI8> wv[kSteps<NT>][NT];
   // The weights of a pass; features past `out` (the last tile) read row out - 1 and are never
   // stored, k-steps past the warp's last load nothing.
   auto load_weights = [&](int64_t tile, int64_t pass) {
@@ -63,7 +105,8 @@ __global__ void __launch_bounds__(kWarps * 32, kThreadsPerSm / (kWarps * 32))
 #pragma unroll
       for (int n = 0; n < NT; ++n) {
         const int64_t f = min(tile * F + n * 8 + g, out - 1);
-        wv[u][n] = s < my_steps ? __ldcs(w + f * chunks + (warp + s * kWarps) * 4 + q) : uint4{};
+        wv[u][n] =
+            s < my_steps ? __ldcs(w + f * chunks + (warp + s * kWarps) * 4 + q) : WeightVec<kI8>{};
       }
     }
   };
@@ -90,13 +133,14 @@ __global__ void __launch_bounds__(kWarps * 32, kThreadsPerSm / (kWarps * 32))
   for (; tile < tiles; tile += gridDim.x) {
     // The store's bias (constant) and residual (written before this kernel), in flight during
     // the products.
-    float bias_v[kPer], res_v[kPer];
+    float bias_v[kPer], res_v[kPer], scale_v[kPer];
 #pragma unroll
     for (int i = 0; i < kPer; ++i) {
       const int idx = threadIdx.x + i * kThreads, r = idx / F;
       const int64_t f = tile * F + idx % F;
       const bool stores = idx < R * F && r < rows && f < out;
       bias_v[i] = stores && bias != nullptr ? to_float(bias[f]) : 0.0f;
+      scale_v[i] = kI8 && stores ? scales[f] : 1.0f;
       res_v[i] = stores && residual != nullptr ? to_float(residual[r * out + f]) : 0.0f;
     }
     float acc[MT][NT][4];
@@ -127,8 +171,13 @@ __global__ void __launch_bounds__(kWarps * 32, kThreadsPerSm / (kWarps * 32))
           const uint32_t a_hi[4] = {xa[m][0].z, xa[m][1].z, xa[m][0].w, xa[m][1].w};
 #pragma unroll
           for (int n = 0; n < NT; ++n) {
-            mma16816<T>(acc[m][n], a_lo, wv[u][n].x, wv[u][n].y);
-            mma16816<T>(acc[m][n], a_hi, wv[u][n].z, wv[u][n].w);
+            uint4 b;
+            if constexpr (kI8)
+              b = widen_i8<T>(wv[u][n]);
+            else
+              b = wv[u][n];
+            mma16816<T>(acc[m][n], a_lo, b.x, b.y);
+            mma16816<T>(acc[m][n], a_hi, b.z, b.w);
           }
         }
       }
@@ -158,6 +207,7 @@ __global__ void __launch_bounds__(kWarps * 32, kThreadsPerSm / (kWarps * 32))
       float v = 0.0f;
 #pragma unroll
       for (int p = 0; p < kWarps; ++p) v += red[p][r][c];
+      if constexpr (kI8) v *= scale_v[i];
       if (bias != nullptr) v += bias_v[i];
       v = round_as<T>(v);
       if (has_act) v = apply_act(act, v);
@@ -191,14 +241,19 @@ void launch_nt(const SkinnyParams& p, KernelStream stream) {
   // At most the blocks the SMs hold at once; larger grids loop over the tiles.
   const int64_t most = static_cast<int64_t>(kThreadsPerSm / (warps * 32)) * p.sms;
   const auto blocks = static_cast<unsigned>(std::min<int64_t>(tiles, most));
-  auto go = [&](auto kernel) {
-    launch(kernel, blocks, warps * 32, 0, stream, static_cast<const uint4*>(p.x),
-           static_cast<const uint4*>(p.w), static_cast<const T*>(p.bias),
-           static_cast<const T*>(p.residual), static_cast<T*>(p.y), p.y32, static_cast<int>(p.rows),
-           ksteps, p.out, tiles, p.has_act, p.act, p.x_rows);
+  auto go = [&](auto kernel, auto w) {
+    launch(kernel, blocks, warps * 32, 0, stream, static_cast<const uint4*>(p.x), w, p.scales,
+           static_cast<const T*>(p.bias), static_cast<const T*>(p.residual), static_cast<T*>(p.y),
+           p.y32, static_cast<int>(p.rows), ksteps, p.out, tiles, p.has_act, p.act, p.x_rows);
   };
-  if (warps == 16) return go(skinny_kernel<T, MT, NT, 16>);
-  go(skinny_kernel<T, MT, NT, 8>);
+  if (p.scales != nullptr) {
+    const auto* w = static_cast<const uint2*>(p.w);
+    if (warps == 16) return go(skinny_kernel<T, MT, NT, 16, true>, w);
+    return go(skinny_kernel<T, MT, NT, 8, true>, w);
+  }
+  const auto* w = static_cast<const uint4*>(p.w);
+  if (warps == 16) return go(skinny_kernel<T, MT, NT, 16>, w);
+  go(skinny_kernel<T, MT, NT, 8>, w);
 }
 
 template <typename T, int MT>
@@ -218,9 +273,9 @@ void launch_t(const SkinnyParams& p, KernelStream stream) {
 
 }  // namespace
 
-bool skinny_fits(FloatType t, const void* x, const void* w, int64_t in, int64_t rows) {
+bool skinny_fits(FloatType t, const void* x, const void* w, int64_t in, int64_t rows, bool i8) {
   return t != FloatType::kF32 && rows > 0 && rows <= kSkinnyMaxRows && in > 0 && in % 32 == 0 &&
-         aligned16(x) && aligned16(w);
+         aligned16(x) && (reinterpret_cast<uintptr_t>(w) & (i8 ? 7 : 15)) == 0;
 }
 
 void launch_skinny(const SkinnyParams& p, KernelStream stream) {
