@@ -75,9 +75,12 @@ class QuantLinearKernel final : public CudaKernel {
     // Slices of a multiple of 64 channels (128-byte aligned offsets into y, bias and residual).
     slice_rows_ = std::min(out_, std::max<int64_t>(kSliceElements / in_ / 64 * 64, 64));
     y_shape_ = graph.values[node_.outputs[0]].shape;
+    // Warps sized to what the SMs hold at once: the int8 GEMV's registers allow fewer warps an
+    // SM than the fp16 GEMV's, and a grid of more warps than fit runs in two waves.
     for (int n = 1; n <= kGemvMaxRows; ++n)
-      split_[n] = gemv_split(FloatType::kF16, in_, out_, ctx_.device().multiprocessors,
-                             ctx_.gemv_warps_per_sm(n));
+      split_[n] = gemv_split(
+          FloatType::kF16, in_, out_, ctx_.device().multiprocessors,
+          std::min(ctx_.gemv_warps_per_sm(n), gemv_i8_warps_per_sm(float_type(dtype_), n)));
     KILN_CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc_, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     const cublasOperation_t trans_a = CUBLAS_OP_T, trans_b = CUBLAS_OP_N;
     KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_TRANSA, &trans_a,

@@ -218,6 +218,24 @@ __global__ void dequantize_kernel(const uint2* __restrict__ q, const float* __re
 
 }  // namespace
 
+int gemv_i8_warps_per_sm(FloatType t, int64_t rows) {
+  int blocks = 0;
+  auto query = [&](auto kernel) {
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kWarps * 32, 0) !=
+        cudaSuccess)
+      blocks = 1;
+  };
+  const bool one = rows == 1;
+  dispatch_float(t, [&](auto tag) {
+    using T = decltype(tag);
+    if (one)
+      query(gemv_i8_kernel<T, T, 1>);
+    else
+      query(gemv_i8_kernel<T, T, kSliceRows>);
+  });
+  return std::max(blocks, 1) * kWarps;
+}
+
 bool gemv_i8_fits(const void* x, const void* w, int64_t in) {
   return in > 0 && in % 8 == 0 && (reinterpret_cast<uintptr_t>(x) & 15) == 0 &&
          (reinterpret_cast<uintptr_t>(w) & 7) == 0;

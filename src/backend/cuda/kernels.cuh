@@ -176,6 +176,8 @@ bool launch_gemv(const GemvParams& p, KernelStream stream);
 // number of rows (slices of 8 in the grid). gemv_i8_fits: `in` a multiple of 8, x 16-byte and q
 // 8-byte aligned.
 bool gemv_i8_fits(const void* x, const void* w, int64_t in);
+// The warps of the int8 GEMV an SM holds at once (its registers decide), at one row or more.
+int gemv_i8_warps_per_sm(FloatType t, int64_t rows);
 inline constexpr int kI8GemvMaxRows = 64;
 inline constexpr int kI8GemvDefaultRows = 8;
 struct GemvI8Params {
