@@ -106,6 +106,16 @@ expect_in "$TMP/err" "--calib-cache" "the int8 refusal names --calib-cache"
 expect_exit 2 "build int8 cuda" -- "$KILN" build --model "$FIXTURES/t5-tiny" --device cuda \
   --precision int8 --calib "$FIXTURES/data/calib.jsonl" -o "$TMP/int8.plan"
 grep -qE "fp32, fp16, bf16 and int8-weight|built without CUDA" "$TMP/err" || fail "cuda int8: $(cat "$TMP/err")"
+# int8-weight on cuda builds without a GPU: every matrix int8, the log says so.
+if "$KILN" build --model "$FIXTURES/bloom-tiny" --device cuda --precision int8-weight \
+  -o "$TMP/cuda-i8.plan" 2>"$TMP/err"; then
+  expect_in "$TMP/err" "25 weight matrices in int8 with per-row f32 scales" "cuda int8-weight build log"
+  "$KILN" inspect --layers "$TMP/cuda-i8.plan" >"$TMP/out" 2>&1
+  expect_in "$TMP/out" "Embedding i8 (per-row f32 scales)×1, Linear i8 (per-channel f32 scales)×25" \
+    "cuda int8-weight plan layers"
+else
+  expect_in "$TMP/err" "built without CUDA" "cuda int8-weight refused only without CUDA"
+fi
 # int4-weight on cuda is refused too, naming what the cuda backend runs.
 expect_exit 2 "build int4-weight cuda" -- "$KILN" build --model "$FIXTURES/t5-tiny" --device cuda \
   --precision int4-weight -o "$TMP/int4.plan"
