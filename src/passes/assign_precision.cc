@@ -50,38 +50,37 @@ int store_weights(Graph& graph, const PrecisionPlan& plan, const Logger& log) {
       bytes_after += quantize_weight(graph, static_cast<int>(id), to);
       ++converted[to];
       continue;
-    } else {
-      graph.set_weight_data(static_cast<int>(id), graph.values[id].data.to(to));
-      Value& v = graph.values[id];
-      v.dtype = to;
-      // An Embedding of a narrow table gathers narrow rows; widen them for the f32 graph.
-      for (const Use& u : uses[id]) {
-        Node& n = graph.nodes[u.node];
-        if (n.op != OpKind::kEmbedding) continue;
-        const int out = n.outputs[0];
-        Value narrow;
-        narrow.name = graph.values[out].name + "." + std::string(dtype_name(to));
-        narrow.dtype = to;
-        narrow.shape = graph.values[out].shape;
-        narrow.producer = u.node;
-        graph.values.push_back(std::move(narrow));
-        const int narrow_id = static_cast<int>(graph.values.size()) - 1;
-        graph.nodes[u.node].outputs[0] = narrow_id;
-        Node cast;
-        cast.op = OpKind::kCast;
-        cast.name = graph.nodes[u.node].name + ".widen";
-        cast.inputs = {narrow_id};
-        cast.outputs = {out};
-        cast.attrs = CastAttrs{DType::kF32};
-        graph.nodes.insert(graph.nodes.begin() + u.node + 1, std::move(cast));
-        // Inserting shifts the indices of later nodes: renumber producers and pending uses.
-        for (Value& val : graph.values)
-          if (val.producer > u.node) ++val.producer;
-        graph.values[out].producer = u.node + 1;
-        for (auto& list : uses)
-          for (Use& later : list)
-            if (later.node > u.node) ++later.node;
-      }
+    }
+    graph.set_weight_data(static_cast<int>(id), graph.values[id].data.to(to));
+    Value& v = graph.values[id];
+    v.dtype = to;
+    // An Embedding of a narrow table gathers narrow rows; widen them for the f32 graph.
+    for (const Use& u : uses[id]) {
+      Node& n = graph.nodes[u.node];
+      if (n.op != OpKind::kEmbedding) continue;
+      const int out = n.outputs[0];
+      Value narrow;
+      narrow.name = graph.values[out].name + "." + std::string(dtype_name(to));
+      narrow.dtype = to;
+      narrow.shape = graph.values[out].shape;
+      narrow.producer = u.node;
+      graph.values.push_back(std::move(narrow));
+      const int narrow_id = static_cast<int>(graph.values.size()) - 1;
+      graph.nodes[u.node].outputs[0] = narrow_id;
+      Node cast;
+      cast.op = OpKind::kCast;
+      cast.name = graph.nodes[u.node].name + ".widen";
+      cast.inputs = {narrow_id};
+      cast.outputs = {out};
+      cast.attrs = CastAttrs{DType::kF32};
+      graph.nodes.insert(graph.nodes.begin() + u.node + 1, std::move(cast));
+      // Inserting shifts the indices of later nodes: renumber producers and pending uses.
+      for (Value& val : graph.values)
+        if (val.producer > u.node) ++val.producer;
+      graph.values[out].producer = u.node + 1;
+      for (auto& list : uses)
+        for (Use& later : list)
+          if (later.node > u.node) ++later.node;
     }
     bytes_after += static_cast<int64_t>(graph.values[id].data.nbytes());
     ++converted[to];

@@ -1,5 +1,6 @@
-// The precision pass on narrow-activation devices (CUDA fp16/bf16 plans): every float weight
-// and activation of a graph takes the plan's type except what precision_plan.cc kept wide, and
+// The precision pass on narrow-activation devices (CUDA fp16/bf16/int8-weight plans): every float
+// weight and activation of a graph takes the plan's type except what precision_plan.cc kept wide
+// (int8-weight: the matrices it quantizes are stored int8 with per-row scales), and
 // the decoder's logits go back to f32 through one Cast at the end (sampling, log-softmax and beam
 // scores read f32). What must stay wide stays wide inside the kernels: GEMMs accumulate in fp32,
 // norms and softmax compute their statistics in fp32, attention keeps scores and its online

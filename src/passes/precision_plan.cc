@@ -290,8 +290,10 @@ PrecisionPlan plan_precision(const Graph& g, const PrecisionSupport& support,
       plan.weight[id] = support.activation;
       if (!quantize) continue;
       if (std::string why = narrowing_refused(v.data, support.matrix); !why.empty()) {
-        plan.warnings.push_back(
-            fmt::format("{} stays {}: {}", v.name, dtype_name(support.activation), why));
+        // Not quantized: in the type of its readers (f32 where a wide one reads it).
+        const DType kept = wide_reader != uses[id].end() ? DType::kF32 : support.activation;
+        plan.weight[id] = kept;
+        plan.warnings.push_back(fmt::format("{} stays {}: {}", v.name, dtype_name(kept), why));
         plan.weight_why[id] = std::move(why);
         continue;
       }

@@ -40,9 +40,11 @@ int logits_linear(const Graph& graph);
 PrecisionPlan plan_precision(const Graph& graph, const PrecisionSupport& support,
                              const PrecisionOptions& options);
 
-// Carries out a plan on a narrow-activation device (CUDA fp16/bf16): every float weight and
-// activation in the plan's type except the wide nodes' (with Casts between), logits widened to
-// f32 by a Cast. Returns the weights and activations narrowed. (narrow_graph.cc)
+// Carries out a plan on a narrow-activation device (CUDA fp16/bf16/int8-weight): every float
+// weight and activation in the plan's type except the wide nodes' (with Casts between), matrices
+// the plan quantizes stored int8 with their scales (quantize_weight; an Embedding of an int8
+// table gathers f32 rows, narrowed by a Cast), logits widened to f32 by a Cast. Returns the
+// weights and activations narrowed and the matrices quantized. (narrow_graph.cc)
 int narrow_graph(Graph& graph, const PrecisionPlan& plan, const Logger& log);
 
 // Stores weight `id` (f32) as `to`, i8 (per-row f32 scales) or i4 (f16 group scales): its scales

@@ -150,6 +150,43 @@ TEST(BackendOps, NarrowInt8WeightLinearsMatchReference) {
   if (compared == 0) GTEST_SKIP() << "no backend here runs int8 weights with fp16/bf16 inputs";
 }
 
+// The skinny GEMM on int8 weights past the main test's small shapes: 16 warps a block (2080
+// inputs: more than 64 k-steps), several passes, two row tiles (24, 32 rows), and wide feature
+// tiles looping over the grid (4224 features at 13 rows: four 8-feature tiles a block).
+TEST(BackendOps, NarrowInt8WeightSkinnyTilesMatchReference) {
+  const std::unique_ptr<Backend> reference = reference_backend();
+  std::vector<NamedBackend> backends = available_backends();
+  struct Shape2 {
+    int64_t in, out;
+  };
+  int compared = 0;
+  for (DType dtype : {DType::kF16, DType::kBF16})
+    for (const Shape2 sh : {Shape2{2080, 1100}, Shape2{256, 4224}})
+      for (int64_t n : {13, 24, 32})
+        for (Variant variant :
+             {Variant::kPlain, Variant::kBiasAct, Variant::kResidual, Variant::kWidened}) {
+          Gen g(dtype, dtype, static_cast<uint32_t>(sh.out + n + 5 * static_cast<int>(variant)));
+          const Graph graph = int8_linear_graph(g, dtype, sh.in, sh.out, variant);
+          std::map<std::string, Tensor> feed = {{"x", g.random({n, sh.in}, -2, 2)}};
+          if (variant == Variant::kResidual) feed["r"] = g.random({n, sh.out}, -2, 2);
+          const Scenario sc = one_step(graph, feed);
+          const Check check{CheckKind::kMaxRelative,
+                            variant == Variant::kWidened ? dtype_tolerance(dtype) : 0.0};
+          std::optional<ScenarioOutputs> ref;
+          for (NamedBackend& nb : backends) {
+            if (!nb.name.starts_with("cuda") || !unsupported(*nb.backend, graph).empty()) continue;
+            if (!ref) ref = run_scenario(*reference, sc);
+            expect_matches(run_scenario(*nb.backend, sc)[0][0], (*ref)[0][0], check,
+                           nb.name + " " + std::string(dtype_name(dtype)) + " " +
+                               variant_name(variant) + " [" + std::to_string(n) + ", " +
+                               std::to_string(sh.in) + "] x [" + std::to_string(sh.out) + ", " +
+                               std::to_string(sh.in) + "]^T");
+            ++compared;
+          }
+        }
+  if (compared == 0) GTEST_SKIP() << "no backend here runs int8 weights with fp16/bf16 inputs";
+}
+
 // The int8 GEMV's 8-row slices in the grid's y dimension (KILN_CUDA_I8_GEMV_ROWS=64): one slice
 // and a partial one (13), eight (64).
 TEST(BackendOps, NarrowInt8WeightGemvSlicesMatchReference) {

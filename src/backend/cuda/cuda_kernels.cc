@@ -40,6 +40,8 @@ void embedding(const Launch& l) {
 
 // table i8 [vocab, d], ids [n], scales f32 [vocab] -> f32 [n, d] (int8-weight plans)
 void embedding_i8(const Launch& l) {
+  KILN_CHECK(l.args.in.size() > 2 && l.args.in[2].defined(),
+             "node '{}': an i8 table needs its per-row scales", l.node.name);
   const Tensor& table = l.args.in[0];
   const Tensor& ids = l.args.in[1];
   const Tensor& scales = l.args.in[2];
@@ -179,8 +181,8 @@ void register_kernels(KernelRegistry& r, CudaContext& ctx) {
     r.add(
         KernelKey{OpKind::kLinear, t, DType::kI8, Device::kCuda, Isa::kSm90},
         t == DType::kF32 ? "cuda int8-weight linear (f32 activations or output; int8 gemv / "
-                           "widened cublaslt)"
-                         : "cuda int8-weight linear (int8 gemv / widened cublaslt)",
+                           "skinny gemm / widened cublaslt)"
+                         : "cuda int8-weight linear (int8 gemv / skinny gemm / widened cublaslt)",
         [&ctx](const Node& node) { return make_quant_linear_kernel(node, ctx); }, i8_linear_extras);
   add_fn(OpKind::kEmbedding, DType::kF32, DType::kI8, "cuda int8 embedding gather", embedding_i8);
   for (DType t : kFloats) {

@@ -104,7 +104,7 @@ class QuantLinearKernel final : public CudaKernel {
   };
   ScratchOffsets scratch_offsets(int64_t rows) const {
     const auto elem = static_cast<int64_t>(dtype_bytes(dtype_, 1));
-    const bool gemm = rows > ctx_.options().i8_gemv_rows;
+    const bool gemm = !gemv_runs(rows);
     ScratchOffsets s;
     s.widened = gather_ ? aligned(rows * in_ * elem) : 0;
     s.slice = s.widened + (gemm && widen_ ? aligned(rows * out_ * elem) : 0);
@@ -160,7 +160,7 @@ class QuantLinearKernel final : public CudaKernel {
     }
     const auto* q = static_cast<const int8_t*>(w.raw());
     const auto* s = static_cast<const float*>(scales->raw());
-    if (n <= ctx_.options().i8_gemv_rows && gemv_i8_fits(xp, q, in_)) {
+    if (gemv_runs(n) && gemv_i8_fits(xp, q, in_)) {
       GemvI8Params p{};
       p.type = t;
       p.x = xp;
@@ -202,8 +202,9 @@ class QuantLinearKernel final : public CudaKernel {
       launch_skinny(p, ctx_.kernel_stream());
       return;
     }
-    KILN_CHECK(n > ctx_.options().i8_gemv_rows,
-               "node '{}': the int8 GEMV needs 16-byte aligned rows (x at {}, weight at {})",
+    KILN_CHECK(!gemv_runs(n),
+               "node '{}': the int8 GEMV needs x 16-byte and the weight 8-byte aligned (x at {}, "
+               "weight at {})",
                node_.name, xp, static_cast<const void*>(q));
     void* yp = widen_ ? scratch + at.widened : y.raw();
     void* slice = scratch + at.slice;
@@ -219,7 +220,7 @@ class QuantLinearKernel final : public CudaKernel {
       const float alpha = 1.0f, beta = residual ? 1.0f : 0.0f;
       void* d = static_cast<char*>(yp) + o0 * elem;
       const void* c = residual ? static_cast<const char*>(residual->raw()) + o0 * elem : d;
-      const Plan& plan = plan_for(n, rows_here, alignment({xp, d, c}));
+      const Plan& plan = plan_for(n, rows_here, alignment({slice, xp, d, c}));
       ctx_.launch().note_library_launch();
       const cublasStatus_t st =
           cublasLtMatmul(ctx_.blas().handle(), desc_, &alpha, slice, plan.a, xp, plan.b, &beta, c,
@@ -244,6 +245,11 @@ class QuantLinearKernel final : public CudaKernel {
     cublasLtMatmulAlgo_t algo{};
   };
 
+  // Whether n rows run on the int8 GEMV (KILN_CUDA_GEMV=0 turns it off as it does the float one).
+  bool gemv_runs(int64_t n) const {
+    return ctx_.options().gemv && n <= ctx_.options().i8_gemv_rows;
+  }
+
   // The alignment of the least aligned of `ptrs`, in bytes (at most 256).
   static uint32_t alignment(std::initializer_list<const void*> ptrs) {
     uint32_t a = 256;
@@ -254,7 +260,7 @@ class QuantLinearKernel final : public CudaKernel {
 
   // Layouts and the heuristic's first algorithm for n rows against a slice of `features`
   // output channels (one per row count, slice size and operand alignment: the last slice may be
-  // shorter).
+  // shorter; above gemm_row_bucket rows, the bucket's algorithm where it applies).
   const Plan& plan_for(int64_t n, int64_t features, uint32_t align) {
     const auto key = std::make_tuple(n, features, align);
     auto it = plans_.find(key);
@@ -265,18 +271,29 @@ class QuantLinearKernel final : public CudaKernel {
     KILN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.a, t, u(in_), u(features), in_));
     KILN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.b, t, u(in_), u(n), in_));
     KILN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.c, t, u(features), u(n), out_));
+    // Above gemm_row_bucket rows: the algorithm chosen for the bucket's top row count, if
+    // cuBLASLt accepts it for n rows (one heuristic query per bucket, as the float Linear does:
+    // served prompt steps have a new row count almost every time).
+    const int64_t bucket = ctx_.options().gemm_row_bucket;
+    if (bucket > 0 && n > bucket && n % bucket != 0) {
+      const Plan& shared = plan_for((n + bucket - 1) / bucket * bucket, features, align);
+      cublasLtMatmulHeuristicResult_t check{};
+      if (cublasLtMatmulAlgoCheck(ctx_.blas().handle(), desc_, p.a, p.b, p.c, p.c, &shared.algo,
+                                  &check) == CUBLAS_STATUS_SUCCESS &&
+          check.workspaceSize <= ctx_.blas().workspace_bytes()) {
+        p.algo = shared.algo;
+        return plans_.emplace(key, p).first->second;
+      }
+    }
     cublasLtMatmulPreference_t pref = nullptr;
     KILN_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
     const size_t ws = ctx_.blas().workspace_bytes();
     KILN_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
         pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
-    // The slice is 256-byte aligned; x, y and the residual as `align` says.
-    const uint32_t slice_align = 256;
-    KILN_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
-        pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &slice_align, sizeof(uint32_t)));
+    // Every operand (the slice in the scratch, x, y, the residual) as aligned as `align` says.
     for (auto attr :
-         {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
-          CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES})
+         {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+          CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES})
       KILN_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, attr, &align, sizeof(uint32_t)));
     cublasLtMatmulHeuristicResult_t result{};
     int found = 0;

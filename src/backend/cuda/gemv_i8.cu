@@ -222,8 +222,10 @@ int gemv_i8_warps_per_sm(FloatType t, int64_t rows) {
   int blocks = 0;
   auto query = [&](auto kernel) {
     if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kWarps * 32, 0) !=
-        cudaSuccess)
+        cudaSuccess) {
+      (void)cudaGetLastError();  // not left for the next launch's check
       blocks = 1;
+    }
   };
   const bool one = rows == 1;
   dispatch_float(t, [&](auto tag) {

@@ -192,7 +192,8 @@ struct GemvI8Params {
   // Not null: y is not written; y32 gets each output rounded to `type`, as f32. No residual.
   float* y32 = nullptr;
   int64_t rows, in, out;
-  int split;  // warps a feature group (gemv_split of an fp16 Linear of the same shape)
+  int split;  // warps a feature group (gemv_split of an fp16 Linear of the same shape, sized
+              // to gemv_i8_warps_per_sm)
   bool has_act = false;
   ActFn act = ActFn::kRelu;
 };
