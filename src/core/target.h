@@ -35,7 +35,7 @@ enum class Precision : uint8_t {
   kFp16,        // fp16 weights; accumulation in fp32
   kBf16,        // bf16 weights; norms, softmax and accumulation in fp32
   kInt8,        // int8 weights and activations (calibrated)
-  kInt8Weight,  // int8 weights with per-channel scales, fp32 activations
+  kInt8Weight,  // int8 weights with per-channel scales; fp32 activations (CPU), fp16 (CUDA)
   kInt4Weight,  // int4 weights with fp16 scales per group of 128 inputs, fp32 activations
 };
 inline constexpr Precision kAllPrecisions[] = {Precision::kFp32,       Precision::kFp16,
