@@ -90,4 +90,35 @@ IndexType index_type(DType dtype) {
   }
   KILN_FAIL("the cuda kernels take i32 or i64 indices, not {}", dtype_name(dtype));
 }
+cudaDataType_t cublas_type(DType dtype) {
+  switch (float_type(dtype)) {
+    case FloatType::kF32:
+      return CUDA_R_32F;
+    case FloatType::kF16:
+      return CUDA_R_16F;
+    case FloatType::kBF16:
+      return CUDA_R_16BF;
+  }
+  return CUDA_R_32F;
+}
+
+cublasLtMatmulDesc_t make_linear_matmul_desc(cublasComputeType_t compute,
+                                             std::optional<cudaDataType_t> bias) {
+  cublasLtMatmulDesc_t desc = nullptr;
+  KILN_CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc, compute, CUDA_R_32F));
+  const cublasOperation_t trans_a = CUBLAS_OP_T, trans_b = CUBLAS_OP_N;
+  KILN_CUBLAS_CHECK(
+      cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &trans_a, sizeof(trans_a)));
+  KILN_CUBLAS_CHECK(
+      cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &trans_b, sizeof(trans_b)));
+  if (bias) {
+    const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
+    KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue,
+                                                     sizeof(epilogue)));
+    KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
+                                                     &*bias, sizeof(*bias)));
+  }
+  return desc;
+}
+
 }  // namespace kiln::cuda

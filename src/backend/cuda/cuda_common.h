@@ -5,6 +5,8 @@
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 
+#include <optional>
+
 #include "backend/cuda/kernels.cuh"
 #include "core/tensor.h"
 #include "graph/attrs.h"
@@ -23,5 +25,12 @@ FloatType float_type(DType dtype);
 IndexType index_type(DType dtype);
 // The kernel-side function of a kiln::Activation.
 ActFn act_fn(Activation a);
+// cuBLASLt's type of a float dtype; throws for others.
+cudaDataType_t cublas_type(DType dtype);
+// A Linear's matmul: row-major y [n, out] = x [n, in] · w [out, in]^T is column-major y^T = w · x^T
+// (A = w, transposed; B = x), fp32 scale, `compute` accumulation, and cuBLASLt's bias epilogue
+// for a bias of type `bias` where given. The caller destroys it.
+cublasLtMatmulDesc_t make_linear_matmul_desc(cublasComputeType_t compute,
+                                             std::optional<cudaDataType_t> bias);
 
 }  // namespace kiln::cuda

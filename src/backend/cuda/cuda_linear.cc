@@ -26,18 +26,6 @@
 namespace kiln::cuda {
 namespace {
 
-cudaDataType_t cuda_type(DType dtype) {
-  switch (float_type(dtype)) {
-    case FloatType::kF32:
-      return CUDA_R_32F;
-    case FloatType::kF16:
-      return CUDA_R_16F;
-    case FloatType::kBF16:
-      return CUDA_R_16BF;
-  }
-  return CUDA_R_32F;
-}
-
 class LinearKernel final : public CudaKernel {
  public:
   using CudaKernel::CudaKernel;
@@ -107,22 +95,10 @@ class LinearKernel final : public CudaKernel {
     tactics_ = attrs.tactics;
     const cublasComputeType_t compute =
         dtype_ == DType::kF32 && attrs.tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
-    KILN_CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc_, compute, CUDA_R_32F));
-    const cublasOperation_t trans_a = CUBLAS_OP_T, trans_b = CUBLAS_OP_N;
-    KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_TRANSA, &trans_a,
-                                                     sizeof(trans_a)));
-    KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_TRANSB, &trans_b,
-                                                     sizeof(trans_b)));
-    if (bias_in_epilogue_) {
-      const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
-      KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_EPILOGUE,
-                                                       &epilogue, sizeof(epilogue)));
-      const cudaDataType_t bias_type = cuda_type(dtype_);
-      KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
-                                                       &bias_type, sizeof(bias_type)));
-    }
-    KILN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&a_, cuda_type(dtype_), static_cast<uint64_t>(in_),
-                                                 static_cast<uint64_t>(out_), in_));
+    desc_ = make_linear_matmul_desc(
+        compute, bias_in_epilogue_ ? std::optional(cublas_type(dtype_)) : std::nullopt);
+    KILN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(
+        &a_, cublas_type(dtype_), static_cast<uint64_t>(in_), static_cast<uint64_t>(out_), in_));
   }
 
   // Scratch, per output row: the gathered rows of x (a Linear of gathered rows, for the steps that
@@ -546,7 +522,7 @@ class LinearKernel final : public CudaKernel {
     auto it = plans_.find(n);
     if (it != plans_.end()) return it->second;
     Plan p;
-    const cudaDataType_t t = cuda_type(dtype_);
+    const cudaDataType_t t = cublas_type(dtype_);
     KILN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.b, t, static_cast<uint64_t>(in_),
                                                  static_cast<uint64_t>(n), in_));
     KILN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.c, t, static_cast<uint64_t>(out_),

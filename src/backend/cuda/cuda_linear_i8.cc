@@ -25,10 +25,6 @@ namespace {
 // Weights widened per cuBLASLt call (elements of the slice buffer in the scratch memory).
 constexpr int64_t kSliceElements = int64_t{8} << 20;
 
-cudaDataType_t cuda_type(DType t) {
-  return t == DType::kF32 ? CUDA_R_32F : t == DType::kBF16 ? CUDA_R_16BF : CUDA_R_16F;
-}
-
 int64_t aligned(int64_t bytes) { return (bytes + 255) / 256 * 256; }
 
 class QuantLinearKernel final : public CudaKernel {
@@ -81,20 +77,8 @@ class QuantLinearKernel final : public CudaKernel {
       split_[n] = gemv_split(
           FloatType::kF16, in_, out_, ctx_.device().multiprocessors,
           std::min(ctx_.gemv_warps_per_sm(n), gemv_i8_warps_per_sm(float_type(dtype_), n)));
-    KILN_CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc_, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-    const cublasOperation_t trans_a = CUBLAS_OP_T, trans_b = CUBLAS_OP_N;
-    KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_TRANSA, &trans_a,
-                                                     sizeof(trans_a)));
-    KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_TRANSB, &trans_b,
-                                                     sizeof(trans_b)));
-    if (bias_in_epilogue_) {
-      const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
-      KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_EPILOGUE,
-                                                       &epilogue, sizeof(epilogue)));
-      const cudaDataType_t bias_type = cuda_type(dtype_);
-      KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
-                                                       &bias_type, sizeof(bias_type)));
-    }
+    desc_ = make_linear_matmul_desc(
+        CUBLAS_COMPUTE_32F, bias_in_epilogue_ ? std::optional(cublas_type(dtype_)) : std::nullopt);
   }
 
   // Scratch: the gathered rows of x, then (steps past the GEMV) a widened Linear's output in its
@@ -266,7 +250,7 @@ class QuantLinearKernel final : public CudaKernel {
     auto it = plans_.find(key);
     if (it != plans_.end()) return it->second;
     Plan p;
-    const cudaDataType_t t = cuda_type(dtype_);
+    const cudaDataType_t t = cublas_type(dtype_);
     const auto u = [](int64_t v) { return static_cast<uint64_t>(v); };
     KILN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.a, t, u(in_), u(features), in_));
     KILN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.b, t, u(in_), u(n), in_));
