@@ -14,9 +14,12 @@
 // weight's type; the norm then disappears from the graph. A weight that other nodes read too (a
 // tied lm_head shares its table with the embedding: BLOOM's ln_f) is left as it is: gamma
 // becomes the Linear's norm scale (operand kNormScale, multiplied into x on the fly), and
-// the row sums are those of w * gamma. Runs after narrow_graph (the types
-// are final) and before plan_memory (the planner then keeps x alive until the last Linear has
-// read it).
+// the row sums are those of w * gamma. An int8 weight (CUDA int8-weight plans: q with per-row
+// scales s) is folded the same way without touching q (a requantized w * gamma would round each
+// weight twice): gamma becomes the norm scale, the row sums are q · gamma's (the scale multiplies
+// the whole product after the norm, graph/linear.h) and the bias takes s * (q · beta). Runs after
+// narrow_graph (the types are final) and before plan_memory (the planner then keeps x alive
+// until the last Linear has read it).
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -29,8 +32,18 @@ namespace {
 
 bool plain_float(DType t) { return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16; }
 
+// Whether Linear `d`'s weight is int8 with per-row f32 scales and a float input (int8-weight).
+bool int8_weight(const Graph& g, const LinearDesc& d) {
+  if (!d.has(LinearOperand::kWeightScales) || d.has(LinearOperand::kInputScale)) return false;
+  const Value& s = g.values[d.operand(LinearOperand::kWeightScales)];
+  return g.values[d.operand(LinearOperand::kWeight)].dtype == DType::kI8 &&
+         s.kind == ValueKind::kWeight && s.data.defined() && s.dtype == DType::kF32 &&
+         s.data.rank() == 1;
+}
+
 // Whether node `i` reads `value` exactly once, as the input of a Linear whose weight can absorb
-// a norm: constant, f32/f16/bf16, plain (read by other nodes too: `shared`).
+// a norm: constant, f32/f16/bf16 (read by other nodes too: `shared`) or int8 with per-row
+// scales, plain.
 bool foldable_reader(const Graph& g, int i, int value) {
   const Node& n = g.nodes[i];
   if (n.op != OpKind::kLinear) return false;
@@ -38,10 +51,11 @@ bool foldable_reader(const Graph& g, int i, int value) {
   if (d.epilogue.norm || d.operand(LinearOperand::kX) != value) return false;
   for (int o = 1; o < kNumLinearOperands; ++o)
     if (d.operands[o] == value) return false;
-  if (d.has(LinearOperand::kWeightScales)) return false;
+  const bool quantized = int8_weight(g, d);
+  if (d.has(LinearOperand::kWeightScales) && !quantized) return false;
   const Value& w = g.values[d.operand(LinearOperand::kWeight)];
   return w.kind == ValueKind::kWeight && w.data.defined() && w.layout.plain() &&
-         w.data.rank() == 2 && plain_float(w.dtype);
+         w.data.rank() == 2 && (quantized || plain_float(w.dtype));
 }
 
 bool constant_float(const Graph& g, int id) {
@@ -49,10 +63,11 @@ bool constant_float(const Graph& g, int id) {
          plain_float(g.values[id].dtype);
 }
 
-// One reader's folded operands: w * gamma in the weight's type (shared: no new weight, gamma
-// as the f32 norm scale); for LayerNorm the bias plus w · beta (in the bias's type, the weight's
-// without a bias) and the f32 row sums of the folded weight (as stored; shared: of w * gamma).
-// `finite`: every folded value is in the weight's (and the bias's) range.
+// One reader's folded operands: w * gamma in the weight's type (shared, and int8 weights: no new
+// weight, gamma as the f32 norm scale); for LayerNorm the bias plus w · beta (in the bias's
+// type; without a bias the weight's, an int8 weight's input's) and the f32 row sums of the
+// folded weight (as stored; shared: of w * gamma; int8: of q * gamma, w · beta being
+// s * (q · beta)). `finite`: every folded value is in the weight's (and the bias's) range.
 struct Folded {
   Tensor weight, bias, row_sums, scale;
   bool finite = true;
@@ -67,6 +82,16 @@ Folded fold(const Graph& g, const Node& lin, const std::vector<float>& gamma,
   const Value& wv = g.values[d.operand(LinearOperand::kWeight)];
   const Tensor& w = wv.data;
   KILN_CHECK(w.is_contiguous(), "fuse_norm_linear: weight '{}' is not contiguous", wv.name);
+  // An int8 weight's row scales (its w · beta is s * (q · beta)); it keeps q as it is.
+  std::vector<float> row_scale;
+  if (int8_weight(g, d)) {
+    shared = true;
+    const Tensor s = g.values[d.operand(LinearOperand::kWeightScales)].data.to_f32();
+    row_scale.assign(s.data<float>(), s.data<float>() + s.numel());
+    KILN_CHECK(static_cast<int64_t>(row_scale.size()) == w.dim(0),
+               "fuse_norm_linear: weight '{}' has {} rows and {} scales", wv.name, w.dim(0),
+               row_scale.size());
+  }
   const int64_t out = w.dim(0), in = w.dim(1);
   const DTypeTraits& traits = dtype_traits(wv.dtype);
   const size_t row_bytes = dtype_bytes(wv.dtype, static_cast<size_t>(in));
@@ -107,13 +132,17 @@ Folded fold(const Graph& g, const Node& lin, const std::vector<float>& gamma,
             sum += shared ? wf[r * in + i] * gamma[i] : sf[r * in + i];
             b += static_cast<double>(wf[r * in + i]) * beta[i];
           }
+          if (!row_scale.empty()) b = bias[o0 + r] + (b - bias[o0 + r]) * row_scale[o0 + r];
           sums[o0 + r] = static_cast<float>(sum);
           bias[o0 + r] = static_cast<float>(b);
         }
         return true;
       });
   if (!layer) return f;
-  f.bias = Tensor::from_vector(bias, {out}).to(has_bias ? g.values[bias_id].dtype : wv.dtype);
+  const DType bias_type = has_bias            ? g.values[bias_id].dtype
+                         : row_scale.empty() ? wv.dtype
+                                             : g.values[d.operand(LinearOperand::kX)].dtype;
+  f.bias = Tensor::from_vector(bias, {out}).to(bias_type);
   const Tensor back = f.bias.to_f32();
   f.finite = f.finite && std::all_of(back.data<float>(), back.data<float>() + out,
                                      [](float v) { return std::isfinite(v); });

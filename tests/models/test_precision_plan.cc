@@ -142,7 +142,9 @@ TEST(PrecisionPlan, Fp16KeepsTheFfnOutputProjectionWideByStructureNotByName) {
 // matrix is int8 with f32 per-row scales, fp16 T5's FFN output projections included (they keep
 // f32 activations for the residual stream's range, with the reason noted); norms and the other
 // Linears' biases are fp16; each Embedding of an int8 table gathers f32 rows that a Cast
-// narrows; the graphs verify. A Linear kept in float on request keeps an f32 weight.
+// narrows; the graphs verify. BLOOM's LayerNorms are folded into the Linears that read them,
+// gamma as the int8 Linear's norm scale (q is left as quantized). A Linear kept in float on
+// request keeps an f32 weight.
 TEST(PrecisionPlan, CudaInt8WeightQuantizesEveryMatrixAndNarrowsTheRest) {
   if (!query_cuda().compiled) GTEST_SKIP() << "built without CUDA: cuda plans cannot be built";
   for (const char* model : {"bloom-tiny", "t5-tiny"}) {
@@ -151,7 +153,7 @@ TEST(PrecisionPlan, CudaInt8WeightQuantizesEveryMatrixAndNarrowsTheRest) {
     o.device = Device::kCuda;
     o.precision = Precision::kInt8Weight;
     const ModelIR ir = build_model(fixture(model), o, kQuiet);
-    int linears = 0, quantized = 0, f32_linears = 0, embeddings = 0;
+    int linears = 0, quantized = 0, f32_linears = 0, embeddings = 0, folded = 0;
     std::string first_linear;
     for (const Graph& g : ir.graphs) {
       verify_graph(g);
@@ -163,6 +165,10 @@ TEST(PrecisionPlan, CudaInt8WeightQuantizesEveryMatrixAndNarrowsTheRest) {
           const Value& w = g.values[d.operand(LinearOperand::kWeight)];
           const Value& x = g.values[d.operand(LinearOperand::kX)];
           quantized += w.dtype == DType::kI8;
+          if (d.epilogue.norm) {
+            ++folded;
+            EXPECT_TRUE(d.has(LinearOperand::kNormScale)) << n.name;
+          }
           ASSERT_TRUE(d.has(LinearOperand::kWeightScales)) << n.name;
           const Value& s = g.values[d.operand(LinearOperand::kWeightScales)];
           EXPECT_EQ(s.dtype, DType::kF32) << n.name;
@@ -193,6 +199,8 @@ TEST(PrecisionPlan, CudaInt8WeightQuantizesEveryMatrixAndNarrowsTheRest) {
       }
     }
     EXPECT_GT(embeddings, 0);
+    // (T5's RMSNorms join the residual adds before them, fuse_add_rms_norm, in float plans too.)
+    EXPECT_EQ(folded > 0, std::string(model) == "bloom-tiny");
     EXPECT_EQ(quantized, linears);
     EXPECT_EQ(f32_linears > 0, std::string(model) == "t5-tiny");
     // A Linear kept in float on request stays f32, weight included.

@@ -40,9 +40,20 @@ Int8Weight int8_weight(Gen& g, int64_t rows, int64_t cols) {
           Tensor::from_vector(g.floats(rows, 0.001f, 0.05f), {rows})};
 }
 
-enum class Variant : uint8_t { kPlain, kBiasAct, kF32Bias, kResidual, kWidened, kGatheredWidened };
-constexpr Variant kVariants[] = {Variant::kPlain,    Variant::kBiasAct, Variant::kF32Bias,
-                                 Variant::kResidual, Variant::kWidened, Variant::kGatheredWidened};
+enum class Variant : uint8_t {
+  kPlain,
+  kBiasAct,
+  kF32Bias,
+  kResidual,
+  kWidened,
+  kGatheredWidened,
+  kLayerNorm,  // a LayerNorm folded into the Linear (with a bias): gamma as its norm scale
+  kRmsNorm,    // an RMSNorm folded (no bias)
+};
+constexpr Variant kVariants[] = {Variant::kPlain,     Variant::kBiasAct,   Variant::kF32Bias,
+                                 Variant::kResidual,  Variant::kWidened,   Variant::kGatheredWidened,
+                                 Variant::kLayerNorm, Variant::kRmsNorm};
+bool folds_norm(Variant v) { return v == Variant::kLayerNorm || v == Variant::kRmsNorm; }
 const char* variant_name(Variant v) {
   switch (v) {
     case Variant::kPlain:
@@ -57,20 +68,34 @@ const char* variant_name(Variant v) {
       return "f32 output";
     case Variant::kGatheredWidened:
       return "gathered rows, f32 output";
+    case Variant::kLayerNorm:
+      return "folded layer norm";
+    case Variant::kRmsNorm:
+      return "folded rms norm";
   }
   return "?";
 }
 
-// The Linear (with the nodes its variant fuses into it, fused as the CUDA pipeline fuses them).
-Graph int8_linear_graph(Gen& g, DType dtype, int64_t in, int64_t out, Variant variant) {
+// The Linear (with the nodes its variant fuses into it, fused as the CUDA pipeline fuses them;
+// `fuse` false: the graph before fusing).
+Graph int8_linear_graph(Gen& g, DType dtype, int64_t in, int64_t out, Variant variant,
+                        bool fuse = true) {
   GraphBuilder b("int8_linear");
   const int x = b.input("x", dtype, {kTokens, Dim::of(in)});
   int h = x;
   if (variant == Variant::kGatheredWidened)
     h = b.gather_rows(x, b.input("rows", DType::kI64, {Dim::sym("rows")}), "gather");
+  if (variant == Variant::kLayerNorm)
+    h = b.layer_norm(x, b.weight("nw", Tensor::from_vector(g.floats(in, 0.5f, 1.5f), {in})),
+                     b.weight("nb", Tensor::from_vector(g.floats(in, -0.5f, 0.5f), {in})), 1e-5,
+                     "ln");
+  if (variant == Variant::kRmsNorm)
+    h = b.rms_norm(x, b.weight("nw", Tensor::from_vector(g.floats(in, 0.5f, 1.5f), {in})), 1e-6,
+                   "rms");
   Int8Weight w = int8_weight(g, out, in);
   int bias = -1;
-  if (variant == Variant::kBiasAct) bias = b.weight("b", g.random({out}));
+  if (variant == Variant::kBiasAct || variant == Variant::kLayerNorm)
+    bias = b.weight("b", g.random({out}));
   if (variant == Variant::kF32Bias) bias = b.weight("b", Tensor::from_vector(g.floats(out), {out}));
   int y = b.linear_quantized(h, b.weight("w", std::move(w.q)), bias,
                              b.weight("w.scales", std::move(w.scales)), "fc");
@@ -81,7 +106,11 @@ Graph int8_linear_graph(Gen& g, DType dtype, int64_t in, int64_t out, Variant va
     y = b.cast(y, DType::kF32, "to_f32");
   b.output(y, "y");
   Graph graph = b.finish();
+  if (!fuse) return graph;
   const Logger quiet(LogLevel::kSilent);
+  if (folds_norm(variant)) {
+    EXPECT_EQ(fuse_norm_linear(graph, quiet), 1) << variant_name(variant);
+  }
   fuse_linear_activation(graph, quiet);
   fuse_linear_residual(graph, quiet);
   fuse_linear_cast(graph, quiet);
@@ -135,8 +164,10 @@ TEST(BackendOps, NarrowInt8WeightLinearsMatchReference) {
           const Scenario sc = one_step(graph, feed);
           const ScenarioOutputs ref = run_scenario(*reference, sc);
           // A widened output holds values of the narrow type: its tolerance is the narrow
-          // type's (the widened weights of 65 rows and more round each weight to it).
-          const bool widened = variant == Variant::kWidened || variant == Variant::kGatheredWidened;
+          // type's (the widened weights of 65 rows and more round each weight to it), as is a
+          // folded norm's past one row (x standardized into the narrow type first).
+          const bool widened = variant == Variant::kWidened ||
+                               variant == Variant::kGatheredWidened || folds_norm(variant);
           const Check check{CheckKind::kMaxRelative, widened ? dtype_tolerance(dtype) : 0.0};
           for (NamedBackend* nb : runners) {
             expect_matches(run_scenario(*nb->backend, sc)[0][0], ref[0][0], check,
@@ -148,6 +179,34 @@ TEST(BackendOps, NarrowInt8WeightLinearsMatchReference) {
           }
         }
   if (compared == 0) GTEST_SKIP() << "no backend here runs int8 weights with fp16/bf16 inputs";
+}
+
+// fuse_norm_linear on an int8 weight keeps q and its scales (gamma becomes the norm scale, the
+// row sums are q · gamma's, the bias takes s * (q · beta)): the fused graph gives the unfused
+// graph's numbers on the reference (runs everywhere), rows of small and of large mean.
+TEST(BackendOps, Int8WeightFoldedNormMatchesTheUnfusedGraph) {
+  const std::unique_ptr<Backend> reference = reference_backend();
+  for (DType dtype : {DType::kF32, DType::kF16})
+    for (Variant variant : {Variant::kLayerNorm, Variant::kRmsNorm})
+      for (const float lo : {-2.0f, 100.0f}) {
+        Gen g(dtype, dtype, static_cast<uint32_t>(11 + static_cast<int>(variant)));
+        Gen g2 = g;
+        const Graph plain = int8_linear_graph(g, dtype, 72, 19, variant, false);
+        const Graph fused = int8_linear_graph(g2, dtype, 72, 19, variant);
+        const Node& lin = fused.nodes.at(0);
+        EXPECT_EQ(fused.values[linear_operand(lin, LinearOperand::kWeight)].dtype, DType::kI8);
+        EXPECT_GE(linear_operand(lin, LinearOperand::kNormScale), 0);
+        EXPECT_EQ(linear_operand(lin, LinearOperand::kNormRowSums) >= 0,
+                  variant == Variant::kLayerNorm);
+        const Scenario sc = one_step(plain, {{"x", g.random({5, 72}, lo, lo + 4.0f)}});
+        const ScenarioOutputs want = run_scenario(*reference, sc);
+        const ScenarioOutputs got = run_scenario(*reference, one_step(fused, sc.steps[0].feed));
+        // Rows of mean 100 cost the f32 norm some bits of its mean (as the float fold test).
+        expect_matches(got[0][0], want[0][0],
+                       Check{CheckKind::kMaxRelative, std::max(dtype_tolerance(dtype), 1e-4)},
+                       std::string(dtype_name(dtype)) + " " + variant_name(variant) + " from " +
+                           std::to_string(lo));
+      }
 }
 
 // The skinny GEMM on int8 weights past the main test's small shapes: 16 warps a block (2080

@@ -172,11 +172,12 @@ void register_kernels(KernelRegistry& r, CudaContext& ctx) {
                                Extra::kLayerNormFold, Extra::kRmsNormFold,  Extra::kNormScale,
                                Extra::kGatheredRows,  Extra::kWidenedOutput};
   // int8-weight plans: int8 weights with per-channel scales into fp16/bf16 activations (and
-  // their widened f32 logits, and fp16 T5's f32 FFN output projections), cuda_linear_i8.cc; no
-  // folded norms (fuse_norm_linear leaves quantized weights alone) and no int8 inputs (W8A8 runs on
-  // the CPU only).
-  const ExtraSet i8_linear_extras{Extra::kBias,     Extra::kWeightScales, Extra::kActivation,
-                                  Extra::kResidual, Extra::kGatheredRows, Extra::kWidenedOutput};
+  // their widened f32 logits, and fp16 T5's f32 FFN output projections), cuda_linear_i8.cc,
+  // folded norms included; no int8 inputs (W8A8 runs on the CPU only).
+  const ExtraSet i8_linear_extras{
+      Extra::kBias,         Extra::kWeightScales,  Extra::kActivation,    Extra::kResidual,
+      Extra::kGatheredRows, Extra::kWidenedOutput, Extra::kLayerNormFold, Extra::kRmsNormFold,
+      Extra::kNormScale};
   for (DType t : {DType::kF16, DType::kBF16, DType::kF32})
     r.add(
         KernelKey{OpKind::kLinear, t, DType::kI8, Device::kCuda, Isa::kSm90},

@@ -9,8 +9,9 @@
 // channels at a time into the node's scratch memory (in the activations' type) and multiply them
 // on cuBLASLt (fp32 accumulation), the output slice written in place (ldc = out) with the bias in
 // cuBLASLt's epilogue and a fused residual as C. Bias, activation, a fused residual, gathered rows
-// (copied into the scratch first) and a widened f32 output (fuse_linear_cast) are the extras it
-// runs; folded norms are not (fuse_norm_linear leaves quantized weights alone).
+// (copied into the scratch first), a widened f32 output (fuse_linear_cast) and a folded input
+// norm (fuse_norm_linear: gamma as the norm scale) are the extras it runs; the one-row GEMV takes
+// the norm itself, other steps standardize x into the scratch with the norm kernel first.
 #include <algorithm>
 #include <initializer_list>
 #include <map>
@@ -57,13 +58,23 @@ class QuantLinearKernel final : public CudaKernel {
                node_.name, dtype_name(y.dtype));
     KILN_CHECK(d.has(LinearOperand::kWeightScales),
                "node '{}': an i8 weight needs its per-channel scales", node_.name);
-    KILN_CHECK(!d.epilogue.norm && !d.has(LinearOperand::kInputScale),
-               "node '{}': the cuda int8 linear takes no folded norm and no int8 input",
+    KILN_CHECK(!d.has(LinearOperand::kInputScale),
+               "node '{}': the cuda int8 linear takes no int8 input (W8A8 runs on the CPU)",
                node_.name);
     out_ = w.shape[0].value;
     in_ = w.shape[1].value;
     KILN_CHECK(in_ % 8 == 0, "node '{}': the cuda int8 linear needs `in` ({}) a multiple of 8",
                node_.name, in_);
+    norm_ = d.epilogue.norm;
+    norm_eps_ = static_cast<float>(d.epilogue.norm_eps);
+    norm_scaled_ = norm_ && d.has(LinearOperand::kNormScale);
+    if (norm_) {
+      // The norm kernel's unit weight (gamma where the Linear has a norm scale, f32) and zero
+      // bias, for the steps that standardize x before the product.
+      const DType t = norm_scaled_ ? DType::kF32 : dtype_;
+      unit_ = ctx_.weights().filled_vector(t, in_, 1.0f);
+      zero_ = ctx_.weights().filled_vector(t, in_, 0.0f);
+    }
     activation_ = d.epilogue.activation;
     gather_ = d.has(LinearOperand::kRows);
     has_bias_ = d.has(LinearOperand::kBias);
@@ -81,16 +92,19 @@ class QuantLinearKernel final : public CudaKernel {
         CUBLAS_COMPUTE_32F, bias_in_epilogue_ ? std::optional(cublas_type(dtype_)) : std::nullopt);
   }
 
-  // Scratch: the gathered rows of x, then (steps past the GEMV) a widened Linear's output in its
-  // own type and the slice of widened weights.
+  // Scratch: the gathered rows of x, a folded norm's standardized rows (steps the GEMV does not
+  // normalize itself), then (steps past the GEMV) a widened Linear's output in its own type and
+  // the slice of widened weights.
   struct ScratchOffsets {
-    int64_t gathered = 0, widened = 0, slice = 0, end = 0;
+    int64_t gathered = 0, normed = 0, widened = 0, slice = 0, end = 0;
   };
   ScratchOffsets scratch_offsets(int64_t rows) const {
     const auto elem = static_cast<int64_t>(dtype_bytes(dtype_, 1));
     const bool gemm = !gemv_runs(rows);
     ScratchOffsets s;
-    s.widened = gather_ ? aligned(rows * in_ * elem) : 0;
+    s.normed = gather_ ? aligned(rows * in_ * elem) : 0;
+    // A folded norm's standardized rows (the steps where the GEMV does not take the norm).
+    s.widened = s.normed + (norm_ ? aligned(rows * in_ * elem) : 0);
     s.slice = s.widened + (gemm && widen_ ? aligned(rows * out_ * elem) : 0);
     s.end = s.slice + (gemm ? aligned(slice_rows_ * in_ * elem) : 0);
     return s;
@@ -144,7 +158,27 @@ class QuantLinearKernel final : public CudaKernel {
     }
     const auto* q = static_cast<const int8_t*>(w.raw());
     const auto* s = static_cast<const float*>(scales->raw());
-    if (gemv_runs(n) && gemv_i8_fits(xp, q, in_)) {
+    NormOperands norm;
+    if (norm_) {
+      norm.row_sums = linear_input(args.in, LinearOperand::kNormRowSums);
+      norm.scale = norm_scaled_ ? linear_input(args.in, LinearOperand::kNormScale) : nullptr;
+      const bool layer = *norm_ == InputNorm::kLayerNorm;
+      KILN_CHECK((norm.row_sums != nullptr) == layer &&
+                     (norm.row_sums == nullptr || (norm.row_sums->dtype() == DType::kF32 &&
+                                                   norm.row_sums->numel() == out_)),
+                 "node '{}': a folded {} needs {}", node_.name, input_norm_name(*norm_),
+                 layer ? "f32 row sums [out]" : "no row sums");
+      KILN_CHECK(norm.scale == nullptr ||
+                     (norm.scale->dtype() == DType::kF32 && norm.scale->numel() == in_),
+                 "node '{}': a folded norm's scale must be f32 [{}]", node_.name, in_);
+    }
+    // The GEMV takes a folded norm at one row; other steps standardize x first.
+    const bool gemv = gemv_runs(n) && gemv_i8_fits(xp, q, in_);
+    if (norm_ && !(gemv && n == 1)) {
+      xp = standardize(xp, n, norm, scratch + at.normed);
+      norm = {};
+    }
+    if (gemv) {
       GemvI8Params p{};
       p.type = t;
       p.x = xp;
@@ -161,7 +195,13 @@ class QuantLinearKernel final : public CudaKernel {
       p.split = split_[std::min<int64_t>(n, kGemvMaxRows)];
       p.has_act = activation_.has_value();
       p.act = act_fn(activation_.value_or(Activation::kRelu));
-      launch_gemv_i8(p, ctx_.kernel_stream());
+      p.norm = norm_.has_value() && n == 1;
+      p.norm_row_sums = norm.row_sums ? static_cast<const float*>(norm.row_sums->raw()) : nullptr;
+      p.norm_scale = norm.scale ? static_cast<const float*>(norm.scale->raw()) : nullptr;
+      p.norm_eps = norm_eps_;
+      KILN_CHECK(launch_gemv_i8(p, ctx_.kernel_stream()),
+                 "node '{}': the int8 GEMV cannot take this folded norm (its scale at {})",
+                 node_.name, static_cast<const void*>(p.norm_scale));
       return;
     }
     // (A bias of another type than the activations' goes to the widened path, as the float
@@ -224,6 +264,26 @@ class QuantLinearKernel final : public CudaKernel {
   }
 
  private:
+  // A folded norm's operands as the kernel reads them (null: absent).
+  struct NormOperands {
+    const Tensor* row_sums = nullptr;  // LayerNorm: f32 [out], of q · gamma
+    const Tensor* scale = nullptr;     // gamma, f32 [in]
+  };
+
+  // Rows x [n, in] standardized into `dst` by the norm kernel with gamma (or a unit weight) and
+  // zero bias: (x - mean) / std * gamma, or x / rms * gamma; the folded bias and row scales do the
+  // rest. Returns dst.
+  const void* standardize(const void* x, int64_t n, const NormOperands& norm, void* dst) {
+    const FloatType t = float_type(dtype_);
+    const FloatType wt = norm_scaled_ ? FloatType::kF32 : t;
+    const void* g = norm.scale != nullptr ? norm.scale->raw() : unit_.raw();
+    if (norm.row_sums != nullptr)
+      launch_layer_norm(t, wt, x, g, zero_.raw(), dst, n, in_, norm_eps_, ctx_.kernel_stream());
+    else
+      launch_rms_norm(t, wt, x, g, dst, n, in_, norm_eps_, ctx_.kernel_stream());
+    return dst;
+  }
+
   struct Plan {
     cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
     cublasLtMatmulAlgo_t algo{};
@@ -298,6 +358,10 @@ class QuantLinearKernel final : public CudaKernel {
 
   int64_t in_ = 0, out_ = 0, slice_rows_ = 1;
   DType dtype_ = DType::kF16;
+  std::optional<InputNorm> norm_;
+  float norm_eps_ = 0.0f;
+  bool norm_scaled_ = false;  // the folded norm's gamma is operand kNormScale
+  Tensor unit_, zero_;        // the norm kernel's weight and bias where x is standardized first
   std::optional<Activation> activation_;
   bool widen_ = false, gather_ = false, has_bias_ = false, bias_in_epilogue_ = false;
   SymShape y_shape_;

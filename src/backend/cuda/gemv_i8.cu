@@ -7,8 +7,12 @@
 // flight before it multiplies them into the slice's rows. A step of more rows runs slices of 8 rows
 // in the grid's y dimension, which read the same weights at the same time (L2 serves all but the
 // first). The bytes become floats exactly without a conversion instruction each: the byte (xor
-// 0x80, so 0..255) is put under the exponent of 2^23, and 2^23 + 128 subtracted. Prefill-sized
-// steps widen the weights into fp16/bf16 slices for cuBLASLt instead (dequantize_i8_rows).
+// 0x80, so 0..255) is put under the exponent of 2^23, and 2^23 + 128 subtracted. A folded input
+// norm (fuse_norm_linear: gamma as the norm scale, the row sums of q · gamma) runs inside the
+// one-row GEMV as in the float one (gemv.cu): the lanes add up the row's sum and sum of squares
+// from the x chunks they multiply anyway, multiply x by gamma on the fly, and the store applies
+// mean and 1 / std (or 1 / rms) before the channel's scale. Prefill-sized steps widen the weights
+// into fp16/bf16 slices for cuBLASLt instead (dequantize_i8_rows).
 #include "backend/cuda/device_types.cuh"
 
 namespace kiln::cuda {
@@ -48,14 +52,20 @@ __device__ __forceinline__ void load_x8(const T* __restrict__ x, int64_t c, floa
 }
 
 // Rows row_base + blockIdx.y * N .. + N of y. chunks = in / 8; split warps share a group of
-// features (over interleaved chunks), their sums added in a fixed order.
-template <typename T, typename B, int N>
+// features (over interleaved chunks), their sums added in a fixed order. kNorm (N = 1): a folded
+// norm, LayerNorm with row_sums (on x minus its first element, as gemv.cu), RMSNorm without;
+// gamma (f32 [in], null: 1) multiplies x.
+template <typename T, typename B, int N, bool kNorm = false>
 __global__ void __launch_bounds__(kWarps * 32)
     gemv_i8_kernel(const T* __restrict__ x, const uint2* __restrict__ w,
                    const float* __restrict__ scales, const B* __restrict__ bias, const T* residual,
                    T* y, float* y32, int64_t chunks, int64_t out, int64_t row_base, int split,
-                   bool has_act, ActFn act) {
-  __shared__ float partial_s[kWarps][kFeatures][N];
+                   bool has_act, ActFn act, const float* __restrict__ gamma,
+                   const float* __restrict__ row_sums, float eps) {
+  static_assert(!kNorm || N == 1, "a folded norm runs at one row");
+  // Per warp: the features' sums, then (kNorm) the row's sum and sum of squares.
+  constexpr int kSlots = kNorm ? kFeatures + 2 : kFeatures;
+  __shared__ float partial_s[kWarps][kSlots][N];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int groups_per_block = kWarps / split;
   const int sub = warp % split;
@@ -63,9 +73,9 @@ __global__ void __launch_bounds__(kWarps * 32)
       (static_cast<int64_t>(blockIdx.x) * groups_per_block + warp / split) * kFeatures;
   const int64_t row0 = row_base + static_cast<int64_t>(blockIdx.y) * N;
   x += row0 * chunks * 8;
-  float acc[kFeatures][N];
+  float acc[kSlots][N];  // kNorm: acc[kFeatures] the row's sum, acc[kFeatures + 1] its squares
 #pragma unroll
-  for (int k = 0; k < kFeatures; ++k)
+  for (int k = 0; k < kSlots; ++k)
 #pragma unroll
     for (int r = 0; r < N; ++r) acc[k][r] = 0.0f;
   const uint2* wr[kFeatures];
@@ -85,15 +95,19 @@ __global__ void __launch_bounds__(kWarps * 32)
   if (f0 < out) load_weights(c);
   const int kk = lane / N, rr = lane % N;
   const bool stores = sub == 0 && kk < kFeatures && f0 + kk < out;
-  float scale_v = 0.0f, bias_v = 0.0f;
+  float scale_v = 0.0f, bias_v = 0.0f, row_sum = 0.0f;
   if (stores) {
     scale_v = scales[f0 + kk];
     bias_v = bias != nullptr ? to_float(bias[f0 + kk]) : 0.0f;
+    if (kNorm && row_sums != nullptr) row_sum = row_sums[f0 + kk];
   }
   pdl_wait();
   pdl_trigger();
   float res_v = 0.0f;
   if (stores && residual != nullptr) res_v = to_float(residual[(row0 + rr) * out + f0 + kk]);
+  // A folded LayerNorm works on x minus the row's first element (the sums of squares then do not
+  // cancel when the row's mean is large against its spread).
+  const float shift = kNorm && row_sums != nullptr ? to_float(x[0]) : 0.0f;
   if (f0 < out) {
     for (; c < chunks; c += step) {
       if (c != sub * 32 + lane) load_weights(c);
@@ -107,6 +121,20 @@ __global__ void __launch_bounds__(kWarps * 32)
         for (int r = 0; r < N; ++r) {
           float xf[8];
           load_x8<T>(x + r * chunks * 8, c + u * stride, xf);
+          if constexpr (kNorm) {
+#pragma unroll
+            for (int e = 0; e < 8; ++e) {
+              xf[e] -= shift;
+              acc[kFeatures][r] += xf[e];
+              acc[kFeatures + 1][r] = fmaf(xf[e], xf[e], acc[kFeatures + 1][r]);
+            }
+            if (gamma != nullptr) {
+              const float4* gv = reinterpret_cast<const float4*>(gamma) + 2 * (c + u * stride);
+              const float4 g0 = __ldg(gv), g1 = __ldg(gv + 1);
+              xf[0] *= g0.x, xf[1] *= g0.y, xf[2] *= g0.z, xf[3] *= g0.w;
+              xf[4] *= g1.x, xf[5] *= g1.y, xf[6] *= g1.z, xf[7] *= g1.w;
+            }
+          }
 #pragma unroll
           for (int k = 0; k < kFeatures; ++k) {
             float s = 0.0f;
@@ -119,19 +147,19 @@ __global__ void __launch_bounds__(kWarps * 32)
     }
   }
 #pragma unroll
-  for (int k = 0; k < kFeatures; ++k)
+  for (int k = 0; k < kSlots; ++k)
 #pragma unroll
     for (int r = 0; r < N; ++r) acc[k][r] = warp_sum(acc[k][r]);
   if (split > 1) {
     if (lane == 0)
 #pragma unroll
-      for (int k = 0; k < kFeatures; ++k)
+      for (int k = 0; k < kSlots; ++k)
 #pragma unroll
         for (int r = 0; r < N; ++r) partial_s[warp][k][r] = acc[k][r];
     __syncthreads();
     if (sub != 0) return;
 #pragma unroll
-    for (int k = 0; k < kFeatures; ++k)
+    for (int k = 0; k < kSlots; ++k)
 #pragma unroll
       for (int r = 0; r < N; ++r) {
         float s = 0.0f;
@@ -146,6 +174,19 @@ __global__ void __launch_bounds__(kWarps * 32)
 #pragma unroll
     for (int r = 0; r < N; ++r)
       if (k == kk && r == rr) v = acc[k][r];
+  if constexpr (kNorm) {
+    // The row's sums (N = 1: slot 0); LayerNorm with d = x - shift: rstd * (d · (q gamma) -
+    // mean(d) * rowsum(q gamma)) = rstd * ((x - mean) gamma) · q, var(x) = var(d).
+    const float in = static_cast<float>(chunks * 8);
+    const float sum = acc[kFeatures][0], squares = acc[kFeatures + 1][0];
+    if (row_sums != nullptr) {
+      const float mean = sum / in;
+      const float var = fmaxf(squares / in - mean * mean, 0.0f);
+      v = rsqrtf(var + eps) * fmaf(-mean, row_sum, v);
+    } else {
+      v *= rsqrtf(squares / in + eps);
+    }
+  }
   v = v * scale_v + bias_v;
   v = round_as<T>(v);
   if (has_act) v = apply_act(act, v);
@@ -162,10 +203,15 @@ void launch_slices(const GemvI8Params& p, int64_t row_base, unsigned slices, Ker
   const int64_t chunks = p.in / 8;
   const int64_t groups = (p.out + kFeatures - 1) / kFeatures, per_block = kWarps / p.split;
   const dim3 grid(static_cast<unsigned>((groups + per_block - 1) / per_block), slices);
-  launch(gemv_i8_kernel<T, B, N>, grid, kWarps * 32, 0, stream, static_cast<const T*>(p.x),
-         reinterpret_cast<const uint2*>(p.w), p.scales, static_cast<const B*>(p.bias),
-         static_cast<const T*>(p.residual), static_cast<T*>(p.y), p.y32, chunks, p.out, row_base,
-         p.split, p.has_act, p.act);
+  auto go = [&](auto kernel) {
+    launch(kernel, grid, kWarps * 32, 0, stream, static_cast<const T*>(p.x),
+           reinterpret_cast<const uint2*>(p.w), p.scales, static_cast<const B*>(p.bias),
+           static_cast<const T*>(p.residual), static_cast<T*>(p.y), p.y32, chunks, p.out,
+           row_base, p.split, p.has_act, p.act, p.norm_scale, p.norm_row_sums, p.norm_eps);
+  };
+  if constexpr (N == 1)
+    if (p.norm) return go(gemv_i8_kernel<T, B, 1, true>);
+  go(gemv_i8_kernel<T, B, N>);
 }
 
 template <typename T, typename B>
@@ -243,13 +289,17 @@ bool gemv_i8_fits(const void* x, const void* w, int64_t in) {
          (reinterpret_cast<uintptr_t>(w) & 7) == 0;
 }
 
-void launch_gemv_i8(const GemvI8Params& p, KernelStream stream) {
-  if (p.rows <= 0 || p.out <= 0) return;
+bool launch_gemv_i8(const GemvI8Params& p, KernelStream stream) {
+  // The folded norm: one row, gamma 16-byte aligned (two float4 loads a chunk).
+  if (p.norm && (p.rows != 1 || (reinterpret_cast<uintptr_t>(p.norm_scale) & 15) != 0))
+    return false;
+  if (p.rows <= 0 || p.out <= 0) return true;
   dispatch_float(p.type, [&](auto tag) {
     dispatch_float(p.bias_type, [&](auto bias_tag) {
       launch_rows<decltype(tag), decltype(bias_tag)>(p, stream);
     });
   });
+  return true;
 }
 
 void launch_dequantize_i8(FloatType t, const int8_t* q, const float* scales, void* w, int64_t rows,

@@ -196,8 +196,15 @@ struct GemvI8Params {
               // to gemv_i8_warps_per_sm)
   bool has_act = false;
   ActFn act = ActFn::kRelu;
+  // A folded input norm (one row): LayerNorm with norm_row_sums (f32 [out], of q · gamma),
+  // RMSNorm without; norm_scale: gamma (f32 [in], 16-byte aligned; null: 1).
+  bool norm = false;
+  const float* norm_row_sums = nullptr;
+  const float* norm_scale = nullptr;
+  float norm_eps = 0.0f;
 };
-void launch_gemv_i8(const GemvI8Params& p, KernelStream stream);
+// False, launching nothing, for a folded norm on more than one row (or a misaligned gamma).
+bool launch_gemv_i8(const GemvI8Params& p, KernelStream stream);
 // w [rows, in] (of float type t, 16-byte aligned) = q [rows, in] · scales[row], rounded to t;
 // `in` a multiple of 8.
 void launch_dequantize_i8(FloatType t, const int8_t* q, const float* scales, void* w, int64_t rows,
