@@ -1,11 +1,14 @@
 #!/bin/bash
-# CUDA int8-weight plans against fp16 plans of the same `kiln synth` weights, in one device run:
+# CUDA int8-weight (and int4-weight) plans against fp16 plans of the same `kiln synth` weights, in
+# one device run:
 # plan size, `kiln bench` decode (ms/token, % of the memory roofline) at batch 1, 16 and 64 and
 # the time to first token, and the agreement of the two plans' greedy tokens (`kiln eval
 # --compare` on the fixture dataset: the weights are random, so the accuracies mean nothing, but
 # the top-1 agreement says how far int8 weights move the next-token choice). bloom-560m (fp16
 # checkpoint) and flan-t5-large (fp32 checkpoint). Logs and JSON lines in $OUT.
 # Run from the folder scripts/device/pack.sh filled. Usage: int8_weight.sh [RUNS]
+# (PRECISIONS="fp16 int8-weight int4-weight" by default; SKINNY_AB=1 adds the batch-16 run
+# without the skinny GEMM.)
 set -u
 HERE=$(cd "$(dirname "$0")" && pwd)
 OUT=${OUT:-/tmp/out}
@@ -20,7 +23,7 @@ for spec in "bloom-560m fp16" "flan-t5-large fp32"; do
   set -- $spec
   preset=$1 sdtype=$2 dir=/tmp/synth/$1
   [ -d "$dir" ] || "$KILN" synth --preset "$preset" --dtype "$sdtype" -o "$dir" >>"$LOG" 2>&1
-  for prec in fp16 int8-weight; do
+  for prec in ${PRECISIONS:-fp16 int8-weight int4-weight}; do
     plan=/tmp/plans/$preset-$prec.plan
     "$KILN" build --model "$dir" --device cuda --precision "$prec" --max-input-tokens 512 \
       -o "$plan" >>"$LOG" 2>&1 || { echo "build $preset $prec failed" | tee -a "$LOG"; continue; }
@@ -36,11 +39,16 @@ for line in sys.stdin:
         r.get("ttft_ms", float("nan"))))' | tee -a "$LOG"
   done
   # Batched steps of 16 rows on widened weights and cuBLASLt instead of the skinny GEMM.
-  echo "$preset int8-weight, KILN_CUDA_SKINNY_ROWS=0:" | tee -a "$LOG"
-  KILN_CUDA_SKINNY_ROWS=0 "$KILN" bench --plan "/tmp/plans/$preset-int8-weight.plan" \
-    --input-len 78 --output-len 100 --runs "$RUNS" --sweep batch=16 --json 2>>"$LOG" |
-    sed 's/^{/{"skinny_rows": 0, /' | tee -a "$JSON" | tee -a "$LOG"
-  "$KILN" eval --compare "/tmp/plans/$preset-fp16.plan" "/tmp/plans/$preset-int8-weight.plan" \
-    --dataset "$HERE/x/fixtures/data/dev.jsonl" --max-new-tokens 8 --json 2>>"$LOG" |
-    tee -a "$JSON" | tee -a "$LOG"
+  if [ -n "${SKINNY_AB:-}" ]; then
+    echo "$preset int8-weight, KILN_CUDA_SKINNY_ROWS=0:" | tee -a "$LOG"
+    KILN_CUDA_SKINNY_ROWS=0 "$KILN" bench --plan "/tmp/plans/$preset-int8-weight.plan" \
+      --input-len 78 --output-len 100 --runs "$RUNS" --sweep batch=16 --json 2>>"$LOG" |
+      sed 's/^{/{"skinny_rows": 0, /' | tee -a "$JSON" | tee -a "$LOG"
+  fi
+  for prec in ${PRECISIONS:-fp16 int8-weight int4-weight}; do
+    [ "$prec" = fp16 ] || [ ! -f "/tmp/plans/$preset-$prec.plan" ] ||
+      "$KILN" eval --compare "/tmp/plans/$preset-fp16.plan" "/tmp/plans/$preset-$prec.plan" \
+        --dataset "$HERE/x/fixtures/data/dev.jsonl" --max-new-tokens 8 --json 2>>"$LOG" |
+      tee -a "$JSON" | tee -a "$LOG"
+  done
 done

@@ -61,13 +61,10 @@ std::string_view precision_names() { return "fp32, fp16, bf16, int8, int8-weight
 
 namespace {
 
-constexpr std::string_view kNoInt4Cuda =
-    "int4-weight runs on the cpu only for now (--device cpu); the cuda backend runs fp32, fp16, "
-    "bf16 and int8-weight plans";
 constexpr std::string_view kNoW8A8Cuda =
     "int8 (W8A8: int8 weights and calibrated int8 activations) runs on the cpu only for now "
-    "(--device cpu); the cuda backend runs fp32, fp16, bf16 and int8-weight (int8 weights, fp16 "
-    "activations) plans";
+    "(--device cpu); the cuda backend runs fp32, fp16, bf16, int8-weight and int4-weight "
+    "(int8/int4 weights, fp16 activations) plans";
 
 // Rows in kAllDevices × kAllPrecisions order.
 constexpr PrecisionSupport kSupport[] = {
@@ -82,8 +79,7 @@ constexpr PrecisionSupport kSupport[] = {
     {Device::kCuda, Precision::kBf16, true, DType::kBF16, DType::kBF16, false, false, {}},
     {Device::kCuda, Precision::kInt8, false, DType::kI8, DType::kF16, true, true, kNoW8A8Cuda},
     {Device::kCuda, Precision::kInt8Weight, true, DType::kI8, DType::kF16, true, false, {}},
-    {Device::kCuda, Precision::kInt4Weight, false, DType::kI4, DType::kF16, true, false,
-     kNoInt4Cuda},
+    {Device::kCuda, Precision::kInt4Weight, true, DType::kI4, DType::kF16, true, false, {}},
 };
 
 }  // namespace

@@ -98,7 +98,7 @@ int narrow_graph(Graph& graph, const PrecisionPlan& plan, const Logger& log) {
   for (size_t i = 0; i < graph.nodes.size(); ++i)
     if (wide[i])
       for (int out : graph.nodes[i].outputs) keep[out] = true;
-  int weights = 0, activations = 0, kept_weights = 0, quantized = 0;
+  int weights = 0, activations = 0, kept_weights = 0, quantized = 0, int4 = 0;
   for (size_t id = 0; id < num_values; ++id) {
     Value& v = graph.values[id];
     if (!is_float(v.dtype)) continue;
@@ -111,6 +111,7 @@ int narrow_graph(Graph& graph, const PrecisionPlan& plan, const Logger& log) {
                      graph.name, v.name, v.layout.packing);
           quantize_weight(graph, static_cast<int>(id), to);  // appends to graph.values
           ++quantized;
+          int4 += to == DType::kI4;
           break;
         }
         if (v.dtype != to) {
@@ -161,8 +162,12 @@ int narrow_graph(Graph& graph, const PrecisionPlan& plan, const Logger& log) {
   log.info(
       "graph '{}': {} precision: {} weights and {} activations in {}{}, logits in f32", graph.name,
       precision_name(plan.support->precision), weights, activations, dtype_name(narrow),
-      quantized > 0 ? fmt::format("; {} weight matrices in int8 with per-row f32 scales", quantized)
-                    : std::string());
+      quantized > 0
+          ? fmt::format("; {} weight matrices in int8 with per-row f32 scales{}", quantized - int4,
+                        int4 > 0 ? fmt::format(", {} in int4 with f16 scales per group of 128",
+                                               int4)
+                                 : std::string())
+          : std::string());
   return weights + activations + quantized;
 }
 

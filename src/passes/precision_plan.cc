@@ -16,10 +16,11 @@
 // Linear, which keeps an f32 input (int8 weights as int8-weight plans): the final choice of each
 // token reads its output. Norms, softmax, attention and the residual adds compute in f32 as in
 // every CPU plan; Embedding tables are int8 with per-row scales (a gather: nothing to quantize).
-// int4-weight (the CPU): Linear weights are int4 with f16 group scales, except the matrices it
-// keeps as int8-weight stores them (int8 per row), each with its reason: the logits Linear's
-// (every token is chosen from its output), Embedding tables (a gather; BLOOM's tied lm_head is
-// one) and matrices int4 cannot hold (an odd input dimension, a scale beyond fp16).
+// int4-weight (the CPU, and CUDA with fp16 activations): Linear weights are int4 with f16 group
+// scales, except the matrices it keeps as int8-weight stores them (int8 per row), each with its
+// reason: the logits Linear's (every token is chosen from its output), Embedding tables (a
+// gather; BLOOM's tied lm_head is one) and matrices int4 cannot hold (an odd input dimension, a
+// scale beyond fp16; on CUDA an input dimension that is not a multiple of 16).
 #include "passes/precision_plan.h"
 
 #include <algorithm>
@@ -298,6 +299,18 @@ PrecisionPlan plan_precision(const Graph& g, const PrecisionSupport& support,
         continue;
       }
       plan.weight[id] = support.matrix;
+      if (support.matrix == DType::kI4) {
+        std::string why = int4_kept_int8(g, v, uses[id]);
+        if (why.empty() && v.data.rank() == 2 && v.data.dim(1) % 16 != 0)
+          why = fmt::format(
+              "int8 as int8-weight plans store it: its input dimension {} is not a multiple of 16 "
+              "(the cuda int4 kernels load 16 weights at a time)",
+              v.data.dim(1));
+        if (!why.empty()) {
+          plan.weight[id] = DType::kI8;
+          plan.weight_why[id] = std::move(why);
+        }
+      }
       continue;
     }
     if (v.dtype != DType::kF32) {

@@ -1,5 +1,7 @@
 #include "passes/quantize_weights.h"
 
+#include "core/f32_chunks.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -86,9 +88,13 @@ std::string int4_refused(const Tensor& w) {
   if (w.rank() != 2) return fmt::format("i4 weights are matrices, not {} dimensions", w.rank());
   if (w.dim(1) % 2 != 0)
     return fmt::format("its {} inputs are odd, and i4 rows pack two elements a byte", w.dim(1));
+  // Any float type (a CUDA plan keeps a checkpoint's f16 weights narrow until they are quantized).
   const Tensor c = w.is_contiguous() ? w : w.clone();
   float amax = 0.0f;
-  for (int64_t i = 0; i < c.numel(); ++i) amax = std::max(amax, std::fabs(c.data<float>()[i]));
+  for_each_f32_chunk(c, size_t{1} << 20, [&](const float* v, size_t, size_t n) {
+    for (size_t i = 0; i < n; ++i) amax = std::max(amax, std::fabs(v[i]));
+    return true;
+  });
   if (amax / 8.0f > 65504.0f)
     return fmt::format("max |w| = {:g} needs a group scale beyond fp16's largest value 65504",
                        amax);

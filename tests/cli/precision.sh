@@ -105,7 +105,7 @@ expect_in "$TMP/err" "--calib-cache" "the int8 refusal names --calib-cache"
 [ -e "$TMP/int8.plan" ] && fail "a refused build left a plan behind"
 expect_exit 2 "build int8 cuda" -- "$KILN" build --model "$FIXTURES/t5-tiny" --device cuda \
   --precision int8 --calib "$FIXTURES/data/calib.jsonl" -o "$TMP/int8.plan"
-grep -qE "fp32, fp16, bf16 and int8-weight|built without CUDA" "$TMP/err" || fail "cuda int8: $(cat "$TMP/err")"
+grep -qE "fp32, fp16, bf16, int8-weight and int4-weight|built without CUDA" "$TMP/err" || fail "cuda int8: $(cat "$TMP/err")"
 # int8-weight on cuda builds without a GPU: every matrix int8, the log says so.
 if "$KILN" build --model "$FIXTURES/bloom-tiny" --device cuda --precision int8-weight \
   -o "$TMP/cuda-i8.plan" 2>"$TMP/err"; then
@@ -116,10 +116,18 @@ if "$KILN" build --model "$FIXTURES/bloom-tiny" --device cuda --precision int8-w
 else
   expect_in "$TMP/err" "built without CUDA" "cuda int8-weight refused only without CUDA"
 fi
-# int4-weight on cuda is refused too, naming what the cuda backend runs.
-expect_exit 2 "build int4-weight cuda" -- "$KILN" build --model "$FIXTURES/t5-tiny" --device cuda \
-  --precision int4-weight -o "$TMP/int4.plan"
-grep -qE "int4-weight runs on the cpu only|built without CUDA" "$TMP/err" || fail "cuda int4: $(cat "$TMP/err")"
+# int4-weight on cuda builds without a GPU too: the Linears int4, the tied table (embedding and
+# logits) int8, the log says so.
+if "$KILN" build --model "$FIXTURES/bloom-tiny" --device cuda --precision int4-weight \
+  -o "$TMP/cuda-i4.plan" 2>"$TMP/err"; then
+  expect_in "$TMP/err" "1 weight matrices in int8 with per-row f32 scales, 24 in int4 with f16 scales per group of 128" \
+    "cuda int4-weight build log"
+  "$KILN" inspect --layers "$TMP/cuda-i4.plan" >"$TMP/out" 2>&1
+  expect_in "$TMP/out" "Linear i4 (f16 scales per group of 128)×24, Linear i8 (per-channel f32 scales)×1" \
+    "cuda int4-weight plan layers"
+else
+  expect_in "$TMP/err" "built without CUDA" "cuda int4-weight refused only without CUDA"
+fi
 expect_exit 2 "build fp8" -- "$KILN" build --model "$FIXTURES/t5-tiny" --precision fp8 -o "$TMP/fp8.plan"
 expect_in "$TMP/err" "unknown precision" "an unknown precision is named"
 

@@ -8,6 +8,7 @@
 
 #include <filesystem>
 
+#include "backend/cuda_info.h"
 #include "builder/builder.h"
 #include "damaged_plan.h"
 #include "graph/packing.h"
@@ -24,6 +25,7 @@ struct AgreementCase {
   std::string dir;
   // Fraction of teacher-forced positions whose argmax equals HuggingFace's fp32 argmax.
   double min_top1;
+  Device device = Device::kCpu;  // CUDA: int4 weights with fp16 activations (skipped without a GPU)
 };
 
 class Int4Agreement : public testing::TestWithParam<AgreementCase> {};
@@ -31,9 +33,12 @@ class Int4Agreement : public testing::TestWithParam<AgreementCase> {};
 // Teacher-forced top-1 agreement is what greedy generation needs position by position, without
 // one early flip hiding every later position (as comparing whole generated sequences does).
 TEST_P(Int4Agreement, NextTokenChoicesAgreeWithHuggingFaceFp32) {
+  if (GetParam().device == Device::kCuda)
+    if (const std::string why = no_gpu_reason(); !why.empty()) GTEST_SKIP() << why;
   Context ctx(ContextOptions{LogLevel::kWarning, 2});
   BuildOptions build;
   build.precision = Precision::kInt4Weight;
+  build.device = GetParam().device;
   auto engine = compile_model_dir(ctx, fixture(GetParam().dir), build);
   const SafetensorsFile ref =
       SafetensorsFile::open(fixture(GetParam().dir + "/reference.safetensors"));
@@ -54,7 +59,8 @@ TEST_P(Int4Agreement, NextTokenChoicesAgreeWithHuggingFaceFp32) {
     }
   }
   const double rate = static_cast<double>(agree) / static_cast<double>(positions);
-  std::cout << "  [" << GetParam().dir << " int4-weight: top-1 agrees with HF fp32 on " << agree
+  std::cout << "  [" << GetParam().dir << " " << device_name(GetParam().device)
+            << " int4-weight: top-1 agrees with HF fp32 on " << agree
             << " of " << positions << " positions (" << rate << ")]\n";
   EXPECT_GT(positions, 50);
   EXPECT_GE(rate, GetParam().min_top1);
@@ -66,11 +72,14 @@ INSTANTIATE_TEST_SUITE_P(Models, Int4Agreement,
                          // percent of the logits' range: test_precision.cc); 98 % allows one such
                          // near-tie in 50 positions, and fails as soon as int4 moves clear
                          // decisions.
+                         // CUDA's int4 plans (fp16 activations) are held to the same.
                          testing::Values(AgreementCase{"t5-tiny", 0.98},
-                                         AgreementCase{"bloom-tiny", 0.98}),
+                                         AgreementCase{"bloom-tiny", 0.98},
+                                         AgreementCase{"t5-tiny", 0.98, Device::kCuda},
+                                         AgreementCase{"bloom-tiny", 0.98, Device::kCuda}),
                          [](const testing::TestParamInfo<AgreementCase>& info) {
-                           return info.param.dir == "t5-tiny" ? std::string("t5")
-                                                              : std::string("bloom");
+                           return std::string(info.param.dir == "t5-tiny" ? "t5" : "bloom") +
+                                  (info.param.device == Device::kCuda ? "_cuda" : "");
                          });
 
 // A plan whose i4 weight lost its group scales, carries scales of the wrong type or shape, or is

@@ -273,7 +273,7 @@ TEST(Int8Calibration, RefusalsSayWhatToPass) {
   EXPECT_THROW(build_model(fixture("t5-tiny"), bf16, ctx.log()), Error);
   const PrecisionSupport& cuda = precision_support(Device::kCuda, Precision::kInt8);
   EXPECT_FALSE(cuda.supported);
-  EXPECT_NE(std::string(cuda.unsupported).find("fp32, fp16, bf16 and int8-weight"),
+  EXPECT_NE(std::string(cuda.unsupported).find("fp32, fp16, bf16, int8-weight and int4-weight"),
             std::string::npos);
   EXPECT_NE(std::string(cuda.unsupported).find("cpu"), std::string::npos);
   EXPECT_TRUE(precision_support(Device::kCpu, Precision::kInt8).calibrated_inputs);

@@ -13,6 +13,7 @@
 #include "backend/backend.h"
 #include "backend/cuda_info.h"
 #include "builder/builder.h"
+#include "passes/precision_plan.h"
 #include "builder/calibration_runner.h"
 #include "graph/builder.h"
 #include "graph/linear.h"
@@ -58,7 +59,7 @@ TEST(PrecisionSupportTable, CoversEveryPairAndDecidesTheRefusals) {
   }
   EXPECT_EQ(supported_precision_names(Device::kCpu),
             "fp32, fp16, bf16, int8, int8-weight, int4-weight");
-  EXPECT_EQ(supported_precision_names(Device::kCuda), "fp32, fp16, bf16, int8-weight");
+  EXPECT_EQ(supported_precision_names(Device::kCuda), "fp32, fp16, bf16, int8-weight, int4-weight");
   // A second GPU runs what the first runs: the table is by device kind, not ordinal.
   const PrecisionSupport& second = precision_support(Device(Device::kCuda, 1), Precision::kFp16);
   EXPECT_EQ(second.device, Device::kCuda);
@@ -215,6 +216,45 @@ TEST(PrecisionPlan, CudaInt8WeightQuantizesEveryMatrixAndNarrowsTheRest) {
           EXPECT_EQ(g.values[n.inputs[0]].dtype, DType::kF32);
         }
     EXPECT_EQ(found, 1);
+  }
+}
+
+// CUDA int4-weight plans (built here): every Linear's weight int4 with f16 group scales except
+// the logits Linear's and the Embedding tables (int8 per row, as the CPU's int4-weight plans keep
+// them, each with its reason in the plan's notes); activations fp16 as in int8-weight plans.
+TEST(PrecisionPlan, CudaInt4WeightQuantizesLinearsToInt4AndKeepsTablesAndLogitsInt8) {
+  if (!query_cuda().compiled) GTEST_SKIP() << "built without CUDA: cuda plans cannot be built";
+  for (const char* model : {"bloom-tiny", "t5-tiny"}) {
+    SCOPED_TRACE(model);
+    BuildOptions o;
+    o.device = Device::kCuda;
+    o.precision = Precision::kInt4Weight;
+    const ModelIR ir = build_model(fixture(model), o, kQuiet);
+    int int4 = 0, int8 = 0;
+    for (const Graph& g : ir.graphs) {
+      verify_graph(g);
+      for (const Node& n : g.nodes) {
+        if (n.op == OpKind::kEmbedding) {
+          EXPECT_EQ(g.values[n.inputs[0]].dtype, DType::kI8) << n.name;
+        }
+        if (n.op != OpKind::kLinear) continue;
+        const LinearDesc d = describe_linear(n);
+        const Value& w = g.values[d.operand(LinearOperand::kWeight)];
+        const Value& s = g.values[d.operand(LinearOperand::kWeightScales)];
+        if (w.dtype == DType::kI4) {
+          ++int4;
+          EXPECT_EQ(s.dtype, DType::kF16) << n.name;
+          EXPECT_EQ(s.data.dim(1), int4_groups(w.data.dim(1))) << n.name;
+          EXPECT_FALSE(d.epilogue.norm) << n.name << ": no norm folds into int4";
+        } else {
+          ++int8;
+          EXPECT_EQ(w.dtype, DType::kI8) << n.name;
+          EXPECT_EQ(&n - g.nodes.data(), logits_linear(g)) << n.name << ": only the logits Linear";
+        }
+      }
+    }
+    EXPECT_GT(int4, 0);
+    EXPECT_EQ(int8, 1);  // the logits Linear (bloom: the tied table's)
   }
 }
 

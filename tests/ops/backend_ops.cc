@@ -121,6 +121,19 @@ float round_value(DType dtype, float f) {
   KILN_FAIL("round_value: the op cases run in f32, f16 or bf16, not {}", dtype_name(dtype));
 }
 
+Int4Weight int4_weight(Gen& g, int64_t out, int64_t in) {
+  const std::vector<float> v = g.floats(out * in, -8.49f, 7.49f);
+  std::vector<float> q(v.size());
+  for (size_t i = 0; i < v.size(); ++i) q[i] = std::nearbyint(v[i]);
+  q.front() = -8.0f;
+  q.back() = 7.0f;
+  Tensor qt = Tensor::empty(DType::kI4, {out, in});
+  dtype_traits(DType::kI4).from_float(q.data(), qt.raw(), q.size());
+  std::vector<float> s = g.floats(out * int4_groups(in), 0.001f, 0.05f);
+  for (size_t i = 0; i < s.size(); i += 3) s[i] = -s[i];
+  return {qt, make_tensor(DType::kF16, s, {out, int4_groups(in)})};
+}
+
 Tensor quantize_rows_to_int8(const Tensor& x) {
   constexpr int64_t kGroup = 128;
   Tensor r = x.clone();

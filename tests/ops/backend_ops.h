@@ -64,6 +64,15 @@ class Gen {
   DType values_;
   std::mt19937 rng_;
 };
+// A random int4 weight (graph/linear.h): i4 values over the whole range (both ends included) and
+// f16 group scales [out, groups] of either sign (the quantizer's scales are m / -8, negative for a
+// positive extreme).
+struct Int4Weight {
+  Tensor q;       // i4 [out, in]
+  Tensor scales;  // f16 [out, groups]
+};
+Int4Weight int4_weight(Gen& g, int64_t out, int64_t in);
+
 // Each row of x [n, k] as the int8 dot products of int8-weight and int4-weight Linears see it
 // (backend/cpu/packed_linear.h: quantize_rows_to_quads), in groups of 128 elements (the last one
 // shorter): q = x · (127 / max|group|) rounded to the nearest integer (ties to even), times

@@ -27,26 +27,6 @@ namespace {
 
 constexpr uint32_t kSeed = 20261206;
 
-struct Int4Weight {
-  Tensor q;       // i4 [out, in]
-  Tensor scales;  // f16 [out, groups]
-};
-
-// Random i4 values over the whole range (both ends included) and f16 group scales of either sign
-// (the quantizer's scales are m / -8, negative for a positive extreme).
-Int4Weight int4_weight(Gen& g, int64_t out, int64_t in) {
-  const std::vector<float> v = g.floats(out * in, -8.49f, 7.49f);
-  std::vector<float> q(v.size());
-  for (size_t i = 0; i < v.size(); ++i) q[i] = std::nearbyint(v[i]);
-  q.front() = -8.0f;
-  q.back() = 7.0f;
-  Tensor qt = Tensor::empty(DType::kI4, {out, in});
-  dtype_traits(DType::kI4).from_float(q.data(), qt.raw(), q.size());
-  std::vector<float> s = g.floats(out * int4_groups(in), 0.001f, 0.05f);
-  for (size_t i = 0; i < s.size(); i += 3) s[i] = -s[i];
-  return {qt, make_tensor(DType::kF16, s, {out, int4_groups(in)})};
-}
-
 struct Shape4 {
   int64_t n, in, out;
   bool bias;

@@ -79,7 +79,7 @@ const char* variant_name(Variant v) {
 // The Linear (with the nodes its variant fuses into it, fused as the CUDA pipeline fuses them;
 // `fuse` false: the graph before fusing).
 Graph int8_linear_graph(Gen& g, DType dtype, int64_t in, int64_t out, Variant variant,
-                        bool fuse = true) {
+                        bool fuse = true, bool int4 = false) {
   GraphBuilder b("int8_linear");
   const int x = b.input("x", dtype, {kTokens, Dim::of(in)});
   int h = x;
@@ -93,6 +93,10 @@ Graph int8_linear_graph(Gen& g, DType dtype, int64_t in, int64_t out, Variant va
     h = b.rms_norm(x, b.weight("nw", Tensor::from_vector(g.floats(in, 0.5f, 1.5f), {in})), 1e-6,
                    "rms");
   Int8Weight w = int8_weight(g, out, in);
+  if (int4) {
+    Int4Weight w4 = int4_weight(g, out, in);
+    w = {std::move(w4.q), std::move(w4.scales)};
+  }
   int bias = -1;
   if (variant == Variant::kBiasAct || variant == Variant::kLayerNorm)
     bias = b.weight("b", g.random({out}));
@@ -179,6 +183,62 @@ TEST(BackendOps, NarrowInt8WeightLinearsMatchReference) {
           }
         }
   if (compared == 0) GTEST_SKIP() << "no backend here runs int8 weights with fp16/bf16 inputs";
+}
+
+// int4-weight plans' Linears on CUDA (int4 weights, f16 scales per group of 128 inputs, the same
+// kernel as int8's): the int4 GEMV (1, 3, 8 rows; exact products, each chunk's sum times its
+// group's scale), the skinny GEMM widening int4 weights times their group's scale (13, 24, 32:
+// each weight rounded to the activations' type once) and widened slices on cuBLASLt (65). Shapes:
+// several groups (1024), a last group of 16 (4112: not a multiple of 32, so the skinny GEMM's
+// rows widen), 16-warp skinny blocks (2080: a last group of 32), wide feature tiles (4224
+// features); f32 activations (fp16 T5's FFN output projections) on the GEMV and widened slices.
+TEST(BackendOps, NarrowInt4WeightLinearsMatchReference) {
+  const std::unique_ptr<Backend> reference = reference_backend();
+  std::vector<NamedBackend> backends = available_backends();
+  struct Shape2 {
+    int64_t in, out;
+  };
+  int compared = 0;
+  for (DType dtype : {DType::kF16, DType::kBF16, DType::kF32})
+    for (const Shape2 sh : {Shape2{1024, 70}, Shape2{4112, 37}, Shape2{2080, 100}, Shape2{256, 4224}})
+      for (int64_t n : {1, 3, 8, 13, 24, 32, 65})
+        for (Variant variant : {Variant::kPlain, Variant::kBiasAct, Variant::kResidual,
+                                Variant::kWidened, Variant::kGatheredWidened}) {
+          if (dtype == DType::kF32 &&
+              (variant == Variant::kWidened || variant == Variant::kGatheredWidened))
+            continue;
+          if (variant != Variant::kPlain && n != 1 && n != 13 && n != 65) continue;
+          Gen g(dtype, dtype, static_cast<uint32_t>(sh.in + 3 * sh.out + n + static_cast<int>(variant)));
+          const Graph graph = int8_linear_graph(g, dtype, sh.in, sh.out, variant, true, true);
+          std::vector<NamedBackend*> runners;
+          for (NamedBackend& nb : backends)
+            if (nb.name.starts_with("cuda") && unsupported(*nb.backend, graph).empty())
+              runners.push_back(&nb);
+          if (runners.empty()) continue;
+          std::map<std::string, Tensor> feed = {{"x", g.random({n, sh.in}, -2, 2)}};
+          if (variant == Variant::kResidual) feed["r"] = g.random({n, sh.out}, -2, 2);
+          if (variant == Variant::kGatheredWidened) {
+            std::vector<int64_t> rows(static_cast<size_t>(n));
+            for (int64_t r = 0; r < n; ++r) rows[static_cast<size_t>(r)] = (r * 5 + 2) % (n + 3);
+            feed["x"] = g.random({n + 3, sh.in}, -2, 2);
+            feed["rows"] = Tensor::from_vector(rows, {n});
+          }
+          const Scenario sc = one_step(graph, feed);
+          const ScenarioOutputs ref = run_scenario(*reference, sc);
+          // Past the GEMV each weight times its scale is rounded to the activations' type.
+          const bool rounded = n > 8 || variant == Variant::kWidened ||
+                               variant == Variant::kGatheredWidened;
+          const Check check{CheckKind::kMaxRelative, rounded ? dtype_tolerance(dtype) : 0.0};
+          for (NamedBackend* nb : runners) {
+            expect_matches(run_scenario(*nb->backend, sc)[0][0], ref[0][0], check,
+                           nb->name + " int4 " + std::string(dtype_name(dtype)) + " " +
+                               variant_name(variant) + " [" + std::to_string(n) + ", " +
+                               std::to_string(sh.in) + "] x [" + std::to_string(sh.out) + ", " +
+                               std::to_string(sh.in) + "]^T");
+            ++compared;
+          }
+        }
+  if (compared == 0) GTEST_SKIP() << "no backend here runs int4 weights with float inputs";
 }
 
 // fuse_norm_linear on an int8 weight keeps q and its scales (gamma becomes the norm scale, the

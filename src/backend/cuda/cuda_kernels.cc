@@ -178,13 +178,23 @@ void register_kernels(KernelRegistry& r, CudaContext& ctx) {
       Extra::kBias,         Extra::kWeightScales,  Extra::kActivation,    Extra::kResidual,
       Extra::kGatheredRows, Extra::kWidenedOutput, Extra::kLayerNormFold, Extra::kRmsNormFold,
       Extra::kNormScale};
-  for (DType t : {DType::kF16, DType::kBF16, DType::kF32})
+  for (DType t : {DType::kF16, DType::kBF16, DType::kF32}) {
     r.add(
         KernelKey{OpKind::kLinear, t, DType::kI8, Device::kCuda, Isa::kSm90},
         t == DType::kF32 ? "cuda int8-weight linear (f32 activations or output; int8 gemv / "
                            "skinny gemm / widened cublaslt)"
                          : "cuda int8-weight linear (int8 gemv / skinny gemm / widened cublaslt)",
         [&ctx](const Node& node) { return make_quant_linear_kernel(node, ctx); }, i8_linear_extras);
+    // int4-weight plans: int4 weights with f16 group scales, the same kernel; no folded norm.
+    r.add(
+        KernelKey{OpKind::kLinear, t, DType::kI4, Device::kCuda, Isa::kSm90},
+        t == DType::kF32 ? "cuda int4-weight linear (f32 activations or output; int4 gemv / "
+                           "skinny gemm / widened cublaslt)"
+                         : "cuda int4-weight linear (int4 gemv / skinny gemm / widened cublaslt)",
+        [&ctx](const Node& node) { return make_quant_linear_kernel(node, ctx); },
+        ExtraSet{Extra::kBias, Extra::kWeightScales, Extra::kActivation, Extra::kResidual,
+                 Extra::kGatheredRows, Extra::kWidenedOutput});
+  }
   add_fn(OpKind::kEmbedding, DType::kF32, DType::kI8, "cuda int8 embedding gather", embedding_i8);
   for (DType t : kFloats) {
     add_fn(OpKind::kEmbedding, t, t, "cuda embedding gather", embedding);

@@ -1,6 +1,8 @@
-// The Linear of int8-weight plans on CUDA: fp16/bf16 activations (f32 for the Linears an fp16
-// T5 plan keeps in f32: its FFN output projections), int8 weights [out, in] with f32
-// per-output-channel scales (graph/linear.h), y = epilogue((x · q^T) · scale + bias).
+// The Linear of int8-weight and int4-weight plans on CUDA: fp16/bf16 activations (f32 for the
+// Linears an fp16 T5 plan keeps in f32: its FFN output projections), int8 weights [out, in] with
+// f32 per-output-channel scales, y = epilogue((x · q^T) · scale + bias), or int4 weights with f16
+// scales per output channel and group of 128 inputs (graph/linear.h). Every path below takes
+// both; an int4 Linear takes no folded norm (fuse_norm_linear folds into int8 weights only).
 // Steps of up to i8_gemv_rows rows (decode; KILN_CUDA_I8_GEMV_ROWS, default 8, at most
 // kI8GemvMaxRows) run the int8 GEMV (gemv_i8.cu), batched decode steps of up to skinny_rows
 // (KILN_CUDA_SKINNY_ROWS, fp16/bf16) the skinny tensor-core GEMM reading int8 weights
@@ -47,10 +49,12 @@ class QuantLinearKernel final : public CudaKernel {
     widen_ = d.epilogue.widen;
     const Value& y = graph.values[node_.outputs[0]];
     dtype_ = widen_ ? graph.values[d.operand(LinearOperand::kX)].dtype : y.dtype;
-    KILN_CHECK(w.dtype == DType::kI8 && w.shape.size() == 2 && !w.shape[0].is_symbolic() &&
-                   !w.shape[1].is_symbolic(),
-               "node '{}': the cuda int8 linear needs an i8 [out, in] weight of fixed shape",
+    KILN_CHECK((w.dtype == DType::kI8 || w.dtype == DType::kI4) && w.shape.size() == 2 &&
+                   !w.shape[0].is_symbolic() && !w.shape[1].is_symbolic(),
+               "node '{}': the cuda quantized linear needs an i8 or i4 [out, in] weight of fixed "
+               "shape",
                node_.name);
+    i4_ = w.dtype == DType::kI4;
     KILN_CHECK(dtype_ == DType::kF16 || dtype_ == DType::kBF16 || dtype_ == DType::kF32,
                "node '{}': the cuda int8 linear multiplies into float activations, not {}",
                node_.name, dtype_name(dtype_));
@@ -63,8 +67,11 @@ class QuantLinearKernel final : public CudaKernel {
                node_.name);
     out_ = w.shape[0].value;
     in_ = w.shape[1].value;
-    KILN_CHECK(in_ % 8 == 0, "node '{}': the cuda int8 linear needs `in` ({}) a multiple of 8",
-               node_.name, in_);
+    KILN_CHECK(in_ % (i4_ ? 16 : 8) == 0,
+               "node '{}': the cuda {} linear needs `in` ({}) a multiple of {}", node_.name,
+               i4_ ? "int4" : "int8", in_, i4_ ? 16 : 8);
+    KILN_CHECK(!i4_ || !d.epilogue.norm, "node '{}': the cuda int4 linear takes no folded norm",
+               node_.name);
     norm_ = d.epilogue.norm;
     norm_eps_ = static_cast<float>(d.epilogue.norm_eps);
     norm_scaled_ = norm_ && d.has(LinearOperand::kNormScale);
@@ -84,10 +91,12 @@ class QuantLinearKernel final : public CudaKernel {
     y_shape_ = graph.values[node_.outputs[0]].shape;
     // Warps sized to what the SMs hold at once: the int8 GEMV's registers allow fewer warps an
     // SM than the fp16 GEMV's, and a grid of more warps than fit runs in two waves.
+    // (gemv_split counts a row's 16-byte chunks of fp16: in_ halves are in_ / 8 of them, as
+    // many as the int8 GEMV's 8-byte loads; an int4 row has half as many loads.)
     for (int n = 1; n <= kGemvMaxRows; ++n)
       split_[n] = gemv_split(
-          FloatType::kF16, in_, out_, ctx_.device().multiprocessors,
-          std::min(ctx_.gemv_warps_per_sm(n), gemv_i8_warps_per_sm(float_type(dtype_), n)));
+          FloatType::kF16, i4_ ? in_ / 2 : in_, out_, ctx_.device().multiprocessors,
+          std::min(ctx_.gemv_warps_per_sm(n), gemv_i8_warps_per_sm(float_type(dtype_), n, i4_)));
     desc_ = make_linear_matmul_desc(
         CUBLAS_COMPUTE_32F, bias_in_epilogue_ ? std::optional(cublas_type(dtype_)) : std::nullopt);
   }
@@ -125,8 +134,14 @@ class QuantLinearKernel final : public CudaKernel {
     KILN_CHECK(x.dtype() == dtype_ && x.numel() % in_ == 0,
                "node '{}': input {} {} does not fit a [n, {}] {} linear", node_.name,
                dtype_name(x.dtype()), shape_str(x.shape()), in_, dtype_name(dtype_));
-    KILN_CHECK(scales != nullptr && scales->dtype() == DType::kF32 && scales->numel() == out_,
-               "node '{}': an i8 weight's scales must be f32 [{}]", node_.name, out_);
+    if (i4_)
+      KILN_CHECK(scales != nullptr && scales->dtype() == DType::kF16 &&
+                     scales->numel() == out_ * int4_groups(in_),
+                 "node '{}': an i4 weight's group scales must be f16 [{}, {}]", node_.name, out_,
+                 int4_groups(in_));
+    else
+      KILN_CHECK(scales != nullptr && scales->dtype() == DType::kF32 && scales->numel() == out_,
+                 "node '{}': an i8 weight's scales must be f32 [{}]", node_.name, out_);
     const Tensor* rows = gather_ ? linear_input(args.in, LinearOperand::kRows) : nullptr;
     KILN_CHECK(rows == nullptr || (rows->rank() == 1 && rows->device() == Device::kCuda &&
                                    (rows->dtype() == DType::kI64 || rows->dtype() == DType::kI32)),
@@ -156,8 +171,9 @@ class QuantLinearKernel final : public CudaKernel {
                          ctx_.kernel_stream());
       xp = scratch + at.gathered;
     }
-    const auto* q = static_cast<const int8_t*>(w.raw());
-    const auto* s = static_cast<const float*>(scales->raw());
+    const auto* q = static_cast<const int8_t*>(w.raw());  // i4: two weights a byte
+    const auto* s = i4_ ? nullptr : static_cast<const float*>(scales->raw());
+    const void* group_scales = i4_ ? scales->raw() : nullptr;
     NormOperands norm;
     if (norm_) {
       norm.row_sums = linear_input(args.in, LinearOperand::kNormRowSums);
@@ -173,7 +189,7 @@ class QuantLinearKernel final : public CudaKernel {
                  "node '{}': a folded norm's scale must be f32 [{}]", node_.name, in_);
     }
     // The GEMV takes a folded norm at one row; other steps standardize x first.
-    const bool gemv = gemv_runs(n) && gemv_i8_fits(xp, q, in_);
+    const bool gemv = gemv_runs(n) && gemv_i8_fits(xp, q, in_, i4_);
     if (norm_ && !(gemv && n == 1)) {
       xp = standardize(xp, n, norm, scratch + at.normed);
       norm = {};
@@ -184,6 +200,7 @@ class QuantLinearKernel final : public CudaKernel {
       p.x = xp;
       p.w = q;
       p.scales = s;
+      p.group_scales = group_scales;
       p.bias_type = float_type(bias ? bias->dtype() : dtype_);
       p.bias = bias ? bias->raw() : nullptr;
       p.residual = residual ? residual->raw() : nullptr;
@@ -207,12 +224,13 @@ class QuantLinearKernel final : public CudaKernel {
     // (A bias of another type than the activations' goes to the widened path, as the float
     // Linear's skinny GEMM leaves it to cuBLASLt.)
     if (n <= ctx_.options().skinny_rows && dtype_ != DType::kF32 &&
-        (bias == nullptr || bias_in_epilogue_) && skinny_fits(t, xp, q, in_, n, true)) {
+        (bias == nullptr || bias_in_epilogue_) && skinny_fits(t, xp, q, in_, n, !i4_, i4_)) {
       SkinnyParams p{};
       p.type = t;
       p.x = xp;
       p.w = q;
       p.scales = s;
+      p.group_scales = group_scales;
       p.bias = bias ? bias->raw() : nullptr;
       p.residual = residual ? residual->raw() : nullptr;
       p.y = y.raw();
@@ -227,15 +245,21 @@ class QuantLinearKernel final : public CudaKernel {
       return;
     }
     KILN_CHECK(!gemv_runs(n),
-               "node '{}': the int8 GEMV needs x 16-byte and the weight 8-byte aligned (x at {}, "
+               "node '{}': the {} GEMV needs x 16-byte and the weight 8-byte aligned (x at {}, "
                "weight at {})",
-               node_.name, xp, static_cast<const void*>(q));
+               node_.name, i4_ ? "int4" : "int8", xp, static_cast<const void*>(q));
     void* yp = widen_ ? scratch + at.widened : y.raw();
     void* slice = scratch + at.slice;
     const auto elem = static_cast<int64_t>(dtype_bytes(dtype_, 1));
     for (int64_t o0 = 0; o0 < out_; o0 += slice_rows_) {
       const int64_t rows_here = std::min(slice_rows_, out_ - o0);
-      launch_dequantize_i8(t, q + o0 * in_, s + o0, slice, rows_here, in_, ctx_.kernel_stream());
+      if (i4_)
+        launch_dequantize_i4(t, q + o0 * in_ / 2,
+                             static_cast<const char*>(group_scales) + o0 * int4_groups(in_) * 2,
+                             slice, rows_here, in_, ctx_.kernel_stream());
+      else
+        launch_dequantize_i8(t, q + o0 * in_, s + o0, slice, rows_here, in_,
+                             ctx_.kernel_stream());
       if (bias_in_epilogue_) {
         const void* b = static_cast<const char*>(bias->raw()) + o0 * elem;
         KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
@@ -252,7 +276,7 @@ class QuantLinearKernel final : public CudaKernel {
                          ctx_.blas().workspace_bytes(), ctx_.stream());
       KILN_CHECK(st == CUBLAS_STATUS_SUCCESS,
                  "node '{}': cuBLASLt refused the [{}, {}] x [{}, {}]^T {} matmul of a widened "
-                 "int8 slice: {}",
+                 "quantized slice: {}",
                  node_.name, n, in_, rows_here, in_, dtype_name(dtype_), cublas_status_name(st));
     }
     const bool bias_after = bias != nullptr && !bias_in_epilogue_;
@@ -364,6 +388,7 @@ class QuantLinearKernel final : public CudaKernel {
   Tensor unit_, zero_;        // the norm kernel's weight and bias where x is standardized first
   std::optional<Activation> activation_;
   bool widen_ = false, gather_ = false, has_bias_ = false, bias_in_epilogue_ = false;
+  bool i4_ = false;  // int4 weights with f16 group scales (int4-weight plans)
   SymShape y_shape_;
   int split_[kGemvMaxRows + 1] = {};
   cublasLtMatmulDesc_t desc_ = nullptr;

@@ -173,18 +173,21 @@ bool launch_gemv(const GemvParams& p, KernelStream stream);
 // The Linear of int8-weight plans (gemv_i8.cu): y [rows, out] = act(round((x [rows, in] ·
 // q [out, in]^T) · scales[o] + bias)) (+ residual [rows, out], rounded again), x, y and the
 // residual of `type` (any float type), q int8, scales f32 [out], bias of bias_type or null; any
-// number of rows (slices of 8 in the grid). gemv_i8_fits: `in` a multiple of 8, x 16-byte and q
-// 8-byte aligned.
-bool gemv_i8_fits(const void* x, const void* w, int64_t in);
-// The warps of the int8 GEMV an SM holds at once (its registers decide), at one row or more.
-int gemv_i8_warps_per_sm(FloatType t, int64_t rows);
+// number of rows (slices of 8 in the grid). With group_scales (int4-weight plans): q int4 (two a
+// byte) and each group of 128 inputs times its f16 scale [out, in / 128] instead of scales.
+// gemv_i8_fits: `in` a multiple of 8 (int4: 16), x 16-byte and q 8-byte aligned.
+bool gemv_i8_fits(const void* x, const void* w, int64_t in, bool i4 = false);
+// The warps of the int8 (int4) GEMV an SM holds at once (its registers decide), at one row or
+// more.
+int gemv_i8_warps_per_sm(FloatType t, int64_t rows, bool i4 = false);
 inline constexpr int kI8GemvMaxRows = 64;
 inline constexpr int kI8GemvDefaultRows = 8;
 struct GemvI8Params {
   FloatType type;
   const void* x;
-  const int8_t* w;
-  const float* scales;
+  const void* w;                        // int8 [out, in], or int4 with group_scales
+  const float* scales;                  // f32 [out] (int8)
+  const void* group_scales = nullptr;   // f16 [out, in / 128]: w is int4
   FloatType bias_type;
   const void* bias;
   const void* residual;
@@ -208,6 +211,10 @@ bool launch_gemv_i8(const GemvI8Params& p, KernelStream stream);
 // w [rows, in] (of float type t, 16-byte aligned) = q [rows, in] · scales[row], rounded to t;
 // `in` a multiple of 8.
 void launch_dequantize_i8(FloatType t, const int8_t* q, const float* scales, void* w, int64_t rows,
+                          int64_t in, KernelStream stream);
+// The same for int4 q [rows, in] (8-byte aligned, `in` a multiple of 16) with f16 group scales
+// [rows, in / 128]: w = round(q · scale[row][i / 128]).
+void launch_dequantize_i4(FloatType t, const void* q, const void* scales, void* w, int64_t rows,
                           int64_t in, KernelStream stream);
 // The Linear of batched decode steps on tensor cores (skinny_gemm.cu): y [rows, out] =
 // act(round(x [rows, in] · w [out, in]^T + bias)) (+ residual [rows, out], rounded again, when
@@ -234,9 +241,12 @@ struct SkinnyParams {
   // Not null: w is int8 [out, in] (8-byte aligned) and each feature's sum is multiplied by its
   // f32 scale before the bias (int8-weight plans).
   const float* scales = nullptr;
+  // Not null: w is int4 [out, in] (two a byte, 4-byte aligned) with these f16 scales [out,
+  // in / 128], each weight widened times its group's scale (int4-weight plans).
+  const void* group_scales = nullptr;
 };
 bool skinny_fits(FloatType t, const void* x, const void* w, int64_t in, int64_t rows,
-                 bool i8 = false);
+                 bool i8 = false, bool i4 = false);
 void launch_skinny(const SkinnyParams& p, KernelStream stream);
 // y [rows, cols] = round(act(gate)) * up, gate's and up's rows `ld` elements apart (cols for
 // two inputs; 2 * cols for a packed gate | up, up = gate + cols)

@@ -23,7 +23,9 @@
 // At 64 rows a block per tile reads all of x per tile, 3-8 times the weights' bytes from L2:
 // slower than cuBLASLt (bloom-560m's batch-64 step 1.38 -> 1.82 ms), hence kSkinnyMaxRows.
 // int8-weight plans' Linears (SkinnyParams::scales) load 8 bytes of int8 weights where fp16 loads
-// 16 and widen them to the same registers exactly (widen_i8), the scale applied at the store.
+// 16 and widen them to the same registers exactly (widen_i8), the scale applied at the store;
+// int4-weight plans' (SkinnyParams::group_scales) load 4 bytes of int4 weights and widen them
+// times their group's scale (a k-step lies in one group of 128), each weight rounded to T once.
 #include "backend/cuda/device_types.cuh"
 
 namespace kiln::cuda {
@@ -39,11 +41,51 @@ constexpr int kSteps = NT == 1 ? 8 : 4;
 // Launch bounds: 512 threads an SM (two blocks of 8 warps, one of 16), up to 128 registers.
 constexpr int kThreadsPerSm = 512;
 
-// A lane's weights of one k-step: 16 bytes of 8 halves, or (int8-weight plans) 8 bytes of 8 int8
+// The weights' format: the activations' type, int8 with per-channel scales, int4 with group
+// scales.
+enum class WFormat : uint8_t { kFloat, kI8, kI4 };
+// A lane's weights of one k-step: 16 bytes of 8 halves, (int8-weight plans) 8 bytes of 8 int8
 // values, which become the same four registers of T pairs in registers, exactly (q in [-127,
-// 127]; the per-channel scale multiplies the sum at the store).
-template <bool kI8>
-using WeightVec = std::conditional_t<kI8, uint2, uint4>;
+// 127]; the per-channel scale multiplies the sum at the store), or (int4-weight plans) 4 bytes
+// of 8 int4 values, widened times their group's scale.
+template <WFormat F>
+using WeightVec = std::conditional_t<F == WFormat::kI8, uint2,
+                                     std::conditional_t<F == WFormat::kI4, unsigned, uint4>>;
+
+// 8 int4 weights (element 2j in byte j's low nibble) times s as four T pairs (elements 0-1, 2-3,
+// 4-5, 6-7), each product rounded to T once.
+template <typename T>
+__device__ __forceinline__ uint4 widen_i4(unsigned w, __half s) {
+  const unsigned t = w ^ 0x88888888u;  // nibbles as q + 8
+  const unsigned even = t & 0x0F0F0F0Fu, odd = (t >> 4) & 0x0F0F0F0Fu;
+  uint4 r;
+  unsigned* out = &r.x;
+  if constexpr (std::is_same_v<T, __half>) {
+    // 0x64XX is the half 1024 + XX: subtract 1032 = 1024 + 8, then scale.
+    const __half2 bias = __halves2half2(__ushort_as_half(0x6408), __ushort_as_half(0x6408));
+    const __half2 s2 = __halves2half2(s, s);
+#pragma unroll
+    for (int b = 0; b < 4; ++b) {
+      const unsigned sel = static_cast<unsigned>(b) | ((4u + b) << 8);  // even b, _, odd b, _
+      const unsigned v = (__byte_perm(even, odd, sel) & 0x00FF00FFu) | 0x64006400u;
+      const __half2 h = __hmul2(__hsub2(*reinterpret_cast<const __half2*>(&v), bias), s2);
+      out[b] = *reinterpret_cast<const unsigned*>(&h);
+    }
+  } else {
+    // 0x4B0000XX is the float 2^23 + XX.
+    const float sf = __half2float(s);
+    auto value = [](unsigned word, unsigned b) {
+      return __uint_as_float(__byte_perm(word, 0x4B000000u, 0x7440u | b)) - 8388616.0f;
+    };
+#pragma unroll
+    for (int b = 0; b < 4; ++b) {
+      const __nv_bfloat162 h =
+          __floats2bfloat162_rn(value(even, b) * sf, value(odd, b) * sf);
+      out[b] = *reinterpret_cast<const unsigned*>(&h);
+    }
+  }
+  return r;
+}
 
 template <typename T>
 __device__ __forceinline__ uint4 widen_i8(const uint2& w) {
@@ -80,13 +122,16 @@ __device__ __forceinline__ uint4 widen_i8(const uint2& w) {
 
 // MT tiles of 16 rows, NT tiles of 8 features, kWarps warps. x_rows.index not null: row r is x's
 // row x_rows.index[r] (the lm_head of a decode step). kI8: int8 weights, each feature's sum
-// times scales[f] before the bias.
-template <typename T, int MT, int NT, int kWarps, bool kI8 = false>
+// times scales[f] before the bias; kI4: int4 weights, group_scales f16 [out, in / 128].
+template <typename T, int MT, int NT, int kWarps, WFormat kFormat = WFormat::kFloat>
 __global__ void __launch_bounds__(kWarps * 32, kThreadsPerSm / (kWarps * 32))
-    skinny_kernel(const uint4* __restrict__ x, const WeightVec<kI8>* __restrict__ w,
-                  const float* __restrict__ scales, const T* __restrict__ bias, const T* residual,
-                  T* y, float* y32, int rows, int64_t ksteps, int64_t out, int64_t tiles,
-                  bool has_act, ActFn act, RowIndex x_rows) {
+    skinny_kernel(const uint4* __restrict__ x, const WeightVec<kFormat>* __restrict__ w,
+                  const float* __restrict__ scales, const __half* __restrict__ group_scales,
+                  const T* __restrict__ bias, const T* residual, T* y, float* y32, int rows,
+                  int64_t ksteps, int64_t out, int64_t tiles, bool has_act, ActFn act,
+                  RowIndex x_rows) {
+  constexpr bool kI8 = kFormat == WFormat::kI8, kI4 = kFormat == WFormat::kI4;
+  const int64_t groups = (ksteps + 3) / 4;  // int4: scales a row (a group is 4 k-steps)
   constexpr int F = NT * 8, R = MT * 16;
   constexpr int kThreads = kWarps * 32;
   constexpr int kPer = (R * F + kThreads - 1) / kThreads;  // outputs a thread stores per tile
@@ -95,7 +140,8 @@ __global__ void __launch_bounds__(kWarps * 32, kThreadsPerSm / (kWarps * 32))
   const int64_t chunks = ksteps * 4;  // 16-byte chunks of a row
   const int64_t my_steps = ksteps > warp ? (ksteps - warp + kWarps - 1) / kWarps : 0;
   const int64_t passes = (my_steps + kSteps<NT> - 1) / kSteps<NT>;
-  WeightVec<kI8> wv[kSteps<NT>][NT];
+  WeightVec<kFormat> wv[kSteps<NT>][NT];
+  __half gs[kI4 ? kSteps<NT> : 1][NT];  // int4: each loaded k-step's group scale
   // The weights of a pass; features past `out` (the last tile) read row out - 1 and are never
   // stored, k-steps past the warp's last load nothing.
   auto load_weights = [&](int64_t tile, int64_t pass) {
@@ -105,8 +151,9 @@ __global__ void __launch_bounds__(kWarps * 32, kThreadsPerSm / (kWarps * 32))
 #pragma unroll
       for (int n = 0; n < NT; ++n) {
         const int64_t f = min(tile * F + n * 8 + g, out - 1);
-        wv[u][n] =
-            s < my_steps ? __ldcs(w + f * chunks + (warp + s * kWarps) * 4 + q) : WeightVec<kI8>{};
+        const int64_t step = warp + s * kWarps;
+        wv[u][n] = s < my_steps ? __ldcs(w + f * chunks + step * 4 + q) : WeightVec<kFormat>{};
+        if constexpr (kI4) gs[u][n] = s < my_steps ? group_scales[f * groups + step / 4] : __half{};
       }
     }
   };
@@ -174,6 +221,8 @@ __global__ void __launch_bounds__(kWarps * 32, kThreadsPerSm / (kWarps * 32))
             uint4 b;
             if constexpr (kI8)
               b = widen_i8<T>(wv[u][n]);
+            else if constexpr (kI4)
+              b = widen_i4<T>(wv[u][n], gs[u][n]);
             else
               b = wv[u][n];
             mma16816<T>(acc[m][n], a_lo, b.x, b.y);
@@ -243,13 +292,19 @@ void launch_nt(const SkinnyParams& p, KernelStream stream) {
   const auto blocks = static_cast<unsigned>(std::min<int64_t>(tiles, most));
   auto go = [&](auto kernel, auto w) {
     launch(kernel, blocks, warps * 32, 0, stream, static_cast<const uint4*>(p.x), w, p.scales,
-           static_cast<const T*>(p.bias), static_cast<const T*>(p.residual), static_cast<T*>(p.y),
-           p.y32, static_cast<int>(p.rows), ksteps, p.out, tiles, p.has_act, p.act, p.x_rows);
+           static_cast<const __half*>(p.group_scales), static_cast<const T*>(p.bias),
+           static_cast<const T*>(p.residual), static_cast<T*>(p.y), p.y32,
+           static_cast<int>(p.rows), ksteps, p.out, tiles, p.has_act, p.act, p.x_rows);
   };
+  if (p.group_scales != nullptr) {
+    const auto* w = static_cast<const unsigned*>(p.w);
+    if (warps == 16) return go(skinny_kernel<T, MT, NT, 16, WFormat::kI4>, w);
+    return go(skinny_kernel<T, MT, NT, 8, WFormat::kI4>, w);
+  }
   if (p.scales != nullptr) {
     const auto* w = static_cast<const uint2*>(p.w);
-    if (warps == 16) return go(skinny_kernel<T, MT, NT, 16, true>, w);
-    return go(skinny_kernel<T, MT, NT, 8, true>, w);
+    if (warps == 16) return go(skinny_kernel<T, MT, NT, 16, WFormat::kI8>, w);
+    return go(skinny_kernel<T, MT, NT, 8, WFormat::kI8>, w);
   }
   const auto* w = static_cast<const uint4*>(p.w);
   if (warps == 16) return go(skinny_kernel<T, MT, NT, 16>, w);
@@ -273,9 +328,11 @@ void launch_t(const SkinnyParams& p, KernelStream stream) {
 
 }  // namespace
 
-bool skinny_fits(FloatType t, const void* x, const void* w, int64_t in, int64_t rows, bool i8) {
+bool skinny_fits(FloatType t, const void* x, const void* w, int64_t in, int64_t rows, bool i8,
+                 bool i4) {
+  const uintptr_t mask = i4 ? 3 : i8 ? 7 : 15;
   return t != FloatType::kF32 && rows > 0 && rows <= kSkinnyMaxRows && in > 0 && in % 32 == 0 &&
-         aligned16(x) && (reinterpret_cast<uintptr_t>(w) & (i8 ? 7 : 15)) == 0;
+         aligned16(x) && (reinterpret_cast<uintptr_t>(w) & mask) == 0;
 }
 
 void launch_skinny(const SkinnyParams& p, KernelStream stream) {
