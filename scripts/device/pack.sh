@@ -12,6 +12,8 @@ STAGE=$(mktemp -d)
 trap 'rm -rf "$STAGE"' EXIT
 mkdir -p "$STAGE/bin" "$STAGE/lib" "$STAGE/fixtures"
 cp "$BUILD/kiln" "$BUILD/tests/kiln_tests" "$STAGE/bin/"
+# Symbols are not needed there (the device tool carries 64 MiB with the working tree).
+strip --strip-unneeded "$STAGE/bin/kiln" "$STAGE/bin/kiln_tests" 2>/dev/null || true
 # Shared libraries that are neither glibc/libstdc++ nor CUDA's own (the GPU machine has those).
 for lib in $(ldd "$BUILD/kiln" "$BUILD/tests/kiln_tests" | awk '/=> \//{print $3}' | sort -u); do
   case "$(basename "$lib")" in
@@ -35,7 +37,7 @@ for model in t5-tiny bloom-tiny; do
 done
 cp -r "$FIXTURES/data" "$STAGE/fixtures/"
 mkdir -p "$DEST"
-tar -C "$STAGE" -cJf "$DEST/bundle.tar.xz" .
+XZ_OPT=-9 tar -C "$STAGE" -cJf "$DEST/bundle.tar.xz" .
 cp "$ROOT/scripts/device/"*.sh "$DEST/"
 [ -d "$ROOT/bench/gpu" ] && cp "$ROOT/bench/gpu/"* "$DEST/" 2>/dev/null || true
 [ -d "$ROOT/bench/serve" ] && cp "$ROOT/bench/serve/"* "$DEST/" 2>/dev/null || true

@@ -222,11 +222,9 @@ std::vector<ValueType> infer_linear(const Graph& g, const Node& n) {
     const bool layer = *e.norm == InputNorm::kLayerNorm;
     KILN_CHECK(e.norm_eps >= 0.0, "node '{}' (Linear): negative norm epsilon {}", n.name,
                e.norm_eps);
-    // (An i8 weight with per-channel scales folds a norm too: its row sums are q's, the scale
-    // multiplies the normalized product, fuse_norm_linear.)
-    KILN_CHECK(!grouped,
-               "node '{}' (Linear): a folded {} needs float or per-channel i8 weights, not {}",
-               n.name, input_norm_name(*e.norm), dtype_name(w.dtype));
+    // (Quantized weights fold a norm too: an i8 weight's row sums are q's and its scale
+    // multiplies the normalized product; an i4 weight's are of q · its group scales;
+    // fuse_norm_linear.)
     KILN_CHECK(d.has(LinearOperand::kNormRowSums) == layer,
                "node '{}' (Linear): a folded {} takes {}", n.name, input_norm_name(*e.norm),
                layer ? "the weight's row sums" : "no row sums");

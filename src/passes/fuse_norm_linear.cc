@@ -17,7 +17,8 @@
 // the row sums are those of w * gamma. An int8 weight (CUDA int8-weight plans: q with per-row
 // scales s) is folded the same way without touching q (a requantized w * gamma would round each
 // weight twice): gamma becomes the norm scale, the row sums are q · gamma's (the scale multiplies
-// the whole product after the norm, graph/linear.h) and the bias takes s * (q · beta). Runs after
+// the whole product after the norm, graph/linear.h) and the bias takes s * (q · beta); an int4
+// weight likewise, its row sums and w · beta of q times each group's scale. Runs after
 // narrow_graph (the types are final) and before plan_memory (the planner then keeps x alive
 // until the last Linear has read it).
 #include <algorithm>
@@ -32,13 +33,15 @@ namespace {
 
 bool plain_float(DType t) { return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16; }
 
-// Whether Linear `d`'s weight is int8 with per-row f32 scales and a float input (int8-weight).
-bool int8_weight(const Graph& g, const LinearDesc& d) {
+// Whether Linear `d`'s weight is int8 with per-row f32 scales or int4 with f16 group scales,
+// with a float input (int8-weight, int4-weight).
+bool quantized_weight(const Graph& g, const LinearDesc& d) {
   if (!d.has(LinearOperand::kWeightScales) || d.has(LinearOperand::kInputScale)) return false;
   const Value& s = g.values[d.operand(LinearOperand::kWeightScales)];
-  return g.values[d.operand(LinearOperand::kWeight)].dtype == DType::kI8 &&
-         s.kind == ValueKind::kWeight && s.data.defined() && s.dtype == DType::kF32 &&
-         s.data.rank() == 1;
+  const DType w = g.values[d.operand(LinearOperand::kWeight)].dtype;
+  if (s.kind != ValueKind::kWeight || !s.data.defined()) return false;
+  return (w == DType::kI8 && s.dtype == DType::kF32 && s.data.rank() == 1) ||
+         (w == DType::kI4 && s.dtype == DType::kF16 && s.data.rank() == 2);
 }
 
 // Whether node `i` reads `value` exactly once, as the input of a Linear whose weight can absorb
@@ -51,7 +54,7 @@ bool foldable_reader(const Graph& g, int i, int value) {
   if (d.epilogue.norm || d.operand(LinearOperand::kX) != value) return false;
   for (int o = 1; o < kNumLinearOperands; ++o)
     if (d.operands[o] == value) return false;
-  const bool quantized = int8_weight(g, d);
+  const bool quantized = quantized_weight(g, d);
   if (d.has(LinearOperand::kWeightScales) && !quantized) return false;
   const Value& w = g.values[d.operand(LinearOperand::kWeight)];
   return w.kind == ValueKind::kWeight && w.data.defined() && w.layout.plain() &&
@@ -82,17 +85,23 @@ Folded fold(const Graph& g, const Node& lin, const std::vector<float>& gamma,
   const Value& wv = g.values[d.operand(LinearOperand::kWeight)];
   const Tensor& w = wv.data;
   KILN_CHECK(w.is_contiguous(), "fuse_norm_linear: weight '{}' is not contiguous", wv.name);
-  // An int8 weight's row scales (its w · beta is s * (q · beta)); it keeps q as it is.
-  std::vector<float> row_scale;
-  if (int8_weight(g, d)) {
+  const int64_t out = w.dim(0), in = w.dim(1);
+  // A quantized weight keeps q as it is. An int8 weight's row scales (its w · beta is
+  // s * (q · beta)); an int4 weight's group scales (w = q · s[group], as the reference decodes it:
+  // its row sums and w · beta are of those values).
+  std::vector<float> row_scale, group_scale;
+  const bool int4 = wv.dtype == DType::kI4;
+  if (quantized_weight(g, d)) {
     shared = true;
     const Tensor s = g.values[d.operand(LinearOperand::kWeightScales)].data.to_f32();
-    row_scale.assign(s.data<float>(), s.data<float>() + s.numel());
-    KILN_CHECK(static_cast<int64_t>(row_scale.size()) == w.dim(0),
-               "fuse_norm_linear: weight '{}' has {} rows and {} scales", wv.name, w.dim(0),
-               row_scale.size());
+    std::vector<float>& into = int4 ? group_scale : row_scale;
+    into.assign(s.data<float>(), s.data<float>() + s.numel());
+    const int64_t want = int4 ? out * int4_groups(in) : out;
+    KILN_CHECK(static_cast<int64_t>(into.size()) == want,
+               "fuse_norm_linear: weight '{}' [{}, {}] has {} scales, not {}", wv.name, out, in,
+               into.size(), want);
   }
-  const int64_t out = w.dim(0), in = w.dim(1);
+  const int64_t groups = int4_groups(in);
   const DTypeTraits& traits = dtype_traits(wv.dtype);
   const size_t row_bytes = dtype_bytes(wv.dtype, static_cast<size_t>(in));
   Folded f;
@@ -128,9 +137,11 @@ Folded fold(const Graph& g, const Node& lin, const std::vector<float>& gamma,
         }
         for (int64_t r = 0; layer && r < rows; ++r) {
           double sum = 0.0, b = bias[o0 + r];
+          const float* gs = int4 ? group_scale.data() + (o0 + r) * groups : nullptr;
           for (int64_t i = 0; i < in; ++i) {
-            sum += shared ? wf[r * in + i] * gamma[i] : sf[r * in + i];
-            b += static_cast<double>(wf[r * in + i]) * beta[i];
+            const float wi = int4 ? wf[r * in + i] * gs[i / kInt4Group] : wf[r * in + i];
+            sum += shared ? wi * gamma[i] : sf[r * in + i];
+            b += static_cast<double>(wi) * beta[i];
           }
           if (!row_scale.empty()) b = bias[o0 + r] + (b - bias[o0 + r]) * row_scale[o0 + r];
           sums[o0 + r] = static_cast<float>(sum);

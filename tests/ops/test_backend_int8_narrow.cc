@@ -191,7 +191,8 @@ TEST(BackendOps, NarrowInt8WeightLinearsMatchReference) {
 // each weight rounded to the activations' type once) and widened slices on cuBLASLt (65). Shapes:
 // several groups (1024), a last group of 16 (4112: not a multiple of 32, so the skinny GEMM's
 // rows widen), 16-warp skinny blocks (2080: a last group of 32), wide feature tiles (4224
-// features); f32 activations (fp16 T5's FFN output projections) on the GEMV and widened slices.
+// features); f32 activations (fp16 T5's FFN output projections) on the GEMV and widened slices;
+// folded LayerNorm and RMSNorm (in the GEMV at one row, the norm kernel first past it).
 TEST(BackendOps, NarrowInt4WeightLinearsMatchReference) {
   const std::unique_ptr<Backend> reference = reference_backend();
   std::vector<NamedBackend> backends = available_backends();
@@ -203,7 +204,8 @@ TEST(BackendOps, NarrowInt4WeightLinearsMatchReference) {
     for (const Shape2 sh : {Shape2{1024, 70}, Shape2{4112, 37}, Shape2{2080, 100}, Shape2{256, 4224}})
       for (int64_t n : {1, 3, 8, 13, 24, 32, 65})
         for (Variant variant : {Variant::kPlain, Variant::kBiasAct, Variant::kResidual,
-                                Variant::kWidened, Variant::kGatheredWidened}) {
+                                Variant::kWidened, Variant::kGatheredWidened, Variant::kLayerNorm,
+                                Variant::kRmsNorm}) {
           if (dtype == DType::kF32 &&
               (variant == Variant::kWidened || variant == Variant::kGatheredWidened))
             continue;
@@ -225,9 +227,10 @@ TEST(BackendOps, NarrowInt4WeightLinearsMatchReference) {
           }
           const Scenario sc = one_step(graph, feed);
           const ScenarioOutputs ref = run_scenario(*reference, sc);
-          // Past the GEMV each weight times its scale is rounded to the activations' type.
+          // Past the GEMV each weight times its scale is rounded to the activations' type (and
+          // a folded norm's rows standardized into it past one row).
           const bool rounded = n > 8 || variant == Variant::kWidened ||
-                               variant == Variant::kGatheredWidened;
+                               variant == Variant::kGatheredWidened || folds_norm(variant);
           const Check check{CheckKind::kMaxRelative, rounded ? dtype_tolerance(dtype) : 0.0};
           for (NamedBackend* nb : runners) {
             expect_matches(run_scenario(*nb->backend, sc)[0][0], ref[0][0], check,
@@ -242,30 +245,35 @@ TEST(BackendOps, NarrowInt4WeightLinearsMatchReference) {
 }
 
 // fuse_norm_linear on an int8 weight keeps q and its scales (gamma becomes the norm scale, the
-// row sums are q · gamma's, the bias takes s * (q · beta)): the fused graph gives the unfused
-// graph's numbers on the reference (runs everywhere), rows of small and of large mean.
+// row sums are q · gamma's, the bias takes s * (q · beta)), on an int4 weight likewise (its row
+// sums and w · beta of q times the group scales): the fused graph gives the unfused graph's
+// numbers on the reference (runs everywhere), rows of small and of large mean.
 TEST(BackendOps, Int8WeightFoldedNormMatchesTheUnfusedGraph) {
   const std::unique_ptr<Backend> reference = reference_backend();
+  for (bool int4 : {false, true})
   for (DType dtype : {DType::kF32, DType::kF16})
     for (Variant variant : {Variant::kLayerNorm, Variant::kRmsNorm})
       for (const float lo : {-2.0f, 100.0f}) {
         Gen g(dtype, dtype, static_cast<uint32_t>(11 + static_cast<int>(variant)));
         Gen g2 = g;
-        const Graph plain = int8_linear_graph(g, dtype, 72, 19, variant, false);
-        const Graph fused = int8_linear_graph(g2, dtype, 72, 19, variant);
+        // (int4: 272 inputs, three groups, the last of 16.)
+        const int64_t in = int4 ? 272 : 72;
+        const Graph plain = int8_linear_graph(g, dtype, in, 19, variant, false, int4);
+        const Graph fused = int8_linear_graph(g2, dtype, in, 19, variant, true, int4);
         const Node& lin = fused.nodes.at(0);
-        EXPECT_EQ(fused.values[linear_operand(lin, LinearOperand::kWeight)].dtype, DType::kI8);
+        EXPECT_EQ(fused.values[linear_operand(lin, LinearOperand::kWeight)].dtype,
+                  int4 ? DType::kI4 : DType::kI8);
         EXPECT_GE(linear_operand(lin, LinearOperand::kNormScale), 0);
         EXPECT_EQ(linear_operand(lin, LinearOperand::kNormRowSums) >= 0,
                   variant == Variant::kLayerNorm);
-        const Scenario sc = one_step(plain, {{"x", g.random({5, 72}, lo, lo + 4.0f)}});
+        const Scenario sc = one_step(plain, {{"x", g.random({5, in}, lo, lo + 4.0f)}});
         const ScenarioOutputs want = run_scenario(*reference, sc);
         const ScenarioOutputs got = run_scenario(*reference, one_step(fused, sc.steps[0].feed));
         // Rows of mean 100 cost the f32 norm some bits of its mean (as the float fold test).
         expect_matches(got[0][0], want[0][0],
                        Check{CheckKind::kMaxRelative, std::max(dtype_tolerance(dtype), 1e-4)},
-                       std::string(dtype_name(dtype)) + " " + variant_name(variant) + " from " +
-                           std::to_string(lo));
+                       std::string(int4 ? "int4 " : "int8 ") + std::string(dtype_name(dtype)) + " " +
+                           variant_name(variant) + " from " + std::to_string(lo));
       }
 }
 

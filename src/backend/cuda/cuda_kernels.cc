@@ -185,15 +185,13 @@ void register_kernels(KernelRegistry& r, CudaContext& ctx) {
                            "skinny gemm / widened cublaslt)"
                          : "cuda int8-weight linear (int8 gemv / skinny gemm / widened cublaslt)",
         [&ctx](const Node& node) { return make_quant_linear_kernel(node, ctx); }, i8_linear_extras);
-    // int4-weight plans: int4 weights with f16 group scales, the same kernel; no folded norm.
+    // int4-weight plans: int4 weights with f16 group scales, the same kernel.
     r.add(
         KernelKey{OpKind::kLinear, t, DType::kI4, Device::kCuda, Isa::kSm90},
         t == DType::kF32 ? "cuda int4-weight linear (f32 activations or output; int4 gemv / "
                            "skinny gemm / widened cublaslt)"
                          : "cuda int4-weight linear (int4 gemv / skinny gemm / widened cublaslt)",
-        [&ctx](const Node& node) { return make_quant_linear_kernel(node, ctx); },
-        ExtraSet{Extra::kBias, Extra::kWeightScales, Extra::kActivation, Extra::kResidual,
-                 Extra::kGatheredRows, Extra::kWidenedOutput});
+        [&ctx](const Node& node) { return make_quant_linear_kernel(node, ctx); }, i8_linear_extras);
   }
   add_fn(OpKind::kEmbedding, DType::kF32, DType::kI8, "cuda int8 embedding gather", embedding_i8);
   for (DType t : kFloats) {

@@ -2,7 +2,7 @@
 // Linears an fp16 T5 plan keeps in f32: its FFN output projections), int8 weights [out, in] with
 // f32 per-output-channel scales, y = epilogue((x · q^T) · scale + bias), or int4 weights with f16
 // scales per output channel and group of 128 inputs (graph/linear.h). Every path below takes
-// both; an int4 Linear takes no folded norm (fuse_norm_linear folds into int8 weights only).
+// both, folded norms included.
 // Steps of up to i8_gemv_rows rows (decode; KILN_CUDA_I8_GEMV_ROWS, default 8, at most
 // kI8GemvMaxRows) run the int8 GEMV (gemv_i8.cu), batched decode steps of up to skinny_rows
 // (KILN_CUDA_SKINNY_ROWS, fp16/bf16) the skinny tensor-core GEMM reading int8 weights
@@ -70,8 +70,6 @@ class QuantLinearKernel final : public CudaKernel {
     KILN_CHECK(in_ % (i4_ ? 16 : 8) == 0,
                "node '{}': the cuda {} linear needs `in` ({}) a multiple of {}", node_.name,
                i4_ ? "int4" : "int8", in_, i4_ ? 16 : 8);
-    KILN_CHECK(!i4_ || !d.epilogue.norm, "node '{}': the cuda int4 linear takes no folded norm",
-               node_.name);
     norm_ = d.epilogue.norm;
     norm_eps_ = static_cast<float>(d.epilogue.norm_eps);
     norm_scaled_ = norm_ && d.has(LinearOperand::kNormScale);
