@@ -151,8 +151,8 @@ Folded fold(const Graph& g, const Node& lin, const std::vector<float>& gamma,
       });
   if (!layer) return f;
   const DType bias_type = has_bias            ? g.values[bias_id].dtype
-                         : row_scale.empty() ? wv.dtype
-                                             : g.values[d.operand(LinearOperand::kX)].dtype;
+                          : row_scale.empty() ? wv.dtype
+                                              : g.values[d.operand(LinearOperand::kX)].dtype;
   f.bias = Tensor::from_vector(bias, {out}).to(bias_type);
   const Tensor back = f.bias.to_f32();
   f.finite = f.finite && std::all_of(back.data<float>(), back.data<float>() + out,

@@ -60,8 +60,8 @@ TEST_P(Int4Agreement, NextTokenChoicesAgreeWithHuggingFaceFp32) {
   }
   const double rate = static_cast<double>(agree) / static_cast<double>(positions);
   std::cout << "  [" << GetParam().dir << " " << device_name(GetParam().device)
-            << " int4-weight: top-1 agrees with HF fp32 on " << agree
-            << " of " << positions << " positions (" << rate << ")]\n";
+            << " int4-weight: top-1 agrees with HF fp32 on " << agree << " of " << positions
+            << " positions (" << rate << ")]\n";
   EXPECT_GT(positions, 50);
   EXPECT_GE(rate, GetParam().min_top1);
 }

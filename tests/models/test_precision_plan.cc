@@ -13,7 +13,6 @@
 #include "backend/backend.h"
 #include "backend/cuda_info.h"
 #include "builder/builder.h"
-#include "passes/precision_plan.h"
 #include "builder/calibration_runner.h"
 #include "graph/builder.h"
 #include "graph/linear.h"
@@ -21,6 +20,7 @@
 #include "model_runner.h"
 #include "parity_util.h"
 #include "passes/pass.h"
+#include "passes/precision_plan.h"
 
 namespace kiln::test {
 namespace {

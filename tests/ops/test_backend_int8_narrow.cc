@@ -50,8 +50,8 @@ enum class Variant : uint8_t {
   kLayerNorm,  // a LayerNorm folded into the Linear (with a bias): gamma as its norm scale
   kRmsNorm,    // an RMSNorm folded (no bias)
 };
-constexpr Variant kVariants[] = {Variant::kPlain,     Variant::kBiasAct,   Variant::kF32Bias,
-                                 Variant::kResidual,  Variant::kWidened,   Variant::kGatheredWidened,
+constexpr Variant kVariants[] = {Variant::kPlain,     Variant::kBiasAct, Variant::kF32Bias,
+                                 Variant::kResidual,  Variant::kWidened, Variant::kGatheredWidened,
                                  Variant::kLayerNorm, Variant::kRmsNorm};
 bool folds_norm(Variant v) { return v == Variant::kLayerNorm || v == Variant::kRmsNorm; }
 const char* variant_name(Variant v) {
@@ -201,16 +201,18 @@ TEST(BackendOps, NarrowInt4WeightLinearsMatchReference) {
   };
   int compared = 0;
   for (DType dtype : {DType::kF16, DType::kBF16, DType::kF32})
-    for (const Shape2 sh : {Shape2{1024, 70}, Shape2{4112, 37}, Shape2{2080, 100}, Shape2{256, 4224}})
+    for (const Shape2 sh :
+         {Shape2{1024, 70}, Shape2{4112, 37}, Shape2{2080, 100}, Shape2{256, 4224}})
       for (int64_t n : {1, 3, 8, 13, 24, 32, 65})
-        for (Variant variant : {Variant::kPlain, Variant::kBiasAct, Variant::kResidual,
-                                Variant::kWidened, Variant::kGatheredWidened, Variant::kLayerNorm,
-                                Variant::kRmsNorm}) {
+        for (Variant variant :
+             {Variant::kPlain, Variant::kBiasAct, Variant::kResidual, Variant::kWidened,
+              Variant::kGatheredWidened, Variant::kLayerNorm, Variant::kRmsNorm}) {
           if (dtype == DType::kF32 &&
               (variant == Variant::kWidened || variant == Variant::kGatheredWidened))
             continue;
           if (variant != Variant::kPlain && n != 1 && n != 13 && n != 65) continue;
-          Gen g(dtype, dtype, static_cast<uint32_t>(sh.in + 3 * sh.out + n + static_cast<int>(variant)));
+          Gen g(dtype, dtype,
+                static_cast<uint32_t>(sh.in + 3 * sh.out + n + static_cast<int>(variant)));
           const Graph graph = int8_linear_graph(g, dtype, sh.in, sh.out, variant, true, true);
           std::vector<NamedBackend*> runners;
           for (NamedBackend& nb : backends)
@@ -251,30 +253,30 @@ TEST(BackendOps, NarrowInt4WeightLinearsMatchReference) {
 TEST(BackendOps, Int8WeightFoldedNormMatchesTheUnfusedGraph) {
   const std::unique_ptr<Backend> reference = reference_backend();
   for (bool int4 : {false, true})
-  for (DType dtype : {DType::kF32, DType::kF16})
-    for (Variant variant : {Variant::kLayerNorm, Variant::kRmsNorm})
-      for (const float lo : {-2.0f, 100.0f}) {
-        Gen g(dtype, dtype, static_cast<uint32_t>(11 + static_cast<int>(variant)));
-        Gen g2 = g;
-        // (int4: 272 inputs, three groups, the last of 16.)
-        const int64_t in = int4 ? 272 : 72;
-        const Graph plain = int8_linear_graph(g, dtype, in, 19, variant, false, int4);
-        const Graph fused = int8_linear_graph(g2, dtype, in, 19, variant, true, int4);
-        const Node& lin = fused.nodes.at(0);
-        EXPECT_EQ(fused.values[linear_operand(lin, LinearOperand::kWeight)].dtype,
-                  int4 ? DType::kI4 : DType::kI8);
-        EXPECT_GE(linear_operand(lin, LinearOperand::kNormScale), 0);
-        EXPECT_EQ(linear_operand(lin, LinearOperand::kNormRowSums) >= 0,
-                  variant == Variant::kLayerNorm);
-        const Scenario sc = one_step(plain, {{"x", g.random({5, in}, lo, lo + 4.0f)}});
-        const ScenarioOutputs want = run_scenario(*reference, sc);
-        const ScenarioOutputs got = run_scenario(*reference, one_step(fused, sc.steps[0].feed));
-        // Rows of mean 100 cost the f32 norm some bits of its mean (as the float fold test).
-        expect_matches(got[0][0], want[0][0],
-                       Check{CheckKind::kMaxRelative, std::max(dtype_tolerance(dtype), 1e-4)},
-                       std::string(int4 ? "int4 " : "int8 ") + std::string(dtype_name(dtype)) + " " +
-                           variant_name(variant) + " from " + std::to_string(lo));
-      }
+    for (DType dtype : {DType::kF32, DType::kF16})
+      for (Variant variant : {Variant::kLayerNorm, Variant::kRmsNorm})
+        for (const float lo : {-2.0f, 100.0f}) {
+          Gen g(dtype, dtype, static_cast<uint32_t>(11 + static_cast<int>(variant)));
+          Gen g2 = g;
+          // (int4: 272 inputs, three groups, the last of 16.)
+          const int64_t in = int4 ? 272 : 72;
+          const Graph plain = int8_linear_graph(g, dtype, in, 19, variant, false, int4);
+          const Graph fused = int8_linear_graph(g2, dtype, in, 19, variant, true, int4);
+          const Node& lin = fused.nodes.at(0);
+          EXPECT_EQ(fused.values[linear_operand(lin, LinearOperand::kWeight)].dtype,
+                    int4 ? DType::kI4 : DType::kI8);
+          EXPECT_GE(linear_operand(lin, LinearOperand::kNormScale), 0);
+          EXPECT_EQ(linear_operand(lin, LinearOperand::kNormRowSums) >= 0,
+                    variant == Variant::kLayerNorm);
+          const Scenario sc = one_step(plain, {{"x", g.random({5, in}, lo, lo + 4.0f)}});
+          const ScenarioOutputs want = run_scenario(*reference, sc);
+          const ScenarioOutputs got = run_scenario(*reference, one_step(fused, sc.steps[0].feed));
+          // Rows of mean 100 cost the f32 norm some bits of its mean (as the float fold test).
+          expect_matches(got[0][0], want[0][0],
+                         Check{CheckKind::kMaxRelative, std::max(dtype_tolerance(dtype), 1e-4)},
+                         std::string(int4 ? "int4 " : "int8 ") + std::string(dtype_name(dtype)) +
+                             " " + variant_name(variant) + " from " + std::to_string(lo));
+        }
 }
 
 // The skinny GEMM on int8 weights past the main test's small shapes: 16 warps a block (2080

@@ -175,9 +175,9 @@ void register_kernels(KernelRegistry& r, CudaContext& ctx) {
   // their widened f32 logits, and fp16 T5's f32 FFN output projections), cuda_linear_i8.cc,
   // folded norms included; no int8 inputs (W8A8 runs on the CPU only).
   const ExtraSet i8_linear_extras{
-      Extra::kBias,         Extra::kWeightScales,  Extra::kActivation,    Extra::kResidual,
-      Extra::kGatheredRows, Extra::kWidenedOutput, Extra::kLayerNormFold, Extra::kRmsNormFold,
-      Extra::kNormScale};
+      Extra::kBias,          Extra::kWeightScales, Extra::kActivation,
+      Extra::kResidual,      Extra::kGatheredRows, Extra::kWidenedOutput,
+      Extra::kLayerNormFold, Extra::kRmsNormFold,  Extra::kNormScale};
   for (DType t : {DType::kF16, DType::kBF16, DType::kF32}) {
     r.add(
         KernelKey{OpKind::kLinear, t, DType::kI8, Device::kCuda, Isa::kSm90},

@@ -178,8 +178,8 @@ class QuantLinearKernel final : public CudaKernel {
       norm.scale = norm_scaled_ ? linear_input(args.in, LinearOperand::kNormScale) : nullptr;
       const bool layer = *norm_ == InputNorm::kLayerNorm;
       KILN_CHECK((norm.row_sums != nullptr) == layer &&
-                     (norm.row_sums == nullptr || (norm.row_sums->dtype() == DType::kF32 &&
-                                                   norm.row_sums->numel() == out_)),
+                     (norm.row_sums == nullptr ||
+                      (norm.row_sums->dtype() == DType::kF32 && norm.row_sums->numel() == out_)),
                  "node '{}': a folded {} needs {}", node_.name, input_norm_name(*norm_),
                  layer ? "f32 row sums [out]" : "no row sums");
       KILN_CHECK(norm.scale == nullptr ||
@@ -256,8 +256,7 @@ class QuantLinearKernel final : public CudaKernel {
                              static_cast<const char*>(group_scales) + o0 * int4_groups(in_) * 2,
                              slice, rows_here, in_, ctx_.kernel_stream());
       else
-        launch_dequantize_i8(t, q + o0 * in_, s + o0, slice, rows_here, in_,
-                             ctx_.kernel_stream());
+        launch_dequantize_i8(t, q + o0 * in_, s + o0, slice, rows_here, in_, ctx_.kernel_stream());
       if (bias_in_epilogue_) {
         const void* b = static_cast<const char*>(bias->raw()) + o0 * elem;
         KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_BIAS_POINTER,

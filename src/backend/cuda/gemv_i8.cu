@@ -135,9 +135,9 @@ __global__ void __launch_bounds__(kWarps * 32)
         const bool in_row = at + u * stride < chunks;
         wv[u][k] = in_row ? __ldcs(wr[k] + at + u * stride) : uint2{};
         if constexpr (kI4)
-          gs[u][k] = in_row ? group_scales[min(f0 + k, out - 1) * groups +
-                                           (at + u * stride) / kPerGroup]
-                            : __half{};
+          gs[u][k] =
+              in_row ? group_scales[min(f0 + k, out - 1) * groups + (at + u * stride) / kPerGroup]
+                     : __half{};
       }
   };
   // Weights are constants: the first are in flight before the wait for the kernel writing x.
@@ -264,8 +264,8 @@ void launch_slices(const GemvI8Params& p, int64_t row_base, unsigned slices, Ker
     launch(kernel, grid, kWarps * 32, 0, stream, static_cast<const T*>(p.x),
            reinterpret_cast<const uint2*>(p.w), p.scales,
            static_cast<const __half*>(p.group_scales), static_cast<const B*>(p.bias),
-           static_cast<const T*>(p.residual), static_cast<T*>(p.y), p.y32, chunks, p.out,
-           row_base, p.split, p.has_act, p.act, p.norm_scale, p.norm_row_sums, p.norm_eps);
+           static_cast<const T*>(p.residual), static_cast<T*>(p.y), p.y32, chunks, p.out, row_base,
+           p.split, p.has_act, p.act, p.norm_scale, p.norm_row_sums, p.norm_eps);
   };
   if constexpr (N == 1)
     if (p.norm)
@@ -325,9 +325,8 @@ __global__ void dequantize_kernel(const uint2* __restrict__ q, const float* __re
 // w [rows, in] = round(q · scale[row][group]), int4 q (in a multiple of 16), grid-stride over
 // 16-weight chunks.
 template <typename T>
-__global__ void dequantize_i4_kernel(const uint2* __restrict__ q,
-                                     const __half* __restrict__ scales, T* w,
-                                     int64_t chunks_per_row, int64_t groups, int64_t chunks) {
+__global__ void dequantize_i4_kernel(const uint2* __restrict__ q, const __half* __restrict__ scales,
+                                     T* w, int64_t chunks_per_row, int64_t groups, int64_t chunks) {
   pdl_begin();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < chunks;
        i += int64_t(gridDim.x) * blockDim.x) {

@@ -185,9 +185,9 @@ inline constexpr int kI8GemvDefaultRows = 8;
 struct GemvI8Params {
   FloatType type;
   const void* x;
-  const void* w;                        // int8 [out, in], or int4 with group_scales
-  const float* scales;                  // f32 [out] (int8)
-  const void* group_scales = nullptr;   // f16 [out, in / 128]: w is int4
+  const void* w;                       // int8 [out, in], or int4 with group_scales
+  const float* scales;                 // f32 [out] (int8)
+  const void* group_scales = nullptr;  // f16 [out, in / 128]: w is int4
   FloatType bias_type;
   const void* bias;
   const void* residual;

@@ -79,8 +79,7 @@ __device__ __forceinline__ uint4 widen_i4(unsigned w, __half s) {
     };
 #pragma unroll
     for (int b = 0; b < 4; ++b) {
-      const __nv_bfloat162 h =
-          __floats2bfloat162_rn(value(even, b) * sf, value(odd, b) * sf);
+      const __nv_bfloat162 h = __floats2bfloat162_rn(value(even, b) * sf, value(odd, b) * sf);
       out[b] = *reinterpret_cast<const unsigned*>(&h);
     }
   }
@@ -293,8 +292,8 @@ void launch_nt(const SkinnyParams& p, KernelStream stream) {
   auto go = [&](auto kernel, auto w) {
     launch(kernel, blocks, warps * 32, 0, stream, static_cast<const uint4*>(p.x), w, p.scales,
            static_cast<const __half*>(p.group_scales), static_cast<const T*>(p.bias),
-           static_cast<const T*>(p.residual), static_cast<T*>(p.y), p.y32,
-           static_cast<int>(p.rows), ksteps, p.out, tiles, p.has_act, p.act, p.x_rows);
+           static_cast<const T*>(p.residual), static_cast<T*>(p.y), p.y32, static_cast<int>(p.rows),
+           ksteps, p.out, tiles, p.has_act, p.act, p.x_rows);
   };
   if (p.group_scales != nullptr) {
     const auto* w = static_cast<const unsigned*>(p.w);
