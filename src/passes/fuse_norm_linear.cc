@@ -150,9 +150,10 @@ Folded fold(const Graph& g, const Node& lin, const std::vector<float>& gamma,
         return true;
       });
   if (!layer) return f;
-  const DType bias_type = has_bias            ? g.values[bias_id].dtype
-                          : row_scale.empty() ? wv.dtype
-                                              : g.values[d.operand(LinearOperand::kX)].dtype;
+  const bool quantized = !row_scale.empty() || !group_scale.empty();
+  const DType bias_type = has_bias    ? g.values[bias_id].dtype
+                          : quantized ? g.values[d.operand(LinearOperand::kX)].dtype
+                                      : wv.dtype;
   f.bias = Tensor::from_vector(bias, {out}).to(bias_type);
   const Tensor back = f.bias.to_f32();
   f.finite = f.finite && std::all_of(back.data<float>(), back.data<float>() + out,

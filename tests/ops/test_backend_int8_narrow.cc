@@ -47,13 +47,16 @@ enum class Variant : uint8_t {
   kResidual,
   kWidened,
   kGatheredWidened,
-  kLayerNorm,  // a LayerNorm folded into the Linear (with a bias): gamma as its norm scale
-  kRmsNorm,    // an RMSNorm folded (no bias)
+  kLayerNorm,        // a LayerNorm folded into the Linear (with a bias): gamma as its norm scale
+  kRmsNorm,          // an RMSNorm folded (no bias)
+  kLayerNormNoBias,  // a LayerNorm folded into a Linear without a bias (the fold makes one)
 };
 constexpr Variant kVariants[] = {Variant::kPlain,     Variant::kBiasAct, Variant::kF32Bias,
                                  Variant::kResidual,  Variant::kWidened, Variant::kGatheredWidened,
-                                 Variant::kLayerNorm, Variant::kRmsNorm};
-bool folds_norm(Variant v) { return v == Variant::kLayerNorm || v == Variant::kRmsNorm; }
+                                 Variant::kLayerNorm, Variant::kRmsNorm, Variant::kLayerNormNoBias};
+bool folds_norm(Variant v) {
+  return v == Variant::kLayerNorm || v == Variant::kRmsNorm || v == Variant::kLayerNormNoBias;
+}
 const char* variant_name(Variant v) {
   switch (v) {
     case Variant::kPlain:
@@ -72,6 +75,8 @@ const char* variant_name(Variant v) {
       return "folded layer norm";
     case Variant::kRmsNorm:
       return "folded rms norm";
+    case Variant::kLayerNormNoBias:
+      return "folded layer norm, no bias";
   }
   return "?";
 }
@@ -85,7 +90,7 @@ Graph int8_linear_graph(Gen& g, DType dtype, int64_t in, int64_t out, Variant va
   int h = x;
   if (variant == Variant::kGatheredWidened)
     h = b.gather_rows(x, b.input("rows", DType::kI64, {Dim::sym("rows")}), "gather");
-  if (variant == Variant::kLayerNorm)
+  if (variant == Variant::kLayerNorm || variant == Variant::kLayerNormNoBias)
     h = b.layer_norm(x, b.weight("nw", Tensor::from_vector(g.floats(in, 0.5f, 1.5f), {in})),
                      b.weight("nb", Tensor::from_vector(g.floats(in, -0.5f, 0.5f), {in})), 1e-5,
                      "ln");
@@ -204,9 +209,9 @@ TEST(BackendOps, NarrowInt4WeightLinearsMatchReference) {
     for (const Shape2 sh :
          {Shape2{1024, 70}, Shape2{4112, 37}, Shape2{2080, 100}, Shape2{256, 4224}})
       for (int64_t n : {1, 3, 8, 13, 24, 32, 65})
-        for (Variant variant :
-             {Variant::kPlain, Variant::kBiasAct, Variant::kResidual, Variant::kWidened,
-              Variant::kGatheredWidened, Variant::kLayerNorm, Variant::kRmsNorm}) {
+        for (Variant variant : {Variant::kPlain, Variant::kBiasAct, Variant::kResidual,
+                                Variant::kWidened, Variant::kGatheredWidened, Variant::kLayerNorm,
+                                Variant::kRmsNorm, Variant::kLayerNormNoBias}) {
           if (dtype == DType::kF32 &&
               (variant == Variant::kWidened || variant == Variant::kGatheredWidened))
             continue;
@@ -254,7 +259,7 @@ TEST(BackendOps, Int8WeightFoldedNormMatchesTheUnfusedGraph) {
   const std::unique_ptr<Backend> reference = reference_backend();
   for (bool int4 : {false, true})
     for (DType dtype : {DType::kF32, DType::kF16})
-      for (Variant variant : {Variant::kLayerNorm, Variant::kRmsNorm})
+      for (Variant variant : {Variant::kLayerNorm, Variant::kRmsNorm, Variant::kLayerNormNoBias})
         for (const float lo : {-2.0f, 100.0f}) {
           Gen g(dtype, dtype, static_cast<uint32_t>(11 + static_cast<int>(variant)));
           Gen g2 = g;
@@ -267,7 +272,11 @@ TEST(BackendOps, Int8WeightFoldedNormMatchesTheUnfusedGraph) {
                     int4 ? DType::kI4 : DType::kI8);
           EXPECT_GE(linear_operand(lin, LinearOperand::kNormScale), 0);
           EXPECT_EQ(linear_operand(lin, LinearOperand::kNormRowSums) >= 0,
-                    variant == Variant::kLayerNorm);
+                    variant != Variant::kRmsNorm);
+          // A LayerNorm's folded bias (made where the Linear had none) is in the input's type.
+          if (variant != Variant::kRmsNorm) {
+            EXPECT_EQ(fused.values[linear_operand(lin, LinearOperand::kBias)].dtype, dtype);
+          }
           const Scenario sc = one_step(plain, {{"x", g.random({5, in}, lo, lo + 4.0f)}});
           const ScenarioOutputs want = run_scenario(*reference, sc);
           const ScenarioOutputs got = run_scenario(*reference, one_step(fused, sc.steps[0].feed));

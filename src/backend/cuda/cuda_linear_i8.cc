@@ -56,14 +56,14 @@ class QuantLinearKernel final : public CudaKernel {
                node_.name);
     i4_ = w.dtype == DType::kI4;
     KILN_CHECK(dtype_ == DType::kF16 || dtype_ == DType::kBF16 || dtype_ == DType::kF32,
-               "node '{}': the cuda int8 linear multiplies into float activations, not {}",
+               "node '{}': the cuda quantized linear multiplies into float activations, not {}",
                node_.name, dtype_name(dtype_));
     KILN_CHECK(!widen_ || y.dtype == DType::kF32, "node '{}': a widened linear stores f32, not {}",
                node_.name, dtype_name(y.dtype));
-    KILN_CHECK(d.has(LinearOperand::kWeightScales),
-               "node '{}': an i8 weight needs its per-channel scales", node_.name);
+    KILN_CHECK(d.has(LinearOperand::kWeightScales), "node '{}': an {} weight needs its scales",
+               node_.name, dtype_name(w.dtype));
     KILN_CHECK(!d.has(LinearOperand::kInputScale),
-               "node '{}': the cuda int8 linear takes no int8 input (W8A8 runs on the CPU)",
+               "node '{}': the cuda quantized linear takes no int8 input (W8A8 runs on the CPU)",
                node_.name);
     out_ = w.shape[0].value;
     in_ = w.shape[1].value;

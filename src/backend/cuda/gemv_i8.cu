@@ -381,7 +381,7 @@ bool gemv_i8_fits(const void* x, const void* w, int64_t in, bool i4) {
 }
 
 bool launch_gemv_i8(const GemvI8Params& p, KernelStream stream) {
-  // The folded norm: one row, gamma 16-byte aligned (two float4 loads a chunk).
+  // The folded norm: one row, gamma 16-byte aligned (float4 loads).
   if (p.norm && (p.rows != 1 || (reinterpret_cast<uintptr_t>(p.norm_scale) & 15) != 0))
     return false;
   if (p.rows <= 0 || p.out <= 0) return true;

@@ -58,8 +58,7 @@ template <typename T>
 __device__ __forceinline__ uint4 widen_i4(unsigned w, __half s) {
   const unsigned t = w ^ 0x88888888u;  // nibbles as q + 8
   const unsigned even = t & 0x0F0F0F0Fu, odd = (t >> 4) & 0x0F0F0F0Fu;
-  uint4 r;
-  unsigned* out = &r.x;
+  unsigned out[4];
   if constexpr (std::is_same_v<T, __half>) {
     // 0x64XX is the half 1024 + XX: subtract 1032 = 1024 + 8, then scale.
     const __half2 bias = __halves2half2(__ushort_as_half(0x6408), __ushort_as_half(0x6408));
@@ -83,7 +82,7 @@ __device__ __forceinline__ uint4 widen_i4(unsigned w, __half s) {
       out[b] = *reinterpret_cast<const unsigned*>(&h);
     }
   }
-  return r;
+  return make_uint4(out[0], out[1], out[2], out[3]);
 }
 
 template <typename T>
