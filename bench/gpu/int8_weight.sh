@@ -7,8 +7,8 @@
 # the top-1 agreement says how far int8 weights move the next-token choice). bloom-560m (fp16
 # checkpoint) and flan-t5-large (fp32 checkpoint). Logs and JSON lines in $OUT.
 # Run from the folder scripts/device/pack.sh filled. Usage: int8_weight.sh [RUNS]
-# (PRECISIONS="fp16 int8-weight int4-weight" by default; SKINNY_AB=1 adds the batch-16 run
-# without the skinny GEMM.)
+# (PRECISIONS="fp16 int8-weight int4-weight" and MODELS="bloom-560m flan-t5-large" by default;
+# SKINNY_AB=1 adds the batch-16 run without the skinny GEMM.)
 set -u
 HERE=$(cd "$(dirname "$0")" && pwd)
 OUT=${OUT:-/tmp/out}
@@ -19,9 +19,12 @@ JSON="$OUT/int8_weight.jsonl"
 mkdir -p /tmp/synth /tmp/plans
 date -u | tee "$LOG"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$LOG"
-for spec in "bloom-560m fp16" "flan-t5-large fp32"; do
-  set -- $spec
-  preset=$1 sdtype=$2 dir=/tmp/synth/$1
+for preset in ${MODELS:-bloom-560m flan-t5-large}; do
+  case "$preset" in
+    bloom-*) sdtype=fp16 ;;
+    *) sdtype=fp32 ;;
+  esac
+  dir=/tmp/synth/$preset
   [ -d "$dir" ] || "$KILN" synth --preset "$preset" --dtype "$sdtype" -o "$dir" >>"$LOG" 2>&1
   for prec in ${PRECISIONS:-fp16 int8-weight int4-weight}; do
     plan=/tmp/plans/$preset-$prec.plan
