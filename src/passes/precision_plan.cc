@@ -105,7 +105,10 @@ constexpr std::string_view kInt4TableWhy =
     "int4 kernel)";
 
 // int4-weight: why a matrix that int4 would take stays int8 (empty: it becomes int4).
-std::string int4_kept_int8(const Graph& g, const Value& v, const std::vector<Use>& uses) {
+// `cuda`: the CUDA int4 kernels load 16 weights at a time, so the input dimension is a multiple
+// of 16.
+std::string int4_kept_int8(const Graph& g, const Value& v, const std::vector<Use>& uses,
+                           bool cuda) {
   const int logits = logits_linear(g);
   for (const Use& u : uses) {
     if (g.nodes[u.node].op == OpKind::kEmbedding) return std::string(kInt4TableWhy);
@@ -113,6 +116,11 @@ std::string int4_kept_int8(const Graph& g, const Value& v, const std::vector<Use
   }
   if (std::string why = int4_refused(v.data); !why.empty())
     return "int8 as int8-weight plans store it: " + why;
+  if (cuda && v.data.dim(1) % 16 != 0)
+    return fmt::format(
+        "int8 as int8-weight plans store it: its input dimension {} is not a multiple of 16 (the "
+        "cuda int4 kernels load 16 weights at a time)",
+        v.data.dim(1));
   return {};
 }
 
@@ -262,6 +270,17 @@ PrecisionPlan plan_precision(const Graph& g, const PrecisionSupport& support,
     }
   }
 
+  // Weight `id` stored as the precision's matrix type; int4-weight keeps some matrices int8.
+  auto store_matrix = [&](size_t id) {
+    plan.weight[id] = support.matrix;
+    if (support.matrix == DType::kI4)
+      if (std::string why = int4_kept_int8(g, g.values[id], uses[id], narrow_activations);
+          !why.empty()) {
+        plan.weight[id] = DType::kI8;
+        plan.weight_why[id] = std::move(why);
+      }
+  };
+
   // Weights.
   for (size_t id = 0; id < g.values.size(); ++id) {
     const Value& v = g.values[id];
@@ -298,19 +317,7 @@ PrecisionPlan plan_precision(const Graph& g, const PrecisionSupport& support,
         plan.weight_why[id] = std::move(why);
         continue;
       }
-      plan.weight[id] = support.matrix;
-      if (support.matrix == DType::kI4) {
-        std::string why = int4_kept_int8(g, v, uses[id]);
-        if (why.empty() && v.data.rank() == 2 && v.data.dim(1) % 16 != 0)
-          why = fmt::format(
-              "int8 as int8-weight plans store it: its input dimension {} is not a multiple of 16 "
-              "(the cuda int4 kernels load 16 weights at a time)",
-              v.data.dim(1));
-        if (!why.empty()) {
-          plan.weight[id] = DType::kI8;
-          plan.weight_why[id] = std::move(why);
-        }
-      }
+      store_matrix(id);
       continue;
     }
     if (v.dtype != DType::kF32) {
@@ -337,12 +344,7 @@ PrecisionPlan plan_precision(const Graph& g, const PrecisionSupport& support,
       plan.weight_why[id] = std::move(why);
       continue;
     }
-    plan.weight[id] = support.matrix;
-    if (support.matrix == DType::kI4)
-      if (std::string why = int4_kept_int8(g, v, uses[id]); !why.empty()) {
-        plan.weight[id] = DType::kI8;
-        plan.weight_why[id] = std::move(why);
-      }
+    store_matrix(id);
   }
   if (support.calibrated_inputs) plan_input_scales(g, options, &plan);
   return plan;

@@ -13,7 +13,6 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <optional>
 
 #include "../models/graph_runner.h"
 #include "../scoped_env.h"
@@ -129,6 +128,43 @@ Graph int8_linear_graph(Gen& g, DType dtype, int64_t in, int64_t out, Variant va
   return graph;
 }
 
+// Runs `graph` (one fused quantized Linear of `variant`, [n, in] x [out, in]^T) on every CUDA
+// backend that takes it and on the reference, comparing with `check`, each failure labelled with
+// the backend's name and `what`; returns how many backends compared (the reference runs only
+// where one does: it is slow at these sizes). The feed: x in [-2, 2), a residual likewise, and
+// for gathered rows n rows of a table of n + 5, in another order, one row twice. (The CPU's
+// f32-input int8 Linears quantize their inputs: test_backend_lowp.cc.)
+int compare_on_cuda(Backend& reference, std::vector<NamedBackend>& backends, Gen& g,
+                    const Graph& graph, int64_t n, int64_t in, int64_t out, Variant variant,
+                    const Check& check, const std::string& what) {
+  std::vector<NamedBackend*> runners;
+  for (NamedBackend& nb : backends)
+    if (nb.name.starts_with("cuda") && unsupported(*nb.backend, graph).empty())
+      runners.push_back(&nb);
+  if (runners.empty()) return 0;
+  std::map<std::string, Tensor> feed = {{"x", g.random({n, in}, -2, 2)}};
+  if (variant == Variant::kResidual) feed["r"] = g.random({n, out}, -2, 2);
+  if (variant == Variant::kGatheredWidened) {
+    std::vector<int64_t> rows(static_cast<size_t>(n));
+    for (int64_t r = 0; r < n; ++r) rows[static_cast<size_t>(r)] = (r * 7 + 3) % (n + 5);
+    rows.back() = rows.front();
+    feed["x"] = g.random({n + 5, in}, -2, 2);
+    feed["rows"] = Tensor::from_vector(rows, {n});
+  }
+  const Scenario sc = one_step(graph, feed);
+  const ScenarioOutputs ref = run_scenario(reference, sc);
+  for (NamedBackend* nb : runners)
+    expect_matches(run_scenario(*nb->backend, sc)[0][0], ref[0][0], check, nb->name + " " + what);
+  return static_cast<int>(runners.size());
+}
+
+// "f16 plain [n, in] x [out, in]^T"
+std::string case_name(DType dtype, Variant variant, int64_t n, int64_t in, int64_t out) {
+  return std::string(dtype_name(dtype)) + " " + variant_name(variant) + " [" + std::to_string(n) +
+         ", " + std::to_string(in) + "] x [" + std::to_string(out) + ", " + std::to_string(in) +
+         "]^T";
+}
+
 TEST(BackendOps, NarrowInt8WeightLinearsMatchReference) {
   const std::unique_ptr<Backend> reference = reference_backend();
   std::vector<NamedBackend> backends = available_backends();
@@ -153,39 +189,14 @@ TEST(BackendOps, NarrowInt8WeightLinearsMatchReference) {
               static_cast<uint32_t>(sh.in + sh.out + n + 7 * static_cast<int>(variant));
           Gen g(dtype, dtype, seed);
           const Graph graph = int8_linear_graph(g, dtype, sh.in, sh.out, variant);
-          // Only where a backend runs it (the reference is slow at these sizes).
-          std::vector<NamedBackend*> runners;
-          // (The CPU's f32-input int8 Linears quantize their inputs: test_backend_lowp.cc.)
-          for (NamedBackend& nb : backends)
-            if (nb.name.starts_with("cuda") && unsupported(*nb.backend, graph).empty())
-              runners.push_back(&nb);
-          if (runners.empty()) continue;
-          std::map<std::string, Tensor> feed = {{"x", g.random({n, sh.in}, -2, 2)}};
-          if (variant == Variant::kResidual) feed["r"] = g.random({n, sh.out}, -2, 2);
-          if (variant == Variant::kGatheredWidened) {
-            // n rows gathered from a table of n + 5, in another order, one row twice.
-            std::vector<int64_t> rows(static_cast<size_t>(n));
-            for (int64_t r = 0; r < n; ++r) rows[static_cast<size_t>(r)] = (r * 7 + 3) % (n + 5);
-            rows.back() = rows.front();
-            feed["x"] = g.random({n + 5, sh.in}, -2, 2);
-            feed["rows"] = Tensor::from_vector(rows, {n});
-          }
-          const Scenario sc = one_step(graph, feed);
-          const ScenarioOutputs ref = run_scenario(*reference, sc);
           // A widened output holds values of the narrow type: its tolerance is the narrow
           // type's (the widened weights of 65 rows and more round each weight to it), as is a
           // folded norm's past one row (x standardized into the narrow type first).
           const bool widened = variant == Variant::kWidened ||
                                variant == Variant::kGatheredWidened || folds_norm(variant);
           const Check check{CheckKind::kMaxRelative, widened ? dtype_tolerance(dtype) : 0.0};
-          for (NamedBackend* nb : runners) {
-            expect_matches(run_scenario(*nb->backend, sc)[0][0], ref[0][0], check,
-                           nb->name + " " + std::string(dtype_name(dtype)) + " " +
-                               variant_name(variant) + " [" + std::to_string(n) + ", " +
-                               std::to_string(sh.in) + "] x [" + std::to_string(sh.out) + ", " +
-                               std::to_string(sh.in) + "]^T");
-            ++compared;
-          }
+          compared += compare_on_cuda(*reference, backends, g, graph, n, sh.in, sh.out, variant,
+                                      check, case_name(dtype, variant, n, sh.in, sh.out));
         }
   if (compared == 0) GTEST_SKIP() << "no backend here runs int8 weights with fp16/bf16 inputs";
 }
@@ -219,34 +230,13 @@ TEST(BackendOps, NarrowInt4WeightLinearsMatchReference) {
           Gen g(dtype, dtype,
                 static_cast<uint32_t>(sh.in + 3 * sh.out + n + static_cast<int>(variant)));
           const Graph graph = int8_linear_graph(g, dtype, sh.in, sh.out, variant, true, true);
-          std::vector<NamedBackend*> runners;
-          for (NamedBackend& nb : backends)
-            if (nb.name.starts_with("cuda") && unsupported(*nb.backend, graph).empty())
-              runners.push_back(&nb);
-          if (runners.empty()) continue;
-          std::map<std::string, Tensor> feed = {{"x", g.random({n, sh.in}, -2, 2)}};
-          if (variant == Variant::kResidual) feed["r"] = g.random({n, sh.out}, -2, 2);
-          if (variant == Variant::kGatheredWidened) {
-            std::vector<int64_t> rows(static_cast<size_t>(n));
-            for (int64_t r = 0; r < n; ++r) rows[static_cast<size_t>(r)] = (r * 5 + 2) % (n + 3);
-            feed["x"] = g.random({n + 3, sh.in}, -2, 2);
-            feed["rows"] = Tensor::from_vector(rows, {n});
-          }
-          const Scenario sc = one_step(graph, feed);
-          const ScenarioOutputs ref = run_scenario(*reference, sc);
           // Past the GEMV each weight times its scale is rounded to the activations' type (and
           // a folded norm's rows standardized into it past one row).
           const bool rounded = n > 8 || variant == Variant::kWidened ||
                                variant == Variant::kGatheredWidened || folds_norm(variant);
           const Check check{CheckKind::kMaxRelative, rounded ? dtype_tolerance(dtype) : 0.0};
-          for (NamedBackend* nb : runners) {
-            expect_matches(run_scenario(*nb->backend, sc)[0][0], ref[0][0], check,
-                           nb->name + " int4 " + std::string(dtype_name(dtype)) + " " +
-                               variant_name(variant) + " [" + std::to_string(n) + ", " +
-                               std::to_string(sh.in) + "] x [" + std::to_string(sh.out) + ", " +
-                               std::to_string(sh.in) + "]^T");
-            ++compared;
-          }
+          compared += compare_on_cuda(*reference, backends, g, graph, n, sh.in, sh.out, variant,
+                                      check, "int4 " + case_name(dtype, variant, n, sh.in, sh.out));
         }
   if (compared == 0) GTEST_SKIP() << "no backend here runs int4 weights with float inputs";
 }
@@ -305,22 +295,10 @@ TEST(BackendOps, NarrowInt8WeightSkinnyTilesMatchReference) {
              {Variant::kPlain, Variant::kBiasAct, Variant::kResidual, Variant::kWidened}) {
           Gen g(dtype, dtype, static_cast<uint32_t>(sh.out + n + 5 * static_cast<int>(variant)));
           const Graph graph = int8_linear_graph(g, dtype, sh.in, sh.out, variant);
-          std::map<std::string, Tensor> feed = {{"x", g.random({n, sh.in}, -2, 2)}};
-          if (variant == Variant::kResidual) feed["r"] = g.random({n, sh.out}, -2, 2);
-          const Scenario sc = one_step(graph, feed);
           const Check check{CheckKind::kMaxRelative,
                             variant == Variant::kWidened ? dtype_tolerance(dtype) : 0.0};
-          std::optional<ScenarioOutputs> ref;
-          for (NamedBackend& nb : backends) {
-            if (!nb.name.starts_with("cuda") || !unsupported(*nb.backend, graph).empty()) continue;
-            if (!ref) ref = run_scenario(*reference, sc);
-            expect_matches(run_scenario(*nb.backend, sc)[0][0], (*ref)[0][0], check,
-                           nb.name + " " + std::string(dtype_name(dtype)) + " " +
-                               variant_name(variant) + " [" + std::to_string(n) + ", " +
-                               std::to_string(sh.in) + "] x [" + std::to_string(sh.out) + ", " +
-                               std::to_string(sh.in) + "]^T");
-            ++compared;
-          }
+          compared += compare_on_cuda(*reference, backends, g, graph, n, sh.in, sh.out, variant,
+                                      check, case_name(dtype, variant, n, sh.in, sh.out));
         }
   if (compared == 0) GTEST_SKIP() << "no backend here runs int8 weights with fp16/bf16 inputs";
 }
@@ -337,18 +315,8 @@ TEST(BackendOps, NarrowInt8WeightGemvSlicesMatchReference) {
       for (Variant variant : {Variant::kPlain, Variant::kResidual, Variant::kBiasAct}) {
         Gen g(dtype, dtype, static_cast<uint32_t>(n + 3 * static_cast<int>(variant)));
         const Graph graph = int8_linear_graph(g, dtype, 1032, 70, variant);
-        std::map<std::string, Tensor> feed = {{"x", g.random({n, 1032}, -2, 2)}};
-        if (variant == Variant::kResidual) feed["r"] = g.random({n, 70}, -2, 2);
-        const Scenario sc = one_step(graph, feed);
-        std::optional<ScenarioOutputs> ref;
-        for (NamedBackend& nb : backends) {
-          if (!nb.name.starts_with("cuda") || !unsupported(*nb.backend, graph).empty()) continue;
-          if (!ref) ref = run_scenario(*reference, sc);
-          expect_matches(run_scenario(*nb.backend, sc)[0][0], (*ref)[0][0], Check{},
-                         nb.name + " " + std::string(dtype_name(dtype)) + " " +
-                             variant_name(variant) + " rows " + std::to_string(n));
-          ++compared;
-        }
+        compared += compare_on_cuda(*reference, backends, g, graph, n, 1032, 70, variant, Check{},
+                                    case_name(dtype, variant, n, 1032, 70));
       }
   if (compared == 0) GTEST_SKIP() << "no backend here runs int8 weights with fp16/bf16 inputs";
 }
