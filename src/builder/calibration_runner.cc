@@ -163,6 +163,19 @@ void RowSample::offer(const float* x, int64_t n, int64_t row_width, int64_t capa
   }
 }
 
+BuildOptions cpu_float_options(const BuildOptions& options) {
+  BuildOptions o = options;
+  o.device = Device::kCpu;
+  o.precision = Precision::kFp32;
+  o.tf32 = false;
+  o.precision_options.calibration.reset();
+  o.precision_options.calibration_source.clear();
+  o.precision_options.smoothing.clear();
+  o.precision_options.smoothing_model.clear();
+  o.precision_options.smoothing_source.clear();
+  return o;
+}
+
 CalibrationCache calibrate_model(const ModelIR& model, const ActivationStats& stats,
                                  const CalibrationMethodSpec& method) {
   CalibrationCache cache;
@@ -182,17 +195,10 @@ CalibrationCache calibrate_checkpoint(Context& ctx, const ModelSource& source,
                                       const CalibrationRunOptions& run,
                                       const CalibrationMethodSpec& method, ActivationStats* stats,
                                       double smoothquant_alpha) {
-  KILN_CHECK_USAGE(options.device == Device::kCpu,
-                   "calibration runs the float model on the cpu; the build targets {}",
-                   device_name(options.device));
   KILN_CHECK_USAGE(smoothquant_alpha >= 0.0 && smoothquant_alpha <= 1.0,
                    "--smoothquant {}: alpha must be in (0, 1] (0.5 is a good start)",
                    smoothquant_alpha);
-  BuildOptions float_options = options;
-  float_options.precision = Precision::kFp32;
-  float_options.precision_options.calibration.reset();
-  float_options.precision_options.calibration_source.clear();
-  float_options.precision_options.smoothing.clear();
+  BuildOptions float_options = cpu_float_options(options);
   const bool smooth = smoothquant_alpha > 0.0;
   // SmoothQuant's factors read the weights as the passes leave them: plain, not packed.
   if (smooth) float_options.pack_for_cpu.reset();
@@ -238,11 +244,7 @@ AwqResult awq_checkpoint(Context& ctx, const ModelSource& source, const BuildOpt
                    "AWQ searches the scales of int4-weight plans; this build is --precision {}",
                    precision_name(options.precision));
   KILN_CHECK_USAGE(run.sample_rows >= 1, "AWQ needs sampled rows, got {}", run.sample_rows);
-  BuildOptions float_options = options;
-  float_options.precision = Precision::kFp32;
-  float_options.precision_options.calibration.reset();
-  float_options.precision_options.calibration_source.clear();
-  float_options.precision_options.smoothing.clear();
+  BuildOptions float_options = cpu_float_options(options);
   float_options.pack_for_cpu.reset();  // the search reads the weights plain
   std::unique_ptr<CompiledModel> model;
   {

@@ -70,9 +70,15 @@ ActivationStats collect_activation_stats(CompiledModel& model,
 CalibrationCache calibrate_model(const ModelIR& model, const ActivationStats& stats,
                                  const CalibrationMethodSpec& method);
 
+// The options of the fp32 CPU model that calibration, AWQ's search and the sensitivity fallback
+// run for a build with `options`: a cuda build's calibration runs on the CPU too (no GPU needed
+// to build; its graphs up to the precision pass name the same Linear inputs, and
+// check_calibration compares the fingerprints).
+BuildOptions cpu_float_options(const BuildOptions& options);
+
 // What `kiln build --precision int8 --calib FILE` runs before it builds: the checkpoint built as
-// the fp32 plan of `options` (the same passes before the precision pass, so every value observed
-// is the f32 input an int8 plan's Linear quantizes), compiled for `ctx`, run over `prompts`, and
+// the fp32 CPU plan of `options` (the same passes before the precision pass, so every value
+// observed is the f32 input an int8 plan's Linear quantizes), run over `prompts`, and
 // calibrated with `method`. With `smoothquant_alpha` > 0 (SmoothQuant, passes/smooth_quant.h),
 // that first run gives each smoothable tensor's channel maxima, from which and the weights the
 // smoothing factors are made; the fp32 model is built again with them folded in and run again,

@@ -1,5 +1,6 @@
 #include "builder/sensitivity.h"
 
+#include "builder/calibration_runner.h"
 #include <algorithm>
 #include <charconv>
 #include <chrono>
@@ -8,6 +9,7 @@
 #include <memory>
 #include <set>
 
+#include "builder/calibration_runner.h"
 #include "core/logging.h"
 #include "graph/packing.h"
 #include "passes/pass.h"
@@ -302,11 +304,7 @@ CalibrationCache apply_sensitivity_fallback(Context& ctx, const ModelSource& sou
   report.prompts = static_cast<int64_t>(scored.size());
 
   // The fp32 plan (no smoothing: the model itself) and what it predicts.
-  BuildOptions float_options = options;
-  float_options.precision = Precision::kFp32;
-  float_options.precision_options.calibration.reset();
-  float_options.precision_options.calibration_source.clear();
-  float_options.precision_options.smoothing.clear();
+  BuildOptions float_options = cpu_float_options(options);
   float_options.spill_dir.clear();
   Reference ref;
   {
@@ -321,7 +319,16 @@ CalibrationCache apply_sensitivity_fallback(Context& ctx, const ModelSource& sou
   report.positions = ref.positions;
 
   // One import of the int8 build; every plan measured finishes a copy of it.
+  // A cuda build's layers are measured on the CPU's int8 plan: the same graph up to the precision
+  // pass, the same calibrated scales and the same quantization (graph/linear.h); its
+  // activations between the Linears are f32 where the GPU's are fp16.
   BuildOptions int8_options = options;
+  if (int8_options.device != Device::kCpu) {
+    int8_options.device = Device::kCpu;
+    int8_options.tf32 = false;
+    log.info("sensitivity: the {} build's layers are measured on the cpu's int8 plan",
+             device_name(options.device));
+  }
   int8_options.spill_dir.clear();
   int8_options.precision_options.calibration->quant_tolerance = sensitivity.tolerance;
   ModelIR base;

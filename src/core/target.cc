@@ -61,11 +61,6 @@ std::string_view precision_names() { return "fp32, fp16, bf16, int8, int8-weight
 
 namespace {
 
-constexpr std::string_view kNoW8A8Cuda =
-    "int8 (W8A8: int8 weights and calibrated int8 activations) runs on the cpu only for now "
-    "(--device cpu); the cuda backend runs fp32, fp16, bf16, int8-weight and int4-weight "
-    "(int8/int4 weights, fp16 activations) plans";
-
 // Rows in kAllDevices × kAllPrecisions order.
 constexpr PrecisionSupport kSupport[] = {
     {Device::kCpu, Precision::kFp32, true, DType::kF32, DType::kF32, false, false, {}},
@@ -77,7 +72,7 @@ constexpr PrecisionSupport kSupport[] = {
     {Device::kCuda, Precision::kFp32, true, DType::kF32, DType::kF32, false, false, {}},
     {Device::kCuda, Precision::kFp16, true, DType::kF16, DType::kF16, false, false, {}},
     {Device::kCuda, Precision::kBf16, true, DType::kBF16, DType::kBF16, false, false, {}},
-    {Device::kCuda, Precision::kInt8, false, DType::kI8, DType::kF16, true, true, kNoW8A8Cuda},
+    {Device::kCuda, Precision::kInt8, true, DType::kI8, DType::kF16, true, true, {}},
     {Device::kCuda, Precision::kInt8Weight, true, DType::kI8, DType::kF16, true, false, {}},
     {Device::kCuda, Precision::kInt4Weight, true, DType::kI4, DType::kF16, true, false, {}},
 };

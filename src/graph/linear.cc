@@ -191,15 +191,16 @@ std::vector<ValueType> infer_linear(const Graph& g, const Node& n) {
     expect_dim(n, s, 1, Dim::of(int4_groups(w.shape[1].value)));
   }
   if (d.has(LinearOperand::kInputScale)) {
-    // W8A8: the product is int8 × int8, so the weight is i8 (with its scales) and x is f32, the
-    // value the calibration observed (a folded norm would rescale x after the product).
+    // W8A8: the product is int8 × int8, so the weight is i8 (with its scales); x is the float
+    // value the calibration observed (f32 on the CPU, the activations' type on CUDA: quantized
+    // from its value widened to f32), and a folded norm would rescale x after the product.
     const Value& s = operand(LinearOperand::kInputScale);
     KILN_CHECK(per_channel,
                "node '{}' (Linear): an input scale (int8 input) needs an i8 weight, not {}", n.name,
                dtype_name(w.dtype));
-    KILN_CHECK(x.dtype == DType::kF32,
-               "node '{}' (Linear): an int8-quantized input '{}' must be f32 (the value the "
-               "scale was calibrated on), not {}",
+    KILN_CHECK(x.dtype == DType::kF32 || x.dtype == DType::kF16 || x.dtype == DType::kBF16,
+               "node '{}' (Linear): an int8-quantized input '{}' must be f32, f16 or bf16 (the "
+               "value the scale was calibrated on), not {}",
                n.name, x.name, dtype_name(x.dtype));
     KILN_CHECK(s.dtype == DType::kF32, "node '{}' (Linear): input scale '{}' must be f32", n.name,
                s.name);

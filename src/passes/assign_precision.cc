@@ -139,14 +139,9 @@ namespace {
 // W8A8: each Linear the plan quantizes reads its calibrated input scale, a weight [1] of its own
 // (LinearOperand::kInputScale). By node name: storing the weights may insert Casts. Returns
 // the Linears given one.
-int attach_input_scales(Graph& graph, const PrecisionPlan& plan, const std::string& source,
-                        const Logger& log) {
-  std::map<std::string, float> scale_of;
-  int kept = 0;
-  for (size_t i = 0; i < plan.input_scale.size(); ++i) {
-    if (plan.input_scale[i] >= 0.0f) scale_of[graph.nodes[i].name] = plan.input_scale[i];
-    kept += !plan.input_why[i].empty();
-  }
+// `scale_of`: the plan's scales by node name, taken before the weights were stored.
+int attach_input_scales(Graph& graph, const std::map<std::string, float>& scale_of, int kept,
+                        const std::string& source, const Logger& log) {
   int quantized = 0;
   for (size_t i = 0; i < graph.nodes.size(); ++i) {
     const auto it = scale_of.find(graph.nodes[i].name);
@@ -194,9 +189,17 @@ int assign_precision(Graph& graph, const PrecisionSupport& support, const Precis
   if (wide > 0)
     log.info("assign_precision[{}]: {} nodes compute in f32 (kiln inspect --layers says why)",
              graph.name, wide);
-  if (narrow_activations) return narrow_graph(graph, plan, log);
-  const int stored = store_weights(graph, plan, log);
-  if (support.calibrated_inputs) attach_input_scales(graph, plan, options.calibration_source, log);
+  // W8A8's input scales by node name: storing the weights inserts and removes nodes.
+  std::map<std::string, float> scale_of;
+  int kept_f32_inputs = 0;
+  for (size_t i = 0; i < plan.input_scale.size(); ++i) {
+    if (plan.input_scale[i] >= 0.0f) scale_of[graph.nodes[i].name] = plan.input_scale[i];
+    kept_f32_inputs += !plan.input_why[i].empty();
+  }
+  const int stored =
+      narrow_activations ? narrow_graph(graph, plan, log) : store_weights(graph, plan, log);
+  if (support.calibrated_inputs)
+    attach_input_scales(graph, scale_of, kept_f32_inputs, options.calibration_source, log);
   return stored;
 }
 

@@ -185,6 +185,12 @@ void register_kernels(KernelRegistry& r, CudaContext& ctx) {
                            "skinny gemm / widened cublaslt)"
                          : "cuda int8-weight linear (int8 gemv / skinny gemm / widened cublaslt)",
         [&ctx](const Node& node) { return make_quant_linear_kernel(node, ctx); }, i8_linear_extras);
+    // int8 (W8A8) plans: the input quantized with its calibrated scale, int8 products.
+    r.add(KernelKey{OpKind::kLinear, t, DType::kI8, Device::kCuda, Isa::kSm90},
+          "cuda W8A8 linear (int8 dp4a gemv / cublaslt int8 gemm)",
+          [&ctx](const Node& node) { return make_w8a8_linear_kernel(node, ctx); },
+          ExtraSet{Extra::kBias, Extra::kWeightScales, Extra::kActivation, Extra::kResidual,
+                   Extra::kGatheredRows, Extra::kWidenedOutput, Extra::kQuantizedInput});
     // int4-weight plans: int4 weights with f16 group scales, the same kernel.
     r.add(
         KernelKey{OpKind::kLinear, t, DType::kI4, Device::kCuda, Isa::kSm90},

@@ -23,6 +23,9 @@ class CudaKernel : public Kernel {
 std::unique_ptr<Kernel> make_linear_kernel(const Node& node, CudaContext& ctx);
 // The Linear of int8 weights with fp16/bf16 activations (cuda_linear_i8.cc).
 std::unique_ptr<Kernel> make_quant_linear_kernel(const Node& node, CudaContext& ctx);
+// The Linear of W8A8 (int8) plans: int8 weights and x quantized with its static scale
+// (cuda_linear_w8a8.cc).
+std::unique_ptr<Kernel> make_w8a8_linear_kernel(const Node& node, CudaContext& ctx);
 std::unique_ptr<Kernel> make_attention_kernel(const Node& node, CudaContext& ctx);
 // Times a Linear node's candidate kernels (GEMV, cuBLASLt's algorithms) at each row count on
 // its own weights and returns the fastest per count (cuda_linear.cc).

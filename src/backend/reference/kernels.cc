@@ -106,8 +106,8 @@ void linear(const Node& node, const KernelArgs& args) {
     KILN_CHECK(std::isfinite(s) && s >= 0.0f,
                "node '{}': the input scale is {}, not a finite non-negative number", node.name, s);
     const float inv = input_inv_scale(s);
-    const float* xf = x.data<float>();
-    for (size_t i = 0; i < xs.size(); ++i) xs[i] = quantize_input(xf[i], inv);
+    // x's values are exact in f32 whatever its float type.
+    for (double& v : xs) v = quantize_input(static_cast<float>(v), inv);
     x_scale = s;
   }
   const std::vector<double> gamma =

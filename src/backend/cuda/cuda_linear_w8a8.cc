@@ -1,0 +1,284 @@
+// The Linear of W8A8 (int8) plans on CUDA: x (fp16/bf16, or f32) read as int8 with its static
+// calibrated scale s (graph/linear.h: quantize_input), int8 weights [out, in] with f32
+// per-output-channel scales, integer products summed in int32, y = epilogue(Σ · s · scale[o] +
+// bias): bias, activation, a fused residual, gathered rows (copied into the scratch first) and a
+// widened f32 output. Steps of up to kGemvRows rows (decode) run the W8A8 GEMV (gemv_w8a8.cu:
+// dp4a on x quantized in registers); more rows quantize x into the scratch, multiply on
+// cuBLASLt's int8 tensor-core GEMM (int32 results, in row chunks that bound the scratch), and
+// the epilogue kernel stores y. If cuBLASLt offers no int8 algorithm for a shape, the GEMV runs
+// those rows too (slower, the same numbers).
+#include <algorithm>
+#include <map>
+#include <tuple>
+
+#include "backend/cuda/cuda_kernels.h"
+#include "graph/workspace.h"
+
+namespace kiln::cuda {
+namespace {
+
+// Rows up to which the GEMV runs (its slices of 8 rows read the weights from L2 after the first).
+constexpr int64_t kGemvRows = 32;
+// The int32 results of one cuBLASLt call (elements): rows are multiplied in chunks of at most
+// this many outputs.
+constexpr int64_t kAccElements = int64_t{8} << 20;
+
+int64_t aligned(int64_t bytes) { return (bytes + 255) / 256 * 256; }
+
+class W8a8LinearKernel final : public CudaKernel {
+ public:
+  using CudaKernel::CudaKernel;
+  ~W8a8LinearKernel() override {
+    for (auto& [key, plan] : plans_) {
+      cublasLtMatrixLayoutDestroy(plan.a);
+      cublasLtMatrixLayoutDestroy(plan.b);
+      cublasLtMatrixLayoutDestroy(plan.c);
+    }
+    if (desc_ != nullptr) cublasLtMatmulDescDestroy(desc_);
+  }
+
+  void prepare(const Graph& graph) override {
+    CudaKernel::prepare(graph);
+    const LinearDesc d = describe_linear(node_);
+    const Value& w = graph.values[d.operand(LinearOperand::kWeight)];
+    widen_ = d.epilogue.widen;
+    const Value& y = graph.values[node_.outputs[0]];
+    dtype_ = widen_ ? graph.values[d.operand(LinearOperand::kX)].dtype : y.dtype;
+    KILN_CHECK(w.dtype == DType::kI8 && w.shape.size() == 2 && !w.shape[0].is_symbolic() &&
+                   !w.shape[1].is_symbolic(),
+               "node '{}': the cuda W8A8 linear needs an i8 [out, in] weight of fixed shape",
+               node_.name);
+    KILN_CHECK(dtype_ == DType::kF16 || dtype_ == DType::kBF16 || dtype_ == DType::kF32,
+               "node '{}': the cuda W8A8 linear reads float activations, not {}", node_.name,
+               dtype_name(dtype_));
+    KILN_CHECK(d.has(LinearOperand::kWeightScales) && d.has(LinearOperand::kInputScale),
+               "node '{}': the cuda W8A8 linear needs the weight's scales and the input scale",
+               node_.name);
+    KILN_CHECK(!d.epilogue.norm, "node '{}': a W8A8 linear folds no norm", node_.name);
+    out_ = w.shape[0].value;
+    in_ = w.shape[1].value;
+    KILN_CHECK(in_ % 8 == 0, "node '{}': the cuda W8A8 linear needs `in` ({}) a multiple of 8",
+               node_.name, in_);
+    activation_ = d.epilogue.activation;
+    gather_ = d.has(LinearOperand::kRows);
+    has_bias_ = d.has(LinearOperand::kBias);
+    y_shape_ = graph.values[node_.outputs[0]].shape;
+    chunk_rows_ = std::max<int64_t>(kAccElements / out_, 256);
+    // The input scale is a constant of the plan: read once, here.
+    const Value& s = graph.values[d.operand(LinearOperand::kInputScale)];
+    KILN_CHECK(s.data.defined() && s.data.dtype() == DType::kF32 && s.data.numel() == 1,
+               "node '{}': the input scale must be a constant f32 [1]", node_.name);
+    x_scale_ = s.data.to_f32().data<float>()[0];
+    KILN_CHECK(std::isfinite(x_scale_) && x_scale_ >= 0.0f,
+               "node '{}': the input scale is {}, not a finite non-negative number", node_.name,
+               x_scale_);
+    inv_scale_ = input_inv_scale(x_scale_);
+    for (int64_t n = 1; n <= kGemvRows; n = n == 1 ? 8 : n + 8) {
+      const int split = gemv_split(FloatType::kF16, in_, out_, ctx_.device().multiprocessors,
+                                   gemv_w8a8_warps_per_sm(float_type(dtype_), n));
+      split_[n == 1 ? 0 : 1] = split;
+    }
+    KILN_CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc_, CUBLAS_COMPUTE_32I, CUDA_R_32I));
+    const cublasOperation_t trans_a = CUBLAS_OP_T, trans_b = CUBLAS_OP_N;
+    KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_TRANSA, &trans_a,
+                                                     sizeof(trans_a)));
+    KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_TRANSB, &trans_b,
+                                                     sizeof(trans_b)));
+  }
+
+  // Scratch: the gathered rows of x, then (steps past the GEMV) x quantized and a chunk's int32
+  // results.
+  struct ScratchOffsets {
+    int64_t gathered = 0, quantized = 0, acc = 0, end = 0;
+  };
+  ScratchOffsets scratch_offsets(int64_t rows) const {
+    const auto elem = static_cast<int64_t>(dtype_bytes(dtype_, 1));
+    const bool gemm = rows > kGemvRows;
+    ScratchOffsets s;
+    s.quantized = gather_ ? aligned(rows * in_ * elem) : 0;
+    s.acc = s.quantized + (gemm ? aligned(rows * in_) : 0);
+    s.end = s.acc + (gemm ? aligned(std::min(rows, chunk_rows_) * out_ * 4) : 0);
+    return s;
+  }
+  int64_t workspace_bytes(const Bindings& bindings) const override {
+    int64_t n = 1;
+    for (int64_t d : resolve_shape(y_shape_, bindings)) n *= d;
+    return scratch_offsets(n / out_).end;
+  }
+
+  void run(const KernelArgs& args) override {
+    const Tensor& x = *linear_input(args.in, LinearOperand::kX);
+    const Tensor& w = *linear_input(args.in, LinearOperand::kWeight);
+    const Tensor* scales = linear_input(args.in, LinearOperand::kWeightScales);
+    Tensor& y = args.out[0];
+    KILN_CHECK(x.device() == Device::kCuda && w.device() == Device::kCuda,
+               "node '{}': the cuda linear reads device memory", node_.name);
+    KILN_CHECK(x.dtype() == dtype_ && x.numel() % in_ == 0,
+               "node '{}': input {} {} does not fit a [n, {}] {} linear", node_.name,
+               dtype_name(x.dtype()), shape_str(x.shape()), in_, dtype_name(dtype_));
+    KILN_CHECK(scales != nullptr && scales->dtype() == DType::kF32 && scales->numel() == out_,
+               "node '{}': an i8 weight's scales must be f32 [{}]", node_.name, out_);
+    const Tensor* rows = gather_ ? linear_input(args.in, LinearOperand::kRows) : nullptr;
+    KILN_CHECK(rows == nullptr || (rows->rank() == 1 && rows->device() == Device::kCuda &&
+                                   (rows->dtype() == DType::kI64 || rows->dtype() == DType::kI32)),
+               "node '{}': the rows a linear gathers must be a 1-d i64/i32 device tensor",
+               node_.name);
+    const int64_t n = rows != nullptr ? rows->numel() : x.numel() / in_;
+    if (n == 0) return;
+    const Tensor* residual = linear_input(args.in, LinearOperand::kResidual);
+    KILN_CHECK(
+        residual == nullptr || (residual->dtype() == dtype_ && residual->numel() == n * out_ &&
+                                !activation_ && !widen_ && rows == nullptr),
+        "node '{}': a fused residual must be a {} [{}, {}] tensor, after no activation, "
+        "of no gathered or widened linear",
+        node_.name, dtype_name(dtype_), n, out_);
+    const Tensor* bias = has_bias_ ? linear_input(args.in, LinearOperand::kBias) : nullptr;
+    KILN_CHECK(!widen_ || y.dtype() == DType::kF32,
+               "node '{}': a widened linear stores f32, not {}", node_.name, dtype_name(y.dtype()));
+    const ScratchOffsets at = scratch_offsets(n);
+    KILN_CHECK(at.end == 0 || args.scratch != nullptr, "node '{}': a linear without its scratch",
+               node_.name);
+    char* scratch = static_cast<char*>(args.scratch);
+    const FloatType t = float_type(dtype_);
+    const void* xp = x.raw();
+    if (rows != nullptr) {
+      launch_gather_rows(t, x.raw(), x.numel() / in_, in_, index_type(rows->dtype()), rows->raw(),
+                         n, scratch + at.gathered, ctx_.checks().status(), node_index_,
+                         ctx_.kernel_stream());
+      xp = scratch + at.gathered;
+    }
+    const auto* s = static_cast<const float*>(scales->raw());
+    const FloatType bias_t = float_type(bias ? bias->dtype() : dtype_);
+    auto* q = reinterpret_cast<int8_t*>(scratch + at.quantized);
+    if (n <= kGemvRows || gemm_plan(n, q, w.raw()) == nullptr) {
+      KILN_CHECK(gemv_w8a8_fits(xp, w.raw(), in_),
+                 "node '{}': the W8A8 GEMV needs x 16-byte and the weight 8-byte aligned (x at "
+                 "{}, weight at {})",
+                 node_.name, xp, w.raw());
+      GemvW8a8Params p{};
+      p.type = t;
+      p.x = xp;
+      p.w = w.raw();
+      p.scales = s;
+      p.x_scale = x_scale_;
+      p.inv_scale = inv_scale_;
+      p.bias_type = bias_t;
+      p.bias = bias ? bias->raw() : nullptr;
+      p.residual = residual ? residual->raw() : nullptr;
+      p.y = y.raw();
+      p.y32 = widen_ ? static_cast<float*>(y.raw()) : nullptr;
+      p.rows = n;
+      p.in = in_;
+      p.out = out_;
+      p.split = split_[n == 1 ? 0 : 1];
+      p.has_act = activation_.has_value();
+      p.act = act_fn(activation_.value_or(Activation::kRelu));
+      launch_gemv_w8a8(p, ctx_.kernel_stream());
+      return;
+    }
+    launch_quantize_rows(t, xp, inv_scale_, q, n * in_, ctx_.kernel_stream());
+    int* acc = reinterpret_cast<int*>(scratch + at.acc);
+    const auto elem = static_cast<int64_t>(dtype_bytes(dtype_, 1));
+    const auto out_elem = static_cast<int64_t>(dtype_bytes(y.dtype(), 1));
+    for (int64_t r0 = 0; r0 < n; r0 += chunk_rows_) {
+      const int64_t rows_here = std::min(chunk_rows_, n - r0);
+      const Plan* plan = gemm_plan(rows_here, q + r0 * in_, w.raw());
+      KILN_CHECK(plan != nullptr, "node '{}': cuBLASLt has no int8 algorithm for {} rows",
+                 node_.name, rows_here);
+      const int32_t alpha = 1, beta = 0;
+      ctx_.launch().note_library_launch();
+      const cublasStatus_t st = cublasLtMatmul(
+          ctx_.blas().handle(), desc_, &alpha, w.raw(), plan->a, q + r0 * in_, plan->b, &beta,
+          acc, plan->c, acc, plan->c, &plan->algo, ctx_.blas().workspace(),
+          ctx_.blas().workspace_bytes(), ctx_.stream());
+      KILN_CHECK(st == CUBLAS_STATUS_SUCCESS,
+                 "node '{}': cuBLASLt refused the int8 [{}, {}] x [{}, {}]^T matmul: {}",
+                 node_.name, rows_here, in_, out_, in_, cublas_status_name(st));
+      W8a8EpilogueParams e{};
+      e.type = t;
+      e.acc = acc;
+      e.scales = s;
+      e.x_scale = x_scale_;
+      e.bias_type = bias_t;
+      e.bias = bias ? bias->raw() : nullptr;
+      e.residual =
+          residual ? static_cast<const char*>(residual->raw()) + r0 * out_ * elem : nullptr;
+      e.y = static_cast<char*>(y.raw()) + r0 * out_ * out_elem;
+      e.y32 = widen_ ? static_cast<float*>(y.raw()) + r0 * out_ : nullptr;
+      e.rows = rows_here;
+      e.out = out_;
+      e.has_act = activation_.has_value();
+      e.act = act_fn(activation_.value_or(Activation::kRelu));
+      launch_w8a8_epilogue(e, ctx_.kernel_stream());
+    }
+  }
+
+ private:
+  struct Plan {
+    cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+    cublasLtMatmulAlgo_t algo{};
+    bool ok = false;
+  };
+
+  // The alignment of the least aligned of `ptrs`, in bytes (at most 256).
+  static uint32_t alignment(std::initializer_list<const void*> ptrs) {
+    uint32_t a = 256;
+    for (const void* p : ptrs)
+      while ((reinterpret_cast<uintptr_t>(p) & (a - 1)) != 0) a /= 2;
+    return a;
+  }
+
+  // Layouts and the heuristic's first int8 algorithm for n rows (one per row count and operand
+  // alignment); null when cuBLASLt has none (the GEMV runs those rows).
+  const Plan* gemm_plan(int64_t n, const void* x, const void* w) {
+    const uint32_t align = alignment({x, w});
+    const auto key = std::make_tuple(std::min(n, chunk_rows_), align);
+    auto it = plans_.find(key);
+    if (it != plans_.end()) return it->second.ok ? &it->second : nullptr;
+    const int64_t m = std::get<0>(key);
+    Plan p;
+    const auto u = [](int64_t v) { return static_cast<uint64_t>(v); };
+    KILN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.a, CUDA_R_8I, u(in_), u(out_), in_));
+    KILN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.b, CUDA_R_8I, u(in_), u(m), in_));
+    KILN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.c, CUDA_R_32I, u(out_), u(m), out_));
+    cublasLtMatmulPreference_t pref = nullptr;
+    KILN_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    const size_t ws = ctx_.blas().workspace_bytes();
+    KILN_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+        pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
+    const uint32_t c_align = 256;  // the int32 results start the scratch's aligned slot
+    for (auto [attr, value] :
+         {std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, align},
+          std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, align},
+          std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, c_align},
+          std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, c_align}})
+      KILN_CUBLAS_CHECK(
+          cublasLtMatmulPreferenceSetAttribute(pref, attr, &value, sizeof(uint32_t)));
+    cublasLtMatmulHeuristicResult_t result{};
+    int found = 0;
+    const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(ctx_.blas().handle(), desc_, p.a, p.b,
+                                                             p.c, p.c, pref, 1, &result, &found);
+    cublasLtMatmulPreferenceDestroy(pref);
+    p.ok = st == CUBLAS_STATUS_SUCCESS && found > 0;
+    if (p.ok) p.algo = result.algo;
+    return plans_.emplace(key, p).first->second.ok ? &plans_.at(key) : nullptr;
+  }
+
+  int64_t in_ = 0, out_ = 0, chunk_rows_ = 256;
+  DType dtype_ = DType::kF16;
+  float x_scale_ = 0.0f, inv_scale_ = 0.0f;
+  std::optional<Activation> activation_;
+  bool widen_ = false, gather_ = false, has_bias_ = false;
+  SymShape y_shape_;
+  int split_[2] = {1, 1};  // one row; slices of 8
+  cublasLtMatmulDesc_t desc_ = nullptr;
+  std::map<std::tuple<int64_t, uint32_t>, Plan> plans_;
+};
+
+}  // namespace
+
+std::unique_ptr<Kernel> make_w8a8_linear_kernel(const Node& node, CudaContext& ctx) {
+  return std::make_unique<W8a8LinearKernel>(node, ctx);
+}
+
+}  // namespace kiln::cuda

@@ -1,0 +1,301 @@
+// The device side of W8A8 Linears on CUDA (cuda_linear_w8a8.cc): x quantized to int8 with its
+// static calibrated scale exactly as graph/linear.h defines it (quantize_input: x · (1 / s), a
+// NaN as 0, clamped to ±127, rounded to nearest even, in f32), int8 weights with per-channel f32
+// scales, integer products summed in int32, y = epilogue(Σ · s · scale[o] + bias).
+// - The GEMV of decode steps (up to kW8a8GemvMaxRows rows): each warp takes four features, each
+//   lane 8-byte loads of 8 weights and quantizes the 8 matching x values of each row itself (x is
+//   a few KB, in L1/L2: every warp reads it), the products on dp4a (four int8 products a
+//   instruction, int32 accumulation, exact). Steps of more rows run slices of 8 rows in the
+//   grid's y dimension, reading the same weights at the same time (L2 serves all but the first).
+// - Prefill-sized steps: x quantized into the node's scratch (quantize_rows), the int8 GEMM on
+//   cuBLASLt (int32 results), then the epilogue kernel (dequantize, bias, activation, residual).
+#include "backend/cuda/device_types.cuh"
+
+namespace kiln::cuda {
+namespace {
+
+constexpr int kWarps = 8;     // per block
+constexpr int kFeatures = 4;  // weight rows per warp
+constexpr int kUnroll = 4;    // chunk positions a lane loads per pass
+constexpr int kSliceRows = 8;
+
+// quantize_input (graph/linear.h), bit for bit: one f32 multiply (no contraction), NaN as 0,
+// clamped, rounded to nearest even.
+__device__ __forceinline__ int quantize_one(float x, float inv) {
+  float v = __fmul_rn(x, inv);
+  if (v != v) v = 0.0f;
+  v = fminf(fmaxf(v, -127.0f), 127.0f);
+  return __float2int_rn(v);
+}
+
+__device__ __forceinline__ int pack4(int a, int b, int c, int d) {
+  return static_cast<int>((static_cast<unsigned>(a) & 0xFFu) |
+                          ((static_cast<unsigned>(b) & 0xFFu) << 8) |
+                          ((static_cast<unsigned>(c) & 0xFFu) << 16) |
+                          (static_cast<unsigned>(d) << 24));
+}
+
+// Elements 8c .. 8c + 7 of row x quantized, as two words of four int8 (element 8c in the low
+// byte of the first), the byte order of the weights' 8-byte chunks.
+template <typename T>
+__device__ __forceinline__ int2 load_quantized(const T* __restrict__ x, int64_t c, float inv) {
+  float f[8];
+  if constexpr (sizeof(T) == 4) {
+    const float4* p = reinterpret_cast<const float4*>(x) + 2 * c;
+    const float4 a = __ldg(p), b = __ldg(p + 1);
+    f[0] = a.x, f[1] = a.y, f[2] = a.z, f[3] = a.w, f[4] = b.x, f[5] = b.y, f[6] = b.z, f[7] = b.w;
+  } else {
+    const uint4 raw = __ldg(reinterpret_cast<const uint4*>(x) + c);
+    const T* e = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+    for (int u = 0; u < 8; ++u) f[u] = to_float(e[u]);
+  }
+  int q[8];
+#pragma unroll
+  for (int u = 0; u < 8; ++u) q[u] = quantize_one(f[u], inv);
+  return make_int2(pack4(q[0], q[1], q[2], q[3]), pack4(q[4], q[5], q[6], q[7]));
+}
+
+__device__ __forceinline__ int warp_sum_int(int v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// The store every W8A8 path shares: the integer sum dequantized (Σ · s · scale), the bias added,
+// rounded to T, the activation, a fused residual (rounded again, as the Add it replaces), and a
+// widened output as T's value in f32.
+template <typename T, typename B>
+__device__ __forceinline__ void store_output(int sum, float x_scale, float scale, float bias,
+                                             bool has_act, ActFn act, const T* residual, T* y,
+                                             float* y32, int64_t at) {
+  float v = __fmul_rn(__fmul_rn(static_cast<float>(sum), x_scale), scale) + bias;
+  v = round_as<T>(v);
+  if (has_act) v = apply_act(act, v);
+  if (residual != nullptr) v = round_as<T>(v) + to_float(residual[at]);
+  if (y32 != nullptr)
+    y32[at] = round_as<T>(v);
+  else
+    y[at] = from_float<T>(v);
+}
+
+// Rows row_base + blockIdx.y * N .. + N of y; chunks = in / 8. Split warps share a group of
+// features (over interleaved chunks), their sums added in a fixed order (integers: exact in any).
+template <typename T, typename B, int N>
+__global__ void __launch_bounds__(kWarps * 32)
+    gemv_w8a8_kernel(const T* __restrict__ x, const uint2* __restrict__ w,
+                     const float* __restrict__ scales, float x_scale, float inv,
+                     const B* __restrict__ bias, const T* residual, T* y, float* y32,
+                     int64_t chunks, int64_t out, int64_t row_base, int split, bool has_act,
+                     ActFn act) {
+  __shared__ int partial_s[kWarps][kFeatures][N];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int groups_per_block = kWarps / split;
+  const int sub = warp % split;
+  const int64_t f0 =
+      (static_cast<int64_t>(blockIdx.x) * groups_per_block + warp / split) * kFeatures;
+  const int64_t row0 = row_base + static_cast<int64_t>(blockIdx.y) * N;
+  x += row0 * chunks * 8;
+  int acc[kFeatures][N];
+#pragma unroll
+  for (int k = 0; k < kFeatures; ++k)
+#pragma unroll
+    for (int r = 0; r < N; ++r) acc[k][r] = 0;
+  const uint2* wr[kFeatures];
+#pragma unroll
+  for (int k = 0; k < kFeatures; ++k) wr[k] = w + min(f0 + k, out - 1) * chunks;
+  const int64_t stride = 32 * static_cast<int64_t>(split), step = kUnroll * stride;
+  int64_t c = sub * 32 + lane;
+  uint2 wv[kUnroll][kFeatures];
+  auto load_weights = [&](int64_t at) {
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u)
+#pragma unroll
+      for (int k = 0; k < kFeatures; ++k)
+        wv[u][k] = at + u * stride < chunks ? __ldcs(wr[k] + at + u * stride) : uint2{};
+  };
+  // Weights are constants: the first are in flight before the wait for the kernel writing x.
+  if (f0 < out) load_weights(c);
+  const int kk = lane / N, rr = lane % N;
+  const bool stores = sub == 0 && kk < kFeatures && f0 + kk < out;
+  float scale_v = 0.0f, bias_v = 0.0f;
+  if (stores) {
+    scale_v = scales[f0 + kk];
+    bias_v = bias != nullptr ? to_float(bias[f0 + kk]) : 0.0f;
+  }
+  pdl_wait();
+  pdl_trigger();
+  if (f0 < out) {
+    for (; c < chunks; c += step) {
+      if (c != sub * 32 + lane) load_weights(c);
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        if (c + u * stride >= chunks) break;
+#pragma unroll
+        for (int r = 0; r < N; ++r) {
+          const int2 xq = load_quantized<T>(x + r * chunks * 8, c + u * stride, inv);
+#pragma unroll
+          for (int k = 0; k < kFeatures; ++k) {
+            acc[k][r] = __dp4a(static_cast<int>(wv[u][k].x), xq.x, acc[k][r]);
+            acc[k][r] = __dp4a(static_cast<int>(wv[u][k].y), xq.y, acc[k][r]);
+          }
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < kFeatures; ++k)
+#pragma unroll
+    for (int r = 0; r < N; ++r) acc[k][r] = warp_sum_int(acc[k][r]);
+  if (split > 1) {
+    if (lane == 0)
+#pragma unroll
+      for (int k = 0; k < kFeatures; ++k)
+#pragma unroll
+        for (int r = 0; r < N; ++r) partial_s[warp][k][r] = acc[k][r];
+    __syncthreads();
+    if (sub != 0) return;
+#pragma unroll
+    for (int k = 0; k < kFeatures; ++k)
+#pragma unroll
+      for (int r = 0; r < N; ++r) {
+        int s = 0;
+        for (int p = 0; p < split; ++p) s += partial_s[warp + p][k][r];
+        acc[k][r] = s;
+      }
+  }
+  if (!stores) return;
+  int v = 0;
+#pragma unroll
+  for (int k = 0; k < kFeatures; ++k)
+#pragma unroll
+    for (int r = 0; r < N; ++r)
+      if (k == kk && r == rr) v = acc[k][r];
+  store_output<T, B>(v, x_scale, scale_v, bias_v, has_act, act, residual, y, y32,
+                     (row0 + rr) * out + f0 + kk);
+}
+
+template <typename T, typename B, int N>
+void launch_slices(const GemvW8a8Params& p, int64_t row_base, unsigned slices,
+                   KernelStream stream) {
+  const int64_t groups = (p.out + kFeatures - 1) / kFeatures, per_block = kWarps / p.split;
+  const dim3 grid(static_cast<unsigned>((groups + per_block - 1) / per_block), slices);
+  launch(gemv_w8a8_kernel<T, B, N>, grid, kWarps * 32, 0, stream, static_cast<const T*>(p.x),
+         reinterpret_cast<const uint2*>(p.w), p.scales, p.x_scale, p.inv_scale,
+         static_cast<const B*>(p.bias), static_cast<const T*>(p.residual), static_cast<T*>(p.y),
+         p.y32, p.in / 8, p.out, row_base, p.split, p.has_act, p.act);
+}
+
+template <typename T, typename B>
+void launch_rows(const GemvW8a8Params& p, KernelStream stream) {
+  const int64_t full = p.rows / kSliceRows, rest = p.rows % kSliceRows;
+  if (full > 0) launch_slices<T, B, kSliceRows>(p, 0, static_cast<unsigned>(full), stream);
+  const int64_t base = full * kSliceRows;
+  switch (rest) {
+    case 1:
+      return launch_slices<T, B, 1>(p, base, 1, stream);
+    case 2:
+      return launch_slices<T, B, 2>(p, base, 1, stream);
+    case 3:
+      return launch_slices<T, B, 3>(p, base, 1, stream);
+    case 4:
+      return launch_slices<T, B, 4>(p, base, 1, stream);
+    case 5:
+      return launch_slices<T, B, 5>(p, base, 1, stream);
+    case 6:
+      return launch_slices<T, B, 6>(p, base, 1, stream);
+    case 7:
+      return launch_slices<T, B, 7>(p, base, 1, stream);
+    default:
+      return;
+  }
+}
+
+// q[i] = quantize_input(x[i]), four elements a thread (n a multiple of 4, q 4-byte aligned).
+template <typename T>
+__global__ void quantize_rows_kernel(const T* __restrict__ x, float inv, char4* q, int64_t quads) {
+  pdl_begin();
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < quads;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const T* e = x + 4 * i;
+    q[i] = make_char4(static_cast<signed char>(quantize_one(to_float(e[0]), inv)),
+                      static_cast<signed char>(quantize_one(to_float(e[1]), inv)),
+                      static_cast<signed char>(quantize_one(to_float(e[2]), inv)),
+                      static_cast<signed char>(quantize_one(to_float(e[3]), inv)));
+  }
+}
+
+// y [rows, out] from the int32 sums acc [rows, out] (the int8 GEMM's output).
+template <typename T, typename B>
+__global__ void w8a8_epilogue_kernel(const int* __restrict__ acc, const float* __restrict__ scales,
+                                     float x_scale, const B* __restrict__ bias, const T* residual,
+                                     T* y, float* y32, int64_t n, int64_t out, bool has_act,
+                                     ActFn act) {
+  pdl_begin();
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n * out;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t o = i % out;
+    store_output<T, B>(acc[i], x_scale, scales[o], bias != nullptr ? to_float(bias[o]) : 0.0f,
+                       has_act, act, residual, y, y32, i);
+  }
+}
+
+}  // namespace
+
+int gemv_w8a8_warps_per_sm(FloatType t, int64_t rows) {
+  int blocks = 0;
+  auto query = [&](auto kernel) {
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kWarps * 32, 0) !=
+        cudaSuccess) {
+      (void)cudaGetLastError();  // not left for the next launch's check
+      blocks = 1;
+    }
+  };
+  dispatch_float(t, [&](auto tag) {
+    using T = decltype(tag);
+    if (rows == 1)
+      query(gemv_w8a8_kernel<T, T, 1>);
+    else
+      query(gemv_w8a8_kernel<T, T, kSliceRows>);
+  });
+  return std::max(blocks, 1) * kWarps;
+}
+
+bool gemv_w8a8_fits(const void* x, const void* w, int64_t in) {
+  return in > 0 && in % 8 == 0 && (reinterpret_cast<uintptr_t>(x) & 15) == 0 &&
+         (reinterpret_cast<uintptr_t>(w) & 7) == 0;
+}
+
+void launch_gemv_w8a8(const GemvW8a8Params& p, KernelStream stream) {
+  if (p.rows <= 0 || p.out <= 0) return;
+  dispatch_float(p.type, [&](auto tag) {
+    dispatch_float(p.bias_type, [&](auto bias_tag) {
+      launch_rows<decltype(tag), decltype(bias_tag)>(p, stream);
+    });
+  });
+}
+
+void launch_quantize_rows(FloatType t, const void* x, float inv_scale, int8_t* q, int64_t n,
+                          KernelStream stream) {
+  if (n == 0) return;
+  dispatch_float(t, [&](auto tag) {
+    using T = decltype(tag);
+    launch(quantize_rows_kernel<T>, grid_for(n / 4, 256), 256, 0, stream, static_cast<const T*>(x),
+           inv_scale, reinterpret_cast<char4*>(q), n / 4);
+  });
+}
+
+void launch_w8a8_epilogue(const W8a8EpilogueParams& p, KernelStream stream) {
+  const int64_t n = p.rows * p.out;
+  if (n == 0) return;
+  dispatch_float(p.type, [&](auto tag) {
+    dispatch_float(p.bias_type, [&](auto bias_tag) {
+      using T = decltype(tag);
+      using B = decltype(bias_tag);
+      launch(w8a8_epilogue_kernel<T, B>, grid_for(n, 256), 256, 0, stream, p.acc, p.scales,
+             p.x_scale, static_cast<const B*>(p.bias), static_cast<const T*>(p.residual),
+             static_cast<T*>(p.y), p.y32, p.rows, p.out, p.has_act, p.act);
+    });
+  });
+}
+
+}  // namespace kiln::cuda

@@ -1,0 +1,74 @@
+// W8A8 Linears on CUDA (int8 plans: x quantized with its static scale, int8 weights, int32 sums)
+// against the reference backend, which quantizes x by the definition (graph/linear.h) and sums
+// in double: fp16, bf16 and f32 inputs; row counts on the dp4a GEMV (1, 3, 8: one slice; 13, 32:
+// slices of 8 and a rest) and on cuBLASLt's int8 GEMM (33, 65, 300; past one chunk of int32
+// results at 8200 outputs: 1100 rows make two chunks); `in` a multiple of 8 but not 16 (1032), of
+// several GEMV passes (4104), short (64); `out` not a multiple of the GEMV's four features. Scales
+// that clip the inputs (1.5 / 127 with x in [-2, 2)) and a scale of 0. Variants: bias with an
+// activation, an f32 bias, a fused residual, a widened f32 output and gathered rows. Skipped
+// where no backend runs them (no GPU).
+#include <gtest/gtest.h>
+
+#include "backend_ops.h"
+#include "quant_linear_cases.h"
+
+namespace kiln::test {
+namespace {
+
+constexpr float kClippingScale = 1.5f / 127.0f;
+constexpr Variant kW8a8Variants[] = {Variant::kPlain,    Variant::kBiasAct, Variant::kF32Bias,
+                                     Variant::kResidual, Variant::kWidened,
+                                     Variant::kGatheredWidened};
+
+TEST(BackendOps, CudaW8a8LinearsMatchReference) {
+  const std::unique_ptr<Backend> reference = reference_backend();
+  std::vector<NamedBackend> backends = available_backends();
+  struct Shape2 {
+    int64_t in, out;
+  };
+  int compared = 0;
+  for (DType dtype : {DType::kF16, DType::kBF16, DType::kF32})
+    for (const Shape2 sh : {Shape2{64, 37}, Shape2{1032, 70}, Shape2{4104, 21}, Shape2{256, 8200}})
+      for (int64_t n : {1, 3, 8, 13, 32, 33, 65, 300, 1100})
+        for (Variant variant : kW8a8Variants) {
+          if (dtype == DType::kF32 &&
+              (variant == Variant::kWidened || variant == Variant::kGatheredWidened))
+            continue;
+          // Every variant at 1, 13 and 65 rows (the GEMV's one row and slices, the GEMM), the
+          // plain Linear elsewhere; 1100 rows only where they make two chunks (8200 outputs).
+          if (variant != Variant::kPlain && n != 1 && n != 13 && n != 65) continue;
+          if (n == 1100 && sh.out != 8200) continue;
+          if (sh.out == 8200 && (variant != Variant::kPlain || (n != 1 && n != 65 && n != 1100)))
+            continue;
+          const auto seed =
+              static_cast<uint32_t>(sh.in + 3 * sh.out + n + 11 * static_cast<int>(variant));
+          Gen g(dtype, dtype, seed);
+          const Graph graph =
+              int8_linear_graph(g, dtype, sh.in, sh.out, variant, true, false, kClippingScale);
+          // The integer sums are exact on both sides; the dequantization rounds in f32 (the
+          // reference in double) before the output is rounded to its type.
+          compared += compare_on_cuda(*reference, backends, g, graph, n, sh.in, sh.out, variant,
+                                      Check{CheckKind::kMaxRelative, 0.0},
+                                      "w8a8 " + case_name(dtype, variant, n, sh.in, sh.out));
+        }
+  if (compared == 0) GTEST_SKIP() << "no backend here runs W8A8 Linears on CUDA";
+}
+
+// A scale of 0 (an input that was always 0 in calibration): every level is 0 and y is the bias,
+// on the GEMV and the GEMM.
+TEST(BackendOps, CudaW8a8ZeroScaleGivesTheBias) {
+  const std::unique_ptr<Backend> reference = reference_backend();
+  std::vector<NamedBackend> backends = available_backends();
+  int compared = 0;
+  for (int64_t n : {1, 65}) {
+    Gen g(DType::kF16, DType::kF16, 77 + static_cast<uint32_t>(n));
+    const Graph graph = int8_linear_graph(g, DType::kF16, 128, 40, Variant::kF32Bias, true, false,
+                                          0.0f);
+    compared += compare_on_cuda(*reference, backends, g, graph, n, 128, 40, Variant::kF32Bias,
+                                Check{CheckKind::kExact, 0.0}, "zero scale, " + std::to_string(n));
+  }
+  if (compared == 0) GTEST_SKIP() << "no backend here runs W8A8 Linears on CUDA";
+}
+
+}  // namespace
+}  // namespace kiln::test
