@@ -41,14 +41,21 @@ NormParts norm_parts(const Node& n) {
   return {};
 }
 
-bool plain_f32_weight(const Value& v) {
-  return v.kind == ValueKind::kWeight && v.dtype == DType::kF32 && v.data.defined() &&
-         v.layout.plain();
+// A float weight in its plain layout (f32; f16/bf16 where a cuda graph keeps the checkpoint's
+// narrow weights before the precision pass).
+bool plain_float_weight(const Value& v) {
+  return v.kind == ValueKind::kWeight &&
+         (v.dtype == DType::kF32 || v.dtype == DType::kF16 || v.dtype == DType::kBF16) &&
+         v.data.defined() && v.layout.plain();
 }
+
+// A weight's values as a new f32 tensor of its own, to scale and store back with stored_as.
+Tensor scalable_copy(const Tensor& w) { return w.dtype() == DType::kF32 ? w.clone() : w.to_f32(); }
+Tensor stored_as(Tensor v, DType dtype) { return dtype == DType::kF32 ? v : v.to(dtype); }
 
 // Weight column maxima: max over rows o of |w[o][j]|, folded into `col`.
 void column_amax(const Tensor& w, std::vector<float>* col) {
-  const Tensor c = w.is_contiguous() ? w : w.clone();
+  const Tensor c = w.dtype() != DType::kF32 ? w.to_f32() : w.is_contiguous() ? w : w.clone();
   const int64_t rows = c.dim(0), cols = c.dim(1);
   const float* p = c.data<float>();
   for (int64_t o = 0; o < rows; ++o)
@@ -77,8 +84,8 @@ std::vector<SmoothTarget> smoothable_tensors(const Graph& g,
     if (parts.output < 0 || outputs.count(parts.output) != 0) continue;
     // The norm's parameters are its own f32 vectors.
     const bool own_params =
-        plain_f32_weight(g.values[parts.gamma]) && uses[parts.gamma] == 1 &&
-        (parts.beta < 0 || (plain_f32_weight(g.values[parts.beta]) && uses[parts.beta] == 1));
+        plain_float_weight(g.values[parts.gamma]) && uses[parts.gamma] == 1 &&
+        (parts.beta < 0 || (plain_float_weight(g.values[parts.beta]) && uses[parts.beta] == 1));
     if (!own_params || readers[parts.output].empty()) continue;
     bool ok = true;
     for (int r : readers[parts.output]) {
@@ -92,7 +99,7 @@ std::vector<SmoothTarget> smoothable_tensors(const Graph& g,
       for (int o : d.operands) reads += o == parts.output;
       const int w = d.operand(LinearOperand::kWeight);
       ok = reads == 1 && d.operand(LinearOperand::kX) == parts.output && !d.epilogue.norm &&
-           plain_f32_weight(g.values[w]) && g.values[w].data.rank() == 2 && uses[w] == 1;
+           plain_float_weight(g.values[w]) && g.values[w].data.rank() == 2 && uses[w] == 1;
       if (!ok) break;
     }
     if (!ok) continue;
@@ -157,20 +164,20 @@ int apply_smoothing(Graph& g, const std::map<std::string, std::vector<float>>& f
     // gamma / s (and beta / s): the norm's output divided channel by channel.
     for (int p : {parts.gamma, parts.beta}) {
       if (p < 0) continue;
-      Tensor v = g.values[p].data.clone();
+      Tensor v = scalable_copy(g.values[p].data);
       float* d = v.data<float>();
       for (int64_t j = 0; j < width; ++j) d[j] /= s[j];
-      g.set_weight_data(p, std::move(v));
+      g.set_weight_data(p, stored_as(std::move(v), g.values[p].dtype));
     }
     // Each reader's weight column j times s_j.
     for (int r : t.linears) {
       const int w = linear_operand(g.nodes[r], LinearOperand::kWeight);
-      Tensor v = g.values[w].data.clone();
+      Tensor v = scalable_copy(g.values[w].data);
       const int64_t rows = v.dim(0);
       float* d = v.data<float>();
       for (int64_t o = 0; o < rows; ++o)
         for (int64_t j = 0; j < width; ++j) d[o * width + j] *= s[j];
-      g.set_weight_data(w, std::move(v));
+      g.set_weight_data(w, stored_as(std::move(v), g.values[w].dtype));
     }
     ++smoothed;
   }

@@ -109,6 +109,15 @@ if "$KILN" build --model "$FIXTURES/bloom-tiny" --device cuda --precision int8 \
   expect_in "$TMP/err" "24 Linears read int8 inputs" "cuda int8 build log"
   "$KILN" inspect --layers "$TMP/cuda-int8.plan" >"$TMP/out" 2>&1
   expect_in "$TMP/out" "Linear i8 (per-channel f32 scales)×1, Linear i8 (per-channel f32 scales) × i8 input×24" "cuda int8 plan layers"
+  # SmoothQuant and AWQ fold their factors into a cuda graph's fp16 norms and weights too.
+  "$KILN" build --model "$FIXTURES/bloom-tiny" --device cuda --precision int8 --smoothquant 0.5 \
+    --calib "$TMP/calib16.jsonl" --quant-tolerance off -o "$TMP/cuda-sq.plan" 2>"$TMP/err" ||
+    fail "cuda int8 --smoothquant: $(cat "$TMP/err")"
+  expect_in "$TMP/err" "smoothing[decoder]: 12 norms' outputs divided" "cuda --smoothquant log"
+  "$KILN" build --model "$FIXTURES/t5-tiny" --device cuda --precision int4-weight --awq \
+    --calib "$TMP/calib16.jsonl" -o "$TMP/cuda-awq.plan" 2>"$TMP/err" ||
+    fail "cuda int4-weight --awq: $(cat "$TMP/err")"
+  expect_in "$TMP/err" "smoothing[encoder]: 8 norms' outputs divided" "cuda --awq log"
 else
   grep -q "built without CUDA" "$TMP/err" || fail "cuda int8: $(cat "$TMP/err")"
 fi

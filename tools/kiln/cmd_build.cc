@@ -137,7 +137,7 @@ Runner add_build(CLI::App& app) {
       "t5-w8a8.plan\n"
       "  kiln build --model models/t5-tiny --precision int8 --calib calib.jsonl "
       "--quant-tolerance 1e-4 -o t5-w8a8.plan\n"
-      "int8 (W8A8, cpu) quantizes every Linear's input to int8 with a static scale calibrated on\n"
+      "int8 (W8A8, cpu and cuda) quantizes every Linear's input to int8 with a static scale calibrated on\n"
       "--calib prompts: the fp32 model runs over them first (encoder and decoder, decoding\n"
       "--calib-tokens tokens greedily) and records each input's range; --calib-cache writes\n"
       "those scales, and given alone rebuilds from them without running the prompts.\n"
@@ -169,7 +169,9 @@ Runner add_build(CLI::App& app) {
                   "groups of 128 inputs; activations, norms and accumulation stay fp32), or int8 "
                   "(W8A8: int8 weights and calibrated int8 "
                   "Linear inputs; needs --calib or --calib-cache). cuda: fp32, fp16 or bf16 "
-                  "(weights and activations; fp32 accumulation)")
+                  "(weights and activations; fp32 accumulation), int8-weight or int4-weight "
+                  "(quantized weights, fp16 activations) or int8 (W8A8 with fp16 activations; "
+                  "calibrated on the cpu)")
       ->capture_default_str();
   cmd->add_option("--prompt-template", o->prompt_template,
                   "default template stored in the plan: every {prompt} is replaced by the "
