@@ -322,12 +322,15 @@ CalibrationCache apply_sensitivity_fallback(Context& ctx, const ModelSource& sou
   // A cuda build's layers are measured on the CPU's int8 plan: the same graph up to the precision
   // pass, the same calibrated scales and the same quantization (graph/linear.h); its
   // activations between the Linears are f32 where the GPU's are fp16.
+  // An fp8 build's layers are ranked by their int8 (W8A8) error there: no fp8 kernel runs on the
+  // CPU, and both quantize each Linear input with one static scale from the same thresholds.
   BuildOptions int8_options = options;
   if (int8_options.device != Device::kCpu) {
     int8_options.device = Device::kCpu;
     int8_options.tf32 = false;
-    log.info("sensitivity: the {} build's layers are measured on the cpu's int8 plan",
-             device_name(options.device));
+    int8_options.precision = Precision::kInt8;
+    log.info("sensitivity: the {} {} build's layers are measured on the cpu's int8 (W8A8) plan",
+             device_name(options.device), precision_name(options.precision));
   }
   int8_options.spill_dir.clear();
   int8_options.precision_options.calibration->quant_tolerance = sensitivity.tolerance;

@@ -34,6 +34,8 @@ std::string_view precision_name(Precision precision) {
       return "int8-weight";
     case Precision::kInt4Weight:
       return "int4-weight";
+    case Precision::kFp8:
+      return "fp8";
   }
   return "?";
 }
@@ -57,9 +59,15 @@ bool parse_precision(std::string_view name, Precision* out) {
 }
 
 std::string_view device_names() { return "cpu, cuda"; }
-std::string_view precision_names() { return "fp32, fp16, bf16, int8, int8-weight, int4-weight"; }
+std::string_view precision_names() {
+  return "fp32, fp16, bf16, int8, int8-weight, int4-weight, fp8";
+}
 
 namespace {
+
+constexpr std::string_view kNoFp8Cpu =
+    "fp8 (E4M3 weights and calibrated E4M3 Linear inputs) runs on Hopper GPUs (sm_90: "
+    "--device cuda); on the cpu, int8 (W8A8) and int8-weight/int4-weight quantize";
 
 // Rows in kAllDevices × kAllPrecisions order.
 constexpr PrecisionSupport kSupport[] = {
@@ -69,12 +77,14 @@ constexpr PrecisionSupport kSupport[] = {
     {Device::kCpu, Precision::kInt8, true, DType::kI8, DType::kF32, true, true, {}},
     {Device::kCpu, Precision::kInt8Weight, true, DType::kI8, DType::kF32, true, false, {}},
     {Device::kCpu, Precision::kInt4Weight, true, DType::kI4, DType::kF32, true, false, {}},
+    {Device::kCpu, Precision::kFp8, false, DType::kF8E4M3, DType::kF32, true, true, kNoFp8Cpu},
     {Device::kCuda, Precision::kFp32, true, DType::kF32, DType::kF32, false, false, {}},
     {Device::kCuda, Precision::kFp16, true, DType::kF16, DType::kF16, false, false, {}},
     {Device::kCuda, Precision::kBf16, true, DType::kBF16, DType::kBF16, false, false, {}},
     {Device::kCuda, Precision::kInt8, true, DType::kI8, DType::kF16, true, true, {}},
     {Device::kCuda, Precision::kInt8Weight, true, DType::kI8, DType::kF16, true, false, {}},
     {Device::kCuda, Precision::kInt4Weight, true, DType::kI4, DType::kF16, true, false, {}},
+    {Device::kCuda, Precision::kFp8, true, DType::kF8E4M3, DType::kF16, true, true, {}},
 };
 
 }  // namespace

@@ -37,10 +37,11 @@ enum class Precision : uint8_t {
   kInt8,        // int8 weights and activations (calibrated)
   kInt8Weight,  // int8 weights with per-channel scales; fp32 activations (CPU), fp16 (CUDA)
   kInt4Weight,  // int4 weights with fp16 scales per group of 128 inputs, fp32 activations
+  kFp8,         // FP8 (E4M3) weights with per-channel scales and calibrated FP8 Linear inputs
 };
-inline constexpr Precision kAllPrecisions[] = {Precision::kFp32,       Precision::kFp16,
-                                               Precision::kBf16,       Precision::kInt8,
-                                               Precision::kInt8Weight, Precision::kInt4Weight};
+inline constexpr Precision kAllPrecisions[] = {
+    Precision::kFp32,       Precision::kFp16,       Precision::kBf16, Precision::kInt8,
+    Precision::kInt8Weight, Precision::kInt4Weight, Precision::kFp8};
 
 std::string_view device_name(Device device);           // "cpu", "cuda" (the kind's name)
 std::string device_label(Device device);               // "cpu", "cuda:1" (with a GPU's ordinal)
@@ -66,8 +67,9 @@ struct PrecisionSupport {
   DType matrix;      // Linear weights and Embedding tables
   DType activation;  // values between nodes
   bool channel_scales;
-  // W8A8: Linears read their input as int8 with a static per-tensor scale each, which a build
-  // takes from a calibration (--calib prompts or a --calib-cache); the rest stays `activation`.
+  // W8A8 (and fp8): Linears read their input as int8 (E4M3) with a static per-tensor scale
+  // each, which a build takes from a calibration (--calib prompts or a --calib-cache); the rest
+  // stays `activation`.
   bool calibrated_inputs;
   std::string_view unsupported;  // why not (when !supported)
 };

@@ -160,13 +160,14 @@ std::vector<ValueType> infer_linear(const Graph& g, const Node& n) {
   // Quantized weights carry their scales: an i8 weight has one f32 scale per output channel, an
   // i4 weight one f16 scale per output channel and group of kInt4Group inputs; float weights
   // have none.
-  const bool per_channel = w.dtype == DType::kI8;
+  // (fp8 plans' f8_e4m3 weights carry per-channel scales as i8 weights do.)
+  const bool per_channel = w.dtype == DType::kI8 || w.dtype == DType::kF8E4M3;
   const bool grouped = w.dtype == DType::kI4;
   KILN_CHECK((per_channel || grouped) == d.has(LinearOperand::kWeightScales),
              "node '{}' (Linear): weight '{}' is {}: {}", n.name, w.name, dtype_name(w.dtype),
-             per_channel ? "an i8 weight needs its per-output-channel scales (input 3)"
+             per_channel ? "an i8 or f8_e4m3 weight needs its per-output-channel scales (input 3)"
              : grouped   ? "an i4 weight needs its group scales (input 3)"
-                         : "only i8 and i4 weights take a scales input");
+                         : "only i8, f8_e4m3 and i4 weights take a scales input");
   KILN_CHECK(dtype_traits(w.dtype).is_float || per_channel || grouped,
              "node '{}' (Linear): weight '{}' of type {} cannot be a Linear weight", n.name, w.name,
              dtype_name(w.dtype));
@@ -196,8 +197,9 @@ std::vector<ValueType> infer_linear(const Graph& g, const Node& n) {
     // from its value widened to f32), and a folded norm would rescale x after the product.
     const Value& s = operand(LinearOperand::kInputScale);
     KILN_CHECK(per_channel,
-               "node '{}' (Linear): an input scale (int8 input) needs an i8 weight, not {}", n.name,
-               dtype_name(w.dtype));
+               "node '{}' (Linear): an input scale (int8 or E4M3 input) needs an i8 or f8_e4m3 "
+               "weight, not {}",
+               n.name, dtype_name(w.dtype));
     KILN_CHECK(x.dtype == DType::kF32 || x.dtype == DType::kF16 || x.dtype == DType::kBF16,
                "node '{}' (Linear): an int8-quantized input '{}' must be f32, f16 or bf16 (the "
                "value the scale was calibrated on), not {}",

@@ -20,6 +20,7 @@
 #include <string_view>
 #include <vector>
 
+#include "core/fp8.h"
 #include "graph/ir.h"
 #include "graph/op_registry.h"
 
@@ -30,7 +31,7 @@ namespace kiln {
 // left out).
 enum class LinearOperand : uint8_t {
   kX,             // [n, in] float: the input (with kRows, a table of rows to gather from)
-  kWeight,        // [out, in] float, or i8 / i4 with kWeightScales
+  kWeight,        // [out, in] float, or i8 / i4 / f8_e4m3 with kWeightScales
   kBias,          // [out], added after the scales
   kWeightScales,  // an i8 weight's f32 [out] per-output-channel scales, or an i4 weight's f16
                   // [out, int4_groups(in)] group scales (required with i8 and i4), see below
@@ -38,7 +39,7 @@ enum class LinearOperand : uint8_t {
   kNormRowSums,   // f32 [out]: a folded LayerNorm's weight row sums (fuse_norm_linear)
   kNormScale,     // f32 [in]: a folded norm's gamma, multiplied into x (fuse_norm_linear)
   kRows,          // i64/i32 [r]: y [r, out] is the Linear of x[rows] (fuse_gather_linear)
-  kInputScale,    // f32 [1]: W8A8 — x's static per-tensor int8 scale s (calibrated), see below
+  kInputScale,    // f32 [1]: W8A8 (fp8) — x's static per-tensor int8 (E4M3) scale s, see below
 };
 inline constexpr int kNumLinearOperands = 9;
 static_assert(static_cast<int>(LinearOperand::kInputScale) + 1 == kNumLinearOperands);
@@ -60,6 +61,20 @@ inline int8_t quantize_input(float x, float inv_scale) {
 }
 // The inverse scale kernels multiply by (0 for a scale of 0: a tensor that was always 0).
 inline float input_inv_scale(float scale) { return scale > 0.0f ? 1.0f / scale : 0.0f; }
+
+// fp8 plans: a Linear whose weight is f8_e4m3 (with f32 per-output-channel scales, as an i8
+// weight's) reads x as E4M3 with its static scale s (calibrated: threshold / 448), the same way:
+//   v = x · inv, a NaN taken as 0, then E4M3 rounded to nearest even, saturating at ±448
+//   (core/fp8.h);  y = epilogue((Σ_i v8[i] · w8[o][i]) · s · scale[o] + bias[o]),
+// each product exact in f32 (4-bit significands), the sum in f32 on the GPU. Returns v8's value.
+inline constexpr float kFp8Max = 448.0f;
+inline float quantize_input_fp8(float x, float inv_scale) {
+  float v = x * inv_scale;
+  if (v != v) v = 0.0f;  // NaN
+  return fp8_e4m3_to_float(float_to_fp8_e4m3(v));
+}
+// An fp8 scale from the calibration cache's int8 one (threshold / 127): threshold / 448.
+inline float fp8_scale_from_int8(float int8_scale) { return int8_scale * 127.0f / kFp8Max; }
 
 // An i4 weight (int4-weight plans): q [out, in] i4 (core/dtype.h; `in` even, so that every row
 // starts on a byte) with f16 scales [out, int4_groups(in)], one per output channel and group of

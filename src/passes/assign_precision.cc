@@ -106,8 +106,8 @@ int store_weights(Graph& graph, const PrecisionPlan& plan, const Logger& log) {
 }  // namespace
 
 int64_t quantize_weight(Graph& graph, int id, DType to) {
-  KILN_CHECK(to == DType::kI8 || to == DType::kI4, "quantize_weight: {} is no quantized type",
-             dtype_name(to));
+  KILN_CHECK(to == DType::kI8 || to == DType::kI4 || to == DType::kF8E4M3,
+             "quantize_weight: {} is no quantized type", dtype_name(to));
   Value& value = graph.values[static_cast<size_t>(id)];
   KILN_CHECK(value.kind == ValueKind::kWeight && dtype_traits(value.dtype).is_float,
              "quantize_weight: '{}' is not a float weight", value.name);
@@ -116,6 +116,8 @@ int64_t quantize_weight(Graph& graph, int id, DType to) {
   Tensor q, scales;
   if (to == DType::kI8)
     quantize_rows_int8(wide, &q, &scales);
+  else if (to == DType::kF8E4M3)
+    quantize_rows_fp8(wide, &q, &scales);
   else
     quantize_groups_int4(wide, &q, &scales);
   const int64_t bytes = static_cast<int64_t>(q.nbytes() + scales.nbytes());
@@ -142,7 +144,7 @@ namespace {
 // `scale_of`: the plan's scales by node name, taken before the weights were stored.
 int attach_input_scales(Graph& graph, const std::map<std::string, float>& scale_of, int kept,
                         const std::string& source, const Logger& log) {
-  int quantized = 0;
+  int quantized = 0, fp8 = 0;
   for (size_t i = 0; i < graph.nodes.size(); ++i) {
     const auto it = scale_of.find(graph.nodes[i].name);
     if (graph.nodes[i].op != OpKind::kLinear || it == scale_of.end()) continue;
@@ -150,12 +152,15 @@ int attach_input_scales(Graph& graph, const std::map<std::string, float>& scale_
                                     Tensor::from_vector<float>({it->second}, {1}));
     set_linear_operand(graph.nodes[i], LinearOperand::kInputScale, id);
     ++quantized;
+    fp8 += graph.values[linear_operand(graph.nodes[i], LinearOperand::kWeight)].dtype ==
+           DType::kF8E4M3;
   }
   if (quantized > 0 || kept > 0)
     log.info(
-        "assign_precision[{}]: {} Linears read int8 inputs (W8A8, static scales from {}); {} "
-        "keep f32 inputs (kiln inspect --layers says why)",
-        graph.name, quantized, source, kept);
+        "assign_precision[{}]: {} Linears read {} inputs ({}static scales from {}); {} keep "
+        "float inputs (kiln inspect --layers says why)",
+        graph.name, quantized, fp8 == quantized && fp8 > 0 ? "E4M3" : fp8 > 0 ? "int8 or E4M3" : "int8",
+        fp8 > 0 ? "" : "W8A8, ", source, kept);
   return quantized;
 }
 

@@ -98,20 +98,21 @@ int narrow_graph(Graph& graph, const PrecisionPlan& plan, const Logger& log) {
   for (size_t i = 0; i < graph.nodes.size(); ++i)
     if (wide[i])
       for (int out : graph.nodes[i].outputs) keep[out] = true;
-  int weights = 0, activations = 0, kept_weights = 0, quantized = 0, int4 = 0;
+  int weights = 0, activations = 0, kept_weights = 0, quantized = 0, int4 = 0, fp8 = 0;
   for (size_t id = 0; id < num_values; ++id) {
     Value& v = graph.values[id];
     if (!is_float(v.dtype)) continue;
     switch (v.kind) {
       case ValueKind::kWeight: {
         const DType to = plan.weight[id];
-        if (to == DType::kI8 || to == DType::kI4) {
+        if (to == DType::kI8 || to == DType::kI4 || to == DType::kF8E4M3) {
           KILN_CHECK(v.layout.plain(),
                      "graph '{}': weight '{}' is packed ({}); assign precision before packing",
                      graph.name, v.name, v.layout.packing);
           quantize_weight(graph, static_cast<int>(id), to);  // appends to graph.values
           ++quantized;
           int4 += to == DType::kI4;
+          fp8 += to == DType::kF8E4M3;
           break;
         }
         if (v.dtype != to) {
@@ -164,9 +165,12 @@ int narrow_graph(Graph& graph, const PrecisionPlan& plan, const Logger& log) {
            dtype_name(narrow),
            quantized > 0
                ? fmt::format(
-                     "; {} weight matrices in int8 with per-row f32 scales{}", quantized - int4,
+                     "; {} weight matrices in int8 with per-row f32 scales{}{}",
+                     quantized - int4 - fp8,
                      int4 > 0 ? fmt::format(", {} in int4 with f16 scales per group of 128", int4)
-                              : std::string())
+                              : std::string(),
+                     fp8 > 0 ? fmt::format(", {} in fp8 (E4M3) with per-row f32 scales", fp8)
+                             : std::string())
                : std::string());
   return weights + activations + quantized;
 }

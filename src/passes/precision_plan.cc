@@ -16,6 +16,10 @@
 // Linear, which keeps an f32 input (int8 weights as int8-weight plans): the final choice of each
 // token reads its output. Norms, softmax, attention and the residual adds compute in f32 as in
 // every CPU plan; Embedding tables are int8 with per-row scales (a gather: nothing to quantize).
+// fp8 (CUDA, sm_89+): as int8 (W8A8) with E4M3 for int8: Linear weights E4M3 with per-channel
+// scales, each reading its input as E4M3 with the calibrated scale (the cache's int8 threshold
+// over 448); the logits Linear, Embedding tables, matrices whose input dimension is not a
+// multiple of 16 and (fp16 T5) the FFN output projections reading f32 keep int8 weights.
 // int4-weight (the CPU, and CUDA with fp16 activations): Linear weights are int4 with f16 group
 // scales, except the matrices it keeps as int8-weight stores them (int8 per row), each with its
 // reason: the logits Linear's (every token is chosen from its output), Embedding tables (a
@@ -100,27 +104,36 @@ constexpr std::string_view kLogitsWhy =
 constexpr std::string_view kInt4LogitsWhy =
     "int8 as int8-weight plans store it: the logits Linear chooses every token, and int4's "
     "16 levels a group move the top logits the most";
+constexpr std::string_view kFp8LogitsWhy =
+    "int8 with an fp16 input, as int8-weight plans store it: the logits Linear chooses every "
+    "token, and one static E4M3 scale for the final norm's output would coarsen what decides it";
 constexpr std::string_view kInt4TableWhy =
     "int8 as int8-weight plans store it: an Embedding table (a gather of one row a token, no "
     "int4 kernel)";
+constexpr std::string_view kFp8TableWhy =
+    "int8 as int8-weight plans store it: an Embedding table (a gather of one row a token, no "
+    "fp8 kernel)";
 
-// int4-weight: why a matrix that int4 would take stays int8 (empty: it becomes int4).
-// `cuda`: the CUDA int4 kernels load 16 weights at a time, so the input dimension is a multiple
-// of 16.
-std::string int4_kept_int8(const Graph& g, const Value& v, const std::vector<Use>& uses,
-                           bool cuda) {
+// int4-weight and fp8: why a matrix that the precision's type would take stays int8 (empty: it
+// becomes `matrix`). `cuda`: the CUDA int4 kernels load 16 weights at a time and cuBLASLt's FP8
+// GEMMs take rows of a multiple of 16, so the input dimension is a multiple of 16.
+std::string kept_int8(const Graph& g, const Value& v, const std::vector<Use>& uses, bool cuda,
+                      DType matrix) {
+  const bool fp8 = matrix == DType::kF8E4M3;
   const int logits = logits_linear(g);
   for (const Use& u : uses) {
-    if (g.nodes[u.node].op == OpKind::kEmbedding) return std::string(kInt4TableWhy);
-    if (u.node == logits) return std::string(kInt4LogitsWhy);
+    if (g.nodes[u.node].op == OpKind::kEmbedding)
+      return std::string(fp8 ? kFp8TableWhy : kInt4TableWhy);
+    if (u.node == logits) return std::string(fp8 ? kFp8LogitsWhy : kInt4LogitsWhy);
   }
-  if (std::string why = int4_refused(v.data); !why.empty())
-    return "int8 as int8-weight plans store it: " + why;
+  if (!fp8)
+    if (std::string why = int4_refused(v.data); !why.empty())
+      return "int8 as int8-weight plans store it: " + why;
   if (cuda && v.data.dim(1) % 16 != 0)
     return fmt::format(
         "int8 as int8-weight plans store it: its input dimension {} is not a multiple of 16 (the "
-        "cuda int4 kernels load 16 weights at a time)",
-        v.data.dim(1));
+        "cuda {} kernels take 16 weights at a time)",
+        v.data.dim(1), fp8 ? "fp8" : "int4");
   return {};
 }
 
@@ -169,7 +182,8 @@ void plan_input_scales(const Graph& g, const PrecisionOptions& options, Precisio
       plan->input_why[i] = std::string(kLogitsWhy);
       continue;
     }
-    if (plan->weight[w] != DType::kI8) {
+    const bool fp8 = plan->weight[w] == DType::kF8E4M3;
+    if (plan->weight[w] != DType::kI8 && !fp8) {
       plan->input_why[i] = fmt::format(
           "input kept f32: its weight stays {} ({})", dtype_name(plan->weight[w]),
           plan->weight_why[w].empty() ? "not an f32 weight matrix" : plan->weight_why[w]);
@@ -180,7 +194,8 @@ void plan_input_scales(const Graph& g, const PrecisionOptions& options, Precisio
     KILN_CHECK_USAGE(it != cache.scales.end(),
                      "calibration {} has no scale for {} (the input of {})",
                      options.calibration_source, name, n.name);
-    plan->input_scale[i] = it->second;
+    // The cache holds int8 scales (threshold / 127); an E4M3 input's is threshold / 448.
+    plan->input_scale[i] = fp8 ? fp8_scale_from_int8(it->second) : it->second;
   }
 }
 
@@ -270,11 +285,22 @@ PrecisionPlan plan_precision(const Graph& g, const PrecisionSupport& support,
     }
   }
 
-  // Weight `id` stored as the precision's matrix type; int4-weight keeps some matrices int8.
-  auto store_matrix = [&](size_t id) {
+  // Weight `id` stored as the precision's matrix type; int4-weight and fp8 keep some matrices
+  // int8.
+  // `f32_reader`: a reader kept f32 for its activations' range (fp16 T5's FFN output
+  // projections), which an fp8 plan gives int8 weights (its E4M3 Linears read quantized inputs).
+  auto store_matrix = [&](size_t id, bool f32_reader) {
     plan.weight[id] = support.matrix;
-    if (support.matrix == DType::kI4)
-      if (std::string why = int4_kept_int8(g, g.values[id], uses[id], narrow_activations);
+    if (support.matrix == DType::kF8E4M3 && f32_reader) {
+      plan.weight[id] = DType::kI8;
+      plan.weight_why[id] =
+          "int8 as int8-weight plans store it: its Linear reads f32 activations (fp16 T5's "
+          "residual stream), which fp8 plans do not quantize";
+      return;
+    }
+    if (support.matrix == DType::kI4 || support.matrix == DType::kF8E4M3)
+      if (std::string why =
+              kept_int8(g, g.values[id], uses[id], narrow_activations, support.matrix);
           !why.empty()) {
         plan.weight[id] = DType::kI8;
         plan.weight_why[id] = std::move(why);
@@ -317,7 +343,7 @@ PrecisionPlan plan_precision(const Graph& g, const PrecisionSupport& support,
         plan.weight_why[id] = std::move(why);
         continue;
       }
-      store_matrix(id);
+      store_matrix(id, wide_reader != uses[id].end());
       continue;
     }
     if (v.dtype != DType::kF32) {
@@ -344,7 +370,7 @@ PrecisionPlan plan_precision(const Graph& g, const PrecisionSupport& support,
       plan.weight_why[id] = std::move(why);
       continue;
     }
-    store_matrix(id);
+    store_matrix(id, false);
   }
   if (support.calibrated_inputs) plan_input_scales(g, options, &plan);
   return plan;

@@ -34,6 +34,24 @@ void quantize_rows_int8(const Tensor& w, Tensor* q, Tensor* scales) {
   }
 }
 
+void quantize_rows_fp8(const Tensor& w, Tensor* q, Tensor* scales) {
+  const int64_t rows = w.dim(0), cols = w.dim(1);
+  *q = Tensor::empty(DType::kF8E4M3, w.shape());
+  *scales = Tensor::empty(DType::kF32, {rows});
+  const float* src = w.data<float>();
+  auto* dst = static_cast<uint8_t*>(q->raw());
+  float* s = scales->data<float>();
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* row = src + r * cols;
+    float amax = 0.0f;
+    for (int64_t i = 0; i < cols; ++i) amax = std::max(amax, std::fabs(row[i]));
+    const float scale = amax / kFp8Max;
+    const float inv = scale > 0.0f ? 1.0f / scale : 0.0f;
+    for (int64_t i = 0; i < cols; ++i) dst[r * cols + i] = float_to_fp8_e4m3(row[i] * inv);
+    s[r] = scale;
+  }
+}
+
 void quantize_row_int4(const float* row, int64_t cols, int8_t* q, uint16_t* scale_bits) {
   for (int64_t g = 0; g < int4_groups(cols); ++g) {
     const int64_t i0 = g * kInt4Group, i1 = std::min(cols, i0 + kInt4Group);

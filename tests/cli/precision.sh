@@ -104,11 +104,22 @@ expect_in "$TMP/err" "--calib FILE.jsonl" "the int8 refusal says to pass --calib
 expect_in "$TMP/err" "--calib-cache" "the int8 refusal names --calib-cache"
 [ -e "$TMP/int8.plan" ] && fail "a refused build left a plan behind"
 head -n 16 "$FIXTURES/data/calib.jsonl" >"$TMP/calib16.jsonl"
+# fp8 runs on Hopper GPUs only: the cpu refuses it (exit 2) naming where it runs.
+expect_exit 2 "build fp8 cpu" -- "$KILN" build --model "$FIXTURES/t5-tiny" --precision fp8 \
+  --calib "$TMP/calib16.jsonl" -o "$TMP/fp8.plan"
+expect_in "$TMP/err" "--device cuda" "the cpu fp8 refusal names cuda"
 if "$KILN" build --model "$FIXTURES/bloom-tiny" --device cuda --precision int8 \
   --calib "$TMP/calib16.jsonl" --quant-tolerance off -o "$TMP/cuda-int8.plan" 2>"$TMP/err"; then
   expect_in "$TMP/err" "24 Linears read int8 inputs" "cuda int8 build log"
   "$KILN" inspect --layers "$TMP/cuda-int8.plan" >"$TMP/out" 2>&1
   expect_in "$TMP/out" "Linear i8 (per-channel f32 scales)×1, Linear i8 (per-channel f32 scales) × i8 input×24" "cuda int8 plan layers"
+  # fp8: E4M3 weights and inputs from the same calibration (built here; runs on sm_89+ GPUs).
+  "$KILN" build --model "$FIXTURES/bloom-tiny" --device cuda --precision fp8 \
+    --calib "$TMP/calib16.jsonl" --quant-tolerance off -o "$TMP/cuda-fp8.plan" 2>"$TMP/err" ||
+    fail "cuda fp8: $(cat "$TMP/err")"
+  expect_in "$TMP/err" "24 in fp8 (E4M3) with per-row f32 scales" "cuda fp8 build log"
+  "$KILN" inspect --layers "$TMP/cuda-fp8.plan" >"$TMP/out" 2>&1
+  expect_in "$TMP/out" "Linear f8_e4m3 (per-channel f32 scales) × f8_e4m3 input×24" "cuda fp8 layers"
   # SmoothQuant and AWQ fold their factors into a cuda graph's fp16 norms and weights too.
   "$KILN" build --model "$FIXTURES/bloom-tiny" --device cuda --precision int8 --smoothquant 0.5 \
     --calib "$TMP/calib16.jsonl" --quant-tolerance off -o "$TMP/cuda-sq.plan" 2>"$TMP/err" ||
@@ -143,7 +154,7 @@ if "$KILN" build --model "$FIXTURES/bloom-tiny" --device cuda --precision int4-w
 else
   expect_in "$TMP/err" "built without CUDA" "cuda int4-weight refused only without CUDA"
 fi
-expect_exit 2 "build fp8" -- "$KILN" build --model "$FIXTURES/t5-tiny" --precision fp8 -o "$TMP/fp8.plan"
+expect_exit 2 "build fp4" -- "$KILN" build --model "$FIXTURES/t5-tiny" --precision fp4 -o "$TMP/fp4.plan"
 expect_in "$TMP/err" "unknown precision" "an unknown precision is named"
 
 # int4-weight with AWQ's scale search: the log says what was scaled, the plan stays within two

@@ -60,7 +60,7 @@ TEST(PrecisionSupportTable, CoversEveryPairAndDecidesTheRefusals) {
   EXPECT_EQ(supported_precision_names(Device::kCpu),
             "fp32, fp16, bf16, int8, int8-weight, int4-weight");
   EXPECT_EQ(supported_precision_names(Device::kCuda),
-            "fp32, fp16, bf16, int8, int8-weight, int4-weight");
+            "fp32, fp16, bf16, int8, int8-weight, int4-weight, fp8");
   // A second GPU runs what the first runs: the table is by device kind, not ordinal.
   const PrecisionSupport& second = precision_support(Device(Device::kCuda, 1), Precision::kFp16);
   EXPECT_EQ(second.device, Device::kCuda);

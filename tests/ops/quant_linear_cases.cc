@@ -9,6 +9,7 @@
 #include "graph/linear.h"
 #include "graph/verifier.h"
 #include "passes/pass.h"
+#include "passes/quantize_weights.h"
 
 namespace kiln::test {
 
@@ -50,7 +51,7 @@ const char* variant_name(Variant v) {
 }
 
 Graph int8_linear_graph(Gen& g, DType dtype, int64_t in, int64_t out, Variant variant, bool fuse,
-                        bool int4, float input_scale) {
+                        bool int4, float input_scale, bool fp8) {
   GraphBuilder b("int8_linear");
   const int x = b.input("x", dtype, {kTokens, Dim::of(in)});
   int h = x;
@@ -67,6 +68,12 @@ Graph int8_linear_graph(Gen& g, DType dtype, int64_t in, int64_t out, Variant va
   if (int4) {
     Int4Weight w4 = int4_weight(g, out, in);
     w = {std::move(w4.q), std::move(w4.scales)};
+  }
+  if (fp8) {  // E4M3 codes over the whole range (±448 included), per-channel scales
+    Tensor values = Tensor::from_vector(g.floats(out * in, -1.0f, 1.0f), {out, in});
+    values.data<float>()[0] = 1.0f;
+    values.data<float>()[out * in - 1] = -1.0f;
+    quantize_rows_fp8(values, &w.q, &w.scales);
   }
   int bias = -1;
   if (variant == Variant::kBiasAct || variant == Variant::kLayerNorm)

@@ -39,9 +39,11 @@ const char* variant_name(Variant v);
 
 // The Linear (with the nodes its variant fuses into it, fused as the CUDA pipeline fuses them;
 // `fuse` false: the graph before fusing). `int4`: int4 weights with f16 group scales.
-// `input_scale` >= 0: a W8A8 Linear, x read as int8 with that static scale (no norm variants).
+// `input_scale` >= 0: a W8A8 Linear, x read as int8 with that static scale (no norm variants);
+// with `fp8`, an fp8 plan's Linear instead (E4M3 weights with per-channel scales, x read as E4M3).
 Graph int8_linear_graph(Gen& g, DType dtype, int64_t in, int64_t out, Variant variant,
-                        bool fuse = true, bool int4 = false, float input_scale = -1.0f);
+                        bool fuse = true, bool int4 = false, float input_scale = -1.0f,
+                        bool fp8 = false);
 
 // Runs `graph` (one fused quantized Linear of `variant`, [n, in] x [out, in]^T) on every CUDA
 // backend that takes it and on the reference, comparing with `check`, each failure labelled with

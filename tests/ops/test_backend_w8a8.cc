@@ -166,6 +166,51 @@ TEST(W8a8Ops, QuantizeByTheDefinition) {
   }
 }
 
+// fp8 plans' input quantization by its definition (graph/linear.h: quantize_input_fp8), values
+// worked out by hand from E4M3's grid: x · (1 / s) rounded to the nearest E4M3 value, ties to
+// the even significand, saturating at ±448 (infinities too), a NaN taken as 0, subnormals down
+// to 2^-9. E4M3 identity weights (code 0x38 = 1.0, scale 1): y[o] = s · q(x[o]) exactly, on the
+// reference backend (the GPU's kernels are compared with it: test_backend_w8a8_cuda.cc).
+TEST(Fp8Input, QuantizeByTheDefinition) {
+  const float inf = std::numeric_limits<float>::infinity();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  struct Level {
+    float x, q;
+  };
+  const std::vector<Level> at_one = {
+      {0.3f, 0.3125f},  // between 0.28125 and 0.3125 (a step of 2^-5 in [0.25, 0.5))
+      {17.f, 16.f},     // the tie of 16 and 18 goes to 16 (even significand)
+      {19.f, 20.f},     // the tie of 18 and 20 goes to 20
+      {1.0625f, 1.f},   {-2.75f, -2.75f},     {464.f, 448.f},  // halfway past 448: saturates
+      {500.f, 448.f},   {1e30f, 448.f},       {inf, 448.f},    {-inf, -448.f},
+      {nan, 0.f},       {0.0009765625f, 0.f},  // half of 2^-9 ties to 0
+      {0.0029296875f, 0.00390625f},            // 1.5 · 2^-9 ties to 2 · 2^-9
+  };
+  const std::vector<Level> at_half = {{0.15f, 0.3125f}, {300.f, 448.f}, {-8.5f, -16.f}};
+  const std::unique_ptr<Backend> reference = reference_backend();
+  for (const auto& [scale, levels] : {std::pair{1.0f, at_one}, std::pair{0.5f, at_half}}) {
+    const int64_t k = static_cast<int64_t>(levels.size());
+    GraphBuilder b("fp8_levels");
+    const int x = b.input("x", DType::kF32, {kTokens, Dim::of(k)});
+    Tensor eye = Tensor::empty(DType::kF8E4M3, {k, k});
+    auto* codes = static_cast<uint8_t*>(eye.raw());
+    for (int64_t i = 0; i < k * k; ++i) codes[i] = i % (k + 1) == 0 ? 0x38 : 0x00;
+    b.output(b.linear_quantized(x, b.weight("w", std::move(eye)), -1,
+                                b.weight("s", Tensor::from_vector(std::vector<float>(k, 1.f), {k})),
+                                "fc"),
+             "y");
+    Graph graph = b.finish();
+    add_input_scale(graph, scale);
+    verify_graph(graph);
+    std::vector<float> xs;
+    for (const Level& l : levels) xs.push_back(l.x);
+    const Tensor y =
+        run_scenario(*reference, one_step(graph, {{"x", Tensor::from_vector(xs, {1, k})}}))[0][0];
+    for (int64_t i = 0; i < k; ++i)
+      EXPECT_EQ(y.data<float>()[i], levels[i].q * scale) << "scale " << scale << " x=" << levels[i].x;
+  }
+}
+
 // A scale of 0 (a tensor that was always 0 during calibration): every level is 0, the outputs
 // are the bias alone.
 TEST(W8a8Ops, AZeroScaleGivesTheBias) {
@@ -256,7 +301,7 @@ TEST(W8a8BadInput, MalformedNodesAreRefused) {
     b.output(b.linear(x, b.weight("w", g.random({4, 8})), -1, "fc"), "y");
     Graph graph = b.finish();
     add_input_scale(graph, 0.1f);
-    expect_refused(std::move(graph), "needs an i8 weight");
+    expect_refused(std::move(graph), "needs an i8 or f8_e4m3 weight");
   }
   {
     Graph graph = w8a8_graph(kSeed, {2, 8, 4, false, {}}, 0.1f);

@@ -1,6 +1,6 @@
 // W8A8 Linears on CUDA (int8 plans: x quantized with its static scale, int8 weights, int32 sums)
-// against the reference backend, which quantizes x by the definition (graph/linear.h) and sums
-// in double: fp16, bf16 and f32 inputs; row counts on the dp4a GEMV (1, 3, 8: one slice; 13, 32:
+// and fp8 plans' (E4M3 weights and inputs, f32 sums) against the reference backend, which
+// quantizes x by the definition (graph/linear.h) and sums in double: fp16, bf16 and f32 inputs; row counts on the dp4a GEMV (1, 3, 8: one slice; 13, 32:
 // slices of 8 and a rest) and on cuBLASLt's int8 GEMM (33, 65, 300; past one chunk of int32
 // results at 8200 outputs: 1100 rows make two chunks); `in` a multiple of 8 but not 16 (1032), of
 // several GEMV passes (4104), short (64); `out` not a multiple of the GEMV's four features. Scales
@@ -15,12 +15,14 @@
 namespace kiln::test {
 namespace {
 
+// x in [-2, 2): values past 1.5 clip.
 constexpr float kClippingScale = 1.5f / 127.0f;
 constexpr Variant kW8a8Variants[] = {Variant::kPlain,    Variant::kBiasAct, Variant::kF32Bias,
                                      Variant::kResidual, Variant::kWidened,
                                      Variant::kGatheredWidened};
 
-TEST(BackendOps, CudaW8a8LinearsMatchReference) {
+// The cases of both tests; fp8 needs `in` a multiple of 16 (1032 becomes 1040).
+int compare_quantized_input_cases(bool fp8) {
   const std::unique_ptr<Backend> reference = reference_backend();
   std::vector<NamedBackend> backends = available_backends();
   struct Shape2 {
@@ -28,7 +30,8 @@ TEST(BackendOps, CudaW8a8LinearsMatchReference) {
   };
   int compared = 0;
   for (DType dtype : {DType::kF16, DType::kBF16, DType::kF32})
-    for (const Shape2 sh : {Shape2{64, 37}, Shape2{1032, 70}, Shape2{4104, 21}, Shape2{256, 8200}})
+    for (const Shape2 sh : {Shape2{64, 37}, Shape2{fp8 ? 1040 : 1032, 70},
+                            Shape2{fp8 ? 4112 : 4104, 21}, Shape2{256, 8200}})
       for (int64_t n : {1, 3, 8, 13, 32, 33, 65, 300, 1100})
         for (Variant variant : kW8a8Variants) {
           if (dtype == DType::kF32 &&
@@ -43,15 +46,30 @@ TEST(BackendOps, CudaW8a8LinearsMatchReference) {
           const auto seed =
               static_cast<uint32_t>(sh.in + 3 * sh.out + n + 11 * static_cast<int>(variant));
           Gen g(dtype, dtype, seed);
+          // E4M3 saturates at 448: a scale of 1.5 / 448 clips x past 1.5 as int8's does.
           const Graph graph =
-              int8_linear_graph(g, dtype, sh.in, sh.out, variant, true, false, kClippingScale);
-          // The integer sums are exact on both sides; the dequantization rounds in f32 (the
-          // reference in double) before the output is rounded to its type.
+              int8_linear_graph(g, dtype, sh.in, sh.out, variant, true, false,
+                                fp8 ? kClippingScale * 127.0f / 448.0f : kClippingScale, fp8);
+          // int8: the integer sums are exact on both sides, the dequantization rounds in f32 (the
+          // reference in double) before the output is rounded to its type. fp8: each product is
+          // exact, the GPU's f32 sums round (a few ulps of the largest output at these lengths).
+          const Check check{CheckKind::kMaxRelative, fp8 && dtype == DType::kF32 ? 1e-5 : 0.0};
           compared += compare_on_cuda(*reference, backends, g, graph, n, sh.in, sh.out, variant,
-                                      Check{CheckKind::kMaxRelative, 0.0},
-                                      "w8a8 " + case_name(dtype, variant, n, sh.in, sh.out));
+                                      check,
+                                      std::string(fp8 ? "fp8 " : "w8a8 ") +
+                                          case_name(dtype, variant, n, sh.in, sh.out));
         }
-  if (compared == 0) GTEST_SKIP() << "no backend here runs W8A8 Linears on CUDA";
+  return compared;
+}
+
+TEST(BackendOps, CudaW8a8LinearsMatchReference) {
+  if (compare_quantized_input_cases(false) == 0)
+    GTEST_SKIP() << "no backend here runs W8A8 Linears on CUDA";
+}
+
+TEST(BackendOps, CudaFp8LinearsMatchReference) {
+  if (compare_quantized_input_cases(true) == 0)
+    GTEST_SKIP() << "no backend here runs fp8 Linears on CUDA";
 }
 
 // A scale of 0 (an input that was always 0 in calibration): every level is 0 and y is the bias,

@@ -170,8 +170,9 @@ Runner add_build(CLI::App& app) {
                   "(W8A8: int8 weights and calibrated int8 "
                   "Linear inputs; needs --calib or --calib-cache). cuda: fp32, fp16 or bf16 "
                   "(weights and activations; fp32 accumulation), int8-weight or int4-weight "
-                  "(quantized weights, fp16 activations) or int8 (W8A8 with fp16 activations; "
-                  "calibrated on the cpu)")
+                  "(quantized weights, fp16 activations), int8 (W8A8 with fp16 activations; "
+                  "calibrated on the cpu) or fp8 (E4M3 weights and calibrated E4M3 Linear "
+                  "inputs; sm_89+ GPUs)")
       ->capture_default_str();
   cmd->add_option("--prompt-template", o->prompt_template,
                   "default template stored in the plan: every {prompt} is replaced by the "
@@ -193,14 +194,14 @@ Runner add_build(CLI::App& app) {
                 "then chosen by heuristics when the plan loads)");
   one_value(cmd->add_option("--profile", o->profiles, "shape profiles (not built yet)"));
   one_value(cmd->add_option("--calib", o->calib,
-                            "--precision int8: calibration prompts, JSON lines (a string or "
+                            "--precision int8 or fp8: calibration prompts, JSON lines (a string or "
                             "{\"text\"|\"prompt\": ...} per line); a few hundred representative "
                             "ones"));
   one_value(cmd->add_option("--calib-method", o->calib_method,
                             "with --calib: entropy (TensorRT's KL threshold, default), minmax or "
                             "percentile:P (e.g. percentile:99.99)"));
   one_value(cmd->add_option("--calib-cache", o->calib_cache,
-                            "--precision int8: with --calib, write the calibrated scales here; "
+                            "--precision int8 or fp8: with --calib, write the calibrated scales here; "
                             "alone, build from this cache without running calibration (a cache "
                             "made for another model is refused)"));
   in_range(cmd->add_option("--calib-batch", o->calib_batch,

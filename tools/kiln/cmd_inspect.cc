@@ -33,14 +33,14 @@ nlohmann::json precision_summary(const Graph& gr, const std::vector<PrecisionNot
     // Embedding gathers rows of its table's.
     std::string compute(dtype_name(n.op == OpKind::kLinear ? gr.values[n.inputs[0]].dtype
                                                            : gr.values[n.outputs[0]].dtype));
-    // A W8A8 Linear reads its input as int8, with the calibrated scale it holds.
+    // A W8A8 (fp8) Linear reads its input as int8 (E4M3), with the calibrated scale it holds.
     const int input_scale =
         n.op == OpKind::kLinear ? linear_operand(n, LinearOperand::kInputScale) : -1;
-    if (input_scale >= 0) compute = "i8";
+    if (input_scale >= 0) compute = w.dtype == DType::kF8E4M3 ? "f8_e4m3" : "i8";
     std::string why = why_node.count(n.name) ? why_node[n.name] : "";
     if (why.empty() && why_weight.count(w.name)) why = why_weight[w.name];
     std::string dtype(dtype_name(w.dtype));
-    if (w.dtype == DType::kI8)
+    if (w.dtype == DType::kI8 || w.dtype == DType::kF8E4M3)
       dtype += n.op == OpKind::kLinear ? " (per-channel f32 scales)" : " (per-row f32 scales)";
     if (w.dtype == DType::kI4) dtype += " (f16 scales per group of 128)";
     const std::string layout =
@@ -107,7 +107,8 @@ void print_precision(const nlohmann::json& p, bool every_layer) {
   std::map<std::string, int> counts;  // "Linear bf16" -> layers
   for (const auto& l : p["layers"])
     ++counts[l["op"].get<std::string>() + " " + l["dtype"].get<std::string>() +
-             (l.contains("input_scale") ? " × i8 input" : "")];
+             (l.contains("input_scale") ? " × " + l["compute"].get<std::string>() + " input"
+                                         : "")];
   std::string line;
   for (const auto& [what, count] : counts)
     line += fmt::format("{}{}×{}", line.empty() ? "" : ", ", what, count);

@@ -1,12 +1,13 @@
-// The Linear of W8A8 (int8) plans on CUDA: x (fp16/bf16, or f32) read as int8 with its static
-// calibrated scale s (graph/linear.h: quantize_input), int8 weights [out, in] with f32
-// per-output-channel scales, integer products summed in int32, y = epilogue(Σ · s · scale[o] +
-// bias): bias, activation, a fused residual, gathered rows (copied into the scratch first) and a
-// widened f32 output. Steps of up to kGemvRows rows (decode) run the W8A8 GEMV (gemv_w8a8.cu:
-// dp4a on x quantized in registers); more rows quantize x into the scratch, multiply on
-// cuBLASLt's int8 tensor-core GEMM (int32 results, in row chunks that bound the scratch), and
-// the epilogue kernel stores y. If cuBLASLt offers no int8 algorithm for a shape, the GEMV runs
-// those rows too (slower, the same numbers).
+// The Linear of W8A8 (int8) and fp8 plans on CUDA: x (fp16/bf16, or f32) read as int8 (E4M3)
+// with its static calibrated scale s (graph/linear.h: quantize_input, quantize_input_fp8), int8
+// (E4M3) weights [out, in] with f32 per-output-channel scales, the products summed in int32
+// (f32), y = epilogue(Σ · s · scale[o] + bias): bias, activation, a fused residual, gathered rows
+// (copied into the scratch first) and a widened f32 output. Steps of up to kGemvRows rows
+// (decode) run the GEMV (gemv_w8a8.cu: x quantized in registers; dp4a, or E4M3 widened exactly);
+// more rows quantize x into the scratch, multiply on cuBLASLt's int8 (FP8) tensor-core GEMM
+// (int32 / f32 results, in row chunks that bound the scratch), and the epilogue kernel stores y.
+// If cuBLASLt offers no algorithm for a shape, the GEMV runs those rows too (slower, the same
+// numbers up to the f32 sums' order).
 #include <algorithm>
 #include <map>
 #include <tuple>
@@ -44,10 +45,16 @@ class W8a8LinearKernel final : public CudaKernel {
     widen_ = d.epilogue.widen;
     const Value& y = graph.values[node_.outputs[0]];
     dtype_ = widen_ ? graph.values[d.operand(LinearOperand::kX)].dtype : y.dtype;
-    KILN_CHECK(w.dtype == DType::kI8 && w.shape.size() == 2 && !w.shape[0].is_symbolic() &&
-                   !w.shape[1].is_symbolic(),
-               "node '{}': the cuda W8A8 linear needs an i8 [out, in] weight of fixed shape",
+    KILN_CHECK((w.dtype == DType::kI8 || w.dtype == DType::kF8E4M3) && w.shape.size() == 2 &&
+                   !w.shape[0].is_symbolic() && !w.shape[1].is_symbolic(),
+               "node '{}': the cuda W8A8 / fp8 linear needs an i8 or f8_e4m3 [out, in] weight of "
+               "fixed shape",
                node_.name);
+    fp8_ = w.dtype == DType::kF8E4M3;
+    KILN_CHECK(!fp8_ || ctx_.device().sm >= 89,
+               "node '{}': fp8 plans need FP8 tensor cores (sm_89 or newer, Hopper's sm_90); "
+               "{} is sm_{}: build int8 (W8A8) or int8-weight for it",
+               node_.name, ctx_.device().name, ctx_.device().sm);
     KILN_CHECK(dtype_ == DType::kF16 || dtype_ == DType::kBF16 || dtype_ == DType::kF32,
                "node '{}': the cuda W8A8 linear reads float activations, not {}", node_.name,
                dtype_name(dtype_));
@@ -57,8 +64,9 @@ class W8a8LinearKernel final : public CudaKernel {
     KILN_CHECK(!d.epilogue.norm, "node '{}': a W8A8 linear folds no norm", node_.name);
     out_ = w.shape[0].value;
     in_ = w.shape[1].value;
-    KILN_CHECK(in_ % 8 == 0, "node '{}': the cuda W8A8 linear needs `in` ({}) a multiple of 8",
-               node_.name, in_);
+    KILN_CHECK(in_ % (fp8_ ? 16 : 8) == 0,
+               "node '{}': the cuda {} linear needs `in` ({}) a multiple of {}", node_.name,
+               fp8_ ? "fp8" : "W8A8", in_, fp8_ ? 16 : 8);
     activation_ = d.epilogue.activation;
     gather_ = d.has(LinearOperand::kRows);
     has_bias_ = d.has(LinearOperand::kBias);
@@ -75,10 +83,12 @@ class W8a8LinearKernel final : public CudaKernel {
     inv_scale_ = input_inv_scale(x_scale_);
     for (int64_t n = 1; n <= kGemvRows; n = n == 1 ? 8 : n + 8) {
       const int split = gemv_split(FloatType::kF16, in_, out_, ctx_.device().multiprocessors,
-                                   gemv_w8a8_warps_per_sm(float_type(dtype_), n));
+                                   gemv_w8a8_warps_per_sm(float_type(dtype_), n, fp8_));
       split_[n == 1 ? 0 : 1] = split;
     }
-    KILN_CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc_, CUBLAS_COMPUTE_32I, CUDA_R_32I));
+    // int8: int32 sums and scalars; FP8: f32 (the GEMM's own scale factors left at 1).
+    KILN_CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc_, fp8_ ? CUBLAS_COMPUTE_32F : CUBLAS_COMPUTE_32I,
+                                               fp8_ ? CUDA_R_32F : CUDA_R_32I));
     const cublasOperation_t trans_a = CUBLAS_OP_T, trans_b = CUBLAS_OP_N;
     KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_TRANSA, &trans_a,
                                                      sizeof(trans_a)));
@@ -159,6 +169,7 @@ class W8a8LinearKernel final : public CudaKernel {
       p.type = t;
       p.x = xp;
       p.w = w.raw();
+      p.fp8 = fp8_;
       p.scales = s;
       p.x_scale = x_scale_;
       p.inv_scale = inv_scale_;
@@ -176,8 +187,8 @@ class W8a8LinearKernel final : public CudaKernel {
       launch_gemv_w8a8(p, ctx_.kernel_stream());
       return;
     }
-    launch_quantize_rows(t, xp, inv_scale_, q, n * in_, ctx_.kernel_stream());
-    int* acc = reinterpret_cast<int*>(scratch + at.acc);
+    launch_quantize_rows(t, fp8_, xp, inv_scale_, q, n * in_, ctx_.kernel_stream());
+    void* acc = scratch + at.acc;
     const auto elem = static_cast<int64_t>(dtype_bytes(dtype_, 1));
     const auto out_elem = static_cast<int64_t>(dtype_bytes(y.dtype(), 1));
     for (int64_t r0 = 0; r0 < n; r0 += chunk_rows_) {
@@ -185,18 +196,22 @@ class W8a8LinearKernel final : public CudaKernel {
       const Plan* plan = gemm_plan(rows_here, q + r0 * in_, w.raw());
       KILN_CHECK(plan != nullptr, "node '{}': cuBLASLt has no int8 algorithm for {} rows",
                  node_.name, rows_here);
-      const int32_t alpha = 1, beta = 0;
+      const int32_t alpha_i = 1, beta_i = 0;
+      const float alpha_f = 1.0f, beta_f = 0.0f;
+      const void* alpha = fp8_ ? static_cast<const void*>(&alpha_f) : &alpha_i;
+      const void* beta = fp8_ ? static_cast<const void*>(&beta_f) : &beta_i;
       ctx_.launch().note_library_launch();
       const cublasStatus_t st = cublasLtMatmul(
-          ctx_.blas().handle(), desc_, &alpha, w.raw(), plan->a, q + r0 * in_, plan->b, &beta,
-          acc, plan->c, acc, plan->c, &plan->algo, ctx_.blas().workspace(),
+          ctx_.blas().handle(), desc_, alpha, w.raw(), plan->a, q + r0 * in_, plan->b, beta, acc,
+          plan->c, acc, plan->c, &plan->algo, ctx_.blas().workspace(),
           ctx_.blas().workspace_bytes(), ctx_.stream());
       KILN_CHECK(st == CUBLAS_STATUS_SUCCESS,
-                 "node '{}': cuBLASLt refused the int8 [{}, {}] x [{}, {}]^T matmul: {}",
-                 node_.name, rows_here, in_, out_, in_, cublas_status_name(st));
+                 "node '{}': cuBLASLt refused the {} [{}, {}] x [{}, {}]^T matmul: {}", node_.name,
+                 fp8_ ? "fp8" : "int8", rows_here, in_, out_, in_, cublas_status_name(st));
       W8a8EpilogueParams e{};
       e.type = t;
       e.acc = acc;
+      e.float_acc = fp8_;
       e.scales = s;
       e.x_scale = x_scale_;
       e.bias_type = bias_t;
@@ -228,7 +243,7 @@ class W8a8LinearKernel final : public CudaKernel {
     return a;
   }
 
-  // Layouts and the heuristic's first int8 algorithm for n rows (one per row count and operand
+  // Layouts and the heuristic's first int8 (FP8) algorithm for n rows (one per row count and operand
   // alignment); null when cuBLASLt has none (the GEMV runs those rows).
   const Plan* gemm_plan(int64_t n, const void* x, const void* w) {
     const uint32_t align = alignment({x, w});
@@ -238,9 +253,11 @@ class W8a8LinearKernel final : public CudaKernel {
     const int64_t m = std::get<0>(key);
     Plan p;
     const auto u = [](int64_t v) { return static_cast<uint64_t>(v); };
-    KILN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.a, CUDA_R_8I, u(in_), u(out_), in_));
-    KILN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.b, CUDA_R_8I, u(in_), u(m), in_));
-    KILN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.c, CUDA_R_32I, u(out_), u(m), out_));
+    const cudaDataType_t ab = fp8_ ? CUDA_R_8F_E4M3 : CUDA_R_8I;
+    const cudaDataType_t cd = fp8_ ? CUDA_R_32F : CUDA_R_32I;
+    KILN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.a, ab, u(in_), u(out_), in_));
+    KILN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.b, ab, u(in_), u(m), in_));
+    KILN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.c, cd, u(out_), u(m), out_));
     cublasLtMatmulPreference_t pref = nullptr;
     KILN_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
     const size_t ws = ctx_.blas().workspace_bytes();
@@ -269,6 +286,7 @@ class W8a8LinearKernel final : public CudaKernel {
   float x_scale_ = 0.0f, inv_scale_ = 0.0f;
   std::optional<Activation> activation_;
   bool widen_ = false, gather_ = false, has_bias_ = false;
+  bool fp8_ = false;  // E4M3 weights and inputs (fp8 plans)
   SymShape y_shape_;
   int split_[2] = {1, 1};  // one row; slices of 8
   cublasLtMatmulDesc_t desc_ = nullptr;

@@ -1,14 +1,22 @@
-// The device side of W8A8 Linears on CUDA (cuda_linear_w8a8.cc): x quantized to int8 with its
-// static calibrated scale exactly as graph/linear.h defines it (quantize_input: x · (1 / s), a
-// NaN as 0, clamped to ±127, rounded to nearest even, in f32), int8 weights with per-channel f32
-// scales, integer products summed in int32, y = epilogue(Σ · s · scale[o] + bias).
+// The device side of W8A8 and fp8 Linears on CUDA (cuda_linear_w8a8.cc): x quantized with its
+// static calibrated scale exactly as graph/linear.h defines it — int8 (quantize_input: x · (1 /
+// s), a NaN as 0, clamped to ±127, rounded to nearest even, in f32) with int8 weights, integer
+// products summed in int32; or E4M3 (quantize_input_fp8: saturating at ±448) with E4M3 weights,
+// each product exact in f32 and summed in f32 — per-channel f32 weight scales, y = epilogue(Σ ·
+// s · scale[o] + bias).
 // - The GEMV of decode steps (up to kW8a8GemvMaxRows rows): each warp takes four features, each
 //   lane 8-byte loads of 8 weights and quantizes the 8 matching x values of each row itself (x is
 //   a few KB, in L1/L2: every warp reads it), the products on dp4a (four int8 products a
-//   instruction, int32 accumulation, exact). Steps of more rows run slices of 8 rows in the
-//   grid's y dimension, reading the same weights at the same time (L2 serves all but the first).
-// - Prefill-sized steps: x quantized into the node's scratch (quantize_rows), the int8 GEMM on
-//   cuBLASLt (int32 results), then the epilogue kernel (dequantize, bias, activation, residual).
+//   instruction, int32 accumulation, exact; fp8: both widened to fp16 pairs exactly, then f32
+//   FMAs). Steps of more rows run slices of 8 rows in the grid's y dimension, reading the same
+//   weights at the same time (L2 serves all but the first).
+// - Prefill-sized steps: x quantized into the node's scratch (quantize_rows), the int8 (FP8)
+//   GEMM on cuBLASLt (int32 / f32 results), then the epilogue kernel (dequantize, bias,
+//   activation, residual).
+#include <cuda_fp8.h>
+
+#include <type_traits>
+
 #include "backend/cuda/device_types.cuh"
 
 namespace kiln::cuda {
@@ -28,6 +36,24 @@ __device__ __forceinline__ int quantize_one(float x, float inv) {
   return __float2int_rn(v);
 }
 
+// quantize_input_fp8 (graph/linear.h), bit for bit: the same multiply, NaN as 0, E4M3 rounded to
+// nearest even saturating at ±448 (core/fp8.h); the E4M3 code.
+__device__ __forceinline__ unsigned quantize_one_fp8(float x, float inv) {
+  float v = __fmul_rn(x, inv);
+  if (v != v) v = 0.0f;
+  return static_cast<unsigned>(__nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3));
+}
+
+// Four E4M3 codes (the low byte first) as floats, exactly (through fp16 pairs).
+__device__ __forceinline__ void widen_fp8x4(unsigned codes, float (&out)[4]) {
+  const __half2_raw lo =
+      __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(codes & 0xFFFFu), __NV_E4M3);
+  const __half2_raw hi =
+      __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(codes >> 16), __NV_E4M3);
+  const float2 a = __half22float2(__half2(lo)), b = __half22float2(__half2(hi));
+  out[0] = a.x, out[1] = a.y, out[2] = b.x, out[3] = b.y;
+}
+
 __device__ __forceinline__ int pack4(int a, int b, int c, int d) {
   return static_cast<int>((static_cast<unsigned>(a) & 0xFFu) |
                           ((static_cast<unsigned>(b) & 0xFFu) << 8) |
@@ -35,9 +61,9 @@ __device__ __forceinline__ int pack4(int a, int b, int c, int d) {
                           (static_cast<unsigned>(d) << 24));
 }
 
-// Elements 8c .. 8c + 7 of row x quantized, as two words of four int8 (element 8c in the low
-// byte of the first), the byte order of the weights' 8-byte chunks.
-template <typename T>
+// Elements 8c .. 8c + 7 of row x quantized, as two words of four int8 (E4M3) codes (element 8c
+// in the low byte of the first), the byte order of the weights' 8-byte chunks.
+template <typename T, bool kFp8>
 __device__ __forceinline__ int2 load_quantized(const T* __restrict__ x, int64_t c, float inv) {
   float f[8];
   if constexpr (sizeof(T) == 4) {
@@ -52,20 +78,36 @@ __device__ __forceinline__ int2 load_quantized(const T* __restrict__ x, int64_t 
   }
   int q[8];
 #pragma unroll
-  for (int u = 0; u < 8; ++u) q[u] = quantize_one(f[u], inv);
+  for (int u = 0; u < 8; ++u)
+    q[u] = kFp8 ? static_cast<int>(quantize_one_fp8(f[u], inv)) : quantize_one(f[u], inv);
   return make_int2(pack4(q[0], q[1], q[2], q[3]), pack4(q[4], q[5], q[6], q[7]));
+}
+
+// acc += the products of four weights and four inputs: int8 on dp4a (exact), or E4M3 widened to
+// floats (each product exact in f32).
+__device__ __forceinline__ void dot4(int& acc, unsigned w, int x) {
+  acc = __dp4a(static_cast<int>(w), x, acc);
+}
+__device__ __forceinline__ void dot4(float& acc, unsigned w, int x) {
+  float wf[4], xf[4];
+  widen_fp8x4(w, wf);
+  widen_fp8x4(static_cast<unsigned>(x), xf);
+#pragma unroll
+  for (int e = 0; e < 4; ++e) acc = fmaf(wf[e], xf[e], acc);
 }
 
 __device__ __forceinline__ int warp_sum_int(int v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;
 }
+__device__ __forceinline__ float warp_sum_acc(float v) { return warp_sum(v); }
+__device__ __forceinline__ int warp_sum_acc(int v) { return warp_sum_int(v); }
 
 // The store every W8A8 path shares: the integer sum dequantized (Σ · s · scale), the bias added,
 // rounded to T, the activation, a fused residual (rounded again, as the Add it replaces), and a
 // widened output as T's value in f32.
-template <typename T, typename B>
-__device__ __forceinline__ void store_output(int sum, float x_scale, float scale, float bias,
+template <typename T, typename B, typename Acc>
+__device__ __forceinline__ void store_output(Acc sum, float x_scale, float scale, float bias,
                                              bool has_act, ActFn act, const T* residual, T* y,
                                              float* y32, int64_t at) {
   float v = __fmul_rn(__fmul_rn(static_cast<float>(sum), x_scale), scale) + bias;
@@ -79,15 +121,17 @@ __device__ __forceinline__ void store_output(int sum, float x_scale, float scale
 }
 
 // Rows row_base + blockIdx.y * N .. + N of y; chunks = in / 8. Split warps share a group of
-// features (over interleaved chunks), their sums added in a fixed order (integers: exact in any).
-template <typename T, typename B, int N>
+// features (over interleaved chunks), their sums added in a fixed order. kFp8: E4M3 weights and
+// inputs, f32 sums; else int8, int32 sums.
+template <typename T, typename B, int N, bool kFp8 = false>
 __global__ void __launch_bounds__(kWarps * 32)
     gemv_w8a8_kernel(const T* __restrict__ x, const uint2* __restrict__ w,
                      const float* __restrict__ scales, float x_scale, float inv,
                      const B* __restrict__ bias, const T* residual, T* y, float* y32,
                      int64_t chunks, int64_t out, int64_t row_base, int split, bool has_act,
                      ActFn act) {
-  __shared__ int partial_s[kWarps][kFeatures][N];
+  using Acc = std::conditional_t<kFp8, float, int>;
+  __shared__ Acc partial_s[kWarps][kFeatures][N];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int groups_per_block = kWarps / split;
   const int sub = warp % split;
@@ -95,7 +139,7 @@ __global__ void __launch_bounds__(kWarps * 32)
       (static_cast<int64_t>(blockIdx.x) * groups_per_block + warp / split) * kFeatures;
   const int64_t row0 = row_base + static_cast<int64_t>(blockIdx.y) * N;
   x += row0 * chunks * 8;
-  int acc[kFeatures][N];
+  Acc acc[kFeatures][N];
 #pragma unroll
   for (int k = 0; k < kFeatures; ++k)
 #pragma unroll
@@ -132,11 +176,11 @@ __global__ void __launch_bounds__(kWarps * 32)
         if (c + u * stride >= chunks) break;
 #pragma unroll
         for (int r = 0; r < N; ++r) {
-          const int2 xq = load_quantized<T>(x + r * chunks * 8, c + u * stride, inv);
+          const int2 xq = load_quantized<T, kFp8>(x + r * chunks * 8, c + u * stride, inv);
 #pragma unroll
           for (int k = 0; k < kFeatures; ++k) {
-            acc[k][r] = __dp4a(static_cast<int>(wv[u][k].x), xq.x, acc[k][r]);
-            acc[k][r] = __dp4a(static_cast<int>(wv[u][k].y), xq.y, acc[k][r]);
+            dot4(acc[k][r], wv[u][k].x, xq.x);
+            dot4(acc[k][r], wv[u][k].y, xq.y);
           }
         }
       }
@@ -145,7 +189,7 @@ __global__ void __launch_bounds__(kWarps * 32)
 #pragma unroll
   for (int k = 0; k < kFeatures; ++k)
 #pragma unroll
-    for (int r = 0; r < N; ++r) acc[k][r] = warp_sum_int(acc[k][r]);
+    for (int r = 0; r < N; ++r) acc[k][r] = warp_sum_acc(acc[k][r]);
   if (split > 1) {
     if (lane == 0)
 #pragma unroll
@@ -158,20 +202,20 @@ __global__ void __launch_bounds__(kWarps * 32)
     for (int k = 0; k < kFeatures; ++k)
 #pragma unroll
       for (int r = 0; r < N; ++r) {
-        int s = 0;
+        Acc s = 0;
         for (int p = 0; p < split; ++p) s += partial_s[warp + p][k][r];
         acc[k][r] = s;
       }
   }
   if (!stores) return;
-  int v = 0;
+  Acc v = 0;
 #pragma unroll
   for (int k = 0; k < kFeatures; ++k)
 #pragma unroll
     for (int r = 0; r < N; ++r)
       if (k == kk && r == rr) v = acc[k][r];
-  store_output<T, B>(v, x_scale, scale_v, bias_v, has_act, act, residual, y, y32,
-                     (row0 + rr) * out + f0 + kk);
+  store_output<T, B, Acc>(v, x_scale, scale_v, bias_v, has_act, act, residual, y, y32,
+                          (row0 + rr) * out + f0 + kk);
 }
 
 template <typename T, typename B, int N>
@@ -179,7 +223,7 @@ void launch_slices(const GemvW8a8Params& p, int64_t row_base, unsigned slices,
                    KernelStream stream) {
   const int64_t groups = (p.out + kFeatures - 1) / kFeatures, per_block = kWarps / p.split;
   const dim3 grid(static_cast<unsigned>((groups + per_block - 1) / per_block), slices);
-  launch(gemv_w8a8_kernel<T, B, N>, grid, kWarps * 32, 0, stream, static_cast<const T*>(p.x),
+  launch(p.fp8 ? gemv_w8a8_kernel<T, B, N, true> : gemv_w8a8_kernel<T, B, N, false>, grid, kWarps * 32, 0, stream, static_cast<const T*>(p.x),
          reinterpret_cast<const uint2*>(p.w), p.scales, p.x_scale, p.inv_scale,
          static_cast<const B*>(p.bias), static_cast<const T*>(p.residual), static_cast<T*>(p.y),
          p.y32, p.in / 8, p.out, row_base, p.split, p.has_act, p.act);
@@ -210,23 +254,26 @@ void launch_rows(const GemvW8a8Params& p, KernelStream stream) {
   }
 }
 
-// q[i] = quantize_input(x[i]), four elements a thread (n a multiple of 4, q 4-byte aligned).
-template <typename T>
-__global__ void quantize_rows_kernel(const T* __restrict__ x, float inv, char4* q, int64_t quads) {
+// q[i] = quantize_input(x[i]) (kFp8: quantize_input_fp8's code), four elements a thread (n a
+// multiple of 4, q 4-byte aligned).
+template <typename T, bool kFp8>
+__global__ void quantize_rows_kernel(const T* __restrict__ x, float inv, int* q, int64_t quads) {
   pdl_begin();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < quads;
        i += int64_t(gridDim.x) * blockDim.x) {
     const T* e = x + 4 * i;
-    q[i] = make_char4(static_cast<signed char>(quantize_one(to_float(e[0]), inv)),
-                      static_cast<signed char>(quantize_one(to_float(e[1]), inv)),
-                      static_cast<signed char>(quantize_one(to_float(e[2]), inv)),
-                      static_cast<signed char>(quantize_one(to_float(e[3]), inv)));
+    int c[4];
+#pragma unroll
+    for (int u = 0; u < 4; ++u)
+      c[u] = kFp8 ? static_cast<int>(quantize_one_fp8(to_float(e[u]), inv))
+                  : quantize_one(to_float(e[u]), inv);
+    q[i] = pack4(c[0], c[1], c[2], c[3]);
   }
 }
 
-// y [rows, out] from the int32 sums acc [rows, out] (the int8 GEMM's output).
-template <typename T, typename B>
-__global__ void w8a8_epilogue_kernel(const int* __restrict__ acc, const float* __restrict__ scales,
+// y [rows, out] from the sums acc [rows, out] (the int8 GEMM's int32, the FP8 GEMM's f32).
+template <typename T, typename B, typename Acc>
+__global__ void w8a8_epilogue_kernel(const Acc* __restrict__ acc, const float* __restrict__ scales,
                                      float x_scale, const B* __restrict__ bias, const T* residual,
                                      T* y, float* y32, int64_t n, int64_t out, bool has_act,
                                      ActFn act) {
@@ -234,14 +281,15 @@ __global__ void w8a8_epilogue_kernel(const int* __restrict__ acc, const float* _
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n * out;
        i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t o = i % out;
-    store_output<T, B>(acc[i], x_scale, scales[o], bias != nullptr ? to_float(bias[o]) : 0.0f,
-                       has_act, act, residual, y, y32, i);
+    store_output<T, B, Acc>(acc[i], x_scale, scales[o],
+                            bias != nullptr ? to_float(bias[o]) : 0.0f, has_act, act, residual, y,
+                            y32, i);
   }
 }
 
 }  // namespace
 
-int gemv_w8a8_warps_per_sm(FloatType t, int64_t rows) {
+int gemv_w8a8_warps_per_sm(FloatType t, int64_t rows, bool fp8) {
   int blocks = 0;
   auto query = [&](auto kernel) {
     if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kWarps * 32, 0) !=
@@ -253,9 +301,10 @@ int gemv_w8a8_warps_per_sm(FloatType t, int64_t rows) {
   dispatch_float(t, [&](auto tag) {
     using T = decltype(tag);
     if (rows == 1)
-      query(gemv_w8a8_kernel<T, T, 1>);
+      fp8 ? query(gemv_w8a8_kernel<T, T, 1, true>) : query(gemv_w8a8_kernel<T, T, 1>);
     else
-      query(gemv_w8a8_kernel<T, T, kSliceRows>);
+      fp8 ? query(gemv_w8a8_kernel<T, T, kSliceRows, true>)
+          : query(gemv_w8a8_kernel<T, T, kSliceRows>);
   });
   return std::max(blocks, 1) * kWarps;
 }
@@ -274,13 +323,14 @@ void launch_gemv_w8a8(const GemvW8a8Params& p, KernelStream stream) {
   });
 }
 
-void launch_quantize_rows(FloatType t, const void* x, float inv_scale, int8_t* q, int64_t n,
-                          KernelStream stream) {
+void launch_quantize_rows(FloatType t, bool fp8, const void* x, float inv_scale, void* q,
+                          int64_t n, KernelStream stream) {
   if (n == 0) return;
   dispatch_float(t, [&](auto tag) {
     using T = decltype(tag);
-    launch(quantize_rows_kernel<T>, grid_for(n / 4, 256), 256, 0, stream, static_cast<const T*>(x),
-           inv_scale, reinterpret_cast<char4*>(q), n / 4);
+    launch(fp8 ? quantize_rows_kernel<T, true> : quantize_rows_kernel<T, false>,
+           grid_for(n / 4, 256), 256, 0, stream, static_cast<const T*>(x), inv_scale,
+           static_cast<int*>(q), n / 4);
   });
 }
 
@@ -291,9 +341,17 @@ void launch_w8a8_epilogue(const W8a8EpilogueParams& p, KernelStream stream) {
     dispatch_float(p.bias_type, [&](auto bias_tag) {
       using T = decltype(tag);
       using B = decltype(bias_tag);
-      launch(w8a8_epilogue_kernel<T, B>, grid_for(n, 256), 256, 0, stream, p.acc, p.scales,
-             p.x_scale, static_cast<const B*>(p.bias), static_cast<const T*>(p.residual),
-             static_cast<T*>(p.y), p.y32, p.rows, p.out, p.has_act, p.act);
+      auto go = [&](auto acc_tag) {
+        using Acc = decltype(acc_tag);
+        launch(w8a8_epilogue_kernel<T, B, Acc>, grid_for(n, 256), 256, 0, stream,
+               static_cast<const Acc*>(p.acc), p.scales, p.x_scale, static_cast<const B*>(p.bias),
+               static_cast<const T*>(p.residual), static_cast<T*>(p.y), p.y32, p.rows, p.out,
+               p.has_act, p.act);
+      };
+      if (p.float_acc)
+        go(float{});
+      else
+        go(int{});
     });
   });
 }

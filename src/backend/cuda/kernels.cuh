@@ -216,15 +216,17 @@ void launch_dequantize_i8(FloatType t, const int8_t* q, const float* scales, voi
 // [rows, in / 128]: w = round(q · scale[row][i / 128]).
 void launch_dequantize_i4(FloatType t, const void* q, const void* scales, void* w, int64_t rows,
                           int64_t in, KernelStream stream);
-// W8A8 Linears (gemv_w8a8.cu): x [rows, in] quantized to int8 with its static scale as
-// graph/linear.h defines it, int8 weights w [out, in] with f32 per-channel scales, int32 sums,
+// W8A8 and fp8 Linears (gemv_w8a8.cu): x [rows, in] quantized to int8 (fp8: E4M3) with its static
+// scale as graph/linear.h defines it, int8 (E4M3) weights w [out, in] with f32 per-channel
+// scales, int32 (f32) sums,
 // y = act(round(Σ · x_scale · scales[o] + bias)) (+ residual, rounded again), or y32 (a widened
 // Linear: each output rounded to `type`, as f32; no residual). The GEMV runs decode steps (any
 // rows, slices of 8; `in` a multiple of 8, x 16-byte and w 8-byte aligned: gemv_w8a8_fits).
 struct GemvW8a8Params {
   FloatType type;
   const void* x;
-  const void* w;  // int8 [out, in]
+  const void* w;  // int8 (fp8: E4M3) [out, in]
+  bool fp8 = false;
   const float* scales;
   float x_scale, inv_scale;  // s and input_inv_scale(s)
   FloatType bias_type;
@@ -240,14 +242,17 @@ struct GemvW8a8Params {
 void launch_gemv_w8a8(const GemvW8a8Params& p, KernelStream stream);
 bool gemv_w8a8_fits(const void* x, const void* w, int64_t in);
 // Warps an SM holds at once of the GEMV at `rows` rows (1, or slices of 8).
-int gemv_w8a8_warps_per_sm(FloatType t, int64_t rows);
-// q [n] = quantize_input(x [n]) (n a multiple of 4, q 4-byte aligned).
-void launch_quantize_rows(FloatType t, const void* x, float inv_scale, int8_t* q, int64_t n,
-                          KernelStream stream);
-// y [rows, out] from the int8 GEMM's int32 sums acc [rows, out], as the GEMV stores.
+int gemv_w8a8_warps_per_sm(FloatType t, int64_t rows, bool fp8);
+// q [n] = quantize_input(x [n]) (fp8: quantize_input_fp8's E4M3 codes) (n a multiple of 4, q
+// 4-byte aligned).
+void launch_quantize_rows(FloatType t, bool fp8, const void* x, float inv_scale, void* q,
+                          int64_t n, KernelStream stream);
+// y [rows, out] from the GEMM's sums acc [rows, out] (int8: int32; float_acc, fp8: f32), as the
+// GEMV stores.
 struct W8a8EpilogueParams {
   FloatType type;
-  const int* acc;
+  const void* acc;
+  bool float_acc = false;
   const float* scales;
   float x_scale;
   FloatType bias_type;

@@ -67,7 +67,7 @@ void embedding(const Node& node, const KernelArgs& args) {
 // x [n, in], w [out, in], bias [out] (optional), scales [out] (i8 weights) or [out, groups]
 // (i4 weights: each weight times its group's scale, graph/linear.h) ->
 // act(x (w * scales)^T + bias) [n, out]; with an input scale s [1] (W8A8), x's int8 values q
-// in place of x: act(s · q (w * scales)^T + bias).
+// in place of x: act(s · q (w * scales)^T + bias) (E4M3 values for an f8_e4m3 weight).
 // A folded input norm (LinearEpilogue::norm) scales each row's products by the row's 1 / std (or
 // 1 / rms) after subtracting its mean times the weight's row sums (LayerNorm), with x times the
 // norm's scale where the Linear has one (LinearOperand::kNormScale).
@@ -106,8 +106,11 @@ void linear(const Node& node, const KernelArgs& args) {
     KILN_CHECK(std::isfinite(s) && s >= 0.0f,
                "node '{}': the input scale is {}, not a finite non-negative number", node.name, s);
     const float inv = input_inv_scale(s);
-    // x's values are exact in f32 whatever its float type.
-    for (double& v : xs) v = quantize_input(static_cast<float>(v), inv);
+    // x's values are exact in f32 whatever its float type; an f8_e4m3 weight reads E4M3 levels.
+    const bool fp8 = w.dtype() == DType::kF8E4M3;
+    for (double& v : xs)
+      v = fp8 ? quantize_input_fp8(static_cast<float>(v), inv)
+              : quantize_input(static_cast<float>(v), inv);
     x_scale = s;
   }
   const std::vector<double> gamma =

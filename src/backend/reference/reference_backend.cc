@@ -150,9 +150,9 @@ void register_kernels(KernelRegistry& r) {
       for (DType weight : kFloatTypes)
         r.add(KernelKey{op.op, act, weight, Device::kCpu, Isa::kReference}, op.name,
               function_kernel(op.fn), ExtraSet::all());
-  // Quantized Linear weights: i8 with per-channel scales, i4 with group scales.
+  // Quantized Linear weights: i8 and f8_e4m3 with per-channel scales, i4 with group scales.
   for (DType act : kFloatTypes)
-    for (DType weight : {DType::kI8, DType::kI4})
+    for (DType weight : {DType::kI8, DType::kI4, DType::kF8E4M3})
       r.add(KernelKey{OpKind::kLinear, act, weight, Device::kCpu, Isa::kReference},
             "reference quantized linear", function_kernel(linear), ExtraSet::all());
   // i8 embedding tables with per-row scales, gathered as f32 rows.
