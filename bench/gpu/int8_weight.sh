@@ -8,7 +8,9 @@
 # checkpoint) and flan-t5-large (fp32 checkpoint). Logs and JSON lines in $OUT.
 # Run from the folder scripts/device/pack.sh filled. Usage: int8_weight.sh [RUNS]
 # (PRECISIONS="fp16 int8-weight int4-weight" and MODELS="bloom-560m flan-t5-large" by default;
-# SKINNY_AB=1 adds the batch-16 run without the skinny GEMM.)
+# int8 and fp8 plans are calibrated on 32 of the fixtures' calibration prompts, on this machine's
+# CPU, without the sensitivity fallback; SKINNY_AB=1 adds the batch-16 run without the skinny
+# GEMM; PREFILL=1 adds a prefill of 16 prompts of 512 tokens per plan (time to first token).)
 set -u
 HERE=$(cd "$(dirname "$0")" && pwd)
 OUT=${OUT:-/tmp/out}
@@ -28,8 +30,16 @@ for preset in ${MODELS:-bloom-560m flan-t5-large}; do
   [ -d "$dir" ] || "$KILN" synth --preset "$preset" --dtype "$sdtype" -o "$dir" >>"$LOG" 2>&1
   for prec in ${PRECISIONS:-fp16 int8-weight int4-weight}; do
     plan=/tmp/plans/$preset-$prec.plan
+    calib=()
+    case "$prec" in
+      int8 | fp8)
+        head -n 32 "$HERE/x/fixtures/data/calib.jsonl" >/tmp/calib32.jsonl
+        calib=(--calib /tmp/calib32.jsonl --quant-tolerance off)
+        ;;
+    esac
     "$KILN" build --model "$dir" --device cuda --precision "$prec" --max-input-tokens 512 \
-      -o "$plan" >>"$LOG" 2>&1 || { echo "build $preset $prec failed" | tee -a "$LOG"; continue; }
+      "${calib[@]}" -o "$plan" >>"$LOG" 2>&1 ||
+      { echo "build $preset $prec failed" | tee -a "$LOG"; continue; }
     echo "$preset $prec plan: $(stat -c %s "$plan") bytes" | tee -a "$LOG"
     "$KILN" bench --plan "$plan" --input-len 78 --output-len 100 --runs "$RUNS" \
       --sweep batch=1,16,64 --json 2>>"$LOG" | tee -a "$JSON" |
@@ -40,6 +50,15 @@ for line in sys.stdin:
     print("  batch %-3s decode %.3f ms/token  roofline %.1f %%  ttft %.2f ms" % (
         r.get("batch"), r.get("decode_ms_per_token", float("nan")), r.get("roofline_pct", float("nan")),
         r.get("ttft_ms", float("nan"))))' | tee -a "$LOG"
+    if [ -n "${PREFILL:-}" ]; then
+      "$KILN" bench --plan "$plan" --input-len 512 --output-len 1 --runs "$RUNS" \
+        --sweep batch=16 --json 2>>"$LOG" | sed 's/^{/{"prefill": 1, /' | tee -a "$JSON" |
+        python3 -c '
+import json, sys
+for line in sys.stdin:
+    r = json.loads(line)
+    print("  prefill 16 x 512: ttft %.2f ms" % r.get("ttft_ms", float("nan")))' | tee -a "$LOG"
+    fi
   done
   # Batched steps of 16 rows on widened weights and cuBLASLt instead of the skinny GEMM.
   if [ -n "${SKINNY_AB:-}" ]; then

@@ -1,6 +1,5 @@
 #include "builder/sensitivity.h"
 
-#include "builder/calibration_runner.h"
 #include <algorithm>
 #include <charconv>
 #include <chrono>
@@ -8,6 +7,7 @@
 #include <map>
 #include <memory>
 #include <set>
+#include "builder/calibration_runner.h"
 
 #include "builder/calibration_runner.h"
 #include "core/logging.h"

@@ -159,7 +159,10 @@ int attach_input_scales(Graph& graph, const std::map<std::string, float>& scale_
     log.info(
         "assign_precision[{}]: {} Linears read {} inputs ({}static scales from {}); {} keep "
         "float inputs (kiln inspect --layers says why)",
-        graph.name, quantized, fp8 == quantized && fp8 > 0 ? "E4M3" : fp8 > 0 ? "int8 or E4M3" : "int8",
+        graph.name, quantized,
+        fp8 == quantized && fp8 > 0 ? "E4M3"
+        : fp8 > 0                   ? "int8 or E4M3"
+                                    : "int8",
         fp8 > 0 ? "" : "W8A8, ", source, kept);
   return quantized;
 }

@@ -160,18 +160,17 @@ int narrow_graph(Graph& graph, const PrecisionPlan& plan, const Logger& log) {
         Node{OpKind::kCast, "logits_to_f32", {logits}, {wide_id}, CastAttrs{DType::kF32}});
     *out = wide_id;
   }
-  log.info("graph '{}': {} precision: {} weights and {} activations in {}{}, logits in f32",
-           graph.name, precision_name(plan.support->precision), weights, activations,
-           dtype_name(narrow),
-           quantized > 0
-               ? fmt::format(
-                     "; {} weight matrices in int8 with per-row f32 scales{}{}",
-                     quantized - int4 - fp8,
-                     int4 > 0 ? fmt::format(", {} in int4 with f16 scales per group of 128", int4)
-                              : std::string(),
-                     fp8 > 0 ? fmt::format(", {} in fp8 (E4M3) with per-row f32 scales", fp8)
-                             : std::string())
-               : std::string());
+  log.info(
+      "graph '{}': {} precision: {} weights and {} activations in {}{}, logits in f32", graph.name,
+      precision_name(plan.support->precision), weights, activations, dtype_name(narrow),
+      quantized > 0
+          ? fmt::format(
+                "; {} weight matrices in int8 with per-row f32 scales{}{}", quantized - int4 - fp8,
+                int4 > 0 ? fmt::format(", {} in int4 with f16 scales per group of 128", int4)
+                         : std::string(),
+                fp8 > 0 ? fmt::format(", {} in fp8 (E4M3) with per-row f32 scales", fp8)
+                        : std::string())
+          : std::string());
   return weights + activations + quantized;
 }
 

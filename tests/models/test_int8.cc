@@ -65,8 +65,7 @@ BuildOptions calibrated_options(const std::string& model, CalibrationCache cache
 
 std::unique_ptr<CompiledModel> build_int8(Context& ctx, const std::string& dir,
                                           const std::string& model, CalibrationCache cache,
-                                          const std::string& source,
-                                          Device device = Device::kCpu) {
+                                          const std::string& source, Device device = Device::kCpu) {
   return compile_model_dir(ctx, dir, calibrated_options(model, std::move(cache), source, device));
 }
 

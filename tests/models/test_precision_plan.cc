@@ -43,8 +43,8 @@ TEST(PrecisionSupportTable, CoversEveryPairAndDecidesTheRefusals) {
         EXPECT_NE(s.matrix, DType::kF32) << precision_name(p);
       }
       // Quantized matrices carry scales (per channel for i8 and f8_e4m3, per group for i4).
-      EXPECT_EQ(s.channel_scales, s.matrix == DType::kI8 || s.matrix == DType::kI4 ||
-                                      s.matrix == DType::kF8E4M3)
+      EXPECT_EQ(s.channel_scales,
+                s.matrix == DType::kI8 || s.matrix == DType::kI4 || s.matrix == DType::kF8E4M3)
           << precision_name(p);
       if (s.supported) names += (names.empty() ? "" : ", ") + std::string(precision_name(p));
       // The builder's and the CLI's refusal is the table's (where the device is built in).

@@ -31,8 +31,8 @@ enum class Variant : uint8_t {
   kLayerNormNoBias,  // a LayerNorm folded into a Linear without a bias (the fold makes one)
 };
 inline constexpr Variant kVariants[] = {
-    Variant::kPlain,    Variant::kBiasAct,         Variant::kF32Bias,
-    Variant::kResidual, Variant::kWidened,         Variant::kGatheredWidened,
+    Variant::kPlain,     Variant::kBiasAct, Variant::kF32Bias,
+    Variant::kResidual,  Variant::kWidened, Variant::kGatheredWidened,
     Variant::kLayerNorm, Variant::kRmsNorm, Variant::kLayerNormNoBias};
 bool folds_norm(Variant v);
 const char* variant_name(Variant v);

@@ -17,11 +17,11 @@
 #include "../models/graph_runner.h"
 #include "../scoped_env.h"
 #include "backend_ops.h"
-#include "quant_linear_cases.h"
 #include "graph/builder.h"
 #include "graph/linear.h"
 #include "graph/verifier.h"
 #include "passes/pass.h"
+#include "quant_linear_cases.h"
 
 namespace kiln::test {
 namespace {

@@ -181,10 +181,16 @@ TEST(Fp8Input, QuantizeByTheDefinition) {
       {0.3f, 0.3125f},  // between 0.28125 and 0.3125 (a step of 2^-5 in [0.25, 0.5))
       {17.f, 16.f},     // the tie of 16 and 18 goes to 16 (even significand)
       {19.f, 20.f},     // the tie of 18 and 20 goes to 20
-      {1.0625f, 1.f},   {-2.75f, -2.75f},     {464.f, 448.f},  // halfway past 448: saturates
-      {500.f, 448.f},   {1e30f, 448.f},       {inf, 448.f},    {-inf, -448.f},
-      {nan, 0.f},       {0.0009765625f, 0.f},  // half of 2^-9 ties to 0
-      {0.0029296875f, 0.00390625f},            // 1.5 · 2^-9 ties to 2 · 2^-9
+      {1.0625f, 1.f},
+      {-2.75f, -2.75f},
+      {464.f, 448.f},  // halfway past 448: saturates
+      {500.f, 448.f},
+      {1e30f, 448.f},
+      {inf, 448.f},
+      {-inf, -448.f},
+      {nan, 0.f},
+      {0.0009765625f, 0.f},          // half of 2^-9 ties to 0
+      {0.0029296875f, 0.00390625f},  // 1.5 · 2^-9 ties to 2 · 2^-9
   };
   const std::vector<Level> at_half = {{0.15f, 0.3125f}, {300.f, 448.f}, {-8.5f, -16.f}};
   const std::unique_ptr<Backend> reference = reference_backend();
@@ -207,7 +213,8 @@ TEST(Fp8Input, QuantizeByTheDefinition) {
     const Tensor y =
         run_scenario(*reference, one_step(graph, {{"x", Tensor::from_vector(xs, {1, k})}}))[0][0];
     for (int64_t i = 0; i < k; ++i)
-      EXPECT_EQ(y.data<float>()[i], levels[i].q * scale) << "scale " << scale << " x=" << levels[i].x;
+      EXPECT_EQ(y.data<float>()[i], levels[i].q * scale)
+          << "scale " << scale << " x=" << levels[i].x;
   }
 }
 

@@ -1,12 +1,12 @@
 // W8A8 Linears on CUDA (int8 plans: x quantized with its static scale, int8 weights, int32 sums)
 // and fp8 plans' (E4M3 weights and inputs, f32 sums) against the reference backend, which
-// quantizes x by the definition (graph/linear.h) and sums in double: fp16, bf16 and f32 inputs; row counts on the dp4a GEMV (1, 3, 8: one slice; 13, 32:
-// slices of 8 and a rest) and on cuBLASLt's int8 GEMM (33, 65, 300; past one chunk of int32
-// results at 8200 outputs: 1100 rows make two chunks); `in` a multiple of 8 but not 16 (1032), of
-// several GEMV passes (4104), short (64); `out` not a multiple of the GEMV's four features. Scales
-// that clip the inputs (1.5 / 127 with x in [-2, 2)) and a scale of 0. Variants: bias with an
-// activation, an f32 bias, a fused residual, a widened f32 output and gathered rows. Skipped
-// where no backend runs them (no GPU).
+// quantizes x by the definition (graph/linear.h) and sums in double: fp16, bf16 and f32 inputs; row
+// counts on the dp4a GEMV (1, 3, 8: one slice; 13, 32: slices of 8 and a rest) and on cuBLASLt's
+// int8 GEMM (33, 65, 300; past one chunk of int32 results at 8200 outputs: 1100 rows make two
+// chunks); `in` a multiple of 8 but not 16 (1032), of several GEMV passes (4104), short (64); `out`
+// not a multiple of the GEMV's four features. Scales that clip the inputs (1.5 / 127 with x in [-2,
+// 2)) and a scale of 0. Variants: bias with an activation, an f32 bias, a fused residual, a widened
+// f32 output and gathered rows. Skipped where no backend runs them (no GPU).
 #include <gtest/gtest.h>
 
 #include "backend_ops.h"
@@ -17,9 +17,9 @@ namespace {
 
 // x in [-2, 2): values past 1.5 clip.
 constexpr float kClippingScale = 1.5f / 127.0f;
-constexpr Variant kW8a8Variants[] = {Variant::kPlain,    Variant::kBiasAct, Variant::kF32Bias,
-                                     Variant::kResidual, Variant::kWidened,
-                                     Variant::kGatheredWidened};
+constexpr Variant kW8a8Variants[] = {Variant::kPlain,   Variant::kBiasAct,
+                                     Variant::kF32Bias, Variant::kResidual,
+                                     Variant::kWidened, Variant::kGatheredWidened};
 
 // The cases of both tests; fp8 needs `in` a multiple of 16 (1032 becomes 1040).
 int compare_quantized_input_cases(bool fp8) {
@@ -54,10 +54,9 @@ int compare_quantized_input_cases(bool fp8) {
           // reference in double) before the output is rounded to its type. fp8: each product is
           // exact, the GPU's f32 sums round (a few ulps of the largest output at these lengths).
           const Check check{CheckKind::kMaxRelative, fp8 && dtype == DType::kF32 ? 1e-5 : 0.0};
-          compared += compare_on_cuda(*reference, backends, g, graph, n, sh.in, sh.out, variant,
-                                      check,
-                                      std::string(fp8 ? "fp8 " : "w8a8 ") +
-                                          case_name(dtype, variant, n, sh.in, sh.out));
+          compared += compare_on_cuda(
+              *reference, backends, g, graph, n, sh.in, sh.out, variant, check,
+              std::string(fp8 ? "fp8 " : "w8a8 ") + case_name(dtype, variant, n, sh.in, sh.out));
         }
   return compared;
 }
@@ -80,8 +79,8 @@ TEST(BackendOps, CudaW8a8ZeroScaleGivesTheBias) {
   int compared = 0;
   for (int64_t n : {1, 65}) {
     Gen g(DType::kF16, DType::kF16, 77 + static_cast<uint32_t>(n));
-    const Graph graph = int8_linear_graph(g, DType::kF16, 128, 40, Variant::kF32Bias, true, false,
-                                          0.0f);
+    const Graph graph =
+        int8_linear_graph(g, DType::kF16, 128, 40, Variant::kF32Bias, true, false, 0.0f);
     compared += compare_on_cuda(*reference, backends, g, graph, n, 128, 40, Variant::kF32Bias,
                                 Check{CheckKind::kExact, 0.0}, "zero scale, " + std::to_string(n));
   }

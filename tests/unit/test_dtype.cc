@@ -32,7 +32,7 @@ TEST(BadInputGraphBuilder, QuantizedLinearNeedsExactlyItsScales) {
 
 // The reference backend runs quantized Linears: i8 weights times their per-channel scales, equal
 // to the float Linear of the dequantized weights, and so does the CPU backend; fp8 weights have
-// no kernel yet, and the CPU backend refuses them by name.
+// no CPU kernel (fp8 plans are CUDA's), and the CPU backend refuses them by name.
 TEST(DType, QuantizedLinearOnTheReferenceEqualsTheDequantizedFloatLinear) {
   std::mt19937 rng(11);
   std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
@@ -89,10 +89,13 @@ TEST(DType, QuantizedLinearOnTheReferenceEqualsTheDequantizedFloatLinear) {
       EXPECT_NEAR(d.data<float>()[i], a_ref.data<float>()[i], 0.02f * top) << i;
   }
   auto cpu = make_cpu_backend(ctx);
-  // fp8 weights have no cpu kernel: refused at compile time, naming the dtype.
+  // fp8 weights (with their per-channel scales: fp8 plans run on CUDA) have no cpu kernel:
+  // refused at compile time, naming the dtype.
   GraphBuilder b("q");
   const int x = b.input("x", DType::kF32, {Dim::sym("tokens"), Dim::of(64)});
-  b.output(b.linear(x, b.weight("w", wq), -1, "fc"), "y");
+  b.output(b.linear_quantized(x, b.weight("w", wq), -1,
+                              b.weight("s", Tensor::from_vector(scales, {5})), "fc"),
+           "y");
   const Graph g = b.finish();
   try {
     cpu->compile(g, test::test_profile());

@@ -137,7 +137,8 @@ Runner add_build(CLI::App& app) {
       "t5-w8a8.plan\n"
       "  kiln build --model models/t5-tiny --precision int8 --calib calib.jsonl "
       "--quant-tolerance 1e-4 -o t5-w8a8.plan\n"
-      "int8 (W8A8, cpu and cuda) quantizes every Linear's input to int8 with a static scale calibrated on\n"
+      "int8 (W8A8, cpu and cuda) quantizes every Linear's input to int8 with a static scale "
+      "calibrated on\n"
       "--calib prompts: the fp32 model runs over them first (encoder and decoder, decoding\n"
       "--calib-tokens tokens greedily) and records each input's range; --calib-cache writes\n"
       "those scales, and given alone rebuilds from them without running the prompts.\n"
@@ -200,10 +201,11 @@ Runner add_build(CLI::App& app) {
   one_value(cmd->add_option("--calib-method", o->calib_method,
                             "with --calib: entropy (TensorRT's KL threshold, default), minmax or "
                             "percentile:P (e.g. percentile:99.99)"));
-  one_value(cmd->add_option("--calib-cache", o->calib_cache,
-                            "--precision int8 or fp8: with --calib, write the calibrated scales here; "
-                            "alone, build from this cache without running calibration (a cache "
-                            "made for another model is refused)"));
+  one_value(
+      cmd->add_option("--calib-cache", o->calib_cache,
+                      "--precision int8 or fp8: with --calib, write the calibrated scales here; "
+                      "alone, build from this cache without running calibration (a cache "
+                      "made for another model is refused)"));
   in_range(cmd->add_option("--calib-batch", o->calib_batch,
                            "with --calib: prompts run together (default 8)"),
            1, 4096);

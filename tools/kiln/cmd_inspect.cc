@@ -107,8 +107,7 @@ void print_precision(const nlohmann::json& p, bool every_layer) {
   std::map<std::string, int> counts;  // "Linear bf16" -> layers
   for (const auto& l : p["layers"])
     ++counts[l["op"].get<std::string>() + " " + l["dtype"].get<std::string>() +
-             (l.contains("input_scale") ? " × " + l["compute"].get<std::string>() + " input"
-                                         : "")];
+             (l.contains("input_scale") ? " × " + l["compute"].get<std::string>() + " input" : "")];
   std::string line;
   for (const auto& [what, count] : counts)
     line += fmt::format("{}{}×{}", line.empty() ? "" : ", ", what, count);

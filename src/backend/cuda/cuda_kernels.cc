@@ -180,7 +180,7 @@ void register_kernels(KernelRegistry& r, CudaContext& ctx) {
       Extra::kLayerNormFold, Extra::kRmsNormFold,  Extra::kNormScale};
   // W8A8 and fp8 Linears (an input scale): no folded norm (x is quantized after it).
   const ExtraSet quantized_input_extras{
-      Extra::kBias,         Extra::kWeightScales,   Extra::kActivation,    Extra::kResidual,
+      Extra::kBias,         Extra::kWeightScales,  Extra::kActivation,    Extra::kResidual,
       Extra::kGatheredRows, Extra::kWidenedOutput, Extra::kQuantizedInput};
   for (DType t : {DType::kF16, DType::kBF16, DType::kF32}) {
     r.add(
@@ -190,10 +190,11 @@ void register_kernels(KernelRegistry& r, CudaContext& ctx) {
                          : "cuda int8-weight linear (int8 gemv / skinny gemm / widened cublaslt)",
         [&ctx](const Node& node) { return make_quant_linear_kernel(node, ctx); }, i8_linear_extras);
     // int8 (W8A8) plans: the input quantized with its calibrated scale, int8 products.
-    r.add(KernelKey{OpKind::kLinear, t, DType::kI8, Device::kCuda, Isa::kSm90},
-          "cuda W8A8 linear (int8 dp4a gemv / cublaslt int8 gemm)",
-          [&ctx](const Node& node) { return make_w8a8_linear_kernel(node, ctx); },
-          quantized_input_extras);
+    r.add(
+        KernelKey{OpKind::kLinear, t, DType::kI8, Device::kCuda, Isa::kSm90},
+        "cuda W8A8 linear (int8 dp4a gemv / cublaslt int8 gemm)",
+        [&ctx](const Node& node) { return make_w8a8_linear_kernel(node, ctx); },
+        quantized_input_extras);
     // int4-weight plans: int4 weights with f16 group scales, the same kernel.
     r.add(
         KernelKey{OpKind::kLinear, t, DType::kI4, Device::kCuda, Isa::kSm90},
@@ -204,10 +205,11 @@ void register_kernels(KernelRegistry& r, CudaContext& ctx) {
   }
   // fp8 plans: E4M3 weights and inputs, the W8A8 kernel's fp8 instances.
   for (DType t : {DType::kF16, DType::kBF16, DType::kF32})
-    r.add(KernelKey{OpKind::kLinear, t, DType::kF8E4M3, Device::kCuda, Isa::kSm90},
-          "cuda fp8 linear (e4m3 gemv / cublaslt fp8 gemm)",
-          [&ctx](const Node& node) { return make_w8a8_linear_kernel(node, ctx); },
-          quantized_input_extras);
+    r.add(
+        KernelKey{OpKind::kLinear, t, DType::kF8E4M3, Device::kCuda, Isa::kSm90},
+        "cuda fp8 linear (e4m3 gemv / cublaslt fp8 gemm)",
+        [&ctx](const Node& node) { return make_w8a8_linear_kernel(node, ctx); },
+        quantized_input_extras);
   add_fn(OpKind::kEmbedding, DType::kF32, DType::kI8, "cuda int8 embedding gather", embedding_i8);
   for (DType t : kFloats) {
     add_fn(OpKind::kEmbedding, t, t, "cuda embedding gather", embedding);

@@ -87,8 +87,8 @@ class W8a8LinearKernel final : public CudaKernel {
       split_[n == 1 ? 0 : 1] = split;
     }
     // int8: int32 sums and scalars; FP8: f32 (the GEMM's own scale factors left at 1).
-    KILN_CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc_, fp8_ ? CUBLAS_COMPUTE_32F : CUBLAS_COMPUTE_32I,
-                                               fp8_ ? CUDA_R_32F : CUDA_R_32I));
+    KILN_CUBLAS_CHECK(cublasLtMatmulDescCreate(
+        &desc_, fp8_ ? CUBLAS_COMPUTE_32F : CUBLAS_COMPUTE_32I, fp8_ ? CUDA_R_32F : CUDA_R_32I));
     const cublasOperation_t trans_a = CUBLAS_OP_T, trans_b = CUBLAS_OP_N;
     KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_TRANSA, &trans_a,
                                                      sizeof(trans_a)));
@@ -201,10 +201,10 @@ class W8a8LinearKernel final : public CudaKernel {
       const void* alpha = fp8_ ? static_cast<const void*>(&alpha_f) : &alpha_i;
       const void* beta = fp8_ ? static_cast<const void*>(&beta_f) : &beta_i;
       ctx_.launch().note_library_launch();
-      const cublasStatus_t st = cublasLtMatmul(
-          ctx_.blas().handle(), desc_, alpha, w.raw(), plan->a, q + r0 * in_, plan->b, beta, acc,
-          plan->c, acc, plan->c, &plan->algo, ctx_.blas().workspace(),
-          ctx_.blas().workspace_bytes(), ctx_.stream());
+      const cublasStatus_t st =
+          cublasLtMatmul(ctx_.blas().handle(), desc_, alpha, w.raw(), plan->a, q + r0 * in_,
+                         plan->b, beta, acc, plan->c, acc, plan->c, &plan->algo,
+                         ctx_.blas().workspace(), ctx_.blas().workspace_bytes(), ctx_.stream());
       KILN_CHECK(st == CUBLAS_STATUS_SUCCESS,
                  "node '{}': cuBLASLt refused the {} [{}, {}] x [{}, {}]^T matmul: {}", node_.name,
                  fp8_ ? "fp8" : "int8", rows_here, in_, out_, in_, cublas_status_name(st));
@@ -243,8 +243,8 @@ class W8a8LinearKernel final : public CudaKernel {
     return a;
   }
 
-  // Layouts and the heuristic's first int8 (FP8) algorithm for n rows (one per row count and operand
-  // alignment); null when cuBLASLt has none (the GEMV runs those rows).
+  // Layouts and the heuristic's first int8 (FP8) algorithm for n rows (one per row count and
+  // operand alignment); null when cuBLASLt has none (the GEMV runs those rows).
   const Plan* gemm_plan(int64_t n, const void* x, const void* w) {
     const uint32_t align = alignment({x, w});
     const auto key = std::make_tuple(std::min(n, chunk_rows_), align);
@@ -264,13 +264,11 @@ class W8a8LinearKernel final : public CudaKernel {
     KILN_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
         pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
     const uint32_t c_align = 256;  // the int32 results start the scratch's aligned slot
-    for (auto [attr, value] :
-         {std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, align},
-          std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, align},
-          std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, c_align},
-          std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, c_align}})
-      KILN_CUBLAS_CHECK(
-          cublasLtMatmulPreferenceSetAttribute(pref, attr, &value, sizeof(uint32_t)));
+    for (auto [attr, value] : {std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, align},
+                               std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, align},
+                               std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, c_align},
+                               std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, c_align}})
+      KILN_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, attr, &value, sizeof(uint32_t)));
     cublasLtMatmulHeuristicResult_t result{};
     int found = 0;
     const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(ctx_.blas().handle(), desc_, p.a, p.b,

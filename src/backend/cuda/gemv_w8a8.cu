@@ -55,10 +55,9 @@ __device__ __forceinline__ void widen_fp8x4(unsigned codes, float (&out)[4]) {
 }
 
 __device__ __forceinline__ int pack4(int a, int b, int c, int d) {
-  return static_cast<int>((static_cast<unsigned>(a) & 0xFFu) |
-                          ((static_cast<unsigned>(b) & 0xFFu) << 8) |
-                          ((static_cast<unsigned>(c) & 0xFFu) << 16) |
-                          (static_cast<unsigned>(d) << 24));
+  return static_cast<int>(
+      (static_cast<unsigned>(a) & 0xFFu) | ((static_cast<unsigned>(b) & 0xFFu) << 8) |
+      ((static_cast<unsigned>(c) & 0xFFu) << 16) | (static_cast<unsigned>(d) << 24));
 }
 
 // Elements 8c .. 8c + 7 of row x quantized, as two words of four int8 (E4M3) codes (element 8c
@@ -223,10 +222,11 @@ void launch_slices(const GemvW8a8Params& p, int64_t row_base, unsigned slices,
                    KernelStream stream) {
   const int64_t groups = (p.out + kFeatures - 1) / kFeatures, per_block = kWarps / p.split;
   const dim3 grid(static_cast<unsigned>((groups + per_block - 1) / per_block), slices);
-  launch(p.fp8 ? gemv_w8a8_kernel<T, B, N, true> : gemv_w8a8_kernel<T, B, N, false>, grid, kWarps * 32, 0, stream, static_cast<const T*>(p.x),
-         reinterpret_cast<const uint2*>(p.w), p.scales, p.x_scale, p.inv_scale,
-         static_cast<const B*>(p.bias), static_cast<const T*>(p.residual), static_cast<T*>(p.y),
-         p.y32, p.in / 8, p.out, row_base, p.split, p.has_act, p.act);
+  launch(p.fp8 ? gemv_w8a8_kernel<T, B, N, true> : gemv_w8a8_kernel<T, B, N, false>, grid,
+         kWarps * 32, 0, stream, static_cast<const T*>(p.x), reinterpret_cast<const uint2*>(p.w),
+         p.scales, p.x_scale, p.inv_scale, static_cast<const B*>(p.bias),
+         static_cast<const T*>(p.residual), static_cast<T*>(p.y), p.y32, p.in / 8, p.out, row_base,
+         p.split, p.has_act, p.act);
 }
 
 template <typename T, typename B>
@@ -281,9 +281,8 @@ __global__ void w8a8_epilogue_kernel(const Acc* __restrict__ acc, const float* _
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n * out;
        i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t o = i % out;
-    store_output<T, B, Acc>(acc[i], x_scale, scales[o],
-                            bias != nullptr ? to_float(bias[o]) : 0.0f, has_act, act, residual, y,
-                            y32, i);
+    store_output<T, B, Acc>(acc[i], x_scale, scales[o], bias != nullptr ? to_float(bias[o]) : 0.0f,
+                            has_act, act, residual, y, y32, i);
   }
 }
 
@@ -323,8 +322,8 @@ void launch_gemv_w8a8(const GemvW8a8Params& p, KernelStream stream) {
   });
 }
 
-void launch_quantize_rows(FloatType t, bool fp8, const void* x, float inv_scale, void* q,
-                          int64_t n, KernelStream stream) {
+void launch_quantize_rows(FloatType t, bool fp8, const void* x, float inv_scale, void* q, int64_t n,
+                          KernelStream stream) {
   if (n == 0) return;
   dispatch_float(t, [&](auto tag) {
     using T = decltype(tag);

@@ -245,8 +245,8 @@ bool gemv_w8a8_fits(const void* x, const void* w, int64_t in);
 int gemv_w8a8_warps_per_sm(FloatType t, int64_t rows, bool fp8);
 // q [n] = quantize_input(x [n]) (fp8: quantize_input_fp8's E4M3 codes) (n a multiple of 4, q
 // 4-byte aligned).
-void launch_quantize_rows(FloatType t, bool fp8, const void* x, float inv_scale, void* q,
-                          int64_t n, KernelStream stream);
+void launch_quantize_rows(FloatType t, bool fp8, const void* x, float inv_scale, void* q, int64_t n,
+                          KernelStream stream);
 // y [rows, out] from the GEMM's sums acc [rows, out] (int8: int32; float_acc, fp8: f32), as the
 // GEMV stores.
 struct W8a8EpilogueParams {
