@@ -9,11 +9,12 @@ std::string target_unsupported_reason(Device device, Precision precision) {
   if (device.kind == Device::kCuda) {
     const CudaInfo cuda = query_cuda();
     if (!cuda.compiled) return cuda.error;
-    // FP8 tensor cores and conversions: sm_89 and newer (a build without a GPU targets sm_90).
+    // FP8 tensor cores and conversions: sm_89 (Ada) and newer (a build without a GPU targets
+    // sm_90).
     if (precision == Precision::kFp8 && cuda.first_sm > 0 && cuda.first_sm < 89)
       return fmt::format(
-          "fp8 needs a GPU with FP8 tensor cores (sm_89 or newer, Hopper's sm_90); this one is {} "
-          "(not fp8): build int8 (W8A8) or int8-weight instead",
+          "fp8 needs FP8 tensor cores (sm_89 or newer: Ada, Hopper); this GPU is {} (not fp8): "
+          "build int8 (W8A8) or int8-weight instead",
           cuda.first_device);
   }
   const PrecisionSupport& s = precision_support(device, precision);

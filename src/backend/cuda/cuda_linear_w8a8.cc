@@ -52,8 +52,8 @@ class W8a8LinearKernel final : public CudaKernel {
                node_.name);
     fp8_ = w.dtype == DType::kF8E4M3;
     KILN_CHECK(!fp8_ || ctx_.device().sm >= 89,
-               "node '{}': fp8 plans need FP8 tensor cores (sm_89 or newer, Hopper's sm_90); "
-               "{} is sm_{}: build int8 (W8A8) or int8-weight for it",
+               "node '{}': fp8 plans need FP8 tensor cores (sm_89 or newer: Ada, Hopper); {} is "
+               "sm_{}: build int8 (W8A8) or int8-weight for it",
                node_.name, ctx_.device().name, ctx_.device().sm);
     KILN_CHECK(dtype_ == DType::kF16 || dtype_ == DType::kBF16 || dtype_ == DType::kF32,
                "node '{}': the cuda W8A8 linear reads float activations, not {}", node_.name,
@@ -96,18 +96,17 @@ class W8a8LinearKernel final : public CudaKernel {
                                                      sizeof(trans_b)));
   }
 
-  // Scratch: the gathered rows of x, then (steps past the GEMV) x quantized and a chunk's int32
-  // results.
+  // Scratch: the gathered rows of x, then (for the GEMM, which any step may take: KILN_CUDA_GEMV=0,
+  // a misaligned x) x quantized and a chunk's int32 (f32) results.
   struct ScratchOffsets {
     int64_t gathered = 0, quantized = 0, acc = 0, end = 0;
   };
   ScratchOffsets scratch_offsets(int64_t rows) const {
     const auto elem = static_cast<int64_t>(dtype_bytes(dtype_, 1));
-    const bool gemm = rows > kGemvRows;
     ScratchOffsets s;
     s.quantized = gather_ ? aligned(rows * in_ * elem) : 0;
-    s.acc = s.quantized + (gemm ? aligned(rows * in_) : 0);
-    s.end = s.acc + (gemm ? aligned(std::min(rows, chunk_rows_) * out_ * 4) : 0);
+    s.acc = s.quantized + aligned(rows * in_);
+    s.end = s.acc + aligned(std::min(rows, chunk_rows_) * out_ * 4);
     return s;
   }
   int64_t workspace_bytes(const Bindings& bindings) const override {
@@ -127,7 +126,8 @@ class W8a8LinearKernel final : public CudaKernel {
                "node '{}': input {} {} does not fit a [n, {}] {} linear", node_.name,
                dtype_name(x.dtype()), shape_str(x.shape()), in_, dtype_name(dtype_));
     KILN_CHECK(scales != nullptr && scales->dtype() == DType::kF32 && scales->numel() == out_,
-               "node '{}': an i8 weight's scales must be f32 [{}]", node_.name, out_);
+               "node '{}': an {} weight's scales must be f32 [{}]", node_.name,
+               fp8_ ? "f8_e4m3" : "i8", out_);
     const Tensor* rows = gather_ ? linear_input(args.in, LinearOperand::kRows) : nullptr;
     KILN_CHECK(rows == nullptr || (rows->rank() == 1 && rows->device() == Device::kCuda &&
                                    (rows->dtype() == DType::kI64 || rows->dtype() == DType::kI32)),
@@ -159,15 +159,18 @@ class W8a8LinearKernel final : public CudaKernel {
     }
     const auto* s = static_cast<const float*>(scales->raw());
     const FloatType bias_t = float_type(bias ? bias->dtype() : dtype_);
-    auto* q = reinterpret_cast<int8_t*>(scratch + at.quantized);
-    if (n <= kGemvRows || gemm_plan(n, q, w.raw()) == nullptr) {
-      KILN_CHECK(gemv_w8a8_fits(xp, w.raw(), in_),
-                 "node '{}': the W8A8 GEMV needs x 16-byte and the weight 8-byte aligned (x at "
-                 "{}, weight at {})",
-                 node_.name, xp, w.raw());
+    const auto elem = static_cast<int64_t>(dtype_bytes(dtype_, 1));
+    const auto out_elem = static_cast<int64_t>(dtype_bytes(y.dtype(), 1));
+    const bool gemv_fits = gemv_w8a8_fits(xp, w.raw(), in_);
+    // Rows r0 .. r0 + count on the GEMV.
+    auto gemv_rows = [&](int64_t r0, int64_t count) {
+      KILN_CHECK(gemv_fits,
+                 "node '{}': the {} GEMV needs x 16-byte and the weight 8-byte aligned (x at {}, "
+                 "weight at {}), and cuBLASLt has no algorithm for these rows",
+                 node_.name, fp8_ ? "fp8" : "W8A8", xp, w.raw());
       GemvW8a8Params p{};
       p.type = t;
-      p.x = xp;
+      p.x = static_cast<const char*>(xp) + r0 * in_ * elem;
       p.w = w.raw();
       p.fp8 = fp8_;
       p.scales = s;
@@ -175,27 +178,32 @@ class W8a8LinearKernel final : public CudaKernel {
       p.inv_scale = inv_scale_;
       p.bias_type = bias_t;
       p.bias = bias ? bias->raw() : nullptr;
-      p.residual = residual ? residual->raw() : nullptr;
-      p.y = y.raw();
-      p.y32 = widen_ ? static_cast<float*>(y.raw()) : nullptr;
-      p.rows = n;
+      p.residual =
+          residual ? static_cast<const char*>(residual->raw()) + r0 * out_ * elem : nullptr;
+      p.y = static_cast<char*>(y.raw()) + r0 * out_ * out_elem;
+      p.y32 = widen_ ? static_cast<float*>(y.raw()) + r0 * out_ : nullptr;
+      p.rows = count;
       p.in = in_;
       p.out = out_;
-      p.split = split_[n == 1 ? 0 : 1];
+      p.split = split_[count == 1 ? 0 : 1];
       p.has_act = activation_.has_value();
       p.act = act_fn(activation_.value_or(Activation::kRelu));
       launch_gemv_w8a8(p, ctx_.kernel_stream());
-      return;
-    }
+    };
+    // Decode steps on the GEMV (KILN_CUDA_GEMV=0 sends them to cuBLASLt too, as the float and
+    // int8-weight Linears do).
+    if (n <= kGemvRows && gemv_fits && ctx_.options().gemv) return gemv_rows(0, n);
+    auto* q = reinterpret_cast<int8_t*>(scratch + at.quantized);
     launch_quantize_rows(t, fp8_, xp, inv_scale_, q, n * in_, ctx_.kernel_stream());
     void* acc = scratch + at.acc;
-    const auto elem = static_cast<int64_t>(dtype_bytes(dtype_, 1));
-    const auto out_elem = static_cast<int64_t>(dtype_bytes(y.dtype(), 1));
     for (int64_t r0 = 0; r0 < n; r0 += chunk_rows_) {
       const int64_t rows_here = std::min(chunk_rows_, n - r0);
+      // A chunk cuBLASLt has no algorithm for (its row count, its alignment) runs on the GEMV.
       const Plan* plan = gemm_plan(rows_here, q + r0 * in_, w.raw());
-      KILN_CHECK(plan != nullptr, "node '{}': cuBLASLt has no int8 algorithm for {} rows",
-                 node_.name, rows_here);
+      if (plan == nullptr) {
+        gemv_rows(r0, rows_here);
+        continue;
+      }
       const int32_t alpha_i = 1, beta_i = 0;
       const float alpha_f = 1.0f, beta_f = 0.0f;
       const void* alpha = fp8_ ? static_cast<const void*>(&alpha_f) : &alpha_i;

@@ -4,7 +4,8 @@
 // products summed in int32; or E4M3 (quantize_input_fp8: saturating at ±448) with E4M3 weights,
 // each product exact in f32 and summed in f32 — per-channel f32 weight scales, y = epilogue(Σ ·
 // s · scale[o] + bias).
-// - The GEMV of decode steps (up to kW8a8GemvMaxRows rows): each warp takes four features, each
+// - The GEMV of decode steps (up to 32 rows: cuda_linear_w8a8.cc): each warp takes four features,
+// each
 //   lane 8-byte loads of 8 weights and quantizes the 8 matching x values of each row itself (x is
 //   a few KB, in L1/L2: every warp reads it), the products on dp4a (four int8 products a
 //   instruction, int32 accumulation, exact; fp8: both widened to fp16 pairs exactly, then f32
@@ -82,17 +83,13 @@ __device__ __forceinline__ int2 load_quantized(const T* __restrict__ x, int64_t 
   return make_int2(pack4(q[0], q[1], q[2], q[3]), pack4(q[4], q[5], q[6], q[7]));
 }
 
-// acc += the products of four weights and four inputs: int8 on dp4a (exact), or E4M3 widened to
-// floats (each product exact in f32).
-__device__ __forceinline__ void dot4(int& acc, unsigned w, int x) {
-  acc = __dp4a(static_cast<int>(w), x, acc);
-}
-__device__ __forceinline__ void dot4(float& acc, unsigned w, int x) {
-  float wf[4], xf[4];
-  widen_fp8x4(w, wf);
-  widen_fp8x4(static_cast<unsigned>(x), xf);
+// Eight E4M3 codes (an 8-byte chunk, element 0 in the low byte of .x) as floats, exactly.
+__device__ __forceinline__ void widen_fp8x8(const uint2& codes, float (&out)[8]) {
+  float lo[4], hi[4];
+  widen_fp8x4(codes.x, lo);
+  widen_fp8x4(codes.y, hi);
 #pragma unroll
-  for (int e = 0; e < 4; ++e) acc = fmaf(wf[e], xf[e], acc);
+  for (int e = 0; e < 4; ++e) out[e] = lo[e], out[4 + e] = hi[e];
 }
 
 __device__ __forceinline__ int warp_sum_int(int v) {
@@ -173,13 +170,30 @@ __global__ void __launch_bounds__(kWarps * 32)
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
         if (c + u * stride >= chunks) break;
+        if constexpr (kFp8) {
+          // The chunk's weights widened once for every row, each row's x once for every feature.
+          float wf[kFeatures][8];
 #pragma unroll
-        for (int r = 0; r < N; ++r) {
-          const int2 xq = load_quantized<T, kFp8>(x + r * chunks * 8, c + u * stride, inv);
+          for (int k = 0; k < kFeatures; ++k) widen_fp8x8(wv[u][k], wf[k]);
 #pragma unroll
-          for (int k = 0; k < kFeatures; ++k) {
-            dot4(acc[k][r], wv[u][k].x, xq.x);
-            dot4(acc[k][r], wv[u][k].y, xq.y);
+          for (int r = 0; r < N; ++r) {
+            const int2 xq = load_quantized<T, true>(x + r * chunks * 8, c + u * stride, inv);
+            float xf[8];
+            widen_fp8x8(make_uint2(static_cast<unsigned>(xq.x), static_cast<unsigned>(xq.y)), xf);
+#pragma unroll
+            for (int k = 0; k < kFeatures; ++k)
+#pragma unroll
+              for (int e = 0; e < 8; ++e) acc[k][r] = fmaf(wf[k][e], xf[e], acc[k][r]);
+          }
+        } else {
+#pragma unroll
+          for (int r = 0; r < N; ++r) {
+            const int2 xq = load_quantized<T, false>(x + r * chunks * 8, c + u * stride, inv);
+#pragma unroll
+            for (int k = 0; k < kFeatures; ++k) {
+              acc[k][r] = __dp4a(static_cast<int>(wv[u][k].x), xq.x, acc[k][r]);
+              acc[k][r] = __dp4a(static_cast<int>(wv[u][k].y), xq.y, acc[k][r]);
+            }
           }
         }
       }
