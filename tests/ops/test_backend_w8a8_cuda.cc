@@ -1,12 +1,14 @@
 // W8A8 Linears on CUDA (int8 plans: x quantized with its static scale, int8 weights, int32 sums)
 // and fp8 plans' (E4M3 weights and inputs, f32 sums) against the reference backend, which
-// quantizes x by the definition (graph/linear.h) and sums in double: fp16, bf16 and f32 inputs; row
-// counts on the dp4a GEMV (1, 3, 8: one slice; 13, 32: slices of 8 and a rest) and on cuBLASLt's
-// int8 GEMM (33, 65, 300; past one chunk of int32 results at 8200 outputs: 1100 rows make two
-// chunks); `in` a multiple of 8 but not 16 (1032), of several GEMV passes (4104), short (64); `out`
-// not a multiple of the GEMV's four features. Scales that clip the inputs (1.5 / 127 with x in [-2,
-// 2)) and a scale of 0. Variants: bias with an activation, an f32 bias, a fused residual, a widened
-// f32 output and gathered rows. Skipped where no backend runs them (no GPU).
+// quantizes x by the definition (graph/linear.h) and sums in double: fp16, bf16 and f32 inputs;
+// row counts on the GEMV (1, 3, 8: one slice; 13, 32: slices of 8 and a rest) and on cuBLASLt's
+// int8 (FP8) GEMM (33, 65, 300; past one chunk of results at 8200 outputs: 1100 rows make two
+// chunks, the second of 78 rows) where cuBLASLt takes the shape — `out` a multiple of 16 (1024)
+// for certain; where it has no algorithm those rows run on the GEMV, which they then check. `in` a
+// multiple of 8 but not 16 (1032; fp8 1040), of several GEMV passes (4104), short (64); `out` not
+// a multiple of the GEMV's four features. Scales that clip the inputs (1.5 / 127 with x in [-2,
+// 2)) and a scale of 0. Variants: bias with an activation, an f32 bias, a fused residual, a
+// widened f32 output and gathered rows. Skipped where no backend runs them (no GPU).
 #include <gtest/gtest.h>
 
 #include "backend_ops.h"
@@ -30,7 +32,7 @@ int compare_quantized_input_cases(bool fp8) {
   };
   int compared = 0;
   for (DType dtype : {DType::kF16, DType::kBF16, DType::kF32})
-    for (const Shape2 sh : {Shape2{64, 37}, Shape2{fp8 ? 1040 : 1032, 70},
+    for (const Shape2 sh : {Shape2{64, 37}, Shape2{512, 1024}, Shape2{fp8 ? 1040 : 1032, 70},
                             Shape2{fp8 ? 4112 : 4104, 21}, Shape2{256, 8200}})
       for (int64_t n : {1, 3, 8, 13, 32, 33, 65, 300, 1100})
         for (Variant variant : kW8a8Variants) {
