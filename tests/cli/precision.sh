@@ -109,10 +109,31 @@ expect_exit 2 "build fp8 cpu" -- "$KILN" build --model "$FIXTURES/t5-tiny" --pre
   --calib "$TMP/calib16.jsonl" -o "$TMP/fp8.plan"
 expect_in "$TMP/err" "--device cuda" "the cpu fp8 refusal names cuda"
 if "$KILN" build --model "$FIXTURES/bloom-tiny" --device cuda --precision int8 \
-  --calib "$TMP/calib16.jsonl" --quant-tolerance off -o "$TMP/cuda-int8.plan" 2>"$TMP/err"; then
+  --calib "$TMP/calib16.jsonl" --quant-tolerance off --calib-cache "$TMP/cuda.calib" \
+  -o "$TMP/cuda-int8.plan" 2>"$TMP/err"; then
   expect_in "$TMP/err" "24 Linears read int8 inputs" "cuda int8 build log"
   "$KILN" inspect --layers "$TMP/cuda-int8.plan" >"$TMP/out" 2>&1
   expect_in "$TMP/out" "Linear i8 (per-channel f32 scales)×1, Linear i8 (per-channel f32 scales) × i8 input×24" "cuda int8 plan layers"
+  # The cache is the model's, not the device's: a cpu int8 plan and a cuda fp8 plan build from it
+  # alone, the fp8 inputs' scales the int8 ones times 127 / 448, layer by layer.
+  "$KILN" build --model "$FIXTURES/bloom-tiny" --precision int8 --calib-cache "$TMP/cuda.calib" \
+    -o "$TMP/cpu-from-cuda-cache.plan" 2>"$TMP/err" || fail "cpu int8 from a cuda build's cache: $(cat "$TMP/err")"
+  "$KILN" build --model "$FIXTURES/bloom-tiny" --device cuda --precision fp8 \
+    --calib-cache "$TMP/cuda.calib" -o "$TMP/cuda-fp8-cached.plan" 2>"$TMP/err" ||
+    fail "cuda fp8 from the cache: $(cat "$TMP/err")"
+  "$KILN" inspect --json --layers "$TMP/cuda-int8.plan" >"$TMP/int8.json" 2>/dev/null
+  "$KILN" inspect --json --layers "$TMP/cuda-fp8-cached.plan" >"$TMP/fp8.json" 2>/dev/null
+  python3 - "$TMP/int8.json" "$TMP/fp8.json" <<'PY' || fail "fp8 input scales from the int8 cache"
+import json, sys
+def scales(path):
+    j = json.load(open(path))
+    return {l["layer"]: l["input_scale"] for g in j["graphs"] for l in g["precision"]["layers"]
+            if "input_scale" in l}
+a, b = scales(sys.argv[1]), scales(sys.argv[2])
+assert len(a) == 24 and a.keys() == b.keys(), (len(a), sorted(set(a) ^ set(b)))
+for k in a:
+    assert abs(b[k] - a[k] * 127 / 448) <= 1e-6 * a[k], (k, a[k], b[k])
+PY
   # fp8: E4M3 weights and inputs from the same calibration (built here; runs on sm_89+ GPUs).
   "$KILN" build --model "$FIXTURES/bloom-tiny" --device cuda --precision fp8 \
     --calib "$TMP/calib16.jsonl" --quant-tolerance off -o "$TMP/cuda-fp8.plan" 2>"$TMP/err" ||
