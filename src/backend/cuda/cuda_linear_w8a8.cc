@@ -81,11 +81,12 @@ class W8a8LinearKernel final : public CudaKernel {
                "node '{}': the input scale is {}, not a finite non-negative number", node_.name,
                x_scale_);
     inv_scale_ = input_inv_scale(x_scale_);
-    for (int64_t n = 1; n <= kGemvRows; n = n == 1 ? 8 : n + 8) {
-      const int split = gemv_split(FloatType::kF16, in_, out_, ctx_.device().multiprocessors,
-                                   gemv_w8a8_warps_per_sm(float_type(dtype_), n, fp8_));
-      split_[n == 1 ? 0 : 1] = split;
-    }
+    // Warps a feature group, as the int8-weight GEMV sizes them (an 8-byte load of 8 weights
+    // is one of gemv_split's fp16 chunks): one row, and slices of 8 rows.
+    for (const int64_t n : {int64_t{1}, int64_t{8}})
+      split_[n == 1 ? 0 : 1] = gemv_split(
+          FloatType::kF16, in_, out_, ctx_.device().multiprocessors,
+          std::min(ctx_.gemv_warps_per_sm(n), gemv_w8a8_warps_per_sm(float_type(dtype_), n, fp8_)));
     // int8: int32 sums and scalars; FP8: f32 (the GEMM's own scale factors left at 1).
     KILN_CUBLAS_CHECK(cublasLtMatmulDescCreate(
         &desc_, fp8_ ? CUBLAS_COMPUTE_32F : CUBLAS_COMPUTE_32I, fp8_ ? CUDA_R_32F : CUDA_R_32I));
