@@ -149,6 +149,9 @@ Runner add_build(CLI::App& app) {
       "agreement) and keeps the worst layers float until the whole plan's mean KL is at most\n"
       "--quant-tolerance; the log and `kiln inspect --layers` say which and why, and the cache\n"
       "records them for cache-only rebuilds.\n"
+      "fp8 (cuda, sm_89+) takes the same calibration and cache: E4M3 weights, and each input's\n"
+      "scale its threshold over 448. A cuda build calibrates and measures its layers on the\n"
+      "CPU's fp32 and int8 models (no GPU needed to build).\n"
       "On a GPU, a cuda build times each Linear's kernel variants (kiln's GEMV, cuBLASLt's\n"
       "algorithms) at the plan's row counts and stores the fastest (--no-tune skips it).");
   cmd->add_option("--model", o->model,
