@@ -116,6 +116,24 @@ int exact_matches(CompiledModel& m, const std::vector<DevRow>& rows,
   return n;
 }
 
+// How many rows' first generated tokens agree between two runs of the same rows.
+int first_tokens_agree(const std::vector<std::vector<int64_t>>& a,
+                       const std::vector<std::vector<int64_t>>& b) {
+  int agree = 0;
+  for (size_t i = 0; i < a.size() && i < b.size(); ++i)
+    agree += !a[i].empty() && !b[i].empty() && a[i][0] == b[i][0];
+  return agree;
+}
+
+// The calibration cache's scale for the input `x` of a Linear of `g`: the value the calibration
+// observed is x, or the f32 value a Cast narrowed into x (fp16 T5's norms on CUDA).
+const float* cached_scale(const CalibrationCache& cache, const Graph& g, int x) {
+  if (const int p = g.values[x].producer; p >= 0 && g.nodes[p].op == OpKind::kCast)
+    x = g.nodes[p].inputs[0];
+  const auto it = cache.scales.find(calibrated_tensor_name(g, x));
+  return it == cache.scales.end() ? nullptr : &it->second;
+}
+
 class Int8Plan : public testing::TestWithParam<std::string> {};
 
 // The plan the pass makes: every Linear but the logits one takes an input scale, the cache's
@@ -194,9 +212,7 @@ TEST_P(Int8Plan, GeneratesCloseToTheFp32Plan) {
   const std::vector<DevRow> rows = dev_rows(5);
   const auto f = generate(*fp32, rows);
   const auto q = generate(*int8, rows);
-  int first_agree = 0;
-  for (size_t i = 0; i < rows.size(); ++i)
-    first_agree += !f[i].empty() && !q[i].empty() && f[i][0] == q[i][0];
+  const int first_agree = first_tokens_agree(f, q);
   const int fp32_right = exact_matches(*fp32, rows, f), int8_right = exact_matches(*int8, rows, q);
   const double n = static_cast<double>(rows.size());
   EXPECT_GE(int8_right / n, fp32_right / n - 0.05)
@@ -233,13 +249,9 @@ TEST_P(Int8Plan, ACudaPlanQuantizesItsInputsWithTheCpuCalibration) {
       ++quantized;
       EXPECT_EQ(g.values[x].dtype, DType::kF16) << n.name;
       EXPECT_FALSE(describe_linear(n).epilogue.norm) << n.name << ": no norm folds into W8A8";
-      // The calibrated tensor: x, or the f32 value a Cast narrowed into x (T5's norms).
-      int observed = x;
-      if (const int p = g.values[x].producer; p >= 0 && g.nodes[p].op == OpKind::kCast)
-        observed = g.nodes[p].inputs[0];
-      const auto it = cache.scales.find(calibrated_tensor_name(g, observed));
-      ASSERT_NE(it, cache.scales.end()) << n.name << " reads " << g.values[x].name;
-      EXPECT_EQ(g.values[s].data.data<float>()[0], it->second) << n.name;
+      const float* cached = cached_scale(cache, g, x);
+      ASSERT_NE(cached, nullptr) << n.name << " reads " << g.values[x].name;
+      EXPECT_EQ(g.values[s].data.data<float>()[0], *cached) << n.name;
     }
   EXPECT_GT(quantized, 8);
   // BLOOM: the logits Linear; T5: that and the four FFN output projections of each graph.
@@ -263,9 +275,7 @@ TEST_P(Int8Plan, ACudaPlanGeneratesCloseToTheFp32AndCpuInt8Plans) {
   const auto f = generate(*fp32, rows);
   const auto c = generate(*cpu, rows);
   const auto g = generate(*cuda, rows);
-  int first_agree = 0;
-  for (size_t i = 0; i < rows.size(); ++i)
-    first_agree += !c[i].empty() && !g[i].empty() && c[i][0] == g[i][0];
+  const int first_agree = first_tokens_agree(c, g);
   const int fp32_right = exact_matches(*fp32, rows, f), cuda_right = exact_matches(*cuda, rows, g);
   const double n = static_cast<double>(rows.size());
   std::cout << "  [" << model << " cuda int8: " << cuda_right << " of " << rows.size()
@@ -304,12 +314,9 @@ TEST_P(Int8Plan, ACudaFp8PlanStoresE4M3WeightsWithTheCalibratedScales) {
       const Value& scales = g.values[linear_operand(n, LinearOperand::kWeightScales)];
       ASSERT_EQ(scales.dtype, DType::kF32) << n.name;
       ASSERT_EQ(scales.data.numel(), w.shape[0].value) << n.name;
-      int observed = x;
-      if (const int p = g.values[x].producer; p >= 0 && g.nodes[p].op == OpKind::kCast)
-        observed = g.nodes[p].inputs[0];
-      const auto it = cache.scales.find(calibrated_tensor_name(g, observed));
-      ASSERT_NE(it, cache.scales.end()) << n.name;
-      EXPECT_EQ(g.values[s].data.data<float>()[0], fp8_scale_from_int8(it->second)) << n.name;
+      const float* cached = cached_scale(cache, g, x);
+      ASSERT_NE(cached, nullptr) << n.name;
+      EXPECT_EQ(g.values[s].data.data<float>()[0], fp8_scale_from_int8(*cached)) << n.name;
     }
   EXPECT_GT(fp8, 8);
   EXPECT_EQ(int8, model == "bloom-tiny" ? 1 : 9);
@@ -334,9 +341,7 @@ TEST_P(Int8Plan, ACudaFp8PlanGeneratesCloseToTheFp32Plan) {
   const std::vector<DevRow> rows = dev_rows(5);
   const auto f = generate(*fp32, rows);
   const auto q = generate(*fp8, rows);
-  int first_agree = 0;
-  for (size_t i = 0; i < rows.size(); ++i)
-    first_agree += !f[i].empty() && !q[i].empty() && f[i][0] == q[i][0];
+  const int first_agree = first_tokens_agree(f, q);
   const int fp32_right = exact_matches(*fp32, rows, f), fp8_right = exact_matches(*fp8, rows, q);
   const double n = static_cast<double>(rows.size());
   std::cout << "  [" << model << " cuda fp8: " << fp8_right << " of " << rows.size()

@@ -26,6 +26,7 @@ Int8Weight int8_weight(Gen& g, int64_t rows, int64_t cols) {
 bool folds_norm(Variant v) {
   return v == Variant::kLayerNorm || v == Variant::kRmsNorm || v == Variant::kLayerNormNoBias;
 }
+bool widens(Variant v) { return v == Variant::kWidened || v == Variant::kGatheredWidened; }
 const char* variant_name(Variant v) {
   switch (v) {
     case Variant::kPlain:
@@ -84,8 +85,7 @@ Graph int8_linear_graph(Gen& g, DType dtype, int64_t in, int64_t out, Variant va
   if (variant == Variant::kBiasAct) y = b.activation(y, Activation::kGeluTanh, "act");
   if (variant == Variant::kResidual)
     y = b.add(y, b.input("r", dtype, {kTokens, Dim::of(out)}), "residual");
-  if (variant == Variant::kWidened || variant == Variant::kGatheredWidened)
-    y = b.cast(y, DType::kF32, "to_f32");
+  if (widens(variant)) y = b.cast(y, DType::kF32, "to_f32");
   b.output(y, "y");
   Graph graph = b.finish();
   if (!fuse) return graph;

@@ -35,6 +35,12 @@ inline constexpr Variant kVariants[] = {
     Variant::kResidual,  Variant::kWidened, Variant::kGatheredWidened,
     Variant::kLayerNorm, Variant::kRmsNorm, Variant::kLayerNormNoBias};
 bool folds_norm(Variant v);
+// The variants whose Linear stores f32 (a widened output; an f32 Linear has none).
+bool widens(Variant v);
+// A Linear's [out, in] weight shape, as the cases list them.
+struct LinearShape {
+  int64_t in, out;
+};
 const char* variant_name(Variant v);
 
 // The Linear (with the nodes its variant fuses into it, fused as the CUDA pipeline fuses them;

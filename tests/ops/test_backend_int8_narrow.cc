@@ -29,18 +29,14 @@ namespace {
 TEST(BackendOps, NarrowInt8WeightLinearsMatchReference) {
   const std::unique_ptr<Backend> reference = reference_backend();
   std::vector<NamedBackend> backends = available_backends();
-  struct Shape2 {
-    int64_t in, out;
-  };
   int compared = 0;
   for (DType dtype : {DType::kF16, DType::kBF16, DType::kF32})
-    for (const Shape2 sh : {Shape2{64, 37}, Shape2{4104, 70}, Shape2{1024, 8200}, Shape2{256, 3}})
+    for (const LinearShape sh :
+         {LinearShape{64, 37}, LinearShape{4104, 70}, LinearShape{1024, 8200}, LinearShape{256, 3}})
       for (int64_t n : {1, 3, 8, 13, 64, 65, 130})
         for (Variant variant : kVariants) {
           // f32 (fp16 T5's FFN output projections) has no widened output.
-          if (dtype == DType::kF32 &&
-              (variant == Variant::kWidened || variant == Variant::kGatheredWidened))
-            continue;
+          if (dtype == DType::kF32 && widens(variant)) continue;
           // Every variant at 1, 13 and 65 rows (one per kernel path), the plain Linear elsewhere.
           if (variant != Variant::kPlain && n != 1 && n != 13 && n != 65) continue;
           // More channels than one widened slice (8M weights) holds: the plain Linear at 65 rows
@@ -53,8 +49,7 @@ TEST(BackendOps, NarrowInt8WeightLinearsMatchReference) {
           // A widened output holds values of the narrow type: its tolerance is the narrow
           // type's (the widened weights of 65 rows and more round each weight to it), as is a
           // folded norm's past one row (x standardized into the narrow type first).
-          const bool widened = variant == Variant::kWidened ||
-                               variant == Variant::kGatheredWidened || folds_norm(variant);
+          const bool widened = widens(variant) || folds_norm(variant);
           const Check check{CheckKind::kMaxRelative, widened ? dtype_tolerance(dtype) : 0.0};
           compared += compare_on_cuda(*reference, backends, g, graph, n, sh.in, sh.out, variant,
                                       check, case_name(dtype, variant, n, sh.in, sh.out));
@@ -73,28 +68,22 @@ TEST(BackendOps, NarrowInt8WeightLinearsMatchReference) {
 TEST(BackendOps, NarrowInt4WeightLinearsMatchReference) {
   const std::unique_ptr<Backend> reference = reference_backend();
   std::vector<NamedBackend> backends = available_backends();
-  struct Shape2 {
-    int64_t in, out;
-  };
   int compared = 0;
   for (DType dtype : {DType::kF16, DType::kBF16, DType::kF32})
-    for (const Shape2 sh :
-         {Shape2{1024, 70}, Shape2{4112, 37}, Shape2{2080, 100}, Shape2{256, 4224}})
+    for (const LinearShape sh : {LinearShape{1024, 70}, LinearShape{4112, 37},
+                                 LinearShape{2080, 100}, LinearShape{256, 4224}})
       for (int64_t n : {1, 3, 8, 13, 24, 32, 65})
         for (Variant variant : {Variant::kPlain, Variant::kBiasAct, Variant::kResidual,
                                 Variant::kWidened, Variant::kGatheredWidened, Variant::kLayerNorm,
                                 Variant::kRmsNorm, Variant::kLayerNormNoBias}) {
-          if (dtype == DType::kF32 &&
-              (variant == Variant::kWidened || variant == Variant::kGatheredWidened))
-            continue;
+          if (dtype == DType::kF32 && widens(variant)) continue;
           if (variant != Variant::kPlain && n != 1 && n != 13 && n != 65) continue;
           Gen g(dtype, dtype,
                 static_cast<uint32_t>(sh.in + 3 * sh.out + n + static_cast<int>(variant)));
           const Graph graph = int8_linear_graph(g, dtype, sh.in, sh.out, variant, true, true);
           // Past the GEMV each weight times its scale is rounded to the activations' type (and
           // a folded norm's rows standardized into it past one row).
-          const bool rounded = n > 8 || variant == Variant::kWidened ||
-                               variant == Variant::kGatheredWidened || folds_norm(variant);
+          const bool rounded = n > 8 || widens(variant) || folds_norm(variant);
           const Check check{CheckKind::kMaxRelative, rounded ? dtype_tolerance(dtype) : 0.0};
           compared += compare_on_cuda(*reference, backends, g, graph, n, sh.in, sh.out, variant,
                                       check, "int4 " + case_name(dtype, variant, n, sh.in, sh.out));
@@ -145,12 +134,9 @@ TEST(BackendOps, Int8WeightFoldedNormMatchesTheUnfusedGraph) {
 TEST(BackendOps, NarrowInt8WeightSkinnyTilesMatchReference) {
   const std::unique_ptr<Backend> reference = reference_backend();
   std::vector<NamedBackend> backends = available_backends();
-  struct Shape2 {
-    int64_t in, out;
-  };
   int compared = 0;
   for (DType dtype : {DType::kF16, DType::kBF16})
-    for (const Shape2 sh : {Shape2{2080, 1100}, Shape2{256, 4224}})
+    for (const LinearShape sh : {LinearShape{2080, 1100}, LinearShape{256, 4224}})
       for (int64_t n : {13, 24, 32})
         for (Variant variant :
              {Variant::kPlain, Variant::kBiasAct, Variant::kResidual, Variant::kWidened}) {

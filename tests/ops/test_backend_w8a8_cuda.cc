@@ -27,18 +27,14 @@ constexpr Variant kW8a8Variants[] = {Variant::kPlain,   Variant::kBiasAct,
 int compare_quantized_input_cases(bool fp8) {
   const std::unique_ptr<Backend> reference = reference_backend();
   std::vector<NamedBackend> backends = available_backends();
-  struct Shape2 {
-    int64_t in, out;
-  };
   int compared = 0;
   for (DType dtype : {DType::kF16, DType::kBF16, DType::kF32})
-    for (const Shape2 sh : {Shape2{64, 37}, Shape2{512, 1024}, Shape2{fp8 ? 1040 : 1032, 70},
-                            Shape2{fp8 ? 4112 : 4104, 21}, Shape2{256, 8200}})
+    for (const LinearShape sh :
+         {LinearShape{64, 37}, LinearShape{512, 1024}, LinearShape{fp8 ? 1040 : 1032, 70},
+          LinearShape{fp8 ? 4112 : 4104, 21}, LinearShape{256, 8200}})
       for (int64_t n : {1, 3, 8, 13, 32, 33, 65, 300, 1100})
         for (Variant variant : kW8a8Variants) {
-          if (dtype == DType::kF32 &&
-              (variant == Variant::kWidened || variant == Variant::kGatheredWidened))
-            continue;
+          if (dtype == DType::kF32 && widens(variant)) continue;
           // Every variant at 1, 13 and 65 rows (the GEMV's one row and slices, the GEMM), the
           // plain Linear elsewhere; 1100 rows only where they make two chunks (8200 outputs).
           if (variant != Variant::kPlain && n != 1 && n != 13 && n != 65) continue;

@@ -1,5 +1,7 @@
 #include "backend/cuda/cuda_common.h"
 
+#include <utility>
+
 namespace kiln::cuda {
 
 void check_cuda(cudaError_t err, const char* call, const char* file, int line) {
@@ -103,9 +105,10 @@ cudaDataType_t cublas_type(DType dtype) {
 }
 
 cublasLtMatmulDesc_t make_linear_matmul_desc(cublasComputeType_t compute,
-                                             std::optional<cudaDataType_t> bias) {
+                                             std::optional<cudaDataType_t> bias,
+                                             cudaDataType_t scale) {
   cublasLtMatmulDesc_t desc = nullptr;
-  KILN_CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc, compute, CUDA_R_32F));
+  KILN_CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc, compute, scale));
   const cublasOperation_t trans_a = CUBLAS_OP_T, trans_b = CUBLAS_OP_N;
   KILN_CUBLAS_CHECK(
       cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &trans_a, sizeof(trans_a)));
@@ -119,6 +122,34 @@ cublasLtMatmulDesc_t make_linear_matmul_desc(cublasComputeType_t compute,
                                                      &*bias, sizeof(*bias)));
   }
   return desc;
+}
+
+uint32_t pointer_alignment(std::initializer_list<const void*> ptrs) {
+  uint32_t a = 256;
+  for (const void* p : ptrs)
+    while ((reinterpret_cast<uintptr_t>(p) & (a - 1)) != 0) a /= 2;
+  return a;
+}
+
+cublasStatus_t heuristic_algorithms(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc,
+                                    cublasLtMatrixLayout_t a, cublasLtMatrixLayout_t b,
+                                    cublasLtMatrixLayout_t c, size_t workspace,
+                                    const MatmulAlignment& align, int wanted,
+                                    cublasLtMatmulHeuristicResult_t* results, int* found) {
+  cublasLtMatmulPreference_t pref = nullptr;
+  KILN_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+  KILN_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+      pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace, sizeof(workspace)));
+  for (auto [attr, value] : {std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, align.a},
+                             std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, align.b},
+                             std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, align.c},
+                             std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, align.d}})
+    KILN_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, attr, &value, sizeof(uint32_t)));
+  *found = 0;
+  const cublasStatus_t st =
+      cublasLtMatmulAlgoGetHeuristic(handle, desc, a, b, c, c, pref, wanted, results, found);
+  cublasLtMatmulPreferenceDestroy(pref);
+  return st;
 }
 
 }  // namespace kiln::cuda

@@ -543,27 +543,17 @@ class LinearKernel final : public CudaKernel {
         return plans_.emplace(n, std::move(p)).first->second;
       }
     }
-    cublasLtMatmulPreference_t pref = nullptr;
-    KILN_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
     const size_t ws = ctx_.blas().workspace_bytes();
-    KILN_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
-        pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
     // The heuristic assumes 256-byte aligned operands unless told: activations are only
     // kWorkspaceAlign-aligned in the arena (weights come from cudaMalloc: 256).
-    const uint32_t weights_align = 256, activations_align = kWorkspaceAlign;
-    KILN_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
-        pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &weights_align, sizeof(uint32_t)));
-    for (auto attr :
-         {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
-          CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES})
-      KILN_CUBLAS_CHECK(
-          cublasLtMatmulPreferenceSetAttribute(pref, attr, &activations_align, sizeof(uint32_t)));
+    const uint32_t activations_align = kWorkspaceAlign;
     constexpr int kCandidates = 8;
     cublasLtMatmulHeuristicResult_t results[kCandidates] = {};
     int found = 0;
-    const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(
-        ctx_.blas().handle(), desc_, a_, p.b, p.c, p.c, pref, kCandidates, results, &found);
-    cublasLtMatmulPreferenceDestroy(pref);
+    const cublasStatus_t st =
+        heuristic_algorithms(ctx_.blas().handle(), desc_, a_, p.b, p.c, ws,
+                             {256, activations_align, activations_align, activations_align},
+                             kCandidates, results, &found);
     if (st != CUBLAS_STATUS_SUCCESS || found == 0) {
       cublasLtMatrixLayoutDestroy(p.b);
       cublasLtMatrixLayoutDestroy(p.c);

@@ -265,7 +265,7 @@ class QuantLinearKernel final : public CudaKernel {
       const float alpha = 1.0f, beta = residual ? 1.0f : 0.0f;
       void* d = static_cast<char*>(yp) + o0 * elem;
       const void* c = residual ? static_cast<const char*>(residual->raw()) + o0 * elem : d;
-      const Plan& plan = plan_for(n, rows_here, alignment({slice, xp, d, c}));
+      const Plan& plan = plan_for(n, rows_here, pointer_alignment({slice, xp, d, c}));
       ctx_.launch().note_library_launch();
       const cublasStatus_t st =
           cublasLtMatmul(ctx_.blas().handle(), desc_, &alpha, slice, plan.a, xp, plan.b, &beta, c,
@@ -315,14 +315,6 @@ class QuantLinearKernel final : public CudaKernel {
     return ctx_.options().gemv && n <= ctx_.options().i8_gemv_rows;
   }
 
-  // The alignment of the least aligned of `ptrs`, in bytes (at most 256).
-  static uint32_t alignment(std::initializer_list<const void*> ptrs) {
-    uint32_t a = 256;
-    for (const void* p : ptrs)
-      while ((reinterpret_cast<uintptr_t>(p) & (a - 1)) != 0) a /= 2;
-    return a;
-  }
-
   // Layouts and the heuristic's first algorithm for n rows against a slice of `features`
   // output channels (one per row count, slice size and operand alignment: the last slice may be
   // shorter; above gemm_row_bucket rows, the bucket's algorithm where it applies).
@@ -350,21 +342,12 @@ class QuantLinearKernel final : public CudaKernel {
         return plans_.emplace(key, p).first->second;
       }
     }
-    cublasLtMatmulPreference_t pref = nullptr;
-    KILN_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-    const size_t ws = ctx_.blas().workspace_bytes();
-    KILN_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
-        pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
     // Every operand (the slice in the scratch, x, y, the residual) as aligned as `align` says.
-    for (auto attr :
-         {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
-          CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES})
-      KILN_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, attr, &align, sizeof(uint32_t)));
     cublasLtMatmulHeuristicResult_t result{};
     int found = 0;
-    const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(ctx_.blas().handle(), desc_, p.a, p.b,
-                                                             p.c, p.c, pref, 1, &result, &found);
-    cublasLtMatmulPreferenceDestroy(pref);
+    const cublasStatus_t st = heuristic_algorithms(
+        ctx_.blas().handle(), desc_, p.a, p.b, p.c, ctx_.blas().workspace_bytes(),
+        {align, align, align, align}, 1, &result, &found);
     if (st != CUBLAS_STATUS_SUCCESS || found == 0) {
       cublasLtMatrixLayoutDestroy(p.a);
       cublasLtMatrixLayoutDestroy(p.b);

@@ -88,13 +88,8 @@ class W8a8LinearKernel final : public CudaKernel {
           FloatType::kF16, in_, out_, ctx_.device().multiprocessors,
           std::min(ctx_.gemv_warps_per_sm(n), gemv_w8a8_warps_per_sm(float_type(dtype_), n, fp8_)));
     // int8: int32 sums and scalars; FP8: f32 (the GEMM's own scale factors left at 1).
-    KILN_CUBLAS_CHECK(cublasLtMatmulDescCreate(
-        &desc_, fp8_ ? CUBLAS_COMPUTE_32F : CUBLAS_COMPUTE_32I, fp8_ ? CUDA_R_32F : CUDA_R_32I));
-    const cublasOperation_t trans_a = CUBLAS_OP_T, trans_b = CUBLAS_OP_N;
-    KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_TRANSA, &trans_a,
-                                                     sizeof(trans_a)));
-    KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_TRANSB, &trans_b,
-                                                     sizeof(trans_b)));
+    desc_ = make_linear_matmul_desc(fp8_ ? CUBLAS_COMPUTE_32F : CUBLAS_COMPUTE_32I, std::nullopt,
+                                    fp8_ ? CUDA_R_32F : CUDA_R_32I);
   }
 
   // Scratch: the gathered rows of x, then (for the GEMM, which any step may take: KILN_CUDA_GEMV=0,
@@ -158,11 +153,27 @@ class W8a8LinearKernel final : public CudaKernel {
                          ctx_.kernel_stream());
       xp = scratch + at.gathered;
     }
-    const auto* s = static_cast<const float*>(scales->raw());
-    const FloatType bias_t = float_type(bias ? bias->dtype() : dtype_);
     const auto elem = static_cast<int64_t>(dtype_bytes(dtype_, 1));
     const auto out_elem = static_cast<int64_t>(dtype_bytes(y.dtype(), 1));
     const bool gemv_fits = gemv_w8a8_fits(xp, w.raw(), in_);
+    // How rows r0 .. r0 + count of y are stored (the GEMV and the GEMM's epilogue alike).
+    auto store_rows = [&](int64_t r0, int64_t count) {
+      W8a8Store o{};
+      o.type = t;
+      o.scales = static_cast<const float*>(scales->raw());
+      o.x_scale = x_scale_;
+      o.bias_type = float_type(bias ? bias->dtype() : dtype_);
+      o.bias = bias ? bias->raw() : nullptr;
+      o.residual =
+          residual ? static_cast<const char*>(residual->raw()) + r0 * out_ * elem : nullptr;
+      o.y = static_cast<char*>(y.raw()) + r0 * out_ * out_elem;
+      o.y32 = widen_ ? static_cast<float*>(y.raw()) + r0 * out_ : nullptr;
+      o.rows = count;
+      o.out = out_;
+      o.has_act = activation_.has_value();
+      o.act = act_fn(activation_.value_or(Activation::kRelu));
+      return o;
+    };
     // Rows r0 .. r0 + count on the GEMV.
     auto gemv_rows = [&](int64_t r0, int64_t count) {
       KILN_CHECK(gemv_fits,
@@ -170,25 +181,13 @@ class W8a8LinearKernel final : public CudaKernel {
                  "weight at {}), and cuBLASLt has no algorithm for these rows",
                  node_.name, fp8_ ? "fp8" : "W8A8", xp, w.raw());
       GemvW8a8Params p{};
-      p.type = t;
+      p.store = store_rows(r0, count);
       p.x = static_cast<const char*>(xp) + r0 * in_ * elem;
       p.w = w.raw();
       p.fp8 = fp8_;
-      p.scales = s;
-      p.x_scale = x_scale_;
       p.inv_scale = inv_scale_;
-      p.bias_type = bias_t;
-      p.bias = bias ? bias->raw() : nullptr;
-      p.residual =
-          residual ? static_cast<const char*>(residual->raw()) + r0 * out_ * elem : nullptr;
-      p.y = static_cast<char*>(y.raw()) + r0 * out_ * out_elem;
-      p.y32 = widen_ ? static_cast<float*>(y.raw()) + r0 * out_ : nullptr;
-      p.rows = count;
       p.in = in_;
-      p.out = out_;
       p.split = split_[count == 1 ? 0 : 1];
-      p.has_act = activation_.has_value();
-      p.act = act_fn(activation_.value_or(Activation::kRelu));
       launch_gemv_w8a8(p, ctx_.kernel_stream());
     };
     // Decode steps on the GEMV (KILN_CUDA_GEMV=0 sends them to cuBLASLt too, as the float and
@@ -218,21 +217,9 @@ class W8a8LinearKernel final : public CudaKernel {
                  "node '{}': cuBLASLt refused the {} [{}, {}] x [{}, {}]^T matmul: {}", node_.name,
                  fp8_ ? "fp8" : "int8", rows_here, in_, out_, in_, cublas_status_name(st));
       W8a8EpilogueParams e{};
-      e.type = t;
+      e.store = store_rows(r0, rows_here);
       e.acc = acc;
       e.float_acc = fp8_;
-      e.scales = s;
-      e.x_scale = x_scale_;
-      e.bias_type = bias_t;
-      e.bias = bias ? bias->raw() : nullptr;
-      e.residual =
-          residual ? static_cast<const char*>(residual->raw()) + r0 * out_ * elem : nullptr;
-      e.y = static_cast<char*>(y.raw()) + r0 * out_ * out_elem;
-      e.y32 = widen_ ? static_cast<float*>(y.raw()) + r0 * out_ : nullptr;
-      e.rows = rows_here;
-      e.out = out_;
-      e.has_act = activation_.has_value();
-      e.act = act_fn(activation_.value_or(Activation::kRelu));
       launch_w8a8_epilogue(e, ctx_.kernel_stream());
     }
   }
@@ -244,18 +231,10 @@ class W8a8LinearKernel final : public CudaKernel {
     bool ok = false;
   };
 
-  // The alignment of the least aligned of `ptrs`, in bytes (at most 256).
-  static uint32_t alignment(std::initializer_list<const void*> ptrs) {
-    uint32_t a = 256;
-    for (const void* p : ptrs)
-      while ((reinterpret_cast<uintptr_t>(p) & (a - 1)) != 0) a /= 2;
-    return a;
-  }
-
   // Layouts and the heuristic's first int8 (FP8) algorithm for n rows (one per row count and
   // operand alignment); null when cuBLASLt has none (the GEMV runs those rows).
   const Plan* gemm_plan(int64_t n, const void* x, const void* w) {
-    const uint32_t align = alignment({x, w});
+    const uint32_t align = pointer_alignment({x, w});
     const auto key = std::make_tuple(std::min(n, chunk_rows_), align);
     auto it = plans_.find(key);
     if (it != plans_.end()) return it->second.ok ? &it->second : nullptr;
@@ -267,22 +246,12 @@ class W8a8LinearKernel final : public CudaKernel {
     KILN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.a, ab, u(in_), u(out_), in_));
     KILN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.b, ab, u(in_), u(m), in_));
     KILN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.c, cd, u(out_), u(m), out_));
-    cublasLtMatmulPreference_t pref = nullptr;
-    KILN_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-    const size_t ws = ctx_.blas().workspace_bytes();
-    KILN_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
-        pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
-    const uint32_t c_align = 256;  // the int32 results start the scratch's aligned slot
-    for (auto [attr, value] : {std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, align},
-                               std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, align},
-                               std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, c_align},
-                               std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, c_align}})
-      KILN_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, attr, &value, sizeof(uint32_t)));
+    // The results start the scratch's 256-byte aligned slot.
     cublasLtMatmulHeuristicResult_t result{};
     int found = 0;
-    const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(ctx_.blas().handle(), desc_, p.a, p.b,
-                                                             p.c, p.c, pref, 1, &result, &found);
-    cublasLtMatmulPreferenceDestroy(pref);
+    const cublasStatus_t st = heuristic_algorithms(ctx_.blas().handle(), desc_, p.a, p.b, p.c,
+                                                   ctx_.blas().workspace_bytes(),
+                                                   {align, align, 256, 256}, 1, &result, &found);
     p.ok = st == CUBLAS_STATUS_SUCCESS && found > 0;
     if (p.ok) p.algo = result.algo;
     return plans_.emplace(key, p).first->second.ok ? &plans_.at(key) : nullptr;

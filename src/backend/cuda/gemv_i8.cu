@@ -15,7 +15,7 @@
 // from the x chunks they multiply anyway, multiply x by gamma on the fly, and the store applies
 // mean and 1 / std (or 1 / rms) before the channel's scale. Prefill-sized steps widen the weights
 // into fp16/bf16 slices for cuBLASLt instead (dequantize_i8_rows).
-#include "backend/cuda/device_types.cuh"
+#include "backend/cuda/gemv_common.cuh"
 
 namespace kiln::cuda {
 namespace {
@@ -202,34 +202,9 @@ __global__ void __launch_bounds__(kWarps * 32)
       }
     }
   }
-#pragma unroll
-  for (int k = 0; k < kSlots; ++k)
-#pragma unroll
-    for (int r = 0; r < N; ++r) acc[k][r] = warp_sum(acc[k][r]);
-  if (split > 1) {
-    if (lane == 0)
-#pragma unroll
-      for (int k = 0; k < kSlots; ++k)
-#pragma unroll
-        for (int r = 0; r < N; ++r) partial_s[warp][k][r] = acc[k][r];
-    __syncthreads();
-    if (sub != 0) return;
-#pragma unroll
-    for (int k = 0; k < kSlots; ++k)
-#pragma unroll
-      for (int r = 0; r < N; ++r) {
-        float s = 0.0f;
-        for (int p = 0; p < split; ++p) s += partial_s[warp + p][k][r];
-        acc[k][r] = s;
-      }
-  }
+  if (!reduce_feature_group(acc, partial_s, warp, lane, sub, split)) return;
   if (!stores) return;
-  float v = 0.0f;
-#pragma unroll
-  for (int k = 0; k < kFeatures; ++k)
-#pragma unroll
-    for (int r = 0; r < N; ++r)
-      if (k == kk && r == rr) v = acc[k][r];
+  float v = lane_sum<kFeatures>(acc, kk, rr);
   if constexpr (kNorm) {
     // The row's sums (N = 1: slot 0); LayerNorm with d = x - shift: rstd * (d · (q gamma) -
     // mean(d) * rowsum(q gamma)) = rstd * ((x - mean) gamma) · q, var(x) = var(d).
@@ -274,29 +249,12 @@ void launch_slices(const GemvI8Params& p, int64_t row_base, unsigned slices, Ker
   go(gemv_i8_kernel<T, B, N>);
 }
 
+// The step's rows as slices of 8 rows and a rest (gemv_common.cuh).
 template <typename T, typename B>
 void launch_rows(const GemvI8Params& p, KernelStream stream) {
-  const int64_t full = p.rows / kSliceRows, rest = p.rows % kSliceRows;
-  if (full > 0) launch_slices<T, B, kSliceRows>(p, 0, static_cast<unsigned>(full), stream);
-  const int64_t base = full * kSliceRows;
-  switch (rest) {
-    case 1:
-      return launch_slices<T, B, 1>(p, base, 1, stream);
-    case 2:
-      return launch_slices<T, B, 2>(p, base, 1, stream);
-    case 3:
-      return launch_slices<T, B, 3>(p, base, 1, stream);
-    case 4:
-      return launch_slices<T, B, 4>(p, base, 1, stream);
-    case 5:
-      return launch_slices<T, B, 5>(p, base, 1, stream);
-    case 6:
-      return launch_slices<T, B, 6>(p, base, 1, stream);
-    case 7:
-      return launch_slices<T, B, 7>(p, base, 1, stream);
-    default:
-      return;
-  }
+  launch_row_slices<kSliceRows>(p.rows, [&](auto n, int64_t row_base, unsigned slices) {
+    launch_slices<T, B, decltype(n)::value>(p, row_base, slices, stream);
+  });
 }
 
 // w [rows, in] = round(q · scale[row]), grid-stride over 8-weight chunks.

@@ -18,7 +18,7 @@
 
 #include <type_traits>
 
-#include "backend/cuda/device_types.cuh"
+#include "backend/cuda/gemv_common.cuh"
 
 namespace kiln::cuda {
 namespace {
@@ -91,13 +91,6 @@ __device__ __forceinline__ void widen_fp8x8(const uint2& codes, float (&out)[8])
 #pragma unroll
   for (int e = 0; e < 4; ++e) out[e] = lo[e], out[4 + e] = hi[e];
 }
-
-__device__ __forceinline__ int warp_sum_int(int v) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-__device__ __forceinline__ float warp_sum_acc(float v) { return warp_sum(v); }
-__device__ __forceinline__ int warp_sum_acc(int v) { return warp_sum_int(v); }
 
 // The store every W8A8 path shares: the integer sum dequantized (Σ · s · scale), the bias added,
 // rounded to T, the activation, a fused residual (rounded again, as the Add it replaces), and a
@@ -199,73 +192,27 @@ __global__ void __launch_bounds__(kWarps * 32)
       }
     }
   }
-#pragma unroll
-  for (int k = 0; k < kFeatures; ++k)
-#pragma unroll
-    for (int r = 0; r < N; ++r) acc[k][r] = warp_sum_acc(acc[k][r]);
-  if (split > 1) {
-    if (lane == 0)
-#pragma unroll
-      for (int k = 0; k < kFeatures; ++k)
-#pragma unroll
-        for (int r = 0; r < N; ++r) partial_s[warp][k][r] = acc[k][r];
-    __syncthreads();
-    if (sub != 0) return;
-#pragma unroll
-    for (int k = 0; k < kFeatures; ++k)
-#pragma unroll
-      for (int r = 0; r < N; ++r) {
-        Acc s = 0;
-        for (int p = 0; p < split; ++p) s += partial_s[warp + p][k][r];
-        acc[k][r] = s;
-      }
-  }
+  if (!reduce_feature_group(acc, partial_s, warp, lane, sub, split)) return;
   if (!stores) return;
-  Acc v = 0;
-#pragma unroll
-  for (int k = 0; k < kFeatures; ++k)
-#pragma unroll
-    for (int r = 0; r < N; ++r)
-      if (k == kk && r == rr) v = acc[k][r];
+  const Acc v = lane_sum<kFeatures>(acc, kk, rr);
   store_output<T, B, Acc>(v, x_scale, scale_v, bias_v, has_act, act, residual, y, y32,
                           (row0 + rr) * out + f0 + kk);
 }
 
-template <typename T, typename B, int N>
-void launch_slices(const GemvW8a8Params& p, int64_t row_base, unsigned slices,
-                   KernelStream stream) {
-  const int64_t groups = (p.out + kFeatures - 1) / kFeatures, per_block = kWarps / p.split;
-  const dim3 grid(static_cast<unsigned>((groups + per_block - 1) / per_block), slices);
-  launch(p.fp8 ? gemv_w8a8_kernel<T, B, N, true> : gemv_w8a8_kernel<T, B, N, false>, grid,
-         kWarps * 32, 0, stream, static_cast<const T*>(p.x), reinterpret_cast<const uint2*>(p.w),
-         p.scales, p.x_scale, p.inv_scale, static_cast<const B*>(p.bias),
-         static_cast<const T*>(p.residual), static_cast<T*>(p.y), p.y32, p.in / 8, p.out, row_base,
-         p.split, p.has_act, p.act);
-}
-
+// The step's rows as slices of 8 rows and a rest (gemv_common.cuh).
 template <typename T, typename B>
 void launch_rows(const GemvW8a8Params& p, KernelStream stream) {
-  const int64_t full = p.rows / kSliceRows, rest = p.rows % kSliceRows;
-  if (full > 0) launch_slices<T, B, kSliceRows>(p, 0, static_cast<unsigned>(full), stream);
-  const int64_t base = full * kSliceRows;
-  switch (rest) {
-    case 1:
-      return launch_slices<T, B, 1>(p, base, 1, stream);
-    case 2:
-      return launch_slices<T, B, 2>(p, base, 1, stream);
-    case 3:
-      return launch_slices<T, B, 3>(p, base, 1, stream);
-    case 4:
-      return launch_slices<T, B, 4>(p, base, 1, stream);
-    case 5:
-      return launch_slices<T, B, 5>(p, base, 1, stream);
-    case 6:
-      return launch_slices<T, B, 6>(p, base, 1, stream);
-    case 7:
-      return launch_slices<T, B, 7>(p, base, 1, stream);
-    default:
-      return;
-  }
+  const W8a8Store& o = p.store;
+  const int64_t groups = (o.out + kFeatures - 1) / kFeatures, per_block = kWarps / p.split;
+  const auto blocks = static_cast<unsigned>((groups + per_block - 1) / per_block);
+  launch_row_slices<kSliceRows>(o.rows, [&](auto n, int64_t row_base, unsigned slices) {
+    constexpr int N = decltype(n)::value;
+    launch(p.fp8 ? gemv_w8a8_kernel<T, B, N, true> : gemv_w8a8_kernel<T, B, N, false>,
+           dim3(blocks, slices), kWarps * 32, 0, stream, static_cast<const T*>(p.x),
+           reinterpret_cast<const uint2*>(p.w), o.scales, o.x_scale, p.inv_scale,
+           static_cast<const B*>(o.bias), static_cast<const T*>(o.residual), static_cast<T*>(o.y),
+           o.y32, p.in / 8, o.out, row_base, p.split, o.has_act, o.act);
+  });
 }
 
 // q[i] = quantize_input(x[i]) (kFp8: quantize_input_fp8's code), four elements a thread (n a
@@ -328,9 +275,9 @@ bool gemv_w8a8_fits(const void* x, const void* w, int64_t in) {
 }
 
 void launch_gemv_w8a8(const GemvW8a8Params& p, KernelStream stream) {
-  if (p.rows <= 0 || p.out <= 0) return;
-  dispatch_float(p.type, [&](auto tag) {
-    dispatch_float(p.bias_type, [&](auto bias_tag) {
+  if (p.store.rows <= 0 || p.store.out <= 0) return;
+  dispatch_float(p.store.type, [&](auto tag) {
+    dispatch_float(p.store.bias_type, [&](auto bias_tag) {
       launch_rows<decltype(tag), decltype(bias_tag)>(p, stream);
     });
   });
@@ -348,18 +295,19 @@ void launch_quantize_rows(FloatType t, bool fp8, const void* x, float inv_scale,
 }
 
 void launch_w8a8_epilogue(const W8a8EpilogueParams& p, KernelStream stream) {
-  const int64_t n = p.rows * p.out;
+  const W8a8Store& o = p.store;
+  const int64_t n = o.rows * o.out;
   if (n == 0) return;
-  dispatch_float(p.type, [&](auto tag) {
-    dispatch_float(p.bias_type, [&](auto bias_tag) {
+  dispatch_float(o.type, [&](auto tag) {
+    dispatch_float(o.bias_type, [&](auto bias_tag) {
       using T = decltype(tag);
       using B = decltype(bias_tag);
       auto go = [&](auto acc_tag) {
         using Acc = decltype(acc_tag);
         launch(w8a8_epilogue_kernel<T, B, Acc>, grid_for(n, 256), 256, 0, stream,
-               static_cast<const Acc*>(p.acc), p.scales, p.x_scale, static_cast<const B*>(p.bias),
-               static_cast<const T*>(p.residual), static_cast<T*>(p.y), p.y32, p.rows, p.out,
-               p.has_act, p.act);
+               static_cast<const Acc*>(p.acc), o.scales, o.x_scale, static_cast<const B*>(o.bias),
+               static_cast<const T*>(o.residual), static_cast<T*>(o.y), o.y32, o.rows, o.out,
+               o.has_act, o.act);
       };
       if (p.float_acc)
         go(float{});

@@ -222,22 +222,29 @@ void launch_dequantize_i4(FloatType t, const void* q, const void* scales, void* 
 // y = act(round(Σ · x_scale · scales[o] + bias)) (+ residual, rounded again), or y32 (a widened
 // Linear: each output rounded to `type`, as f32; no residual). The GEMV runs decode steps (any
 // rows, slices of 8; `in` a multiple of 8, x 16-byte and w 8-byte aligned: gemv_w8a8_fits).
-struct GemvW8a8Params {
+// How rows of y are stored, by the GEMV and the GEMM's epilogue alike (`residual`, `y` and `y32`
+// point at the first of the `rows` rows).
+struct W8a8Store {
   FloatType type;
-  const void* x;
-  const void* w;  // int8 (fp8: E4M3) [out, in]
-  bool fp8 = false;
   const float* scales;
-  float x_scale, inv_scale;  // s and input_inv_scale(s)
+  float x_scale;  // s
   FloatType bias_type;
   const void* bias;
   const void* residual;
   void* y;
   float* y32 = nullptr;
-  int64_t rows, in, out;
-  int split;  // warps a feature group (gemv_split, sized to gemv_w8a8_warps_per_sm)
+  int64_t rows, out;
   bool has_act = false;
   ActFn act = ActFn::kRelu;
+};
+struct GemvW8a8Params {
+  W8a8Store store;
+  const void* x;
+  const void* w;  // int8 (fp8: E4M3) [out, in]
+  bool fp8 = false;
+  float inv_scale;  // input_inv_scale(s)
+  int64_t in;
+  int split;  // warps a feature group (gemv_split, sized to gemv_w8a8_warps_per_sm)
 };
 void launch_gemv_w8a8(const GemvW8a8Params& p, KernelStream stream);
 bool gemv_w8a8_fits(const void* x, const void* w, int64_t in);
@@ -250,19 +257,9 @@ void launch_quantize_rows(FloatType t, bool fp8, const void* x, float inv_scale,
 // y [rows, out] from the GEMM's sums acc [rows, out] (int8: int32; float_acc, fp8: f32), as the
 // GEMV stores.
 struct W8a8EpilogueParams {
-  FloatType type;
+  W8a8Store store;
   const void* acc;
   bool float_acc = false;
-  const float* scales;
-  float x_scale;
-  FloatType bias_type;
-  const void* bias;
-  const void* residual;
-  void* y;
-  float* y32 = nullptr;
-  int64_t rows, out;
-  bool has_act = false;
-  ActFn act = ActFn::kRelu;
 };
 void launch_w8a8_epilogue(const W8a8EpilogueParams& p, KernelStream stream);
 // The Linear of batched decode steps on tensor cores (skinny_gemm.cu): y [rows, out] =
