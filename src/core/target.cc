@@ -66,8 +66,9 @@ std::string_view precision_names() {
 namespace {
 
 constexpr std::string_view kNoFp8Cpu =
-    "fp8 (E4M3 weights and calibrated E4M3 Linear inputs) runs on Hopper GPUs (sm_90: "
-    "--device cuda); on the cpu, int8 (W8A8) and int8-weight/int4-weight quantize";
+    "fp8 (E4M3 weights and calibrated E4M3 Linear inputs) runs on GPUs with FP8 tensor cores "
+    "(sm_89 or newer, Hopper's sm_90: --device cuda); on the cpu, int8 (W8A8) and "
+    "int8-weight/int4-weight quantize";
 
 // Rows in kAllDevices × kAllPrecisions order.
 constexpr PrecisionSupport kSupport[] = {
