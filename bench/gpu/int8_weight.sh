@@ -51,7 +51,7 @@ for line in sys.stdin:
         r.get("batch"), r.get("decode_ms_per_token", float("nan")), r.get("roofline_pct", float("nan")),
         r.get("ttft_ms", float("nan"))))' | tee -a "$LOG"
     if [ -n "${PREFILL:-}" ]; then
-      "$KILN" bench --plan "$plan" --input-len 512 --output-len 1 --runs "$RUNS" \
+      "$KILN" bench --plan "$plan" --input-len 512 --output-len 2 --runs "$RUNS" \
         --sweep batch=16 --json 2>>"$LOG" | sed 's/^{/{"prefill": 1, /' | tee -a "$JSON" |
         python3 -c '
 import json, sys

@@ -57,8 +57,9 @@ void select_linear_tactics(Graph& graph, const ShapeProfile& profile, CudaContex
     const bool bias = d.has(LinearOperand::kBias);
     const Value* b = bias ? &graph.values[d.operand(LinearOperand::kBias)] : nullptr;
     if (w.kind != ValueKind::kWeight || (bias && b->kind != ValueKind::kWeight)) continue;
-    // int8 weights: the kernel picks its path by row count (cuda_linear_i8.cc), nothing to time.
-    if (w.dtype == DType::kI8 || w.dtype == DType::kI4) continue;
+    // Quantized weights (int8, int4, fp8): the kernel picks its path by row count
+    // (cuda_linear_i8.cc, cuda_linear_w8a8.cc), nothing to time.
+    if (w.dtype == DType::kI8 || w.dtype == DType::kI4 || w.dtype == DType::kF8E4M3) continue;
     if (y.shape.empty() || !y.shape[0].is_symbolic()) continue;
     const LinearEpilogue& e = d.epilogue;
     const std::string key = fmt::format(
