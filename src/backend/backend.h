@@ -155,9 +155,12 @@ class Backend {
   }
   virtual Allocator& allocator() = 0;
   virtual std::unique_ptr<KvStorage> create_kv_storage(const KvGeometry& geometry) = 0;
-  // The type the KV cache stores for a plan of `precision` whose attention computes in
-  // `compute`: `compute` itself unless this backend narrows it.
-  virtual DType kv_cache_dtype(DType compute, Precision precision) const { return compute; }
+  // The type the KV cache stores for a plan of `precision` and `kv` (its --kv-cache) whose
+  // attention computes in `compute`: `compute` itself unless this backend narrows it (kFp8:
+  // E4M3, on a backend that runs it). Cross attention's K/V ask with kAuto.
+  virtual DType kv_cache_dtype(DType compute, Precision precision, KvCache kv) const {
+    return compute;
+  }
   // Token selection where this backend's logits live (argmax, top-k, run-ahead's ids, logits
   // edits), which the runtime uses beside the backend. Default: on the host (TokenSelector's
   // own methods).

@@ -17,6 +17,9 @@ void check_build_options(const BuildOptions& options) {
   const std::string why = target_unsupported_reason(options.device, options.precision);
   KILN_CHECK_USAGE(why.empty(), "--device {} --precision {}: {}", device_name(options.device),
                    precision_name(options.precision), why);
+  const std::string_view kv_refusal = kv_cache_refusal(options.device, options.kv_cache);
+  KILN_CHECK_USAGE(kv_refusal.empty(), "--device {} --kv-cache {}: {}", device_name(options.device),
+                   kv_cache_name(options.kv_cache), kv_refusal);
   check_prompt_template(options.prompt_template);
   // An int8 build without calibration data fails now, before any work; the cache itself is
   // checked against the model after the passes that precede the precision pass.
@@ -44,6 +47,7 @@ void prepare_for_precision(ModelIR& model, const BuildOptions& options, const Lo
                  : "no GPU visible: the architecture kiln's CUDA kernels are built for");
   }
   model.precision = options.precision;
+  model.kv_cache = options.kv_cache;
   model.prompt_template = options.prompt_template;
   ShapeProfile& p = model.profile;
   if (options.max_input_tokens > 0) {

@@ -24,6 +24,8 @@ struct BuildOptions {
   // Layers kept in f32 whatever the precision, and later a calibration's result (the precision
   // pass: passes/pass.h).
   PrecisionOptions precision_options;
+  // What the KV cache stores (--kv-cache; kFp8: CUDA plans only).
+  KvCache kv_cache = KvCache::kAuto;
   std::string prompt_template = "{prompt}";
   int64_t max_input_tokens = 0;  // 0: the model's positions (T5 512, BLOOM 2048)
   int64_t max_batch = 256;       // most sequences (logits rows) per step the plan is sized for

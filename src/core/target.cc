@@ -104,4 +104,22 @@ std::string supported_precision_names(Device device) {
   return names;
 }
 
+std::string_view kv_cache_name(KvCache kv) { return kv == KvCache::kFp8 ? "fp8" : "auto"; }
+
+bool parse_kv_cache(std::string_view name, KvCache* out) {
+  for (KvCache kv : kAllKvCaches)
+    if (kv_cache_name(kv) == name) {
+      *out = kv;
+      return true;
+    }
+  return false;
+}
+
+std::string_view kv_cache_refusal(Device device, KvCache kv) {
+  if (kv == KvCache::kFp8 && device == Device::kCpu)
+    return "--kv-cache fp8 (E4M3 keys and values) runs on CUDA plans (--device cuda); the cpu's "
+           "cache is f32, or bf16 in bf16, int8, int8-weight and int4-weight plans";
+  return {};
+}
+
 }  // namespace kiln

@@ -78,4 +78,15 @@ const PrecisionSupport& precision_support(Device device, Precision precision);
 // The precisions `device` runs, for --help and error messages ("fp32, fp16, bf16").
 std::string supported_precision_names(Device device);
 
+// What the paged self-attention KV cache stores (`kiln build --kv-cache`, kept in the plan):
+// kAuto, the type the decoder's attention computes in (or the narrower one its backend picks:
+// bf16 for the CPU's narrow plans); kFp8, E4M3 with a scale of 1 (values saturate at ±448; CUDA
+// only), half the bytes of an fp16 cache. Cross attention's K/V are not cached this way.
+enum class KvCache : uint8_t { kAuto, kFp8 };
+inline constexpr KvCache kAllKvCaches[] = {KvCache::kAuto, KvCache::kFp8};
+std::string_view kv_cache_name(KvCache kv);  // "auto", "fp8"
+bool parse_kv_cache(std::string_view name, KvCache* out);
+// Why `device` cannot keep its KV cache as `kv` (empty: it can).
+std::string_view kv_cache_refusal(Device device, KvCache kv);
+
 }  // namespace kiln

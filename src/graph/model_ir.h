@@ -78,6 +78,8 @@ struct ModelIR {
   Device device = Device::kCpu;
   Precision precision = Precision::kFp32;
   std::vector<PrecisionNote> precision_notes;  // empty for fp32 plans
+  // What the KV cache stores (`kiln build --kv-cache`; kAuto in plans written before it).
+  KvCache kv_cache = KvCache::kAuto;
   // The hardware the plan was built for, where it matters ("sm_90" for CUDA plans: the GPU
   // architecture its kernels and tactics were chosen for); empty when any machine of the device
   // runs it. A backend refuses a plan whose target it is not.

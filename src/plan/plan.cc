@@ -97,6 +97,7 @@ void write_plan(const std::string& path, const ModelIR& model, const PlanBuildIn
       {"device", device_name(model.device)},
       {"precision", precision_name(model.precision)},
       {"precision_notes", notes},
+      {"kv_cache", kv_cache_name(model.kv_cache)},
       {"profile", profile_to_json(model.profile)},
       {"source", {{"path", info.source}, {"files", sources}}},
       {"architecture", model.desc.architecture},
@@ -220,6 +221,15 @@ ModelIR read_plan(const std::string& path, const Logger& log) {
         model.precision_notes.push_back(
             {n.at("graph").get<std::string>(), n.at("weight").get<std::string>(),
              n.at("reason").get<std::string>(), n.value("node", std::string())});
+    // Plans written before --kv-cache existed keep the attention's own type.
+    if (h.contains("kv_cache")) {
+      const std::string kv = h.at("kv_cache").get<std::string>();
+      KILN_CHECK(parse_kv_cache(kv, &model.kv_cache), "{}: unknown kv_cache '{}' (known: auto, fp8)",
+                 path, kv);
+      const std::string_view refusal = kv_cache_refusal(model.device, model.kv_cache);
+      KILN_CHECK(refusal.empty(), "{}: a {} plan with kv_cache {}: {}", path,
+                 device_name(model.device), kv, refusal);
+    }
     // Plans written before targets were recorded run anywhere their device does.
     if (h.contains("target")) model.target = h.at("target").get<std::string>();
     // Plans written before the digest was recorded have none (they cannot be calibrated).

@@ -85,6 +85,16 @@ std::unique_ptr<CompiledModel> CompiledModel::load_plan(Context& ctx, const std:
   return compiled;
 }
 
+DType CompiledModel::kv_cache_dtype() {
+  DType compute = DType::kF32;
+  for (const Node& n : model_.graph(kDecoderGraph).nodes)
+    if (n.op == OpKind::kAttention && n.attr<AttentionAttrs>().kind == AttentionKind::kCachedSelf) {
+      compute = model_.graph(kDecoderGraph).values[n.inputs[0]].dtype;
+      break;
+    }
+  return backend_->kv_cache_dtype(compute, model_.precision, model_.kv_cache);
+}
+
 Executable& CompiledModel::encoder() {
   KILN_CHECK(encoder_ != nullptr, "this model has no encoder");
   return *encoder_;

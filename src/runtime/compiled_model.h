@@ -33,6 +33,10 @@ class CompiledModel {
   Backend& backend() { return *backend_; }
   Executable& encoder();  // encoder-decoder models only
   Executable& decoder() { return *decoder_; }
+  // The type the paged KV cache stores: the one the decoder's cached self attention computes in
+  // (the plan's precision), or the one the backend narrows it to (the CPU's narrow plans: bf16;
+  // --kv-cache fp8: E4M3).
+  DType kv_cache_dtype();
   // Observes both graphs (Executable::set_observer): each executable gets the selection with
   // the names its own graph has, and the callback tells them apart by Observation::graph.
   // Throws naming a selected name that neither graph has. Without a callback: stops.

@@ -66,7 +66,7 @@ std::vector<std::shared_ptr<CrossKv>> run_encoder(Executable& encoder, const Gra
     parts.push_back(io.cross_v[l]);
   }
   const DType compute = graph.values[graph.outputs[io.cross_k[0]]].dtype;
-  const DType cross_dtype = backend.kv_cache_dtype(compute, precision);
+  const DType cross_dtype = backend.kv_cache_dtype(compute, precision, KvCache::kAuto);
   Allocator& memory = cross_memory != nullptr ? *cross_memory : backend.allocator();
   std::vector<std::vector<Tensor>> copies;
   if (graph.streams_outputs()) {

@@ -8,19 +8,6 @@
 namespace kiln {
 namespace {
 
-// The type the decoder's self-attention caches K/V in (its input's), as the backend keeps it
-// for the plan's precision: what the scheduler allocates.
-DType kv_dtype(CompiledModel& model) {
-  const Graph& dec = model.model().graph(kDecoderGraph);
-  DType compute = DType::kF32;
-  for (const Node& n : dec.nodes)
-    if (n.op == OpKind::kAttention && n.attr<AttentionAttrs>().kind == AttentionKind::kCachedSelf) {
-      compute = dec.values[n.inputs[0]].dtype;
-      break;
-    }
-  return model.backend().kv_cache_dtype(compute, model.model().precision);
-}
-
 void check_sequence(const CompiledModel& model, const ForcedSequence& s) {
   const ModelDesc& d = model.desc();
   const int64_t n = static_cast<int64_t>(s.decoder_ids.size());
@@ -96,7 +83,7 @@ std::vector<Tensor> forced_logits(CompiledModel& model, std::span<const ForcedSe
   for (const ForcedSequence& s : sequences) check_sequence(model, s);
   const ModelDesc& d = model.desc();
   const ShapeProfile& profile = model.model().profile;
-  KvGeometry geometry{d.cache_layers, d.cache_row_width(), 16, kv_dtype(model)};
+  KvGeometry geometry{d.cache_layers, d.cache_row_width(), 16, model.kv_cache_dtype()};
   std::unique_ptr<KvStorage> storage = model.backend().create_kv_storage(geometry);
   std::vector<Tensor> out(sequences.size());
   // Groups of consecutive sequences whose encoder and decoder tokens each fit one step, and

@@ -51,13 +51,7 @@ void run_decoder(const ForwardModel& m, const CrossKv& cross,
 ForwardModel forward_model(CompiledModel& engine) {
   ForwardModel m{engine.model(), engine.backend(),
                  engine.desc().encoder_decoder ? &engine.encoder() : nullptr, engine.decoder()};
-  const Graph& dec = engine.model().graph(kDecoderGraph);
-  for (const Node& n : dec.nodes)
-    if (n.op == OpKind::kAttention && n.attr<AttentionAttrs>().kind == AttentionKind::kCachedSelf) {
-      m.kv_dtype = dec.values[n.inputs[0]].dtype;
-      break;
-    }
-  m.kv_dtype = engine.backend().kv_cache_dtype(m.kv_dtype, engine.model().precision);
+  m.kv_dtype = engine.kv_cache_dtype();
   return m;
 }
 

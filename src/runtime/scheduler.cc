@@ -78,16 +78,7 @@ KvGeometry geometry_of(CompiledModel& m, int block_size) {
   g.layers = m.desc().cache_layers;
   g.row_width = m.desc().cache_row_width();
   g.block_size = block_size;
-  // The cache holds keys and values in the type the decoder's attention computes in (the
-  // plan's precision), or one the backend narrows it to.
-  g.dtype = DType::kF32;
-  const Graph& dec = m.model().graph(kDecoderGraph);
-  for (const Node& n : dec.nodes)
-    if (n.op == OpKind::kAttention && n.attr<AttentionAttrs>().kind == AttentionKind::kCachedSelf) {
-      g.dtype = dec.values[n.inputs[0]].dtype;
-      break;
-    }
-  g.dtype = m.backend().kv_cache_dtype(g.dtype, m.model().precision);
+  g.dtype = m.kv_cache_dtype();
   return g;
 }
 

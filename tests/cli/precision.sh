@@ -81,6 +81,25 @@ for g in r["graphs"]:
 PY
 fi
 
+# --kv-cache fp8 (E4M3 keys and values): cuda plans only, the refusal naming where it runs; an
+# unknown kind named; a cuda plan records it and `kiln inspect` shows it.
+expect_exit 2 "build cpu --kv-cache fp8" -- "$KILN" build --model "$FIXTURES/bloom-tiny" \
+  --kv-cache fp8 -o "$TMP/kv8-cpu.plan"
+expect_in "$TMP/err" "--device cpu --kv-cache fp8: " "the cpu --kv-cache fp8 refusal"
+expect_in "$TMP/err" "(--device cuda)" "the --kv-cache fp8 refusal names cuda"
+expect_exit 2 "build --kv-cache int4" -- "$KILN" build --model "$FIXTURES/bloom-tiny" \
+  --kv-cache int4 -o "$TMP/kv4.plan"
+expect_in "$TMP/err" "--kv-cache int4: unknown KV cache type (known: auto, fp8)" "unknown --kv-cache"
+[ -e "$TMP/kv8-cpu.plan" ] || [ -e "$TMP/kv4.plan" ] && fail "a refused --kv-cache build left a plan"
+if "$KILN" --version | grep -q "cuda: compiled in"; then
+  expect_exit 0 "build cuda --kv-cache fp8" -- "$KILN" build --model "$FIXTURES/bloom-tiny" \
+    --device cuda --precision fp16 --kv-cache fp8 -o "$TMP/kv8.plan"
+  expect_exit 0 "inspect --kv-cache fp8 plan" -- "$KILN" inspect "$TMP/kv8.plan"
+  expect_in "$TMP/out" "kv cache: fp8 (E4M3 keys and values)" "inspect shows the fp8 KV cache"
+  expect_exit 0 "inspect --json --kv-cache fp8 plan" -- "$KILN" inspect --json "$TMP/kv8.plan"
+  expect_in "$TMP/out" '"kv_cache":"fp8"' "inspect --json has kv_cache"
+fi
+
 # Bench counts the bytes a decode step reads at the stored precision: int8 < bf16 < fp32.
 for p in fp32 bf16 int8-weight; do
   expect_exit 0 "bench bloom $p" -- "$KILN" bench --plan "$TMP/bloom-$p.plan" --input-len 8 \

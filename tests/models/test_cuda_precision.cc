@@ -1,7 +1,8 @@
 // fp16, bf16 and int8-weight plans of the fixture models on CUDA against HuggingFace's fp32
 // references (issue 9): greedy ids equal HF's on at least all but one of the reference cases per
 // model, logits finite and close to HF's in cosine, and a padded batch equal to the cases run
-// alone. Skipped, saying why, without a GPU.
+// alone. fp16 plans with an fp8 KV cache (--kv-cache fp8: keys and values keep 3 mantissa bits)
+// the same within all but two cases and a cosine of 0.99. Skipped, saying why, without a GPU.
 #include <gtest/gtest.h>
 
 #include <unistd.h>
@@ -25,6 +26,7 @@ struct PrecisionCase {
   std::string dir;
   bool t5;
   Precision precision;
+  KvCache kv_cache = KvCache::kAuto;
 };
 
 class CudaPrecision : public testing::TestWithParam<PrecisionCase> {
@@ -36,6 +38,7 @@ class CudaPrecision : public testing::TestWithParam<PrecisionCase> {
     BuildOptions options;
     options.device = Device::kCuda;
     options.precision = GetParam().precision;
+    options.kv_cache = GetParam().kv_cache;
     engine_ = compile_model_dir(*ctx_, fixture(GetParam().dir), options);
     ref_ = std::make_unique<SafetensorsFile>(
         SafetensorsFile::open(fixture(GetParam().dir + "/reference.safetensors")));
@@ -79,7 +82,7 @@ TEST_P(CudaPrecision, GreedyIdsMatchHuggingFaceOnAllButOneCase) {
   std::printf("[precision] %s %s: greedy ids equal to HF fp32 on %d of %d cases\n",
               GetParam().dir.c_str(), std::string(precision_name(GetParam().precision)).c_str(),
               equal, cases());
-  EXPECT_GE(equal, cases() - 1);
+  EXPECT_GE(equal, cases() - (GetParam().kv_cache == KvCache::kFp8 ? 2 : 1));
   // All cases as one batch: each sequence's ids equal its run alone.
   const auto batched = gen.generate(prompts, p);
   for (size_t i = 0; i < prompts.size(); ++i)
@@ -106,7 +109,7 @@ TEST_P(CudaPrecision, LogitsAreFiniteAndCloseToHuggingFace) {
   std::printf("[precision] %s %s: logits cosine >= %.6f, max relative error %.3g\n",
               GetParam().dir.c_str(), std::string(precision_name(GetParam().precision)).c_str(),
               worst_cosine, worst_error);
-  EXPECT_GE(worst_cosine, 0.999);
+  EXPECT_GE(worst_cosine, GetParam().kv_cache == KvCache::kFp8 ? 0.99 : 0.999);
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, CudaPrecision,
@@ -116,11 +119,16 @@ INSTANTIATE_TEST_SUITE_P(Models, CudaPrecision,
                                          PrecisionCase{"bloom-tiny", false, Precision::kBf16},
                                          PrecisionCase{"t5-tiny", true, Precision::kInt8Weight},
                                          PrecisionCase{"bloom-tiny", false,
-                                                       Precision::kInt8Weight}),
+                                                       Precision::kInt8Weight},
+                                         PrecisionCase{"t5-tiny", true, Precision::kFp16,
+                                                       KvCache::kFp8},
+                                         PrecisionCase{"bloom-tiny", false, Precision::kFp16,
+                                                       KvCache::kFp8}),
                          [](const auto& info) {
                            std::string p(precision_name(info.param.precision));
                            std::replace(p.begin(), p.end(), '-', '_');
-                           return std::string(info.param.t5 ? "T5" : "Bloom") + "_" + p;
+                           return std::string(info.param.t5 ? "T5" : "Bloom") + "_" + p +
+                                  (info.param.kv_cache == KvCache::kFp8 ? "_kv_fp8" : "");
                          });
 
 // fp16 T5 overflow (issue 9): the fixture T5 with its FFN output projections `wo` scaled up

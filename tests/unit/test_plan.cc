@@ -148,6 +148,7 @@ TEST_F(PlanTest, MetadataRecordsBuild) {
   EXPECT_EQ(h.at("profile").at("token_buckets").back(), h.at("profile").at("max_step_tokens"));
   EXPECT_EQ(h.at("model").at("cache_layers"), 4);
   EXPECT_EQ(h.at("model").at("encoder_decoder"), true);
+  EXPECT_EQ(h.at("kv_cache"), "auto");
 }
 
 void expect_plan_error(const std::string& path, const std::string& needle) {
@@ -210,6 +211,43 @@ TEST_F(PlanTest, CudaPlansRecordTheirGpuArchitecture) {
   EXPECT_EQ(target.rfind("sm_", 0), 0u) << target;
   // Plain CPU plans (this fixture's) run on any CPU of the device and name no target.
   EXPECT_FALSE(split_plan(slurp(tmp("bloom-tiny.plan"))).header.contains("target"));
+}
+
+// --kv-cache fp8: a cuda plan records it (and a plan read back keeps it, so the runtime sizes an
+// E4M3 cache); a cpu build refuses it naming what runs it; a cpu plan whose header claims it, or
+// an unknown kind, is refused when read.
+TEST_F(PlanTest, BadInputKvCacheTheDeviceCannotKeepIsRefused) {
+  Logger quiet(LogLevel::kError);
+  BuildOptions o;
+  o.kv_cache = KvCache::kFp8;
+  try {
+    build_model(fixture("bloom-tiny"), o, quiet);
+    ADD_FAILURE() << "a cpu build kept an fp8 KV cache";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kUsage) << e.what();
+    EXPECT_NE(std::string(e.what()).find("--device cpu --kv-cache fp8: "), std::string::npos)
+        << e.what();
+    EXPECT_NE(std::string(e.what()).find("--device cuda"), std::string::npos) << e.what();
+  }
+  if (query_cuda().compiled) {
+    o.device = Device::kCuda;
+    o.precision = Precision::kFp16;
+    write_plan(tmp("kv8.plan"), build_model(fixture("bloom-tiny"), o, quiet),
+               PlanBuildInfo{fixture("bloom-tiny"), {}}, quiet);
+    EXPECT_EQ(read_plan(tmp("kv8.plan"), quiet).kv_cache, KvCache::kFp8);
+    EXPECT_EQ(split_plan(slurp(tmp("kv8.plan"))).header.at("kv_cache"), "fp8");
+  }
+  PlanParts p = split_plan(slurp(tmp("bloom-tiny.plan")));
+  p.header["kv_cache"] = "fp8";
+  spit(tmp("cpu-kv8.plan"), join_plan(p));
+  expect_plan_error(tmp("cpu-kv8.plan"), "a cpu plan with kv_cache fp8: ");
+  p.header["kv_cache"] = "int3";
+  spit(tmp("kv3.plan"), join_plan(p));
+  expect_plan_error(tmp("kv3.plan"), "unknown kv_cache 'int3' (known: auto, fp8)");
+  // Plans written before --kv-cache have no entry: the attention's own type.
+  p.header.erase("kv_cache");
+  spit(tmp("kv-old.plan"), join_plan(p));
+  EXPECT_EQ(read_plan(tmp("kv-old.plan"), quiet).kv_cache, KvCache::kAuto);
 }
 
 // kiln build --max-step-tokens: the profile's step size, never below the longest prompt; the

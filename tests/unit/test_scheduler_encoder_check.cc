@@ -56,8 +56,8 @@ class DeferringBackend final : public Backend {
   std::unique_ptr<KvStorage> create_kv_storage(const KvGeometry& geometry) override {
     return inner_->create_kv_storage(geometry);
   }
-  DType kv_cache_dtype(DType compute, Precision precision) const override {
-    return inner_->kv_cache_dtype(compute, precision);
+  DType kv_cache_dtype(DType compute, Precision precision, KvCache kv) const override {
+    return inner_->kv_cache_dtype(compute, precision, kv);
   }
   TokenSelector& token_selector() override { return selector_; }
   bool runs_ahead() const override { return true; }

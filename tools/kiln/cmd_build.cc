@@ -105,6 +105,7 @@ void check_output_is_not_an_input(const std::string& output, const std::string& 
 Runner add_build(CLI::App& app) {
   struct Opts {
     std::string model, tokenizer, output, device = "cpu", precision = "fp32", prompt_template;
+    std::string kv_cache = "auto";
     std::vector<std::string> profiles, onnx;
     std::string calib, calib_cache, calib_method = "entropy", quant_tolerance;
     int calib_batch = 8;
@@ -131,6 +132,8 @@ Runner add_build(CLI::App& app) {
       "  kiln build --onnx t5_encoder.onnx --onnx t5_decoder.onnx "
       "--tokenizer models/t5-tiny/spiece.model -o t5-onnx.plan\n"
       "  kiln build --model models/bloom-tiny --device cuda --precision fp16 -o bloom-gpu.plan\n"
+      "  kiln build --model models/bloom-tiny --device cuda --precision fp16 --kv-cache fp8 "
+      "-o bloom-gpu-kv8.plan\n"
       "  kiln build --model models/t5-tiny --precision int8 --calib calib.jsonl --calib-cache "
       "t5.calib -o t5-w8a8.plan\n"
       "  kiln build --model models/t5-tiny --precision int8 --calib-cache t5.calib -o "
@@ -177,6 +180,12 @@ Runner add_build(CLI::App& app) {
                   "(quantized weights, fp16 activations), int8 (W8A8 with fp16 activations; "
                   "calibrated on the cpu) or fp8 (E4M3 weights and calibrated E4M3 Linear "
                   "inputs; sm_89+ GPUs)")
+      ->capture_default_str();
+  cmd->add_option("--kv-cache", o->kv_cache,
+                  "what the KV cache stores: auto (the attention's type: fp32, fp16 or bf16; "
+                  "bf16 for the cpu's narrow plans) or fp8 (cuda: E4M3 keys and values with a "
+                  "scale of 1, saturating at +-448; half an fp16 cache's bytes, so twice the "
+                  "tokens fit and long decodes read half)")
       ->capture_default_str();
   cmd->add_option("--prompt-template", o->prompt_template,
                   "default template stored in the plan: every {prompt} is replaced by the "
@@ -257,6 +266,11 @@ Runner add_build(CLI::App& app) {
                      precision_names());
     const std::string why = target_unsupported_reason(bo.device, bo.precision);
     KILN_CHECK_USAGE(why.empty(), "--device {} --precision {}: {}", o->device, o->precision, why);
+    KILN_CHECK_USAGE(parse_kv_cache(o->kv_cache, &bo.kv_cache),
+                     "--kv-cache {}: unknown KV cache type (known: auto, fp8)", o->kv_cache);
+    const std::string_view kv_why = kv_cache_refusal(bo.device, bo.kv_cache);
+    KILN_CHECK_USAGE(kv_why.empty(), "--device {} --kv-cache {}: {}", o->device, o->kv_cache,
+                     kv_why);
     KILN_CHECK_USAGE(
         o->prompt_template.empty() || o->prompt_template.find("{prompt}") != std::string::npos,
         "--prompt-template '{}': the template must contain {{prompt}} (where the "

@@ -260,6 +260,7 @@ Runner add_inspect(CLI::App& app) {
     }
     report["architecture"] = model.desc.architecture;
     report["precision"] = precision_name(model.precision);
+    report["kv_cache"] = kv_cache_name(model.kv_cache);
     report["prompt_template"] = model.prompt_template;
     report["max_input_tokens"] = model.profile.max_input_tokens;
     report["graphs"] = nlohmann::json::array();
@@ -276,9 +277,12 @@ Runner add_inspect(CLI::App& app) {
       out("plan {}\n{}\n", plan,
           report["metadata"].dump(2, ' ', false, nlohmann::json::error_handler_t::replace));
     if (report.contains("verify")) out("verify: {}\n", report["verify"].get<std::string>());
-    out("architecture: {}  prompt template: \"{}\"  max input tokens: {}  precision: {}\n",
+    out("architecture: {}  prompt template: \"{}\"  max input tokens: {}  precision: {}{}\n",
         model.desc.architecture, model.prompt_template, model.profile.max_input_tokens,
-        precision_name(model.precision));
+        precision_name(model.precision),
+        model.kv_cache == KvCache::kAuto
+            ? ""
+            : fmt::format("  kv cache: {} (E4M3 keys and values)", kv_cache_name(model.kv_cache)));
     for (size_t i = 0; i < model.graphs.size(); ++i) {
       print_graph_summary(report["graphs"][i], o->layers);
       if (o->graph) out_text(dump_graph(model.graphs[i]));

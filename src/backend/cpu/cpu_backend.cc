@@ -197,7 +197,8 @@ class CpuBackend final : public Backend {
          "time every kernel, logged per class"},
     };
   }
-  DType kv_cache_dtype(DType compute, Precision precision) const override {
+  // kv is kAuto: a cpu plan of another is refused when it is built and when it is read.
+  DType kv_cache_dtype(DType compute, Precision precision, KvCache kv) const override {
     const bool narrow = precision == Precision::kBf16 || precision == Precision::kInt8Weight ||
                         precision == Precision::kInt8 || precision == Precision::kInt4Weight;
     return compute == DType::kF32 && narrow ? DType::kBF16 : compute;

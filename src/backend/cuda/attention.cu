@@ -14,6 +14,9 @@ namespace {
 
 using attn::alibi_slope;
 using attn::cache_row;
+using attn::f8_decode;
+using attn::f8_encode;
+using attn::f8_round;
 using attn::key_row;
 using attn::KeyRow;
 using attn::position_bias;
@@ -22,9 +25,14 @@ using attn::RowKeys;
 
 // q (fp32, shared memory) . k (one key row of dh elements): 16-byte loads when the row is
 // aligned for them (rows of 64 fp16 are), up to kKeyLoads of them in flight before the first is
-// used; the products are summed in dimension order either way.
+// used; the products are summed in dimension order either way. kRound: each key element rounded
+// through E4M3 first (a step's own keys with an fp8 cache).
 constexpr int kKeyLoads = 8;
-template <typename T>
+template <typename T, bool kRound = false>
+__device__ __forceinline__ float key_element(T e) {
+  return kRound ? f8_round(to_float(e)) : to_float(e);
+}
+template <typename T, bool kRound = false>
 __device__ __forceinline__ float dot_row(const float* q, const T* k, int dh) {
   constexpr int kPer = 16 / static_cast<int>(sizeof(T));
   float dot = 0.0f;
@@ -41,12 +49,38 @@ __device__ __forceinline__ float dot_row(const float* q, const T* k, int dh) {
         if (c0 + u >= chunks) break;
         const T* e = reinterpret_cast<const T*>(&raw[u]);
 #pragma unroll
-        for (int v = 0; v < kPer; ++v) dot += q[(c0 + u) * kPer + v] * to_float(e[v]);
+        for (int v = 0; v < kPer; ++v)
+          dot += q[(c0 + u) * kPer + v] * key_element<T, kRound>(e[v]);
       }
     }
     return dot;
   }
-  for (int d = 0; d < dh; ++d) dot += q[d] * to_float(k[d]);
+  for (int d = 0; d < dh; ++d) dot += q[d] * key_element<T, kRound>(k[d]);
+  return dot;
+}
+
+// The same over a key row of E4M3 codes (an fp8 cache): 16 codes a 16-byte load.
+__device__ __forceinline__ float dot_row_f8(const float* q, const uint8_t* k, int dh) {
+  float dot = 0.0f;
+  if (dh % 16 == 0 && (reinterpret_cast<uintptr_t>(k) & 15) == 0) {
+    const uint4* k4 = reinterpret_cast<const uint4*>(k);
+    const int chunks = dh / 16;
+    for (int c0 = 0; c0 < chunks; c0 += kKeyLoads) {
+      uint4 raw[kKeyLoads];
+#pragma unroll
+      for (int u = 0; u < kKeyLoads; ++u)
+        if (c0 + u < chunks) raw[u] = __ldg(k4 + c0 + u);
+#pragma unroll
+      for (int u = 0; u < kKeyLoads; ++u) {
+        if (c0 + u >= chunks) break;
+        const uint8_t* e = reinterpret_cast<const uint8_t*>(&raw[u]);
+#pragma unroll
+        for (int v = 0; v < 16; ++v) dot += q[(c0 + u) * 16 + v] * f8_decode(e[v]);
+      }
+    }
+    return dot;
+  }
+  for (int d = 0; d < dh; ++d) dot += q[d] * f8_decode(k[d]);
   return dot;
 }
 
@@ -80,10 +114,43 @@ __device__ __forceinline__ void load_values(const T* p, float (&out)[W]) {
   }
 }
 
+// W elements of a value row of E4M3 codes (W = 1, 4 or 8: the fp32, or fp16/bf16, row kernel's
+// width; one load of W bytes, aligned as the row's W elements of T are).
+template <int W>
+__device__ __forceinline__ void load_values_f8(const uint8_t* p, float (&out)[W]) {
+  uint8_t e[W];
+  if constexpr (W == 8) {
+    *reinterpret_cast<uint2*>(e) = __ldg(reinterpret_cast<const uint2*>(p));
+  } else if constexpr (W == 4) {
+    *reinterpret_cast<unsigned*>(e) = __ldg(reinterpret_cast<const unsigned*>(p));
+  } else {
+#pragma unroll
+    for (int u = 0; u < W; ++u) e[u] = __ldg(p + u);
+  }
+#pragma unroll
+  for (int u = 0; u < W; ++u) out[u] = f8_decode(e[u]);
+}
+
+// Value row `row` (kF8: E4M3 codes when `cached`, else the step's row of T rounded through
+// E4M3), elements off .. off + W - 1, as floats.
+template <typename T, int W, bool kF8>
+__device__ __forceinline__ void load_value_row(const void* row, bool cached, int64_t off,
+                                               float (&out)[W]) {
+  if constexpr (kF8) {
+    if (cached) return load_values_f8<W>(static_cast<const uint8_t*>(row) + off, out);
+    load_values<T, W>(static_cast<const T*>(row) + off, out);
+#pragma unroll
+    for (int u = 0; u < W; ++u) out[u] = f8_round(out[u]);
+  } else {
+    load_values<T, W>(static_cast<const T*>(row) + off, out);
+  }
+}
+
 // Split along the keys (gridDim.z > 1, decode over long contexts): block z covers an equal
 // share of the visible keys and leaves its unnormalised (max, sum, weighted values) in
 // p.split_out for combine_kernel; with one split the block normalises and writes y itself.
-template <typename T, int W>
+// kF8: cached self attention over an fp8 cache (attention_common.cuh).
+template <typename T, int W, bool kF8 = false>
 __global__ void attention_kernel(AttentionParams p) {
   pdl_begin();
   const int64_t row = blockIdx.x;
@@ -98,13 +165,26 @@ __global__ void attention_kernel(AttentionParams p) {
 
   __shared__ float q_s[kMaxHeadDim];
   __shared__ float score_s[kTile];
-  __shared__ const T* value_s[kTile];   // each key's value row, resolved once while scoring
+  __shared__ const void* value_s[kTile];  // each key's value row, resolved once while scoring
   __shared__ float partial_s[256 * W];  // parts * dh = (threads / (dh / W)) * dh <= 256 * W
   __shared__ int bad_block;
   const T* qr = static_cast<const T*>(p.q) + row * p.q_stride + head_off;
   for (int d = tid; d < dh; d += threads) q_s[d] = to_float(qr[d]);
   if (tid == 0) bad_block = 0;
-  if (p.kind == AttnKind::kCachedSelf && split == 0) {
+  if (kF8 && split == 0) {
+    // The KV append as below, into E4M3 codes.
+    const KeyRow<uint8_t> dst = cache_row<uint8_t>(p, s, qpos);
+    if (dst.key != nullptr) {
+      uint8_t* kd = const_cast<uint8_t*>(dst.key) + head_off;
+      uint8_t* vd = const_cast<uint8_t*>(dst.value) + head_off;
+      const T* ks = static_cast<const T*>(p.k) + row * p.kv_stride + head_off;
+      const T* vs = static_cast<const T*>(p.v) + row * p.kv_stride + head_off;
+      for (int d = tid; d < dh; d += threads) {
+        kd[d] = f8_encode(to_float(ks[d]));
+        vd[d] = f8_encode(to_float(vs[d]));
+      }
+    }
+  } else if (p.kind == AttnKind::kCachedSelf && split == 0) {
     // Store this row's key and value of head h in the sequence's cache block (the KV append,
     // fused: no separate kernel per layer).
     const KeyRow<T> dst = cache_row<T>(p, s, qpos);
@@ -140,15 +220,34 @@ __global__ void attention_kernel(AttentionParams p) {
     float local_max = -INFINITY;
     for (int j = tid; j < n; j += threads) {
       const int64_t key = tile0 + j;
-      const KeyRow<T> kv = key_row<T>(p, s, key);
       float score = -INFINITY;
-      value_s[j] = kv.value;
-      if (kv.key == nullptr) {
-        bad_block = 1;
+      if constexpr (kF8) {
+        if (key < rk.past) {
+          const KeyRow<uint8_t> kv = cache_row<uint8_t>(p, s, key);
+          value_s[j] = kv.value;
+          if (kv.key == nullptr) {
+            bad_block = 1;
+          } else {
+            if (few_blocks) prefetch_lines(kv.value + head_off, dh);
+            score = dot_row_f8(q_s, kv.key + head_off, dh) * p.scale +
+                    position_bias(p, key, qpos, h, slope);
+          }
+        } else {
+          const KeyRow<T> kv = key_row<T>(p, s, key);  // the step's own row
+          value_s[j] = kv.value;
+          score = dot_row<T, true>(q_s, kv.key + head_off, dh) * p.scale +
+                  position_bias(p, key, qpos, h, slope);
+        }
       } else {
-        if (few_blocks) prefetch_lines(kv.value + head_off, dh * static_cast<int>(sizeof(T)));
-        score =
-            dot_row(q_s, kv.key + head_off, dh) * p.scale + position_bias(p, key, qpos, h, slope);
+        const KeyRow<T> kv = key_row<T>(p, s, key);
+        value_s[j] = kv.value;
+        if (kv.key == nullptr) {
+          bad_block = 1;
+        } else {
+          if (few_blocks) prefetch_lines(kv.value + head_off, dh * static_cast<int>(sizeof(T)));
+          score = dot_row(q_s, kv.key + head_off, dh) * p.scale +
+                  position_bias(p, key, qpos, h, slope);
+        }
       }
       score_s[j] = score;
       local_max = fmaxf(local_max, score);
@@ -173,7 +272,8 @@ __global__ void attention_kernel(AttentionParams p) {
         float v[kValueUnroll][W];
 #pragma unroll
         for (int k = 0; k < kValueUnroll; ++k)
-          load_values<T, W>(value_s[j + k * parts] + head_off + vd, v[k]);
+          load_value_row<T, W, kF8>(value_s[j + k * parts], tile0 + j + k * parts < rk.past,
+                                    head_off + vd, v[k]);
 #pragma unroll
         for (int k = 0; k < kValueUnroll; ++k) {
           const float pk = score_s[j + k * parts];
@@ -183,7 +283,7 @@ __global__ void attention_kernel(AttentionParams p) {
       }
       for (; j < n; j += parts) {
         float v[W];
-        load_values<T, W>(value_s[j] + head_off + vd, v);
+        load_value_row<T, W, kF8>(value_s[j], tile0 + j < rk.past, head_off + vd, v);
         const float pj = score_s[j];
 #pragma unroll
         for (int u = 0; u < W; ++u) acc[u] += pj * v[u];
@@ -264,7 +364,13 @@ void launch_typed(const AttentionParams& p, KernelStream stream) {
       p.kind == AttnKind::kCross ||
       (p.kv_stride % kVec == 0 && (reinterpret_cast<uintptr_t>(p.v) & 15) == 0);
   const bool vec = p.head_dim % kVec == 0 && row_elems % kVec == 0 && step_rows_ok;
-  if (!vec || !launch_warp_attention<T>(p, grid, stream)) {
+  if (p.kind == AttnKind::kCachedSelf && p.kv.fp8) {
+    // An fp8 cache: the row kernel's fp8 instance (the warp kernel reads T rows only).
+    if (vec)
+      launch(attention_kernel<T, kVec, true>, grid, threads, 0, stream, p);
+    else
+      launch(attention_kernel<T, 1, true>, grid, threads, 0, stream, p);
+  } else if (!vec || !launch_warp_attention<T>(p, grid, stream)) {
     if (vec)
       launch(attention_kernel<T, kVec>, grid, threads, 0, stream, p);
     else

@@ -4,6 +4,8 @@
 // added to a score (T5's relative buckets, BLOOM's ALiBi).
 #pragma once
 
+#include <cuda_fp8.h>
+
 #include "backend/cuda/device_types.cuh"
 
 namespace kiln::cuda {
@@ -99,6 +101,20 @@ __device__ __forceinline__ KeyRow<T> key_row(const AttentionParams& p, int s, in
   }
   return {nullptr, nullptr};
 }
+
+// An fp8 KV cache (p.kv.fp8, --kv-cache fp8): keys and values stored as E4M3 codes with a scale
+// of 1 (rounded to nearest even, saturating at ±448), widened exactly as they are read. A step's
+// own keys and values are read from its rows (the blocks storing them run concurrently with the
+// ones reading), rounded through E4M3 the same way, so that a key counts the same in the step
+// that writes it and in every later one — what the reference backend does by reading them back
+// from its cache.
+__device__ __forceinline__ uint8_t f8_encode(float x) {
+  return static_cast<uint8_t>(__nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3));
+}
+__device__ __forceinline__ float f8_decode(uint8_t code) {
+  return __half2float(__half(__nv_cvt_fp8_to_halfraw(code, __NV_E4M3)));
+}
+__device__ __forceinline__ float f8_round(float x) { return f8_decode(f8_encode(x)); }
 
 __device__ __forceinline__ float table_at(const AttentionParams& p, int64_t i) {
   switch (p.table_type) {

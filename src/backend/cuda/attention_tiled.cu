@@ -16,6 +16,9 @@ namespace {
 
 using attn::alibi_slope;
 using attn::cache_row;
+using attn::f8_decode;
+using attn::f8_encode;
+using attn::f8_round;
 using attn::key_row;
 using attn::KeyRow;
 
@@ -53,6 +56,34 @@ __device__ __forceinline__ uint32_t load32(const void* p) {
   return *reinterpret_cast<const uint32_t*>(p);
 }
 
+// An fp8 cache (attention_common.cuh): a 16-byte chunk of 8 T as 8 E4M3 codes, 8 codes as 8 T
+// (exact: E4M3 values are fp16 and bf16 values), and a chunk of T rounded through E4M3.
+template <typename T>
+__device__ __forceinline__ uint2 encode8(uint4 chunk) {
+  const T* e = reinterpret_cast<const T*>(&chunk);
+  uint2 out;
+  uint8_t* c = reinterpret_cast<uint8_t*>(&out);
+#pragma unroll
+  for (int u = 0; u < 8; ++u) c[u] = f8_encode(to_float(e[u]));
+  return out;
+}
+template <typename T>
+__device__ __forceinline__ uint4 decode8(uint2 codes) {
+  const uint8_t* c = reinterpret_cast<const uint8_t*>(&codes);
+  uint4 out;
+  T* e = reinterpret_cast<T*>(&out);
+#pragma unroll
+  for (int u = 0; u < 8; ++u) e[u] = from_float<T>(f8_decode(c[u]));
+  return out;
+}
+template <typename T>
+__device__ __forceinline__ uint4 round8(uint4 chunk) {
+  T* e = reinterpret_cast<T*>(&chunk);
+#pragma unroll
+  for (int u = 0; u < 8; ++u) e[u] = from_float<T>(f8_round(to_float(e[u])));
+  return chunk;
+}
+
 // Two values as one register of the activation type (the mma operand layout: low half first).
 template <typename T>
 __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
@@ -70,7 +101,9 @@ __device__ __forceinline__ void load_v_fragment(const void* row, uint32_t& b0, u
 }
 
 // Head dim 64 is held to 128 registers a thread: four blocks of 64 rows an SM (16 warps).
-template <typename T, int DH, int kRows>
+// kF8: cached self attention over an fp8 cache, whose tiles are widened through registers
+// instead of cp.async.
+template <typename T, int DH, int kRows, bool kF8 = false>
 __global__ void __launch_bounds__(kRows * 2, DH == 64 ? 4 * 64 / kRows : 1)
     tiled_attention_kernel(AttentionParams p, int seq_tiles) {
   constexpr int kThreads = kRows * 2;                     // a warp per 16 query rows
@@ -119,10 +152,19 @@ __global__ void __launch_bounds__(kRows * 2, DH == 64 ? 4 * 64 / kRows : 1)
     for (int i = 0; i < kAppend; ++i) {
       const int c = tid + i * kThreads, r = c / kChunks, part = c % kChunks;
       if (r >= rows) continue;
-      const KeyRow<T> dst = cache_row<T>(p, s, q0 + r);
-      if (dst.key == nullptr) continue;  // reported by cache_row: the step fails
-      store16(const_cast<T*>(dst.key) + head_off + part * kPer, kc[i]);
-      store16(const_cast<T*>(dst.value) + head_off + part * kPer, vc[i]);
+      if constexpr (kF8) {
+        const KeyRow<uint8_t> dst = cache_row<uint8_t>(p, s, q0 + r);
+        if (dst.key == nullptr) continue;  // reported by cache_row: the step fails
+        *reinterpret_cast<uint2*>(const_cast<uint8_t*>(dst.key) + head_off + part * kPer) =
+            encode8<T>(kc[i]);
+        *reinterpret_cast<uint2*>(const_cast<uint8_t*>(dst.value) + head_off + part * kPer) =
+            encode8<T>(vc[i]);
+      } else {
+        const KeyRow<T> dst = cache_row<T>(p, s, q0 + r);
+        if (dst.key == nullptr) continue;  // reported by cache_row: the step fails
+        store16(const_cast<T*>(dst.key) + head_off + part * kPer, kc[i]);
+        store16(const_cast<T*>(dst.value) + head_off + part * kPer, vc[i]);
+      }
     }
   }
   // This warp's 16 query rows as A fragments, straight from memory (rows past the sequence's
@@ -154,7 +196,29 @@ __global__ void __launch_bounds__(kRows * 2, DH == 64 ? 4 * 64 / kRows : 1)
   bool bad_block = false;  // this thread met a cache block that does not exist
   for (int64_t j0 = 0; j0 < key_end; j0 += kKeys) {
     // K and V rows j0 .. j0 + 63 of head h (zeros past the keys this block may see).
-    for (int c = tid; c < kKeys * kChunks; c += kThreads) {
+    for (int c = tid; kF8 && c < kKeys * kChunks; c += kThreads) {
+      // An fp8 cache: cached keys widened, the step's own rounded through E4M3 (zeros: keys
+      // this block may not see).
+      const int kr = c / kChunks, part = c % kChunks;
+      const int64_t key = j0 + kr;
+      uint4 kc{}, vc{};
+      if (key < past) {
+        const KeyRow<uint8_t> row = cache_row<uint8_t>(p, s, key);
+        if (row.key == nullptr) {
+          bad_block = true;
+        } else {
+          kc = decode8<T>(*reinterpret_cast<const uint2*>(row.key + head_off + part * kPer));
+          vc = decode8<T>(*reinterpret_cast<const uint2*>(row.value + head_off + part * kPer));
+        }
+      } else if (key < key_end) {
+        const int64_t src = (begin + key - past) * p.kv_stride + head_off + part * kPer;
+        kc = round8<T>(load16(static_cast<const T*>(p.k) + src));
+        vc = round8<T>(load16(static_cast<const T*>(p.v) + src));
+      }
+      store16(k_s + kr * ldt + part * kPer, kc);
+      store16(v_s + kr * ldt + part * kPer, vc);
+    }
+    for (int c = tid; !kF8 && c < kKeys * kChunks; c += kThreads) {
       const int kr = c / kChunks, part = c % kChunks;
       const int64_t key = j0 + kr;
       const T *kc = nullptr, *vc = nullptr;  // zeros: keys this block may not see
@@ -280,9 +344,11 @@ void launch_dh(const AttentionParams& p, KernelStream stream) {
   // return at once).
   const int seq_tiles = static_cast<int>((p.longest_seq + kRows - 1) / kRows);
   const int64_t blocks = static_cast<int64_t>(p.step.num_seqs) * seq_tiles;
-  launch(tiled_attention_kernel<T, DH, kRows>,
-         dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(p.heads)), kRows * 2, 0, stream,
-         p, seq_tiles);
+  const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>(p.heads));
+  if (p.kind == AttnKind::kCachedSelf && p.kv.fp8)
+    launch(tiled_attention_kernel<T, DH, kRows, true>, grid, kRows * 2, 0, stream, p, seq_tiles);
+  else
+    launch(tiled_attention_kernel<T, DH, kRows>, grid, kRows * 2, 0, stream, p, seq_tiles);
 }
 
 }  // namespace

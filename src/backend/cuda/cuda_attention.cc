@@ -126,9 +126,11 @@ class AttentionKernel final : public CudaKernel {
         auto* kv = dynamic_cast<CudaKvStorage*>(args.step->kv);
         KILN_CHECK(kv != nullptr, "node '{}': the KV storage is not in CUDA memory", node_.name);
         const KvGeometry& g = kv->geometry();
-        KILN_CHECK(g.row_width == width && g.dtype == dtype && a.layer >= 0 && a.layer < g.layers,
+        // The cache holds the attention's own type, or E4M3 (--kv-cache fp8).
+        KILN_CHECK(g.row_width == width && (g.dtype == dtype || g.dtype == DType::kF8E4M3) &&
+                       a.layer >= 0 && a.layer < g.layers,
                    "node '{}': KV storage holds {} layers of {} rows {} wide, need layer {} of {} "
-                   "rows {} wide",
+                   "(or f8_e4m3) rows {} wide",
                    node_.name, g.layers, dtype_name(g.dtype), g.row_width, a.layer,
                    dtype_name(dtype), width);
         p.kv = kv->device_view();

@@ -65,6 +65,11 @@ class CudaBackend final : public Backend {
   std::unique_ptr<KvStorage> create_kv_storage(const KvGeometry& geometry) override {
     return std::make_unique<CudaKvStorage>(*cuda_, geometry);
   }
+  // --kv-cache fp8: E4M3 keys and values (the attention kernels convert them); fp16/bf16/f32
+  // otherwise, as the attention computes.
+  DType kv_cache_dtype(DType compute, Precision precision, KvCache kv) const override {
+    return kv == KvCache::kFp8 ? DType::kF8E4M3 : compute;
+  }
   TokenSelector& token_selector() override { return select_; }
   std::vector<BackendOption> options() const override { return cuda_->options().describe(); }
   bool runs_ahead() const override { return true; }

@@ -6,7 +6,11 @@ CudaKvStorage::CudaKvStorage(CudaContext& ctx, const KvGeometry& g) : ctx_(ctx),
   KILN_CHECK(g.layers > 0 && g.row_width > 0 && g.block_size > 0,
              "invalid KV cache geometry: {} layers, row width {}, block size {}", g.layers,
              g.row_width, g.block_size);
-  float_type(g.dtype);  // throws for anything but f32, f16, bf16
+  // f32, f16, bf16 (the attention's own type) or E4M3 (--kv-cache fp8).
+  KILN_CHECK(g.dtype == DType::kF8E4M3 || g.dtype == DType::kF32 || g.dtype == DType::kF16 ||
+                 g.dtype == DType::kBF16,
+             "the cuda KV cache holds f32, f16, bf16 or f8_e4m3 keys and values, not {}",
+             dtype_name(g.dtype));
 }
 
 int64_t CudaKvStorage::layer_bytes() const {
@@ -70,7 +74,7 @@ DeviceKv CudaKvStorage::device_view() const {
   v.block_size = geometry_.block_size;
   v.row_width = geometry_.row_width;
   v.layer_bytes = layer_bytes();
-  v.type = float_type(geometry_.dtype);
+  v.fp8 = geometry_.dtype == DType::kF8E4M3;
   return v;
 }
 

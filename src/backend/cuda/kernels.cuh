@@ -336,7 +336,9 @@ struct DeviceKv {
   int block_size;
   int64_t row_width;
   int64_t layer_bytes;  // bytes of one layer's keys (or values) in a block
-  FloatType type;
+  // Keys and values stored as E4M3 (--kv-cache fp8, scale 1: saturating at ±448, rounded to
+  // nearest even), which the attention widens as it reads them; otherwise in its own type.
+  bool fp8;
 };
 
 enum class AttnKind : int { kEncoderSelf, kCachedSelf, kCross };

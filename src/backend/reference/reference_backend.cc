@@ -113,6 +113,10 @@ class ReferenceBackend final : public Backend {
   std::unique_ptr<KvStorage> create_kv_storage(const KvGeometry& geometry) override {
     return std::make_unique<ReferenceKvStorage>(geometry);
   }
+  // --kv-cache fp8 by its definition: keys and values stored as E4M3 (scale 1) and read back.
+  DType kv_cache_dtype(DType compute, Precision precision, KvCache kv) const override {
+    return kv == KvCache::kFp8 ? DType::kF8E4M3 : compute;
+  }
 
  private:
   Context& ctx_;
