@@ -52,12 +52,14 @@ int compare_quantized_input_cases(bool fp8) {
           // reference in double) before the output is rounded to its type; a widened output was
           // rounded to fp16/bf16 first (the reference's Linear, then its cast), so it may differ
           // by one ulp of that type. fp8: each product is exact; the GEMV's f32 sums round (a few
-          // ulps of the largest output at these lengths), the tensor cores' FP8 MMA keeps about
-          // 14 bits of the running sum between cuBLASLt's promotions to f32 (measured on the
-          // H100: up to 2.6e-5 of the largest output at in = 512).
+          // ulps of the largest output at these lengths); cuBLASLt's FP8 GEMM (from 33 rows) sums
+          // on the tensor cores, whose FP8 MMA keeps about 13 bits of the running sum (measured
+          // on the H100, 2026-12-08: 60 % of the elements off by more than 1e-5 of the largest
+          // output, 0.15-0.2 % by more than 1e-4, at in = 256 and 512; a wrong scale or index
+          // is off by far more than 1e-3).
           double tol = 0.0;
           if (widens(variant)) tol = dtype_tolerance(dtype);
-          if (fp8 && dtype == DType::kF32) tol = n > 32 ? 1e-4 : 1e-5;
+          if (fp8 && dtype == DType::kF32) tol = n > 32 ? 1e-3 : 1e-5;
           const Check check{CheckKind::kMaxRelative, tol};
           compared += compare_on_cuda(
               *reference, backends, g, graph, n, sh.in, sh.out, variant, check,
