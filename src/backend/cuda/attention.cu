@@ -364,14 +364,14 @@ void launch_typed(const AttentionParams& p, KernelStream stream) {
       p.kind == AttnKind::kCross ||
       (p.kv_stride % kVec == 0 && (reinterpret_cast<uintptr_t>(p.v) & 15) == 0);
   const bool vec = p.head_dim % kVec == 0 && row_elems % kVec == 0 && step_rows_ok;
-  if (p.kind == AttnKind::kCachedSelf && p.kv.fp8) {
-    // An fp8 cache: the row kernel's fp8 instance (the warp kernel reads T rows only).
-    if (vec)
+  // The warp kernel where it fits, else the row kernel (their fp8 instances for an fp8 cache).
+  const bool f8 = p.kind == AttnKind::kCachedSelf && p.kv.fp8;
+  if (!vec || !launch_warp_attention<T>(p, grid, stream)) {
+    if (f8 && vec)
       launch(attention_kernel<T, kVec, true>, grid, threads, 0, stream, p);
-    else
+    else if (f8)
       launch(attention_kernel<T, 1, true>, grid, threads, 0, stream, p);
-  } else if (!vec || !launch_warp_attention<T>(p, grid, stream)) {
-    if (vec)
+    else if (vec)
       launch(attention_kernel<T, kVec>, grid, threads, 0, stream, p);
     else
       launch(attention_kernel<T, 1>, grid, threads, 0, stream, p);

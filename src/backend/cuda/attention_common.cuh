@@ -163,7 +163,8 @@ void launch_tiled_attention(const AttentionParams& p, KernelStream stream);
 // The warp kernel (attention_warps.cu) for the (row, head, split) grid of attention.cu's row
 // kernel, when p.warp_rows and the head fits it (head_dim / (16 / sizeof(T)) lanes a key, a
 // power of two up to 32; q, K and V rows aligned for 16-byte loads, which the caller checked
-// for K and V); false, launching nothing, otherwise.
+// for K and V; an fp8 cache's codes as 8- or 4-byte loads); false, launching nothing,
+// otherwise.
 template <typename T>
 bool launch_warp_attention(const AttentionParams& p, dim3 grid, KernelStream stream);
 

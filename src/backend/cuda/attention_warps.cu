@@ -8,6 +8,9 @@
 // max and sum (online softmax in fp32); the warps' partial results are joined at the end in
 // warp order. Before waiting for the kernel that writes q (programmatic dependent launch), the
 // warps ask L2 for the cache rows they will read: those rows were written by earlier steps.
+// An fp8 cache (kF8, attention_common.cuh): a lane reads its kPer<T> dimensions of a cached row
+// as as many E4M3 codes (8 or 4 bytes) and widens them in pairs; the step's own rows are read
+// as T and rounded through E4M3.
 #include "backend/cuda/attention_common.cuh"
 
 namespace kiln::cuda {
@@ -17,6 +20,8 @@ using attn::alibi_slope;
 using attn::block_row;
 using attn::cache_row;
 using attn::cross_row;
+using attn::f8_encode;
+using attn::f8_round;
 using attn::KeyRow;
 using attn::position_bias;
 using attn::row_keys;
@@ -39,6 +44,32 @@ __device__ __forceinline__ void unpack16(const uint4& raw, float (&out)[kPer<T>]
   for (int u = 0; u < kPer<T>; ++u) out[u] = to_float(e[u]);
 }
 
+// kPer<T> E4M3 codes (the low kPer<T> bytes of raw) as floats, two per conversion.
+template <typename T>
+__device__ __forceinline__ void unpack_codes(const uint4& raw, float (&out)[kPer<T>]) {
+  const __nv_fp8x2_storage_t* pairs = reinterpret_cast<const __nv_fp8x2_storage_t*>(&raw);
+#pragma unroll
+  for (int u = 0; u < kPer<T> / 2; ++u) {
+    const float2 f = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(pairs[u], __NV_E4M3)));
+    out[2 * u] = f.x;
+    out[2 * u + 1] = f.y;
+  }
+}
+
+// A lane's kPer<T> elements of a key or value row as floats: E4M3 codes (`code`, kF8's cached
+// rows), T rounded through E4M3 (kF8's fresh rows), or T.
+template <typename T, bool kF8>
+__device__ __forceinline__ void unpack_row(const uint4& raw, bool code, float (&out)[kPer<T>]) {
+  if constexpr (kF8) {
+    if (code) return unpack_codes<T>(raw, out);
+    unpack16<T>(raw, out);
+#pragma unroll
+    for (int u = 0; u < kPer<T>; ++u) out[u] = f8_round(out[u]);
+  } else {
+    unpack16<T>(raw, out);
+  }
+}
+
 // Where the key and value rows (head slice) of one key are. `fresh`: a row this step computed
 // (p.k / p.v, written by the kernel before this one: read only after pdl_wait).
 template <typename T>
@@ -50,8 +81,9 @@ struct RowPair {
 
 // The rows of key `key` of sequence s, resolved by one lane for its chunk (null past `last`
 // and for a bad cache block, which is reported: the step fails). 32-bit position arithmetic:
-// positions and blocks are ints.
-template <typename T>
+// positions and blocks are ints. kF8: a cached row's pointers address its E4M3 codes (held as
+// T pointers; load_chunk reads bytes from them).
+template <typename T, bool kF8 = false>
 __device__ __forceinline__ RowPair<T> resolve(const AttentionParams& p, int s, int key, int last,
                                               int past, int64_t head_off) {
   RowPair<T> r;
@@ -62,6 +94,12 @@ __device__ __forceinline__ RowPair<T> resolve(const AttentionParams& p, int s, i
     const int b = st.block_table[static_cast<int64_t>(s) * st.max_blocks + key / p.kv.block_size];
     if (!valid_block(p, b)) {
       report(p.status, kStatusKvBlock, p.node, b, p.kv.capacity);
+      return r;
+    }
+    if constexpr (kF8) {
+      const KeyRow<uint8_t> codes = block_row<uint8_t>(p, b, key);
+      r.key = reinterpret_cast<const T*>(codes.key + head_off);
+      r.value = reinterpret_cast<const T*>(codes.value + head_off);
       return r;
     }
     kv = block_row<T>(p, b, key);
@@ -84,11 +122,13 @@ __device__ __forceinline__ RowPair<T> resolve(const AttentionParams& p, int s, i
 enum class Rows { kCache, kFresh, kAll };
 
 // One chunk's key and value loads: round r, group g reads key r * kGroups + g of the chunk,
-// whose rows lane r * kGroups + g resolved. Returns the rounds it loaded, as bits.
-template <typename T, int L>
+// whose rows lane r * kGroups + g resolved. Returns the rounds it loaded, as bits; kF8: `codes`
+// gets the bits of the rounds it read as E4M3 codes (cached rows: kPer<T> bytes into the low
+// part of kraw / vraw).
+template <typename T, int L, bool kF8 = false>
 __device__ __forceinline__ unsigned load_chunk(const RowPair<T>& mine, int group, int d0,
                                                Rows which, uint4 (&kraw)[kRounds],
-                                               uint4 (&vraw)[kRounds]) {
+                                               uint4 (&vraw)[kRounds], unsigned& codes) {
   constexpr int kGroups = 32 / L;
   unsigned loaded = 0;
 #pragma unroll
@@ -102,6 +142,24 @@ __device__ __forceinline__ unsigned load_chunk(const RowPair<T>& mine, int group
     if (k == nullptr || (which == Rows::kCache && fresh) || (which == Rows::kFresh && !fresh))
       continue;
     loaded |= 1u << r;
+    if constexpr (kF8) {
+      if (!fresh) {
+        codes |= 1u << r;
+        const uint8_t* kc = reinterpret_cast<const uint8_t*>(k) + d0;
+        const uint8_t* vc = reinterpret_cast<const uint8_t*>(v) + d0;
+        if constexpr (kPer<T> == 8) {
+          const uint2 a = __ldg(reinterpret_cast<const uint2*>(kc));
+          const uint2 b = __ldg(reinterpret_cast<const uint2*>(vc));
+          kraw[r] = make_uint4(a.x, a.y, 0u, 0u);
+          vraw[r] = make_uint4(b.x, b.y, 0u, 0u);
+        } else {
+          kraw[r] = make_uint4(__ldg(reinterpret_cast<const unsigned*>(kc)), 0u, 0u, 0u);
+          vraw[r] = make_uint4(__ldg(reinterpret_cast<const unsigned*>(vc)), 0u, 0u, 0u);
+        }
+        continue;
+      }
+      codes &= ~(1u << r);
+    }
     kraw[r] = __ldg(reinterpret_cast<const uint4*>(k + d0));
     vraw[r] = __ldg(reinterpret_cast<const uint4*>(v + d0));
   }
@@ -111,7 +169,7 @@ __device__ __forceinline__ unsigned load_chunk(const RowPair<T>& mine, int group
 // L lanes per key row: head_dim = L * kPer<T>, L a power of two in [4, 32] (a chunk's keys,
 // kGroups * kRounds, are at most 32: one lane resolves each). W warps per block. (Holding the
 // 4-warp blocks to 64 registers, eight an SM, spilled to L1 and measured no faster.)
-template <typename T, int L, int W>
+template <typename T, int L, int W, bool kF8 = false>
 __global__ void __launch_bounds__(W * 32) warp_attention_kernel(AttentionParams p) {
   constexpr int kGroups = 32 / L;  // keys per round
   constexpr int kChunk = kGroups * kRounds;
@@ -139,13 +197,14 @@ __global__ void __launch_bounds__(W * 32) warp_attention_kernel(AttentionParams 
   const int d0 = sub * kV;  // this lane's dimensions of the head
 
   int c0 = first + warp * kChunk;
-  RowPair<T> mine = resolve<T>(p, s, c0 + lane, last, past, head_off);
+  RowPair<T> mine = resolve<T, kF8>(p, s, c0 + lane, last, past, head_off);
   uint4 kraw[kRounds], vraw[kRounds];
-  unsigned present = 0;
+  unsigned present = 0, codes = 0;
   // Cross K/V may come from a projection earlier in this step: only cache rows are read before
   // the wait.
   const bool cached = p.kind == AttnKind::kCachedSelf;
-  if (c0 < last && cached) present = load_chunk<T, L>(mine, group, d0, Rows::kCache, kraw, vraw);
+  if (c0 < last && cached)
+    present = load_chunk<T, L, kF8>(mine, group, d0, Rows::kCache, kraw, vraw, codes);
 
   pdl_wait();
   pdl_trigger();
@@ -155,8 +214,20 @@ __global__ void __launch_bounds__(W * 32) warp_attention_kernel(AttentionParams 
               q);
   if (p.kind == AttnKind::kCachedSelf && split == 0 && threadIdx.x < L) {
     // Store this row's key and value of head h in the sequence's cache block (the KV append).
-    const KeyRow<T> dst = cache_row<T>(p, s, qpos);
-    if (dst.key != nullptr) {
+    if constexpr (kF8) {
+      const KeyRow<uint8_t> dst = cache_row<uint8_t>(p, s, qpos);
+      if (dst.key != nullptr) {
+        const T* ks = static_cast<const T*>(p.k) + row * p.kv_stride + head_off + d0;
+        const T* vs = static_cast<const T*>(p.v) + row * p.kv_stride + head_off + d0;
+        uint8_t* kd = const_cast<uint8_t*>(dst.key) + head_off + d0;
+        uint8_t* vd = const_cast<uint8_t*>(dst.value) + head_off + d0;
+#pragma unroll
+        for (int e = 0; e < kV; ++e) {
+          kd[e] = f8_encode(to_float(ks[e]));
+          vd[e] = f8_encode(to_float(vs[e]));
+        }
+      }
+    } else if (const KeyRow<T> dst = cache_row<T>(p, s, qpos); dst.key != nullptr) {
       const int64_t src = row * p.kv_stride + head_off + d0;
       *reinterpret_cast<uint4*>(const_cast<T*>(dst.key) + head_off + d0) =
           *reinterpret_cast<const uint4*>(static_cast<const T*>(p.k) + src);
@@ -165,7 +236,8 @@ __global__ void __launch_bounds__(W * 32) warp_attention_kernel(AttentionParams 
     }
   }
   if (c0 < last)
-    present |= load_chunk<T, L>(mine, group, d0, cached ? Rows::kFresh : Rows::kAll, kraw, vraw);
+    present |= load_chunk<T, L, kF8>(mine, group, d0, cached ? Rows::kFresh : Rows::kAll, kraw,
+                                     vraw, codes);
   const float slope = p.bias == AttnBias::kAlibi ? alibi_slope(h, p.heads) : 0.0f;
   float m_run = -INFINITY, l_run = 0.0f;
   float acc[kV];
@@ -174,13 +246,13 @@ __global__ void __launch_bounds__(W * 32) warp_attention_kernel(AttentionParams 
   for (; c0 < last; c0 += stride) {
     // The next chunk's rows are resolved while this one's loads are in flight.
     const int next = c0 + stride;
-    const RowPair<T> after = resolve<T>(p, s, next + lane, last, past, head_off);
+    const RowPair<T> after = resolve<T, kF8>(p, s, next + lane, last, past, head_off);
     float score[kRounds];
     float chunk_max = -INFINITY;
 #pragma unroll
     for (int r = 0; r < kRounds; ++r) {
       float kf[kV];
-      unpack16<T>(kraw[r], kf);
+      unpack_row<T, kF8>(kraw[r], (codes >> r) & 1u, kf);
       float dot = 0.0f;
 #pragma unroll
       for (int e = 0; e < kV; ++e) dot = fmaf(q[e], kf[e], dot);
@@ -207,13 +279,14 @@ __global__ void __launch_bounds__(W * 32) warp_attention_kernel(AttentionParams 
         const float pr = expf(score[r] - m_new);
         l_run += pr;
         float vf[kV];
-        unpack16<T>(vraw[r], vf);
+        unpack_row<T, kF8>(vraw[r], (codes >> r) & 1u, vf);
 #pragma unroll
         for (int e = 0; e < kV; ++e) acc[e] = fmaf(pr, vf[e], acc[e]);
       }
       m_run = m_new;
     }
-    if (next < last) present = load_chunk<T, L>(after, group, d0, Rows::kAll, kraw, vraw);
+    if (next < last)
+      present = load_chunk<T, L, kF8>(after, group, d0, Rows::kAll, kraw, vraw, codes);
   }
   // The warp's groups hold disjoint keys at the same max: add them (lanes of one dimension).
 #pragma unroll
@@ -261,7 +334,10 @@ __global__ void __launch_bounds__(W * 32) warp_attention_kernel(AttentionParams 
 template <typename T, int L, int W>
 void launch_w(const AttentionParams& p, dim3 grid, KernelStream stream) {
   const size_t smem = sizeof(float) * static_cast<size_t>(W) * (p.head_dim + 2);
-  launch(warp_attention_kernel<T, L, W>, grid, W * 32, smem, stream, p);
+  if (p.kind == AttnKind::kCachedSelf && p.kv.fp8)
+    launch(warp_attention_kernel<T, L, W, true>, grid, W * 32, smem, stream, p);
+  else
+    launch(warp_attention_kernel<T, L, W>, grid, W * 32, smem, stream, p);
 }
 
 // Warps per block: as many as keep the step's blocks one wave (about one block of 16 warps, two
