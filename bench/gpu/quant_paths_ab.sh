@@ -2,8 +2,9 @@
 # Which kernel path a quantized CUDA Linear should take, by the backend's switches, on one
 # `kiln synth` bloom-560m: int8-weight decode at batch 1 on the int8 GEMV (default), on the
 # skinny tensor-core GEMM (KILN_CUDA_I8_GEMV_ROWS=0) and with other GEMV warp counts
-# (KILN_CUDA_GEMV_WARPS); fp8 (W8A8-style) decode at batch 1 and 16 on its GEMV (default) and on
-# cuBLASLt's FP8 GEMM (KILN_CUDA_GEMV=0). `kiln bench` medians, one line per configuration, in
+# (KILN_CUDA_GEMV_WARPS); fp8 decode at batch 1, 8 and 16 with the GEMV up to 8 rows (default),
+# up to 32 (KILN_CUDA_W8A8_GEMV_ROWS=32, the default before 2026-12-08) and never
+# (KILN_CUDA_GEMV=0: cuBLASLt's FP8 GEMM; the int8 lm_head then leaves its GEMV too). `kiln bench` medians, one line per configuration, in
 # $OUT/quant_paths_ab.log. Run from the folder scripts/device/pack.sh filled.
 set -u
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -35,5 +36,6 @@ run "int8-weight default" /tmp/plans/ab-i8w.plan 1
 run "int8-weight I8_GEMV_ROWS=0 (skinny)" /tmp/plans/ab-i8w.plan 1 KILN_CUDA_I8_GEMV_ROWS=0
 run "int8-weight GEMV_WARPS=32" /tmp/plans/ab-i8w.plan 1 KILN_CUDA_GEMV_WARPS=32
 run "int8-weight GEMV_WARPS=8" /tmp/plans/ab-i8w.plan 1 KILN_CUDA_GEMV_WARPS=8
-run "fp8 default" /tmp/plans/ab-fp8.plan 1,16
-run "fp8 GEMV=0 (cublaslt fp8 gemm)" /tmp/plans/ab-fp8.plan 1,16 KILN_CUDA_GEMV=0
+run "fp8 default" /tmp/plans/ab-fp8.plan 1,8,16
+run "fp8 W8A8_GEMV_ROWS=32" /tmp/plans/ab-fp8.plan 8,16 KILN_CUDA_W8A8_GEMV_ROWS=32
+run "fp8 GEMV=0 (cublaslt fp8 gemm)" /tmp/plans/ab-fp8.plan 1,8,16 KILN_CUDA_GEMV=0

@@ -224,8 +224,8 @@ ModelIR read_plan(const std::string& path, const Logger& log) {
     // Plans written before --kv-cache existed keep the attention's own type.
     if (h.contains("kv_cache")) {
       const std::string kv = h.at("kv_cache").get<std::string>();
-      KILN_CHECK(parse_kv_cache(kv, &model.kv_cache), "{}: unknown kv_cache '{}' (known: auto, fp8)",
-                 path, kv);
+      KILN_CHECK(parse_kv_cache(kv, &model.kv_cache),
+                 "{}: unknown kv_cache '{}' (known: auto, fp8)", path, kv);
       const std::string_view refusal = kv_cache_refusal(model.device, model.kv_cache);
       KILN_CHECK(refusal.empty(), "{}: a {} plan with kv_cache {}: {}", path,
                  device_name(model.device), kv, refusal);

@@ -112,24 +112,22 @@ TEST_P(CudaPrecision, LogitsAreFiniteAndCloseToHuggingFace) {
   EXPECT_GE(worst_cosine, GetParam().kv_cache == KvCache::kFp8 ? 0.99 : 0.999);
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, CudaPrecision,
-                         testing::Values(PrecisionCase{"t5-tiny", true, Precision::kFp16},
-                                         PrecisionCase{"t5-tiny", true, Precision::kBf16},
-                                         PrecisionCase{"bloom-tiny", false, Precision::kFp16},
-                                         PrecisionCase{"bloom-tiny", false, Precision::kBf16},
-                                         PrecisionCase{"t5-tiny", true, Precision::kInt8Weight},
-                                         PrecisionCase{"bloom-tiny", false,
-                                                       Precision::kInt8Weight},
-                                         PrecisionCase{"t5-tiny", true, Precision::kFp16,
-                                                       KvCache::kFp8},
-                                         PrecisionCase{"bloom-tiny", false, Precision::kFp16,
-                                                       KvCache::kFp8}),
-                         [](const auto& info) {
-                           std::string p(precision_name(info.param.precision));
-                           std::replace(p.begin(), p.end(), '-', '_');
-                           return std::string(info.param.t5 ? "T5" : "Bloom") + "_" + p +
-                                  (info.param.kv_cache == KvCache::kFp8 ? "_kv_fp8" : "");
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Models, CudaPrecision,
+    testing::Values(PrecisionCase{"t5-tiny", true, Precision::kFp16},
+                    PrecisionCase{"t5-tiny", true, Precision::kBf16},
+                    PrecisionCase{"bloom-tiny", false, Precision::kFp16},
+                    PrecisionCase{"bloom-tiny", false, Precision::kBf16},
+                    PrecisionCase{"t5-tiny", true, Precision::kInt8Weight},
+                    PrecisionCase{"bloom-tiny", false, Precision::kInt8Weight},
+                    PrecisionCase{"t5-tiny", true, Precision::kFp16, KvCache::kFp8},
+                    PrecisionCase{"bloom-tiny", false, Precision::kFp16, KvCache::kFp8}),
+    [](const auto& info) {
+      std::string p(precision_name(info.param.precision));
+      std::replace(p.begin(), p.end(), '-', '_');
+      return std::string(info.param.t5 ? "T5" : "Bloom") + "_" + p +
+             (info.param.kv_cache == KvCache::kFp8 ? "_kv_fp8" : "");
+    });
 
 // fp16 T5 overflow (issue 9): the fixture T5 with its FFN output projections `wo` scaled up
 // so that the residual stream leaves fp16's range (the scaled copy is kept in the test folder

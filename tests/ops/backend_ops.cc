@@ -48,10 +48,10 @@ std::vector<NamedBackend> available_backends() {
     // Again with attention.cu's row kernel where the warp kernel would take the step, kiln's
     // GEMV for every Linear of up to 8 rows (tuned plans may choose it there; without a tactic
     // it takes up to 5 rows) and cuBLASLt for every Linear of more (the skinny GEMM's rows
-    // included).
+    // included); W8A8 and fp8 Linears on their GEMV's slices up to 32 rows (default 8).
     {
       const ScopedEnv block_rows("KILN_CUDA_WARP_ATTN", "0"), gemv_rows("KILN_CUDA_GEMV_ROWS", "8"),
-          skinny_rows("KILN_CUDA_SKINNY_ROWS", "0");
+          skinny_rows("KILN_CUDA_SKINNY_ROWS", "0"), w8a8_rows("KILN_CUDA_W8A8_GEMV_ROWS", "32");
       auto block_ctx = std::make_unique<Context>(ContextOptions{LogLevel::kError, 1});
       auto backend = make_cuda_backend(*block_ctx);
       out.push_back({"cuda-block-attention", std::move(block_ctx), std::move(backend),

@@ -111,7 +111,8 @@ TEST(BackendOps, ReferenceFp8KvCacheRoundsByTheDefinition) {
   const ScenarioOutputs big = run_scenario(*reference, sc);
   for (const auto& step : big) {
     const auto* y = static_cast<const uint16_t*>(step[0].raw());
-    for (int64_t i = 0; i < step[0].numel(); ++i) ASSERT_TRUE(std::isfinite(fp16_to_float(y[i]))) << i;
+    for (int64_t i = 0; i < step[0].numel(); ++i)
+      ASSERT_TRUE(std::isfinite(fp16_to_float(y[i]))) << i;
   }
 }
 

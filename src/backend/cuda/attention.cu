@@ -49,8 +49,7 @@ __device__ __forceinline__ float dot_row(const float* q, const T* k, int dh) {
         if (c0 + u >= chunks) break;
         const T* e = reinterpret_cast<const T*>(&raw[u]);
 #pragma unroll
-        for (int v = 0; v < kPer; ++v)
-          dot += q[(c0 + u) * kPer + v] * key_element<T, kRound>(e[v]);
+        for (int v = 0; v < kPer; ++v) dot += q[(c0 + u) * kPer + v] * key_element<T, kRound>(e[v]);
       }
     }
     return dot;
@@ -166,7 +165,7 @@ __global__ void attention_kernel(AttentionParams p) {
   __shared__ float q_s[kMaxHeadDim];
   __shared__ float score_s[kTile];
   __shared__ const void* value_s[kTile];  // each key's value row, resolved once while scoring
-  __shared__ float partial_s[256 * W];  // parts * dh = (threads / (dh / W)) * dh <= 256 * W
+  __shared__ float partial_s[256 * W];    // parts * dh = (threads / (dh / W)) * dh <= 256 * W
   __shared__ int bad_block;
   const T* qr = static_cast<const T*>(p.q) + row * p.q_stride + head_off;
   for (int d = tid; d < dh; d += threads) q_s[d] = to_float(qr[d]);
@@ -245,8 +244,8 @@ __global__ void attention_kernel(AttentionParams p) {
           bad_block = 1;
         } else {
           if (few_blocks) prefetch_lines(kv.value + head_off, dh * static_cast<int>(sizeof(T)));
-          score = dot_row(q_s, kv.key + head_off, dh) * p.scale +
-                  position_bias(p, key, qpos, h, slope);
+          score =
+              dot_row(q_s, kv.key + head_off, dh) * p.scale + position_bias(p, key, qpos, h, slope);
         }
       }
       score_s[j] = score;

@@ -2,12 +2,12 @@
 // with its static calibrated scale s (graph/linear.h: quantize_input, quantize_input_fp8), int8
 // (E4M3) weights [out, in] with f32 per-output-channel scales, the products summed in int32
 // (f32), y = epilogue(Σ · s · scale[o] + bias): bias, activation, a fused residual, gathered rows
-// (copied into the scratch first) and a widened f32 output. Steps of up to kGemvRows rows
-// (decode) run the GEMV (gemv_w8a8.cu: x quantized in registers; dp4a, or E4M3 widened exactly);
-// more rows quantize x into the scratch, multiply on cuBLASLt's int8 (FP8) tensor-core GEMM
-// (int32 / f32 results, in row chunks that bound the scratch), and the epilogue kernel stores y.
-// If cuBLASLt offers no algorithm for a shape, the GEMV runs those rows too (slower, the same
-// numbers up to the f32 sums' order).
+// (copied into the scratch first) and a widened f32 output. Steps of up to
+// KILN_CUDA_W8A8_GEMV_ROWS rows (decode; default 8, at most kW8a8GemvMaxRows) run the GEMV
+// (gemv_w8a8.cu: x quantized in registers; dp4a, or E4M3 widened exactly); more rows quantize x
+// into the scratch, multiply on cuBLASLt's int8 (FP8) tensor-core GEMM (int32 / f32 results, in row
+// chunks that bound the scratch), and the epilogue kernel stores y. If cuBLASLt offers no algorithm
+// for a shape, the GEMV runs those rows too (slower, the same numbers up to the f32 sums' order).
 #include <algorithm>
 #include <map>
 #include <tuple>
@@ -18,8 +18,6 @@
 namespace kiln::cuda {
 namespace {
 
-// Rows up to which the GEMV runs (its slices of 8 rows read the weights from L2 after the first).
-constexpr int64_t kGemvRows = 32;
 // The int32 results of one cuBLASLt call (elements): rows are multiplied in chunks of at most
 // this many outputs.
 constexpr int64_t kAccElements = int64_t{8} << 20;
@@ -192,7 +190,8 @@ class W8a8LinearKernel final : public CudaKernel {
     };
     // Decode steps on the GEMV (KILN_CUDA_GEMV=0 sends them to cuBLASLt too, as the float and
     // int8-weight Linears do).
-    if (n <= kGemvRows && gemv_fits && ctx_.options().gemv) return gemv_rows(0, n);
+    if (n <= ctx_.options().w8a8_gemv_rows && gemv_fits && ctx_.options().gemv)
+      return gemv_rows(0, n);
     auto* q = reinterpret_cast<int8_t*>(scratch + at.quantized);
     launch_quantize_rows(t, fp8_, xp, inv_scale_, q, n * in_, ctx_.kernel_stream());
     void* acc = scratch + at.acc;

@@ -91,6 +91,8 @@ CudaOptions CudaOptions::from_environment() {
          &o.gemm_row_bucket);
   number("KILN_CUDA_I8_GEMV_ROWS", 0, kI8GemvMaxRows,
          "the most rows an int8-weight Linear runs on the int8 GEMV", &o.i8_gemv_rows);
+  number("KILN_CUDA_W8A8_GEMV_ROWS", 0, kW8a8GemvMaxRows,
+         "the most rows a W8A8 or fp8 Linear runs on its GEMV", &o.w8a8_gemv_rows);
   if (const char* v = env("KILN_CUDA_ATTN_WARPS")) {
     const std::string_view s(v);
     KILN_CHECK_USAGE(s == "0" || s == "4" || s == "8" || s == "16",
@@ -141,6 +143,8 @@ std::vector<BackendOption> CudaOptions::describe() const {
        "most rows an untuned Linear runs on the skinny GEMM"},
       {"KILN_CUDA_I8_GEMV_ROWS", std::to_string(i8_gemv_rows),
        "most rows an int8-weight Linear runs on the int8 GEMV"},
+      {"KILN_CUDA_W8A8_GEMV_ROWS", std::to_string(w8a8_gemv_rows),
+       "most rows a W8A8 or fp8 Linear runs on its GEMV"},
       {"KILN_CUDA_ATTN_WARPS", warps(attention_warps), "warps of a batch-1 decode attention block"},
       {"KILN_CUDA_TACTICS_INEXACT", on_off(inexact_tactics),
        "steps run the next larger timed row count's tactic"},

@@ -66,6 +66,11 @@ struct CudaOptions {
   // int8 GEMV (cuda_linear_i8.cc; its 8-row slices at 16 rows took 3.5 ms a bloom-560m step on an
   // H100, widened weights on cuBLASLt 1.6); more rows run the skinny GEMM or widen the weights.
   int i8_gemv_rows = kI8GemvDefaultRows;
+  // KILN_CUDA_W8A8_GEMV_ROWS=0..kW8a8GemvMaxRows: the most rows a W8A8 or fp8 Linear runs on its
+  // GEMV (cuda_linear_w8a8.cc); more rows run cuBLASLt's int8 / FP8 GEMM. On an H100 bloom-560m's
+  // batch-16 step took 2.16 (W8A8) and 3.74 ms (fp8) on the GEMV's 8-row slices, where batch 64 on
+  // the GEMM took 2.08 and 1.96 (2026-12-08), as int8-weight's slices were slower than its GEMMs.
+  int w8a8_gemv_rows = kW8a8GemvDefaultRows;
   // KILN_CUDA_ATTN_WARPS=16|8|4: the batch-1 decode attention's block size; 0: the fewest of 8
   // and 16 that cover the keys in one pass.
   int attention_warps = 0;

@@ -4,13 +4,12 @@
 // products summed in int32; or E4M3 (quantize_input_fp8: saturating at ±448) with E4M3 weights,
 // each product exact in f32 and summed in f32 — per-channel f32 weight scales, y = epilogue(Σ ·
 // s · scale[o] + bias).
-// - The GEMV of decode steps (up to 32 rows: cuda_linear_w8a8.cc): each warp takes four features,
-// each
-//   lane 8-byte loads of 8 weights and quantizes the 8 matching x values of each row itself (x is
-//   a few KB, in L1/L2: every warp reads it), the products on dp4a (four int8 products a
-//   instruction, int32 accumulation, exact; fp8: both widened to fp16 pairs exactly, then f32
-//   FMAs). Steps of more rows run slices of 8 rows in the grid's y dimension, reading the same
-//   weights at the same time (L2 serves all but the first).
+// - The GEMV of decode steps (up to 8 rows by default, 32 at most: cuda_linear_w8a8.cc): each
+//   warp takes four features, each lane 8-byte loads of 8 weights and quantizes the 8 matching
+//   x values of each row itself (x is a few KB, in L1/L2: every warp reads it), the products on
+//   dp4a (four int8 products a instruction, int32 accumulation, exact; fp8: both widened to fp16
+//   pairs exactly, then f32 FMAs). Steps of more rows run slices of 8 rows in the grid's y
+//   dimension, reading the same weights at the same time (L2 serves all but the first).
 // - Prefill-sized steps: x quantized into the node's scratch (quantize_rows), the int8 (FP8)
 //   GEMM on cuBLASLt (int32 / f32 results), then the epilogue kernel (dequantize, bias,
 //   activation, residual).

@@ -182,6 +182,10 @@ bool gemv_i8_fits(const void* x, const void* w, int64_t in, bool i4 = false);
 int gemv_i8_warps_per_sm(FloatType t, int64_t rows, bool i4 = false);
 inline constexpr int kI8GemvMaxRows = 64;
 inline constexpr int kI8GemvDefaultRows = 8;
+// The most rows a W8A8 / fp8 Linear may run on its GEMV (gemv_w8a8.cu's slices of 8), and the
+// default (KILN_CUDA_W8A8_GEMV_ROWS): more rows take cuBLASLt's int8 / FP8 GEMM.
+inline constexpr int kW8a8GemvMaxRows = 32;
+inline constexpr int kW8a8GemvDefaultRows = 8;
 struct GemvI8Params {
   FloatType type;
   const void* x;
