@@ -48,9 +48,10 @@ TEST(Cuda, OptionsHaveDefaultsAndAreReadFromTheEnvironmentInOnePlace) {
   EXPECT_EQ(plain.graph_tokens, 256);
   EXPECT_EQ(plain.gemm_row_bucket, 64);
   EXPECT_EQ(plain.i8_gemv_rows, cuda::kI8GemvDefaultRows);
+  EXPECT_EQ(plain.w8a8_gemv_rows, cuda::kW8a8GemvDefaultRows);
   EXPECT_EQ(plain.profile, cuda::CudaOptions::Profile::kOff);
   const std::vector<BackendOption> listed = plain.describe();
-  EXPECT_EQ(listed.size(), 22u) << "every KILN_CUDA_* switch";
+  EXPECT_EQ(listed.size(), 23u) << "every KILN_CUDA_* switch";
   for (const BackendOption& o : listed) {
     EXPECT_TRUE(o.variable.starts_with("KILN_CUDA_")) << o.variable;
     EXPECT_FALSE(o.value.empty() || o.meaning.empty()) << o.variable;
@@ -62,7 +63,9 @@ TEST(Cuda, OptionsHaveDefaultsAndAreReadFromTheEnvironmentInOnePlace) {
     const test::ScopedEnv profile("KILN_CUDA_PROFILE", "steps");
     const test::ScopedEnv graph_tokens("KILN_CUDA_GRAPH_TOKENS", "128");
     const test::ScopedEnv bucket("KILN_CUDA_GEMM_ROW_BUCKET", "0");
+    const test::ScopedEnv w8a8("KILN_CUDA_W8A8_GEMV_ROWS", "32");
     const cuda::CudaOptions set = cuda::CudaOptions::from_environment();
+    EXPECT_EQ(set.w8a8_gemv_rows, 32);
     EXPECT_FALSE(set.graphs);
     EXPECT_EQ(set.gemm_row_bucket, 0);
     EXPECT_EQ(set.graph_tokens, 128);
@@ -75,13 +78,15 @@ TEST(Cuda, OptionsHaveDefaultsAndAreReadFromTheEnvironmentInOnePlace) {
       shown |= o.variable == "KILN_CUDA_GEMV_ROWS" && o.value == "3";
     EXPECT_TRUE(shown);
   }
-  const test::ScopedEnv bad("KILN_CUDA_SKINNY_ROWS", "33");
-  try {
-    cuda::CudaOptions::from_environment();
-    ADD_FAILURE() << "KILN_CUDA_SKINNY_ROWS=33 was accepted";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.kind(), ErrorKind::kUsage);
-    EXPECT_NE(std::string(e.what()).find("KILN_CUDA_SKINNY_ROWS=33"), std::string::npos);
+  for (const char* var : {"KILN_CUDA_SKINNY_ROWS", "KILN_CUDA_W8A8_GEMV_ROWS"}) {
+    const test::ScopedEnv bad(var, "33");
+    try {
+      cuda::CudaOptions::from_environment();
+      ADD_FAILURE() << var << "=33 was accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::kUsage);
+      EXPECT_NE(std::string(e.what()).find(std::string(var) + "=33"), std::string::npos);
+    }
   }
 }
 
