@@ -29,8 +29,7 @@ for preset in ${MODELS:-bloom-560m}; do
       --max-input-tokens $((CONTEXT + 64)) -o "$plan" >>"$LOG" 2>&1 ||
       { echo "build $preset kv $kv failed" | tee -a "$LOG"; continue; }
     "$KILN" bench --plan "$plan" --input-len "$CONTEXT" --output-len 64 --runs "$RUNS" \
-      --sweep batch=1,16,64 --json 2>>"$LOG" | sed "s/^{/{\"kv_cache\": \"$kv\", /" |
-      tee -a "$JSON" | python3 -c '
+      --sweep batch=1,16,64 --json 2>>"$LOG" | tee -a "$JSON" | python3 -c '
 import json, sys
 for line in sys.stdin:
     r = json.loads(line)

@@ -39,7 +39,7 @@ assert 2.5 < rows[1]["prefill_linear_gflop"] / rows[0]["prefill_linear_gflop"] <
 # each configuration's own peak, which leaves out the bandwidth probe's 1 GiB buffer before it.
 for r in rows:
     assert 17 * 2**20 < r["weight_bytes"] < 40 * 2**20, r["weight_bytes"]
-    assert r["kv_cache_bytes"] > 0, r["kv_cache_bytes"]
+    assert r["kv_cache_bytes"] > 0 and r["kv_cache"] == "auto", (r["kv_cache_bytes"], r["kv_cache"])
     assert r["weight_bytes"] / 2 < r["peak_memory_bytes"] < 512 * 2**20, r["peak_memory_bytes"]
     want = 100 * (r["peak_memory_bytes"] / (r["weight_bytes"] + r["kv_cache_bytes"]) - 1)
     assert abs(r["peak_over_weights_kv_pct"] - want) < 1e-6 * abs(want) + 1e-6, r

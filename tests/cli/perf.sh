@@ -61,6 +61,9 @@ expect_in "$TMP/err" "cannot reach" "gRPC: says so"
 expect_in "$TMP/err" "UNAVAILABLE" "gRPC: with gRPC's status"
 
 # --- against the stand-in server: 20 ms to the first token, then 5 ms a token ---
+# The port file of an earlier run goes first: the loop below could see it before the background
+# shell truncates it.
+rm -f "$TMP/port"
 python3 "$HERE/perf_fake_server.py" bloom --api-key sekrit > "$TMP/port" 2> "$TMP/server_err" &
 server_pid=$!
 trap 'kill $server_pid 2>/dev/null' EXIT

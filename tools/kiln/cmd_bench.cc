@@ -318,6 +318,7 @@ Runner add_bench(CLI::App& app) {
           {"model", std::filesystem::path(o->plan).filename().string()},
           {"architecture", d.architecture},
           {"precision", precision_name(ir.precision)},
+          {"kv_cache", kv_cache_name(ir.kv_cache)},
           {"device", device_name(ir.device)},
           {"batch", batch},
           {"input_len", o->input_len},
