@@ -14,7 +14,6 @@ namespace {
 
 using attn::alibi_slope;
 using attn::cache_row;
-using attn::f8_decode;
 using attn::f8_encode;
 using attn::f8_round;
 using attn::key_row;
@@ -23,18 +22,27 @@ using attn::position_bias;
 using attn::row_keys;
 using attn::RowKeys;
 
-// q (fp32, shared memory) . k (one key row of dh elements): 16-byte loads when the row is
-// aligned for them (rows of 64 fp16 are), up to kKeyLoads of them in flight before the first is
-// used; the products are summed in dimension order either way. kRound: each key element rounded
-// through E4M3 first (a step's own keys with an fp8 cache).
+// An E4M3 code of an fp8 cache as an element type of its own, so that the row readers below
+// (dot_row, load_values) read cache rows of codes as they read rows of T: 16 codes a 16-byte
+// load, each widened exactly by to_float.
+struct F8Code {
+  uint8_t bits;
+};
+using ::kiln::cuda::to_float;  // the T overloads beside this one
+__device__ __forceinline__ float to_float(F8Code c) { return attn::f8_decode(c.bits); }
+
+// q (fp32, shared memory) . k (one key row of dh elements of E: T or F8Code): 16-byte loads
+// when the row is aligned for them (rows of 64 fp16 are), up to kKeyLoads of them in flight
+// before the first is used; the products are summed in dimension order either way. kRound: each
+// key element rounded through E4M3 first (a step's own keys with an fp8 cache).
 constexpr int kKeyLoads = 8;
-template <typename T, bool kRound = false>
-__device__ __forceinline__ float key_element(T e) {
+template <typename E, bool kRound = false>
+__device__ __forceinline__ float key_element(E e) {
   return kRound ? f8_round(to_float(e)) : to_float(e);
 }
-template <typename T, bool kRound = false>
-__device__ __forceinline__ float dot_row(const float* q, const T* k, int dh) {
-  constexpr int kPer = 16 / static_cast<int>(sizeof(T));
+template <typename E, bool kRound = false>
+__device__ __forceinline__ float dot_row(const float* q, const E* k, int dh) {
+  constexpr int kPer = 16 / static_cast<int>(sizeof(E));
   float dot = 0.0f;
   if (dh % kPer == 0 && (reinterpret_cast<uintptr_t>(k) & 15) == 0) {
     const uint4* k4 = reinterpret_cast<const uint4*>(k);
@@ -47,39 +55,14 @@ __device__ __forceinline__ float dot_row(const float* q, const T* k, int dh) {
 #pragma unroll
       for (int u = 0; u < kKeyLoads; ++u) {
         if (c0 + u >= chunks) break;
-        const T* e = reinterpret_cast<const T*>(&raw[u]);
+        const E* e = reinterpret_cast<const E*>(&raw[u]);
 #pragma unroll
-        for (int v = 0; v < kPer; ++v) dot += q[(c0 + u) * kPer + v] * key_element<T, kRound>(e[v]);
+        for (int v = 0; v < kPer; ++v) dot += q[(c0 + u) * kPer + v] * key_element<E, kRound>(e[v]);
       }
     }
     return dot;
   }
-  for (int d = 0; d < dh; ++d) dot += q[d] * key_element<T, kRound>(k[d]);
-  return dot;
-}
-
-// The same over a key row of E4M3 codes (an fp8 cache): 16 codes a 16-byte load.
-__device__ __forceinline__ float dot_row_f8(const float* q, const uint8_t* k, int dh) {
-  float dot = 0.0f;
-  if (dh % 16 == 0 && (reinterpret_cast<uintptr_t>(k) & 15) == 0) {
-    const uint4* k4 = reinterpret_cast<const uint4*>(k);
-    const int chunks = dh / 16;
-    for (int c0 = 0; c0 < chunks; c0 += kKeyLoads) {
-      uint4 raw[kKeyLoads];
-#pragma unroll
-      for (int u = 0; u < kKeyLoads; ++u)
-        if (c0 + u < chunks) raw[u] = __ldg(k4 + c0 + u);
-#pragma unroll
-      for (int u = 0; u < kKeyLoads; ++u) {
-        if (c0 + u >= chunks) break;
-        const uint8_t* e = reinterpret_cast<const uint8_t*>(&raw[u]);
-#pragma unroll
-        for (int v = 0; v < 16; ++v) dot += q[(c0 + u) * 16 + v] * f8_decode(e[v]);
-      }
-    }
-    return dot;
-  }
-  for (int d = 0; d < dh; ++d) dot += q[d] * f8_decode(k[d]);
+  for (int d = 0; d < dh; ++d) dot += q[d] * key_element<E, kRound>(k[d]);
   return dot;
 }
 
@@ -100,34 +83,27 @@ __device__ __forceinline__ void prefetch_lines(const void* p, int bytes) {
 constexpr int kTile = 1024;
 constexpr int kValueUnroll = 4;
 
-// W elements of a value row as floats.
-template <typename T, int W>
-__device__ __forceinline__ void load_values(const T* p, float (&out)[W]) {
-  if constexpr (W == 1) {
+// W elements of a value row of E as floats: one load of W elements (16 bytes for W = 16 /
+// sizeof(T) of T; an fp8 cache's W codes 8 or 4 bytes, aligned as the row's W elements of T
+// are), or one element.
+template <typename E, int W>
+__device__ __forceinline__ void load_values(const E* p, float (&out)[W]) {
+  constexpr int kBytes = W * static_cast<int>(sizeof(E));
+  if constexpr (W == 1 && sizeof(E) == 1) {
+    out[0] = to_float(E{__ldg(reinterpret_cast<const unsigned char*>(p))});
+  } else if constexpr (W == 1) {
     out[0] = to_float(__ldg(p));
   } else {
-    const uint4 raw = __ldg(reinterpret_cast<const uint4*>(p));
-    const T* e = reinterpret_cast<const T*>(&raw);
+    E e[W];
+    if constexpr (kBytes == 16)
+      *reinterpret_cast<uint4*>(e) = __ldg(reinterpret_cast<const uint4*>(p));
+    else if constexpr (kBytes == 8)
+      *reinterpret_cast<uint2*>(e) = __ldg(reinterpret_cast<const uint2*>(p));
+    else
+      *reinterpret_cast<unsigned*>(e) = __ldg(reinterpret_cast<const unsigned*>(p));
 #pragma unroll
     for (int u = 0; u < W; ++u) out[u] = to_float(e[u]);
   }
-}
-
-// W elements of a value row of E4M3 codes (W = 1, 4 or 8: the fp32, or fp16/bf16, row kernel's
-// width; one load of W bytes, aligned as the row's W elements of T are).
-template <int W>
-__device__ __forceinline__ void load_values_f8(const uint8_t* p, float (&out)[W]) {
-  uint8_t e[W];
-  if constexpr (W == 8) {
-    *reinterpret_cast<uint2*>(e) = __ldg(reinterpret_cast<const uint2*>(p));
-  } else if constexpr (W == 4) {
-    *reinterpret_cast<unsigned*>(e) = __ldg(reinterpret_cast<const unsigned*>(p));
-  } else {
-#pragma unroll
-    for (int u = 0; u < W; ++u) e[u] = __ldg(p + u);
-  }
-#pragma unroll
-  for (int u = 0; u < W; ++u) out[u] = f8_decode(e[u]);
 }
 
 // Value row `row` (kF8: E4M3 codes when `cached`, else the step's row of T rounded through
@@ -136,7 +112,7 @@ template <typename T, int W, bool kF8>
 __device__ __forceinline__ void load_value_row(const void* row, bool cached, int64_t off,
                                                float (&out)[W]) {
   if constexpr (kF8) {
-    if (cached) return load_values_f8<W>(static_cast<const uint8_t*>(row) + off, out);
+    if (cached) return load_values<F8Code, W>(static_cast<const F8Code*>(row) + off, out);
     load_values<T, W>(static_cast<const T*>(row) + off, out);
 #pragma unroll
     for (int u = 0; u < W; ++u) out[u] = f8_round(out[u]);
@@ -172,15 +148,15 @@ __global__ void attention_kernel(AttentionParams p) {
   if (tid == 0) bad_block = 0;
   if (kF8 && split == 0) {
     // The KV append as below, into E4M3 codes.
-    const KeyRow<uint8_t> dst = cache_row<uint8_t>(p, s, qpos);
+    const KeyRow<F8Code> dst = cache_row<F8Code>(p, s, qpos);
     if (dst.key != nullptr) {
-      uint8_t* kd = const_cast<uint8_t*>(dst.key) + head_off;
-      uint8_t* vd = const_cast<uint8_t*>(dst.value) + head_off;
+      F8Code* kd = const_cast<F8Code*>(dst.key) + head_off;
+      F8Code* vd = const_cast<F8Code*>(dst.value) + head_off;
       const T* ks = static_cast<const T*>(p.k) + row * p.kv_stride + head_off;
       const T* vs = static_cast<const T*>(p.v) + row * p.kv_stride + head_off;
       for (int d = tid; d < dh; d += threads) {
-        kd[d] = f8_encode(to_float(ks[d]));
-        vd[d] = f8_encode(to_float(vs[d]));
+        kd[d] = F8Code{f8_encode(to_float(ks[d]))};
+        vd[d] = F8Code{f8_encode(to_float(vs[d]))};
       }
     }
   } else if (p.kind == AttnKind::kCachedSelf && split == 0) {
@@ -222,13 +198,13 @@ __global__ void attention_kernel(AttentionParams p) {
       float score = -INFINITY;
       if constexpr (kF8) {
         if (key < rk.past) {
-          const KeyRow<uint8_t> kv = cache_row<uint8_t>(p, s, key);
+          const KeyRow<F8Code> kv = cache_row<F8Code>(p, s, key);
           value_s[j] = kv.value;
           if (kv.key == nullptr) {
             bad_block = 1;
           } else {
             if (few_blocks) prefetch_lines(kv.value + head_off, dh);
-            score = dot_row_f8(q_s, kv.key + head_off, dh) * p.scale +
+            score = dot_row(q_s, kv.key + head_off, dh) * p.scale +
                     position_bias(p, key, qpos, h, slope);
           }
         } else {

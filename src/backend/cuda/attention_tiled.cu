@@ -18,7 +18,6 @@ using attn::alibi_slope;
 using attn::cache_row;
 using attn::f8_decode;
 using attn::f8_encode;
-using attn::f8_round;
 using attn::key_row;
 using attn::KeyRow;
 
@@ -56,8 +55,9 @@ __device__ __forceinline__ uint32_t load32(const void* p) {
   return *reinterpret_cast<const uint32_t*>(p);
 }
 
-// An fp8 cache (attention_common.cuh): a 16-byte chunk of 8 T as 8 E4M3 codes, 8 codes as 8 T
-// (exact: E4M3 values are fp16 and bf16 values), and a chunk of T rounded through E4M3.
+// An fp8 cache (attention_common.cuh): a 16-byte chunk of 8 T as 8 E4M3 codes, and 8 codes as 8
+// T (exact: E4M3 values are fp16 and bf16 values); decode8(encode8(c)) rounds a chunk of T
+// through E4M3.
 template <typename T>
 __device__ __forceinline__ uint2 encode8(uint4 chunk) {
   const T* e = reinterpret_cast<const T*>(&chunk);
@@ -75,13 +75,6 @@ __device__ __forceinline__ uint4 decode8(uint2 codes) {
 #pragma unroll
   for (int u = 0; u < 8; ++u) e[u] = from_float<T>(f8_decode(c[u]));
   return out;
-}
-template <typename T>
-__device__ __forceinline__ uint4 round8(uint4 chunk) {
-  T* e = reinterpret_cast<T*>(&chunk);
-#pragma unroll
-  for (int u = 0; u < 8; ++u) e[u] = from_float<T>(f8_round(to_float(e[u])));
-  return chunk;
 }
 
 // Two values as one register of the activation type (the mma operand layout: low half first).
@@ -212,8 +205,8 @@ __global__ void __launch_bounds__(kRows * 2, DH == 64 ? 4 * 64 / kRows : 1)
         }
       } else if (key < key_end) {
         const int64_t src = (begin + key - past) * p.kv_stride + head_off + part * kPer;
-        kc = round8<T>(load16(static_cast<const T*>(p.k) + src));
-        vc = round8<T>(load16(static_cast<const T*>(p.v) + src));
+        kc = decode8<T>(encode8<T>(load16(static_cast<const T*>(p.k) + src)));
+        vc = decode8<T>(encode8<T>(load16(static_cast<const T*>(p.v) + src)));
       }
       store16(k_s + kr * ldt + part * kPer, kc);
       store16(v_s + kr * ldt + part * kPer, vc);
